@@ -1,0 +1,179 @@
+"""``gateway``: thin commands over library calls.
+
+Examples::
+
+    gateway serve                         # embedded default model on a machine without GPUs
+    gateway serve --model glm-4.7-flash --host 0.0.0.0 --port 8000
+    gateway serve --model ./my-model-Q4_K_M.gguf --context-length 16384
+    gateway models                        # what the catalog knows
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import json
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import GatewayError
+
+log = logging.getLogger("gateway")
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser("serve", help="start the backend for a model and serve it over HTTP")
+    serve.add_argument("--model", help="catalog name or alias, hub repo id, .gguf file or checkpoint directory")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve.add_argument("--context-length", type=int, dest="context_length", help="context length to serve")
+    serve.add_argument("--state-dir", type=Path, dest="state_dir", help="state directory")
+    serve.add_argument("--log-dir", type=Path, dest="log_dir", help="backend log directory")
+    serve.add_argument("--threads", type=int, help="CPU threads for llama.cpp")
+    serve.add_argument("--startup-timeout", type=float, dest="startup_timeout_s", help="seconds a backend may load")
+    serve.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
+    serve.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway",
+        description="One OpenAI-compatible URL in front of your own GPUs (or CPU).",
+        epilog="Settings also come from GATEWAY_* variables and gateway.toml; flags win.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_serve(sub)
+    models = sub.add_parser("models", help="list the model catalog")
+    models.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Take the listening socket before starting anything, so a busy port fails fast and cleanly."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise GatewayError(f"port {port} on {host} is already in use: pass --port with a free port") from exc
+        raise GatewayError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import Runtime, create_app
+    from gateway.proxy import Upstream
+    from gateway.settings import load_settings
+    from gateway.startup import decide
+    from gateway.supervisor import Supervisor
+
+    from backends import llamacpp
+
+    overrides: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in ("model", "host", "port", "context_length", "state_dir", "log_dir", "threads", "startup_timeout_s")
+    }
+    settings = load_settings(overrides, args.config)
+    decision = decide(settings)
+    sock = _bind(settings.host, settings.port)
+    launch = decision.launch
+    supervisor = Supervisor(
+        launch,
+        log_dir=settings.backend_log_dir,
+        classify=llamacpp.classify,
+        startup_timeout_s=settings.startup_timeout_s,
+        shutdown_grace_s=settings.shutdown_grace_s,
+    )
+    upstream = Upstream(
+        launch.base_url,
+        launch.api_key,
+        connect_timeout_s=settings.connect_timeout_s,
+        read_timeout_s=settings.request_timeout_s,
+    )
+    runtime = Runtime(route=decision.route, supervisor=supervisor, upstream=upstream, max_body_bytes=settings.max_body_bytes)
+    config = uvicorn.Config(
+        create_app(runtime),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+
+    def give_up() -> None:
+        server.should_exit = True
+
+    runtime.on_startup_failure = give_up
+    shown_host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
+    log.info(
+        "serving %s (context %d) at http://%s:%d/v1 once the backend is ready",
+        decision.route.fronted,
+        decision.route.context_length,
+        shown_host,
+        settings.port,
+    )
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        sock.close()
+    if supervisor.ever_ready:
+        return 0
+    if supervisor.reason:
+        print(f"gateway: could not start {decision.route.fronted}: {supervisor.report()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def list_models(args: argparse.Namespace) -> int:
+    from gateway.catalog import builtin_catalog
+
+    entries = builtin_catalog().entries
+    if args.json:
+        print(json.dumps([entry.model_dump(mode="json") for entry in entries], indent=2))
+        return 0
+    for entry in entries:
+        engines = "+".join(name for name in ("vllm", "llamacpp") if getattr(entry, name) is not None)
+        aliases = f"  (aliases: {', '.join(entry.aliases)})" if entry.aliases else ""
+        print(f"{entry.name:<20} {engines:<14} {entry.description}{aliases}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    _configure_logging(getattr(args, "verbose", False))
+    try:
+        if args.command == "serve":
+            return serve(args)
+        return list_models(args)
+    except GatewayError as exc:
+        print(f"gateway: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Model names at the edge: the fronted name and aliases in, the backend's served name out.
+
+Launched backends are told to serve under the fronted name, so responses need no rewriting and
+the hot path stays byte-for-byte. A backend we did not name (an external server) may answer with
+its own name; then responses are rewritten so clients only ever see the fronted name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    fronted: str
+    served: str
+    context_length: int
+    aliases: tuple[str, ...] = ()
+    _lookup: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = {name.lower(): name for name in (self.fronted, *self.aliases, self.served)}
+        object.__setattr__(self, "_lookup", names)
+
+    @property
+    def rewrites_responses(self) -> bool:
+        return self.served != self.fronted
+
+    def accepts(self, requested: str) -> bool:
+        """Exact or case-insensitive match of the fronted name, an alias or the served name."""
+        return requested.lower() in self._lookup
+
+    def rewrite_json(self, payload: dict[str, Any]) -> None:
+        """Name the fronted model in a decoded response body (in place)."""
+        if payload.get("model") == self.served:
+            payload["model"] = self.fronted
+
+    def rewrite_body(self, body: bytes) -> bytes:
+        """Name the fronted model in a complete JSON response body."""
+        if not self.rewrites_responses:
+            return body
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return body
+        if not isinstance(payload, dict):
+            return body
+        self.rewrite_json(payload)
+        return json.dumps(payload).encode()
+
+    def stream_rewriter(self) -> StreamRewriter | None:
+        """A rewriter for one SSE stream, or None when the stream passes through untouched."""
+        return StreamRewriter(self.served, self.fronted) if self.rewrites_responses else None
+
+
+class StreamRewriter:
+    """Renames the model in raw SSE bytes without parsing JSON (both common spacings).
+
+    Network reads can split a ``"model": "x"`` pair, so bytes after the last newline are held back
+    until the next chunk (or :meth:`flush`) completes the line.
+    """
+
+    def __init__(self, served: str, fronted: str) -> None:
+        served_json, fronted_json = json.dumps(served).encode(), json.dumps(fronted).encode()
+        self._pairs = [(b'"model":' + served_json, b'"model":' + fronted_json),
+                       (b'"model": ' + served_json, b'"model": ' + fronted_json)]
+        self._pending = b""
+
+    def _rename(self, data: bytes) -> bytes:
+        for old, new in self._pairs:
+            data = data.replace(old, new)
+        return data
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk
+        cut = data.rfind(b"\n") + 1
+        self._pending = data[cut:]
+        return self._rename(data[:cut])
+
+    def flush(self) -> bytes:
+        data, self._pending = self._pending, b""
+        return self._rename(data)

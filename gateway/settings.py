@@ -1,0 +1,109 @@
+"""One settings object for the whole gateway.
+
+Precedence, highest first: CLI flags (passed in as keyword arguments) > environment variables
+(``GATEWAY_*``) > a ``gateway.toml`` file > the defaults declared here. Each field is declared once,
+with its help text, so the CLI, the environment and the TOML file all speak the same names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from gateway.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("gateway.toml")
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gateway"
+
+
+class Settings(BaseSettings):
+    """Everything a user can set. Field names are the TOML keys; ``GATEWAY_<NAME>`` the env vars."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Address the gateway listens on (0.0.0.0 in containers).")
+    port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
+    model: str | None = Field(
+        None,
+        description="Catalog name or alias, hub repo id, .gguf file or checkpoint directory. "
+        "Unset on a machine without GPUs: the embedded default model.",
+    )
+    context_length: int | None = Field(
+        None, ge=256, description="Context length to serve; unset: the model's maximum (capped on CPU)."
+    )
+    state_dir: Path = Field(default_factory=_default_state_dir, description="Where state is kept.")
+    log_dir: Path | None = Field(None, description="Backend logs; unset: <state_dir>/logs.")
+    startup_timeout_s: float = Field(
+        900.0, gt=0, description="How long a backend may take to load before it counts as failed."
+    )
+    request_timeout_s: float = Field(
+        3600.0, gt=0, description="Longest silence tolerated from the backend within one request."
+    )
+    connect_timeout_s: float = Field(5.0, gt=0, description="Connecting to the backend.")
+    shutdown_grace_s: float = Field(
+        15.0, ge=0, description="Time a backend gets to exit after SIGTERM before SIGKILL."
+    )
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it)."
+    )
+    threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
+    llama_cpp_python_command: list[str] | None = Field(
+        None,
+        description="argv prefix that runs llama-cpp-python's server; "
+        "unset: this Python with `-m llama_cpp.server`.",
+    )
+
+    @property
+    def backend_log_dir(self) -> Path:
+        return self.log_dir or self.state_dir / "logs"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = settings_cls.model_config.get("toml_file") or DEFAULT_CONFIG_FILE
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+
+
+def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Build the settings; ``overrides`` are CLI flags (None values mean "not given").
+
+    The config file is ``config_file``, else ``$GATEWAY_CONFIG``, else ``./gateway.toml`` if present.
+    An explicitly named file that does not exist is an error rather than silently ignored.
+    """
+    explicit = config_file or (Path(os.environ["GATEWAY_CONFIG"]) if os.environ.get("GATEWAY_CONFIG") else None)
+    if explicit is not None and not explicit.is_file():
+        raise ConfigError(f"config file {explicit} does not exist: create it or drop --config/GATEWAY_CONFIG")
+    toml_file = explicit or DEFAULT_CONFIG_FILE
+
+    class _FileSettings(Settings):
+        model_config = SettingsConfigDict(toml_file=toml_file)
+
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    try:
+        loaded = _FileSettings(**given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        raise ConfigError(f"invalid setting {where}: {first['msg']} (from {toml_file}, GATEWAY_* or a flag)") from exc
+    except ValueError as exc:  # a malformed TOML file
+        raise ConfigError(f"cannot read {toml_file}: {exc}") from exc
+    return loaded

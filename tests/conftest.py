@@ -1,0 +1,19 @@
+"""Shared fixtures: a clean environment for every test (no GATEWAY_* or proxy variables leak in)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+_LEAKY_PREFIXES = ("GATEWAY_",)
+_LEAKY_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in list(os.environ):
+        if name.startswith(_LEAKY_PREFIXES) or name in _LEAKY_NAMES:
+            monkeypatch.delenv(name)
+    yield

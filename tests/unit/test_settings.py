@@ -1,0 +1,78 @@
+"""Settings precedence: flags > GATEWAY_* environment > gateway.toml > defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import ConfigError
+from gateway.settings import load_settings
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_defaults_apply_when_nothing_is_given(workdir: Path) -> None:
+    settings = load_settings()
+    assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, None)
+    assert settings.backend_log_dir == settings.state_dir / "logs"
+
+
+def test_toml_file_in_the_working_directory_overrides_defaults(workdir: Path) -> None:
+    (workdir / "gateway.toml").write_text('port = 9001\nmodel = "glm-4.7-flash"\n')
+    settings = load_settings()
+    assert (settings.port, settings.model) == (9001, "glm-4.7-flash")
+
+
+def test_environment_overrides_toml(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (workdir / "gateway.toml").write_text("port = 9001\nthreads = 3\n")
+    monkeypatch.setenv("GATEWAY_PORT", "9002")
+    settings = load_settings()
+    assert settings.port == 9002
+    assert settings.threads == 3  # untouched by the environment, still from the file
+
+
+def test_flags_override_environment_and_none_means_not_given(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_PORT", "9002")
+    monkeypatch.setenv("GATEWAY_HOST", "0.0.0.0")
+    settings = load_settings({"port": 9003, "host": None})
+    assert (settings.port, settings.host) == (9003, "0.0.0.0")
+
+
+def test_list_setting_reads_json_from_the_environment(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_LLAMA_CPP_PYTHON_COMMAND", '["/opt/py/bin/python", "-m", "llama_cpp.server"]')
+    assert load_settings().llama_cpp_python_command == ["/opt/py/bin/python", "-m", "llama_cpp.server"]
+
+
+def test_explicit_config_file_via_environment(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = workdir / "elsewhere.toml"
+    other.write_text("port = 7000\n")
+    monkeypatch.setenv("GATEWAY_CONFIG", str(other))
+    assert load_settings().port == 7000
+
+
+def test_missing_explicit_config_file_is_a_clear_error(workdir: Path) -> None:
+    with pytest.raises(ConfigError, match="does-not-exist.toml does not exist"):
+        load_settings(config_file=workdir / "does-not-exist.toml")
+
+
+def test_invalid_value_names_the_setting(workdir: Path) -> None:
+    (workdir / "gateway.toml").write_text("port = 70000\n")
+    with pytest.raises(ConfigError, match="invalid setting port"):
+        load_settings()
+
+
+def test_unknown_key_in_the_file_is_rejected(workdir: Path) -> None:
+    (workdir / "gateway.toml").write_text("prot = 8001\n")
+    with pytest.raises(ConfigError, match="prot"):
+        load_settings()
+
+
+def test_malformed_toml_is_a_clear_error(workdir: Path) -> None:
+    (workdir / "gateway.toml").write_text("port = = 1\n")
+    with pytest.raises(ConfigError, match="gateway.toml"):
+        load_settings()
