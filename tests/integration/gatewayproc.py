@@ -1,0 +1,111 @@
+"""Runs ``gateway serve`` as a real subprocess for tests, logging to a file (a pipe could block it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class GatewayProcess:
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.log_path = workdir / f"gateway-{self.port}.log"
+        self.argv = [
+            sys.executable, "-m", "gateway", "serve",
+            "--port", str(self.port), "--state-dir", str(workdir / "state"), "--threads", "2", *args,
+        ]  # fmt: skip
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_statuses: list[int] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        with self.log_path.open("wb") as sink:
+            self.proc = subprocess.Popen(self.argv, stdout=sink, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 180) -> None:
+        """Poll /ready, recording every status seen, until 200; fail with the log if it never comes."""
+        assert self.proc
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                status = httpx.get(self.url + "/ready", timeout=5).status_code
+            except httpx.TransportError:
+                time.sleep(0.1)
+                continue
+            self.ready_statuses.append(status)
+            if status == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"gateway not ready after {timeout_s} s:\n{self.log()}")
+
+    def status(self) -> dict[str, Any]:
+        return dict(httpx.get(self.url + "/status", timeout=5).json())
+
+    def backend_pid(self) -> int:
+        return int(self.status()["backend"]["pid"])
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30) -> int:
+        assert self.proc
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"gateway ignored {sig.name} for {timeout_s} s:\n{self.log()}") from None
+        return int(self.proc.returncode)
+
+    def kill(self) -> None:
+        """Last-resort cleanup: the gateway and every descendant."""
+        if self.proc is None:
+            return
+        try:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
+        for process in family:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def port_closed(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0

@@ -1,0 +1,123 @@
+"""Process lifecycle with the real engine: no orphans, deaths noticed, failures reported, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.gatewayproc import GatewayProcess, pid_alive, port_closed
+
+pytestmark = pytest.mark.engine
+
+CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def _wait_for(condition: object, timeout_s: float) -> float:
+    """Seconds until ``condition()`` held; fails after ``timeout_s``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if condition():  # type: ignore[operator]
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+@pytest.fixture
+def fresh_gateway(tmp_path: Path, gemma_gguf: Path) -> object:
+    process = GatewayProcess(tmp_path, "--model", "gemma-3-270m", "--context-length", "2048").start()
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_the_gateway_stops_the_backend_and_frees_both_ports(fresh_gateway: GatewayProcess, sig: signal.Signals) -> None:
+    backend = fresh_gateway.status()["backend"]
+    backend_pid, backend_port = int(backend["pid"]), int(backend["url"].rsplit(":", 1)[1])
+    assert pid_alive(backend_pid)
+    assert fresh_gateway.stop(sig) == 0, fresh_gateway.log()
+    assert not pid_alive(backend_pid), "the backend outlived the gateway"
+    assert port_closed(backend_port) and port_closed(fresh_gateway.port)
+    assert "backend stopped" in fresh_gateway.log()
+
+
+def test_a_backend_killed_from_outside_turns_readiness_off_and_requests_get_503(fresh_gateway: GatewayProcess) -> None:
+    backend_pid = fresh_gateway.backend_pid()
+    os.kill(backend_pid, signal.SIGKILL)
+    noticed_after = _wait_for(lambda: httpx.get(fresh_gateway.url + "/ready").status_code == 503, timeout_s=5)
+    assert noticed_after < 5
+    started = time.monotonic()
+    for stream in (False, True):
+        answer = httpx.post(fresh_gateway.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=10)
+        assert answer.status_code == 503
+        assert int(answer.headers["retry-after"]) > 0
+        assert answer.json()["error"]["code"] == "backend_unavailable"
+    assert time.monotonic() - started < 5, "requests to a dead backend must not hang"
+    assert httpx.get(fresh_gateway.url + "/health").status_code == 200
+    log = fresh_gateway.log()
+    assert "backend exited with status -9 while serving" in log
+    assert "  | " in log, "the backend's last lines should be in the gateway log"
+
+
+def test_a_corrupt_model_file_fails_fast_with_the_engine_reason_and_no_leftovers(tmp_path: Path, gemma_gguf: Path) -> None:
+    truncated = tmp_path / "truncated.gguf"
+    with gemma_gguf.open("rb") as source:
+        truncated.write_bytes(source.read(8 * 1024 * 1024))  # header intact, tensor data cut off
+    process = GatewayProcess(tmp_path, "--model", str(truncated), "--context-length", "2048").start()
+    try:
+        assert process.proc is not None
+        code = process.proc.wait(timeout=120)
+        log = process.log()
+        assert code == 1, log
+        assert "model file missing or corrupt" in log
+        assert "re-download" in log
+        assert _processes_mentioning(str(truncated)) == [], "an engine process was left behind"
+    finally:
+        process.kill()
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if any(text in part for part in proc.info["cmdline"] or []):
+            found.append(proc.info["pid"])
+    return found
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+
+
+def test_a_busy_gateway_port_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        result = _run_cli("serve", "--port", str(port), "--state-dir", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"port {port} on 127.0.0.1 is already in use: pass --port" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "logs").exists(), "no backend may start when the gateway cannot listen"
+
+
+def test_a_file_that_is_not_a_model_is_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("these are not weights")
+    result = _run_cli("serve", "--model", str(bad), "--state-dir", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "is not a GGUF file" in result.stderr
