@@ -15,6 +15,7 @@ import asyncio
 import errno
 import json
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -58,6 +59,7 @@ def _configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll is noise
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -131,10 +133,19 @@ def serve(args: argparse.Namespace) -> int:
         shown_host,
         settings.port,
     )
+    # uvicorn handles SIGINT/SIGTERM while serving and re-raises them once it has shut down; these
+    # handlers receive that re-raise (and any signal before uvicorn takes over) so that a requested
+    # stop, completed cleanly, exits 0 instead of dying by the signal.
+    def stop_requested(_signum: int, _frame: object) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop_requested) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
         sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if supervisor.ever_ready:
         return 0
     if supervisor.reason:

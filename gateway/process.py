@@ -72,6 +72,7 @@ class ChildProcess:
             env={**os.environ, **self.env},
             start_new_session=True,
             preexec_fn=_die_with_parent,
+            limit=1 << 20,  # engines print long lines (llama.cpp's model metadata dict)
         )
         self._pump = asyncio.create_task(self._pump_output(), name=f"output of pid {self._proc.pid}")
 
