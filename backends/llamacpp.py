@@ -90,14 +90,19 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
 
 _PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
     (
-        re.compile(r"Model path does not exist|invalid magic characters|failed to read key-value pairs"
-                   r"|not within the file bounds|Failed to load model from file"),
+        re.compile(
+            r"Model path does not exist|invalid magic characters|failed to read key-value pairs"
+            r"|not within the file bounds|Failed to load model from file"
+        ),
         FailureKind.MODEL_FILE,
         "the GGUF file is missing, truncated or not GGUF: re-download it",
     ),
     (
-        re.compile(r"failed to allocate buffer|Failed to create llama_context|Unable to allocate|"
-                   r"cannot allocate|out of memory", re.IGNORECASE),
+        re.compile(
+            r"failed to allocate buffer|Failed to create llama_context|Unable to allocate|"
+            r"cannot allocate|out of memory",
+            re.IGNORECASE,
+        ),
         FailureKind.OUT_OF_MEMORY,
         "not enough memory for this context: lower --context-length",
     ),

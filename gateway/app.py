@@ -213,4 +213,4 @@ def create_app(runtime: Runtime) -> Starlette:
         Route("/v1/completions", gateway.completions, methods=["POST"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)  # type: ignore[arg-type]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

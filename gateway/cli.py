@@ -82,13 +82,12 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from backends import llamacpp
     from gateway.app import Runtime, create_app
     from gateway.proxy import Upstream
     from gateway.settings import load_settings
     from gateway.startup import decide
     from gateway.supervisor import Supervisor
-
-    from backends import llamacpp
 
     overrides: dict[str, Any] = {
         key: getattr(args, key)
@@ -111,7 +110,9 @@ def serve(args: argparse.Namespace) -> int:
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=settings.request_timeout_s,
     )
-    runtime = Runtime(route=decision.route, supervisor=supervisor, upstream=upstream, max_body_bytes=settings.max_body_bytes)
+    runtime = Runtime(
+        route=decision.route, supervisor=supervisor, upstream=upstream, max_body_bytes=settings.max_body_bytes
+    )
     config = uvicorn.Config(
         create_app(runtime),
         log_level="warning",
@@ -133,6 +134,7 @@ def serve(args: argparse.Namespace) -> int:
         shown_host,
         settings.port,
     )
+
     # uvicorn handles SIGINT/SIGTERM while serving and re-raises them once it has shut down; these
     # handlers receive that re-raise (and any signal before uvicorn takes over) so that a requested
     # stop, completed cleanly, exits 0 instead of dying by the signal.

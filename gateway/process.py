@@ -120,7 +120,7 @@ class ChildProcess:
             self._signal_group(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self._proc.wait(), timeout=grace_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("backend pid %s ignored SIGTERM for %.0f s: killing its group", self.pid, grace_s)
         # the leader may be gone while helpers in its group live on: kill the group regardless
         self._signal_group(signal.SIGKILL)

@@ -38,9 +38,7 @@ class Upstream:
         await self.client.aclose()
 
     async def post(self, path: str, body: bytes, *, stream: bool, route: ModelRoute) -> Response:
-        request = self.client.build_request(
-            "POST", path, content=body, headers={"Content-Type": "application/json"}
-        )
+        request = self.client.build_request("POST", path, content=body, headers={"Content-Type": "application/json"})
         try:
             upstream = await self.client.send(request, stream=True)
         except httpx.TransportError as exc:

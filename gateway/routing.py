@@ -64,8 +64,10 @@ class StreamRewriter:
 
     def __init__(self, served: str, fronted: str) -> None:
         served_json, fronted_json = json.dumps(served).encode(), json.dumps(fronted).encode()
-        self._pairs = [(b'"model":' + served_json, b'"model":' + fronted_json),
-                       (b'"model": ' + served_json, b'"model": ' + fronted_json)]
+        self._pairs = [
+            (b'"model":' + served_json, b'"model":' + fronted_json),
+            (b'"model": ' + served_json, b'"model": ' + fronted_json),
+        ]
         self._pending = b""
 
     def _rename(self, data: bytes) -> bytes:

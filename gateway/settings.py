@@ -53,17 +53,12 @@ class Settings(BaseSettings):
         3600.0, gt=0, description="Longest silence tolerated from the backend within one request."
     )
     connect_timeout_s: float = Field(5.0, gt=0, description="Connecting to the backend.")
-    shutdown_grace_s: float = Field(
-        15.0, ge=0, description="Time a backend gets to exit after SIGTERM before SIGKILL."
-    )
-    max_body_bytes: int = Field(
-        64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it)."
-    )
+    shutdown_grace_s: float = Field(15.0, ge=0, description="Time a backend gets to exit after SIGTERM before SIGKILL.")
+    max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it).")
     threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
     llama_cpp_python_command: list[str] | None = Field(
         None,
-        description="argv prefix that runs llama-cpp-python's server; "
-        "unset: this Python with `-m llama_cpp.server`.",
+        description="argv prefix that runs llama-cpp-python's server; unset: this Python with `-m llama_cpp.server`.",
     )
 
     @property

@@ -79,5 +79,7 @@ def decide(settings: Settings, catalog: Catalog | None = None, gpu_count: int | 
         threads=settings.threads or os.cpu_count(),
     )
     launch = llamacpp.build_launch(config, port=free_port(), api_key=secrets.token_urlsafe(24), command=command)
-    route = ModelRoute(fronted=entry.name, served=launch.served_name, context_length=context_length, aliases=entry.aliases)
+    route = ModelRoute(
+        fronted=entry.name, served=launch.served_name, context_length=context_length, aliases=entry.aliases
+    )
     return Decision(entry=entry, route=route, launch=launch)

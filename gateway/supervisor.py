@@ -14,7 +14,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ class Supervisor:
         self.classify = classify
         self.startup_timeout_s = startup_timeout_s
         self.shutdown_grace_s = shutdown_grace_s
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.log_path = log_dir / f"{launch.engine}-{stamp}-{launch.port}.log"
         self.child = ChildProcess(launch.argv, self.log_path, env=launch.env, on_line=self._on_line)
         self.state = BackendState.STARTING
@@ -113,6 +113,11 @@ class Supervisor:
             "log_path": str(self.log_path),
             "uptime_s": round(now - self.ready_at, 1) if self.ready_at and self.ready else None,
             "reason": self.reason,
+            "failure": (
+                {"kind": self.failure.kind.name.lower(), "line": self.failure.line, "fix": self.failure.fix}
+                if self.failure
+                else None
+            ),
             "last_lines": list(self.child.tail)[-TAIL_IN_REPORTS:],
         }
 
@@ -120,6 +125,7 @@ class Supervisor:
         """A multi-line account of a failure: reason, fix, the backend's last lines."""
         lines = [self.reason or f"backend {self.state.value}"]
         if self.failure:
+            lines.append(f"engine failure: {self.failure.kind.value}: {self.failure.line}")
             lines.append(f"fix: {self.failure.fix}")
         lines.append(f"last lines of {self.log_path}:")
         lines += [f"  | {line}" for line in list(self.child.tail)[-TAIL_IN_REPORTS:]]
@@ -137,14 +143,16 @@ class Supervisor:
             if await self._wait_ready(exited):
                 self.state = BackendState.READY
                 self.ready_at = time.monotonic()
-                log.info("backend ready after %.1f s at %s", self.ready_at - (self.started_at or 0), self.launch.base_url)
+                log.info(
+                    "backend ready after %.1f s at %s", self.ready_at - (self.started_at or 0), self.launch.base_url
+                )
                 self._settled.set()
                 code = await exited
                 self._fail(f"backend exited with status {code} while serving")
                 log.error("%s", self.report())
-            else:
+            else:  # the caller reports the failure in full; the log gets one line
                 await self.child.stop(self.shutdown_grace_s)
-                log.error("%s", self.report())
+                log.error("%s (see %s)", self.reason, self.log_path)
         finally:
             self._settled.set()
             if not exited.done():
@@ -164,8 +172,7 @@ class Supervisor:
                         self._fail(f"backend exited with status {exited.result()} while starting")
                         return False
                     if failure_seen.done():
-                        assert self.failure
-                        self._fail(f"backend failed while starting: {self.failure.kind.value}: {self.failure.line}")
+                        self._fail("backend failed while starting")
                         return False
                     with contextlib.suppress(httpx.TransportError):
                         if (await client.get(url, headers=headers)).status_code == 200:
@@ -177,7 +184,9 @@ class Supervisor:
                     if now >= next_progress:
                         next_progress = now + PROGRESS_EVERY_S
                         last = self.child.tail[-1] if self.child.tail else "(no output yet)"
-                        log.info("loading %s: %.0f s so far; %s", self.launch.engine, now - (self.started_at or now), last)
+                        log.info(
+                            "loading %s: %.0f s so far; %s", self.launch.engine, now - (self.started_at or now), last
+                        )
                     await asyncio.wait({exited, failure_seen}, timeout=POLL_INTERVAL_S)
         finally:
             failure_seen.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -40,7 +41,9 @@ class GatewayProcess:
 
     def start(self) -> GatewayProcess:
         with self.log_path.open("wb") as sink:
-            self.proc = subprocess.Popen(self.argv, stdout=sink, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=sink, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir
+            )
         return self
 
     def log(self) -> str:
@@ -90,10 +93,8 @@ class GatewayProcess:
         except psutil.NoSuchProcess:
             family = []
         for process in family:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

@@ -41,7 +41,9 @@ def fresh_gateway(tmp_path: Path, gemma_gguf: Path) -> object:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_stopping_the_gateway_stops_the_backend_and_frees_both_ports(fresh_gateway: GatewayProcess, sig: signal.Signals) -> None:
+def test_stopping_the_gateway_stops_the_backend_and_frees_both_ports(
+    fresh_gateway: GatewayProcess, sig: signal.Signals
+) -> None:
     backend = fresh_gateway.status()["backend"]
     backend_pid, backend_port = int(backend["pid"]), int(backend["url"].rsplit(":", 1)[1])
     assert pid_alive(backend_pid)
@@ -69,7 +71,9 @@ def test_a_backend_killed_from_outside_turns_readiness_off_and_requests_get_503(
     assert "  | " in log, "the backend's last lines should be in the gateway log"
 
 
-def test_a_corrupt_model_file_fails_fast_with_the_engine_reason_and_no_leftovers(tmp_path: Path, gemma_gguf: Path) -> None:
+def test_a_corrupt_model_file_fails_fast_with_the_engine_reason_and_no_leftovers(
+    tmp_path: Path, gemma_gguf: Path
+) -> None:
     truncated = tmp_path / "truncated.gguf"
     with gemma_gguf.open("rb") as source:
         truncated.write_bytes(source.read(8 * 1024 * 1024))  # header intact, tensor data cut off
@@ -97,9 +101,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args], capture_output=True, text=True, timeout=60, cwd=cwd
-    )
+    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
 def test_a_busy_gateway_port_is_one_clear_line(tmp_path: Path) -> None:

@@ -56,7 +56,10 @@ def test_an_alias_is_served_and_answered_under_the_fronted_name(client: openai.O
 
 def test_streaming_chat_arrives_in_several_chunks_and_ends_properly(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="gemma-3-270m", messages=MESSAGES, max_tokens=16, stream=True  # type: ignore[arg-type]
+        model="gemma-3-270m",
+        messages=MESSAGES,
+        max_tokens=16,
+        stream=True,  # type: ignore[arg-type]
     )
     chunks = list(stream)
     content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
