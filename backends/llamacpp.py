@@ -10,11 +10,14 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from backends.base import Failure, FailureKind, Launch
 from gateway.errors import BackendError
+from gateway.hardware import GIB, MIB, Gpu
+from gateway.modelfacts import ModelFacts
 
 ENGINE = "llamacpp"
 DISTRIBUTION = "llama-cpp-python"
@@ -125,3 +128,325 @@ def classify(line: str) -> Failure | None:
         if pattern.search(line):
             return Failure(kind=kind, line=line.strip(), fix=fix)
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning: where llama.cpp puts each layer, and what that costs per device and in host RAM.
+# Layer placement follows llama_model::load_tensors: `-ngl N` offloads the last N slots (blocks, then
+# the output layer as one more slot); the token embedding stays on the CPU; offloaded slots are
+# split across GPUs by cumulative --tensor-split fractions.
+# ---------------------------------------------------------------------------------------------
+
+KV_TYPES = {"f16": (2.0, 1), "q8_0": (34 / 32, 8), "q4_0": (18 / 32, 2)}  # bytes/element, ggml type id
+GPU_MARGIN_BYTES = 1024 * MIB  # kept free per GPU, like llama.cpp's --fit-target
+HOST_MARGIN_BYTES = 2 * GIB
+UBATCH = 512
+LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
+
+
+def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str) -> float:
+    """K and V of one token in one layer (MLA: the 576-element latent only, recent builds)."""
+    size = KV_TYPES[kv_type][0]
+    if facts.is_mla:
+        return (facts.kv_lora_rank + facts.qk_rope_head_dim) * size
+    key = facts.gguf_key_length or facts.head_dim
+    value = facts.gguf_value_length or facts.head_dim
+    return facts.num_kv_heads * (key + value) * size
+
+
+def kv_layer_bytes(facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, launcher: str) -> int:
+    """One layer's KV cache; the native server gives sliding-window layers a window-sized cache."""
+    cells = n_ctx
+    sliding = facts.sliding_window and layer < facts.sliding_layers  # approximate: which ones is per-arch
+    if sliding and launcher == "native" and facts.sliding_window:
+        cells = min(n_ctx, facts.sliding_window + UBATCH)
+    return int(cells * kv_bytes_per_token_layer(facts, kv_type))
+
+
+def compute_buffer_bytes(facts: ModelFacts, n_ctx: int, launcher: str, holds_output: bool) -> int:
+    """Scratch for one ubatch. Without flash attention (llama-cpp-python's default) the attention
+    scores of 512 tokens × n_ctx × heads in f32, twice: 512 MiB for Gemma 270M at 32k, as logged.
+    With flash attention (native): the ubatch's logits on the output device, ~0.25 GiB elsewhere."""
+    if launcher == "python":
+        return 2 * n_ctx * UBATCH * facts.num_heads * 4 + 8 * MIB
+    return UBATCH * facts.vocab_size * 4 + 256 * MIB if holds_output else 256 * MIB
+
+
+@dataclass(frozen=True)
+class Placement:
+    n_gpu_layers: int  # llama.cpp's -ngl (blocks + the output slot)
+    n_cpu_moe: int  # blocks whose expert tensors stay in RAM (native only)
+    tensor_split: tuple[float, ...]
+    device_model: tuple[int, ...]
+    device_kv: tuple[int, ...]
+    device_compute: tuple[int, ...]
+    device_usable: tuple[int, ...]
+    host_model: int
+    host_kv: int
+    host_compute: int
+
+    @property
+    def host_total(self) -> int:
+        return self.host_model + self.host_kv + self.host_compute
+
+    def overflow(self) -> list[int]:
+        used = (m + k + c for m, k, c in zip(self.device_model, self.device_kv, self.device_compute, strict=True))
+        return [
+            index for index, (total, usable) in enumerate(zip(used, self.device_usable, strict=True)) if total > usable
+        ]
+
+
+def place(
+    facts: ModelFacts,
+    gpus: tuple[Gpu, ...],
+    n_ctx: int,
+    kv_type: str,
+    launcher: str,
+    n_gpu_layers: int,
+    n_cpu_moe: int = 0,
+) -> Placement:
+    """Memory per device for one placement (pure arithmetic; see :func:`best_placement`)."""
+    layers = facts.num_layers
+    slots = min(n_gpu_layers, layers + 1) if gpus else 0
+    first_gpu_block = layers + 1 - slots  # blocks >= this are on a GPU; slot `layers` is the output
+    compute_gpu = [
+        compute_buffer_bytes(facts, n_ctx, launcher, holds_output=(i == len(gpus) - 1)) for i in range(len(gpus))
+    ]
+    usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
+    weight = [max(1, u - c) for u, c in zip(usable, compute_gpu, strict=True)]
+    split = tuple(round(w / sum(weight), 4) for w in weight) if gpus else ()
+    model = [0] * len(gpus)
+    kv = [0] * len(gpus)
+    host_model = facts.embedding_bytes
+    host_kv = 0
+    cumulative = [sum(split[: i + 1]) for i in range(len(split))]
+    for slot in range(layers + 1):
+        is_output = slot == layers
+        size = facts.output_bytes if is_output else facts.layer_bytes[slot] if facts.layer_bytes else 0
+        experts = 0 if is_output or not facts.expert_layer_bytes else facts.expert_layer_bytes[slot]
+        cache = 0 if is_output else kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher)
+        if slot < first_gpu_block:
+            host_model += size
+            host_kv += cache
+            continue
+        position = (slot - first_gpu_block) / slots
+        device = next((i for i, edge in enumerate(cumulative) if position < edge), len(gpus) - 1)
+        if not is_output and slot < n_cpu_moe:
+            host_model += experts
+            size -= experts
+        model[device] += size
+        kv[device] += cache
+    host_compute = (
+        compute_buffer_bytes(facts, n_ctx, launcher, holds_output=slots <= layers) if slots <= layers else 64 * MIB
+    )
+    return Placement(
+        n_gpu_layers=slots,
+        n_cpu_moe=n_cpu_moe,
+        tensor_split=split,
+        device_model=tuple(model),
+        device_kv=tuple(kv),
+        device_compute=tuple(compute_gpu),
+        device_usable=tuple(usable),
+        host_model=host_model,
+        host_kv=host_kv,
+        host_compute=host_compute,
+    )
+
+
+def best_placement(
+    facts: ModelFacts, gpus: tuple[Gpu, ...], n_ctx: int, kv_type: str, launcher: str
+) -> tuple[Placement, str]:
+    """Everything on the GPUs if it fits; else (native) MoE experts to RAM first; else fewer layers."""
+    full = facts.num_layers + 1
+    if not gpus:
+        return place(facts, gpus, n_ctx, kv_type, launcher, 0), "CPU only"
+    everything = place(facts, gpus, n_ctx, kv_type, launcher, full)
+    if not everything.overflow():
+        return everything, "all layers on GPU"
+    if launcher == "native" and facts.is_moe and facts.expert_layer_bytes:
+        for moe in range(1, facts.num_layers + 1):
+            partial = place(facts, gpus, n_ctx, kv_type, launcher, full, n_cpu_moe=moe)
+            if not partial.overflow():
+                return partial, f"experts of {moe} layers in RAM"
+    for layers in range(full - 1, -1, -1):
+        partial = place(facts, gpus, n_ctx, kv_type, launcher, layers)
+        if not partial.overflow():
+            return partial, f"{layers} of {full} layers on GPU"
+    return place(facts, gpus, n_ctx, kv_type, launcher, 0), "CPU only"
+
+
+def _mib(value: int) -> float:
+    return round(value / MIB, 1)
+
+
+@dataclass
+class LlamaCppCandidate:
+    checkpoint: str
+    launcher: str
+    n_ctx: int
+    kv_type: str
+    placement: Placement
+    fits: bool
+    reason: str
+    level: int
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def context(self) -> int:
+        return self.n_ctx
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.placement
+        memory = {
+            f"GPU{i}": {
+                "model": _mib(p.device_model[i]),
+                "kv": _mib(p.device_kv[i]),
+                "compute": _mib(p.device_compute[i]),
+                "usable": _mib(p.device_usable[i]),
+            }
+            for i in range(len(p.device_model))
+        }
+        memory["host"] = {"model": _mib(p.host_model), "kv": _mib(p.host_kv), "compute": _mib(p.host_compute)}
+        return {
+            "backend": ENGINE,
+            "launcher": self.launcher,
+            "checkpoint": self.checkpoint,
+            "fits": self.fits,
+            "reason": self.reason,
+            "n_gpu_layers": p.n_gpu_layers,
+            "n_cpu_moe": p.n_cpu_moe,
+            "tensor_split": list(p.tensor_split),
+            "n_ctx": self.n_ctx,
+            "kv_type": self.kv_type,
+            "memory_mib": memory,
+            "argv": self.argv,
+            "env": self.env,
+        }
+
+
+def candidates(
+    facts: ModelFacts,
+    checkpoint: str,
+    gpus: tuple[Gpu, ...],
+    ram_available: int,
+    *,
+    min_context: int,
+    max_context: int | None,
+    launcher: str,
+    pinned_ctx: int | None = None,
+) -> list[LlamaCppCandidate]:
+    """The ladder: longest context with f16 KV, then q8_0 KV, then shorter contexts (not below the
+    minimum); each placed as well as the GPUs allow; host RAM decides whether it fits."""
+    model_max = min(facts.max_position or FALLBACK_CONTEXT, max_context or 1 << 30)
+    if pinned_ctx:
+        contexts = [pinned_ctx]
+    else:
+        contexts = sorted(
+            {c for c in (model_max, 131072, 65536, min_context) if c <= model_max} or {model_max}, reverse=True
+        )
+    out: list[LlamaCppCandidate] = []
+    for ctx_index, n_ctx in enumerate(contexts):
+        for kv_index, kv_type in enumerate(("f16", "q8_0")):
+            placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher)
+            host_need = placement.host_total + HOST_MARGIN_BYTES
+            problems = []
+            if host_need > ram_available:
+                have = ram_available / GIB
+                problems.append(
+                    f"needs {host_need / GIB:.1f} GiB of RAM (2 GiB margin included), {have:.1f} GiB available"
+                )
+            if n_ctx < min_context:
+                problems.append(f"context {n_ctx:,} < the {min_context:,} required")
+            gpu_part = ", ".join(
+                f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
+                for i, (m, k, c, u) in enumerate(
+                    zip(
+                        placement.device_model,
+                        placement.device_kv,
+                        placement.device_compute,
+                        placement.device_usable,
+                        strict=True,
+                    )
+                )
+            )
+            ram = placement.host_total / GIB
+            summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
+            level = (
+                (
+                    0
+                    if placement.n_gpu_layers > facts.num_layers and not placement.n_cpu_moe
+                    else 1
+                    if placement.n_cpu_moe
+                    else 2
+                )
+                + 4 * kv_index
+                + 8 * ctx_index
+            )
+            out.append(
+                LlamaCppCandidate(
+                    checkpoint,
+                    launcher,
+                    n_ctx,
+                    kv_type,
+                    placement,
+                    not problems,
+                    summary + ("; " + "; ".join(problems) if problems else ""),
+                    level,
+                )
+            )
+    return out
+
+
+def plan_argv(
+    candidate: LlamaCppCandidate,
+    *,
+    served_name: str,
+    gguf: str,
+    command: list[str] | None = None,
+    chat_format: str | None = None,
+) -> list[str]:
+    """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
+    p = candidate.placement
+    if candidate.launcher == "native":
+        argv = [
+            *(command or ["llama-server"]),
+            "-m",
+            gguf,
+            "--alias",
+            served_name,
+            "-c",
+            str(candidate.n_ctx),
+            "-ngl",
+            str(p.n_gpu_layers),
+        ]
+        if len(p.tensor_split) > 1:
+            argv += ["-ts", ",".join(f"{f:g}" for f in p.tensor_split)]
+        if p.n_cpu_moe:
+            argv += ["--n-cpu-moe", str(p.n_cpu_moe)]
+        if candidate.kv_type != "f16":
+            argv += ["-ctk", candidate.kv_type, "-ctv", candidate.kv_type]
+        return [
+            *argv,
+            "-fa",
+            "on",
+            "--fit",
+            "off",
+            "--jinja",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "PORT",
+            "--api-key",
+            "KEY",
+        ]
+    argv = [*(command or ["python", "-m", "llama_cpp.server"]), "--model", gguf, "--model_alias", served_name]
+    argv += ["--n_ctx", str(candidate.n_ctx), "--n_gpu_layers", str(p.n_gpu_layers), "--logits_all", "False"]
+    if len(p.tensor_split) > 1:
+        argv += ["--tensor_split", *(f"{f:g}" for f in p.tensor_split)]
+    if candidate.kv_type != "f16":
+        type_id = str(KV_TYPES[candidate.kv_type][1])
+        argv += ["--type_k", type_id, "--type_v", type_id, "--flash_attn", "True"]
+    if chat_format:
+        argv += ["--chat_format", chat_format]
+    return [*argv, "--host", "127.0.0.1", "--port", "PORT", "--api_key", "KEY"]

@@ -24,10 +24,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class QuantizedCheckpoint(_Strict):
+    """A pre-quantized variant the planner may step down to when the original does not fit."""
+
+    checkpoint: str
+    quantization: str  # fp8 | nvfp4 | awq | gptq | mxfp4
+    checkpoint_bytes: int | None = None  # unset: estimated from the architecture
+
+
 class VllmSource(_Strict):
     """How vLLM gets the model: a hub repo or local directory, and the parsers agents need."""
 
     checkpoint: str
+    checkpoint_bytes: int | None = None  # the safetensors total when known; unset: estimated
+    quantized: tuple[QuantizedCheckpoint, ...] = ()
     dtype: str = "auto"
     quantization: str | None = None
     tool_call_parser: str | None = None
@@ -62,6 +72,7 @@ class ModelEntry(_Strict):
     aliases: tuple[str, ...] = ()
     description: str = ""
     max_context: int | None = None  # the model's own limit when known without reading weights
+    hf_config: str | None = None  # a config.json shipped beside the catalog (relative to it), for planning offline
     vllm: VllmSource | None = None
     llamacpp: LlamaCppSource | None = None
 

@@ -40,6 +40,34 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="show whether and how the model fits, term by term, without starting anything",
+        description="Flags given explicitly are pinned; the others are chosen by the ladder. "
+        "Exit 0 when a candidate fits, 2 when none does, 1 on bad input.",
+    )
+    plan.add_argument("--model", help="catalog name, hub repo id, .gguf file or checkpoint directory")
+    plan.add_argument("--gpus", help="simulate GPUs instead of asking NVML: 2x32GiB, 1x12GiB,1x24GiB, 2x32GiB@12.0")
+    plan.add_argument("--ram", help="host RAM to plan with, e.g. 64GiB (default: what is available)")
+    plan.add_argument("--backend", choices=["vllm", "llamacpp"], help="plan only this engine")
+    plan.add_argument("--launcher", choices=["python", "native"], default="python", help="llama.cpp server")
+    plan.add_argument("--vllm-version", help="plan for this vLLM release (default: installed, else assumed)")
+    plan.add_argument("--tensor-parallel-size", type=int)
+    plan.add_argument("--gpu-memory-utilization", type=float)
+    plan.add_argument("--max-model-len", type=int)
+    plan.add_argument("--max-num-seqs", type=int)
+    plan.add_argument("--max-num-batched-tokens", type=int)
+    plan.add_argument("--kv-cache-dtype", choices=["auto", "fp8"])
+    plan.add_argument("--kv-cache-memory-bytes", type=int)
+    plan.add_argument("--enforce-eager", action="store_true", default=None)
+    plan.add_argument("--cpu-offload-gb", type=float)
+    plan.add_argument("--allow-cpu-offload", action="store_true", help="let the ladder use --cpu-offload-gb")
+    plan.add_argument("--min-context", type=int, default=32768, help="smallest acceptable context (default 32768)")
+    plan.add_argument("--max-context", type=int, help="longest context worth reserving")
+    plan.add_argument("--json", action="store_true", help="one JSON object")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway",
@@ -48,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(sub)
+    _add_plan(sub)
     models = sub.add_parser("models", help="list the model catalog")
     models.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -156,6 +185,42 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+_PINNABLE = (
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_dtype",
+    "kv_cache_memory_bytes",
+    "enforce_eager",
+    "cpu_offload_gb",
+)
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from gateway.catalog import DEFAULT_MODEL, builtin_catalog
+    from gateway.hardware import inventory
+    from gateway.plan_report import render
+    from gateway.planner import Policy, plan
+
+    machine = inventory(args.gpus, args.ram)
+    entry = builtin_catalog().resolve(args.model or DEFAULT_MODEL)
+    pinned = {name: getattr(args, name) for name in _PINNABLE if getattr(args, name) is not None}
+    policy = Policy(
+        min_context=args.min_context,
+        max_context=args.max_context,
+        allow_cpu_offload=args.allow_cpu_offload,
+        backend=args.backend,
+        launcher=args.launcher,
+        vllm_version=args.vllm_version,
+        pinned=pinned,
+    )
+    result = plan(entry, machine, policy)
+    print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
+    return 0 if result.chosen is not None else 2
+
+
 def list_models(args: argparse.Namespace) -> int:
     from gateway.catalog import builtin_catalog
 
@@ -180,10 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(args)
+        if args.command == "plan":
+            return plan_command(args)
         return list_models(args)
     except GatewayError as exc:
         print(f"gateway: error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     except KeyboardInterrupt:
         return 130
 

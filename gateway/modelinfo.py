@@ -7,6 +7,7 @@ reader walks the header with ``struct`` over an mmap and skips array contents.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import struct
 from dataclasses import dataclass
@@ -22,12 +23,22 @@ _STRING, _ARRAY = 8, 9
 
 
 @dataclass(frozen=True)
+class GgufTensor:
+    name: str
+    shape: tuple[int, ...]
+    type_id: int
+    offset: int  # from the start of the data section
+    nbytes: int  # from the gap to the next tensor's offset (alignment padding included, <= 31 bytes)
+
+
+@dataclass(frozen=True)
 class GgufHeader:
-    """Scalar metadata of a GGUF file; arrays are recorded by length only."""
+    """Scalar metadata of a GGUF file (arrays are recorded by length only) and its tensor table."""
 
     version: int
     tensor_count: int
     metadata: dict[str, Any]
+    tensors: tuple[GgufTensor, ...] = ()
 
     @property
     def architecture(self) -> str:
@@ -100,8 +111,23 @@ def read_gguf_header(path: Path) -> GgufHeader:
             for _ in range(kv_count):
                 key = cursor.string()
                 metadata[key] = cursor.value(cursor.scalar("<I"))
+            raw_tensors = []
+            for _ in range(tensor_count):
+                name = cursor.string()
+                dims = cursor.scalar("<I")
+                shape = tuple(cursor.scalar("<Q") for _ in range(dims))
+                raw_tensors.append((name, shape, cursor.scalar("<I"), cursor.scalar("<Q")))
+            alignment = int(metadata.get("general.alignment", 32))
+            data_start = -(-cursor.offset // alignment) * alignment
+            data_size = len(buffer) - data_start
     except (struct.error, ValueError) as exc:
         raise ModelError(f"{path}: truncated or corrupt GGUF header ({exc}): re-download it") from exc
     except OSError as exc:
         raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    return GgufHeader(version=version, tensor_count=tensor_count, metadata=metadata)
+    ends = sorted({offset for *_, offset in raw_tensors} | {data_size})
+    next_offset = dict(itertools.pairwise(ends))
+    tensors = tuple(
+        GgufTensor(name, shape, type_id, offset, max(0, next_offset.get(offset, data_size) - offset))
+        for name, shape, type_id, offset in raw_tensors
+    )
+    return GgufHeader(version=version, tensor_count=tensor_count, metadata=metadata, tensors=tensors)

@@ -110,7 +110,7 @@ def test_a_busy_gateway_port_is_one_clear_line(tmp_path: Path) -> None:
         holder.listen(1)
         port = holder.getsockname()[1]
         result = _run_cli("serve", "--port", str(port), "--state-dir", str(tmp_path), cwd=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is already in use: pass --port" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "logs").exists(), "no backend may start when the gateway cannot listen"
@@ -120,7 +120,7 @@ def test_a_file_that_is_not_a_model_is_one_clear_line(tmp_path: Path) -> None:
     bad = tmp_path / "notes.gguf"
     bad.write_text("these are not weights")
     result = _run_cli("serve", "--model", str(bad), "--state-dir", str(tmp_path), cwd=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("gateway: error:")]
     assert len(errors) == 1 and "is not a GGUF file" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
