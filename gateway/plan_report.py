@@ -59,14 +59,12 @@ def render(plan: Plan) -> str:
     if inv.gpus:
         for g in inv.gpus:
             cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
-            lines.append(
-                f"GPU{g.index} {g.name}: {g.total_bytes / MIB:,.0f} MiB total, {g.free_bytes / MIB:,.0f} MiB free, cc {cc}"
-            )
+            total, free = g.total_bytes / MIB, g.free_bytes / MIB
+            lines.append(f"GPU{g.index} {g.name}: {total:,.0f} MiB total, {free:,.0f} MiB free, cc {cc}")
     else:
         lines.append("no GPUs: CPU plan")
-    lines.append(
-        f"host RAM available {inv.ram_available_bytes / GIB:.1f} GiB; vLLM {plan.vllm_version} ({plan.vllm_version_source})"
-    )
+    ram = inv.ram_available_bytes / GIB
+    lines.append(f"host RAM available {ram:.1f} GiB; vLLM {plan.vllm_version} ({plan.vllm_version_source})")
     lines.append(
         f"policy: context at least {plan.policy.min_context:,}"
         + (f", at most {plan.policy.max_context:,}" if plan.policy.max_context else "")
