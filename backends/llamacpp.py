@@ -163,11 +163,17 @@ def kv_layer_bytes(facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, laun
     return int(cells * kv_bytes_per_token_layer(facts, kv_type))
 
 
-def compute_buffer_bytes(facts: ModelFacts, n_ctx: int, launcher: str, holds_output: bool) -> int:
-    """Scratch for one ubatch. Without flash attention (llama-cpp-python's default) the attention
-    scores of 512 tokens × n_ctx × heads in f32, twice: 512 MiB for Gemma 270M at 32k, as logged.
-    With flash attention (native): the ubatch's logits on the output device, ~0.25 GiB elsewhere."""
-    if launcher == "python":
+def uses_flash_attention(launcher: str, gpus: tuple[Gpu, ...]) -> bool:
+    """The native server turns it on by itself; with llama-cpp-python we turn it on for GPUs, where
+    without it the attention scores of a long context need gigabytes of scratch per device."""
+    return launcher == "native" or bool(gpus)
+
+
+def compute_buffer_bytes(facts: ModelFacts, n_ctx: int, flash_attention: bool, holds_output: bool) -> int:
+    """Scratch for one ubatch. Without flash attention: the attention scores of 512 tokens × n_ctx ×
+    heads in f32, twice (514 MiB for Gemma 270M at 32k, as logged). With it: the ubatch's logits on
+    the device holding the output layer (300 MiB logged for a 152k vocabulary), ~0.25 GiB elsewhere."""
+    if not flash_attention:
         return 2 * n_ctx * UBATCH * facts.num_heads * 4 + 8 * MIB
     return UBATCH * facts.vocab_size * 4 + 256 * MIB if holds_output else 256 * MIB
 
@@ -196,6 +202,19 @@ class Placement:
         ]
 
 
+def _slot_costs(
+    facts: ModelFacts, n_ctx: int, kv_type: str, launcher: str, n_cpu_moe: int
+) -> list[tuple[int, int, int]]:
+    """Per slot (blocks, then the output layer): (weights on the GPU, expert weights kept in RAM, KV)."""
+    costs = []
+    for slot in range(facts.num_layers):
+        size = facts.layer_bytes[slot] if facts.layer_bytes else 0
+        experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and slot < n_cpu_moe else 0
+        costs.append((size - experts, experts, kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher)))
+    costs.append((facts.output_bytes, 0, 0))
+    return costs
+
+
 def place(
     facts: ModelFacts,
     gpus: tuple[Gpu, ...],
@@ -204,53 +223,72 @@ def place(
     launcher: str,
     n_gpu_layers: int,
     n_cpu_moe: int = 0,
+    split: tuple[float, ...] | None = None,
 ) -> Placement:
-    """Memory per device for one placement (pure arithmetic; see :func:`best_placement`)."""
+    """Memory per device for one placement (pure arithmetic; see :func:`best_placement`).
+
+    ``split`` defaults to llama.cpp's own rule: proportional to each GPU's usable memory."""
     layers = facts.num_layers
     slots = min(n_gpu_layers, layers + 1) if gpus else 0
-    first_gpu_block = layers + 1 - slots  # blocks >= this are on a GPU; slot `layers` is the output
-    compute_gpu = [
-        compute_buffer_bytes(facts, n_ctx, launcher, holds_output=(i == len(gpus) - 1)) for i in range(len(gpus))
-    ]
+    first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
+    flash = uses_flash_attention(launcher, gpus)
     usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
-    weight = [max(1, u - c) for u, c in zip(usable, compute_gpu, strict=True)]
-    split = tuple(round(w / sum(weight), 4) for w in weight) if gpus else ()
-    model = [0] * len(gpus)
-    kv = [0] * len(gpus)
-    host_model = facts.embedding_bytes
-    host_kv = 0
+    if split is None and gpus:
+        room = [max(1, u - compute_buffer_bytes(facts, n_ctx, flash, i == len(gpus) - 1)) for i, u in enumerate(usable)]
+        split = tuple(round(r / sum(room), 4) for r in room)
+    split = split or ()
     cumulative = [sum(split[: i + 1]) for i in range(len(split))]
-    for slot in range(layers + 1):
-        is_output = slot == layers
-        size = facts.output_bytes if is_output else facts.layer_bytes[slot] if facts.layer_bytes else 0
-        experts = 0 if is_output or not facts.expert_layer_bytes else facts.expert_layer_bytes[slot]
-        cache = 0 if is_output else kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher)
-        if slot < first_gpu_block:
-            host_model += size
+    model, kv = [0] * len(gpus), [0] * len(gpus)
+    host_model, host_kv = facts.embedding_bytes, 0
+    output_device: int | None = None
+    for slot, (on_gpu, in_ram, cache) in enumerate(_slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe)):
+        if slot < first_gpu_slot:
+            host_model += on_gpu + in_ram
             host_kv += cache
             continue
-        position = (slot - first_gpu_block) / slots
-        device = next((i for i, edge in enumerate(cumulative) if position < edge), len(gpus) - 1)
-        if not is_output and slot < n_cpu_moe:
-            host_model += experts
-            size -= experts
-        model[device] += size
+        position = (slot - first_gpu_slot) / slots
+        device = next((i for i, edge in enumerate(cumulative) if position < edge - 1e-9), len(gpus) - 1)
+        model[device] += on_gpu
         kv[device] += cache
-    host_compute = (
-        compute_buffer_bytes(facts, n_ctx, launcher, holds_output=slots <= layers) if slots <= layers else 64 * MIB
-    )
+        host_model += in_ram
+        if slot == layers:
+            output_device = device
+    compute = tuple(compute_buffer_bytes(facts, n_ctx, flash, i == output_device) for i in range(len(gpus)))
+    host_compute = compute_buffer_bytes(facts, n_ctx, flash, True) if output_device is None else 64 * MIB
     return Placement(
         n_gpu_layers=slots,
         n_cpu_moe=n_cpu_moe,
         tensor_split=split,
         device_model=tuple(model),
         device_kv=tuple(kv),
-        device_compute=tuple(compute_gpu),
+        device_compute=compute,
         device_usable=tuple(usable),
         host_model=host_model,
         host_kv=host_kv,
         host_compute=host_compute,
     )
+
+
+def _filled_split(
+    facts: ModelFacts, gpus: tuple[Gpu, ...], n_ctx: int, kv_type: str, launcher: str, n_gpu_layers: int, n_cpu_moe: int
+) -> tuple[float, ...] | None:
+    """A split that fills each GPU in turn with whole slots, when the proportional one overflows a
+    card (uneven layers, the output layer's logits); None when the slots cannot fit at all."""
+    flash = uses_flash_attention(launcher, gpus)
+    logits_extra = compute_buffer_bytes(facts, n_ctx, flash, True) - compute_buffer_bytes(facts, n_ctx, flash, False)
+    room = [max(0, g.free_bytes - GPU_MARGIN_BYTES) - compute_buffer_bytes(facts, n_ctx, flash, False) for g in gpus]
+    costs = _slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe)[facts.num_layers + 1 - n_gpu_layers :]
+    counts = [0] * len(gpus)
+    device = 0
+    for index, (on_gpu, _, cache) in enumerate(costs):
+        need = on_gpu + cache + (logits_extra if index == len(costs) - 1 else 0)
+        while device < len(gpus) and need > room[device]:
+            device += 1
+        if device == len(gpus):
+            return None
+        room[device] -= need
+        counts[device] += 1
+    return tuple(count / n_gpu_layers for count in counts)
 
 
 def best_placement(
@@ -260,19 +298,25 @@ def best_placement(
     full = facts.num_layers + 1
     if not gpus:
         return place(facts, gpus, n_ctx, kv_type, launcher, 0), "CPU only"
-    everything = place(facts, gpus, n_ctx, kv_type, launcher, full)
-    if not everything.overflow():
+
+    def fitting(layers: int, moe: int = 0) -> Placement | None:
+        proportional = place(facts, gpus, n_ctx, kv_type, launcher, layers, moe)
+        if not proportional.overflow():
+            return proportional
+        split = _filled_split(facts, gpus, n_ctx, kv_type, launcher, layers, moe)
+        filled = place(facts, gpus, n_ctx, kv_type, launcher, layers, moe, split) if split else None
+        return filled if filled and not filled.overflow() else None
+
+    if everything := fitting(full):
         return everything, "all layers on GPU"
     if launcher == "native" and facts.is_moe and facts.expert_layer_bytes:
         for moe in range(1, facts.num_layers + 1):
-            partial = place(facts, gpus, n_ctx, kv_type, launcher, full, n_cpu_moe=moe)
-            if not partial.overflow():
+            if partial := fitting(full, moe):
                 return partial, f"experts of {moe} layers in RAM"
-    for layers in range(full - 1, -1, -1):
-        partial = place(facts, gpus, n_ctx, kv_type, launcher, layers)
-        if not partial.overflow():
+    for layers in range(full - 1, 0, -1):
+        if partial := fitting(layers):
             return partial, f"{layers} of {full} layers on GPU"
-    return place(facts, gpus, n_ctx, kv_type, launcher, 0), "CPU only"
+    return place(facts, gpus, n_ctx, kv_type, launcher, 0), "CPU only (not one layer fits a GPU)"
 
 
 def _mib(value: int) -> float:
@@ -446,7 +490,9 @@ def plan_argv(
         argv += ["--tensor_split", *(f"{f:g}" for f in p.tensor_split)]
     if candidate.kv_type != "f16":
         type_id = str(KV_TYPES[candidate.kv_type][1])
-        argv += ["--type_k", type_id, "--type_v", type_id, "--flash_attn", "True"]
+        argv += ["--type_k", type_id, "--type_v", type_id]
+    if candidate.kv_type != "f16" or p.tensor_split:  # quantized V needs it; GPUs want it (see compute)
+        argv += ["--flash_attn", "True"]
     if chat_format:
         argv += ["--chat_format", chat_format]
     return [*argv, "--host", "127.0.0.1", "--port", "PORT", "--api_key", "KEY"]

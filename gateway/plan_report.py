@@ -71,14 +71,14 @@ def render(plan: Plan) -> str:
     )
     lines += [f"note: {note}" for note in plan.notes]
     chosen = plan.chosen
-    if plan.vllm:
+    if plan.vllm_candidates:
         lines.append("")
         lines.append("vLLM candidates (per GPU, GiB):")
-        lines += _vllm_rows(plan.vllm, chosen)
-    if plan.llamacpp:
+        lines += _vllm_rows(plan.vllm_candidates, chosen)
+    if plan.llamacpp_candidates:
         lines.append("")
         lines.append("llama.cpp candidates:")
-        lines += _llama_rows(plan.llamacpp, chosen)
+        lines += _llama_rows(plan.llamacpp_candidates, chosen)
     lines.append("")
     lines.append(f"decision: {plan.decision_backend or 'none'}: {plan.decision_reason}")
     if chosen is not None:

@@ -63,8 +63,8 @@ class Plan:
     policy: Policy
     vllm_version: str
     vllm_version_source: str
-    vllm: list[vllm.VllmCandidate]
-    llamacpp: list[llamacpp.LlamaCppCandidate]
+    vllm_candidates: list[vllm.VllmCandidate]
+    llamacpp_candidates: list[llamacpp.LlamaCppCandidate]
     decision_backend: str | None
     decision_index: int | None
     decision_reason: str
@@ -72,7 +72,7 @@ class Plan:
 
     @property
     def candidates(self) -> list[vllm.VllmCandidate | llamacpp.LlamaCppCandidate]:
-        return [*self.vllm, *self.llamacpp]
+        return [*self.vllm_candidates, *self.llamacpp_candidates]
 
     @property
     def chosen(self) -> vllm.VllmCandidate | llamacpp.LlamaCppCandidate | None:
@@ -223,17 +223,16 @@ def decide(sources: ModelSources, inventory: Inventory, policy: Policy) -> Plan:
         backend, reason = "llamacpp", f"{why_not}; llama.cpp: {chosen_l.reason}"
     else:
         index, backend = None, None
-        reason = "nothing fits: " + "; ".join(
-            sorted({c.reason for c in [*vllm_candidates[:3], *llama_candidates[:2]]}) or ["no engine could be planned"]
-        )
+        reasons = [c.reason for c in vllm_candidates[:2]] + [c.reason for c in llama_candidates[:2]]
+        reason = "nothing fits: " + ("; ".join(reasons) or "no engine could be planned")
     return Plan(
         model=sources.name,
         inventory=inventory,
         policy=policy,
         vllm_version=version,
         vllm_version_source=version_source,
-        vllm=vllm_candidates,
-        llamacpp=llama_candidates,
+        vllm_candidates=vllm_candidates,
+        llamacpp_candidates=llama_candidates,
         decision_backend=backend,
         decision_index=index,
         decision_reason=reason,

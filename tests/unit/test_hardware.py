@@ -1,0 +1,47 @@
+"""Simulated inventories and sizes parse exactly; no NVML means a CPU plan, said plainly."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import ConfigError
+from gateway.hardware import GIB, MIB, inventory, parse_gpu_spec, parse_size
+
+
+def test_sizes_in_every_unit() -> None:
+    assert parse_size("32GiB") == 32 * GIB
+    assert parse_size("24 GB") == 24 * 10**9
+    assert parse_size("512MiB") == 512 * MIB
+    assert parse_size("1.5TiB") == int(1.5 * 1024**4)
+    assert parse_size("4096") == 4096
+    with pytest.raises(ConfigError, match="write it like 32GiB"):
+        parse_size("lots")
+
+
+def test_gpu_specs() -> None:
+    two = parse_gpu_spec("2x32GiB")
+    assert [g.index for g in two] == [0, 1] and all(g.total_bytes == g.free_bytes == 32 * GIB for g in two)
+    mixed = parse_gpu_spec("1x12GiB,1x24GiB")
+    assert [g.total_bytes for g in mixed] == [12 * GIB, 24 * GIB]
+    blackwell = parse_gpu_spec("2x32607MiB@12.0")
+    assert all(g.compute_capability == (12, 0) and g.total_bytes == 32607 * MIB for g in blackwell)
+    busy = parse_gpu_spec("1x24GiB:free=20GiB")
+    assert (busy[0].total_bytes, busy[0].free_bytes) == (24 * GIB, 20 * GIB)
+
+
+@pytest.mark.parametrize("spec", ["", "2x", "twoxbig", "1x24GiB:free=30GiB", "0x24GiB"])
+def test_bad_gpu_specs_are_one_clear_error(spec: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_gpu_spec(spec)
+
+
+def test_no_driver_means_a_cpu_inventory_with_a_note() -> None:
+    machine = inventory()  # this machine has no NVIDIA driver
+    assert machine.gpus == () and machine.source == "none"
+    assert machine.notes and machine.notes[0].startswith("no NVIDIA GPU found")
+    assert machine.ram_total_bytes > 0
+
+
+def test_ram_override() -> None:
+    machine = inventory("2x24GiB", "256GiB")
+    assert machine.ram_available_bytes == 256 * GIB and machine.source == "simulated"

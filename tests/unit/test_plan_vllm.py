@@ -1,0 +1,149 @@
+"""vLLM memory terms and the ladder on the scenarios the product is judged by."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends import vllm
+from gateway.catalog import builtin_catalog
+from gateway.hardware import GIB, Inventory, parse_gpu_spec
+from gateway.modelfacts import facts_from_config
+from gateway.planner import Policy, decide, gather
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+RTX_5090_PAIR = "2x32607MiB@12.0"
+
+
+def _machine(spec: str, ram_gib: int = 64) -> Inventory:
+    return Inventory(parse_gpu_spec(spec), ram_gib * GIB, ram_gib * GIB, source="simulated")
+
+
+def _glm_plan(spec: str = RTX_5090_PAIR, version: str = "0.32.0", **policy: object):  # type: ignore[no-untyped-def]
+    sources = gather(builtin_catalog().resolve("glm-4.7-flash"))
+    return decide(sources, _machine(spec), Policy(vllm_version=version, **policy))  # type: ignore[arg-type]
+
+
+def test_glm_bf16_puts_28_to_29_gib_of_weights_on_each_of_two_gpus() -> None:
+    plan = _glm_plan()
+    tp2 = [c for c in plan.vllm_candidates if c.flags.tensor_parallel_size == 2 and c.checkpoint.quantization is None]
+    assert tp2
+    assert 27.5 * GIB < tp2[0].memory.weights < 29.5 * GIB
+
+
+def test_glm_bf16_on_two_5090s_fits_only_with_tuned_limits() -> None:
+    plan = _glm_plan()
+    chosen = plan.chosen
+    assert plan.decision_backend == "vllm" and isinstance(chosen, vllm.VllmCandidate)
+    assert chosen.checkpoint.quantization is None  # the original BF16 checkpoint still fits...
+    assert chosen.flags.enforce_eager  # ...but only without CUDA graphs,
+    assert chosen.flags.gpu_memory_utilization > vllm.DEFAULT_UTILIZATION  # with more of the card,
+    assert chosen.flags.max_num_seqs <= 32  # and few sequences
+    assert chosen.flags.max_model_len >= 32768
+    assert chosen.memory.kv_tokens >= chosen.flags.max_model_len
+    defaults = [c for c in plan.vllm_candidates if c.level == 0 and c.flags.tensor_parallel_size == 2]
+    assert defaults and not any(c.fits for c in defaults)
+    assert "leave no KV cache" in defaults[0].reason
+
+
+def test_glm_kv_per_token_is_mla_now_and_was_17x_larger_before_january_2026() -> None:
+    facts = gather(builtin_catalog().resolve("glm-4.7-flash")).vllm_checkpoints[0].facts
+    assert vllm.kv_bytes_per_token(facts, 2, "auto", "0.32.0") == 47 * 576 * 2  # 54,144: MLA latent
+    assert vllm.kv_bytes_per_token(facts, 2, "fp8", "0.32.0") == 47 * 576
+    before = vllm.kv_bytes_per_token(facts, 1, "auto", "0.14.0")
+    assert before == 47 * 20 * (192 + 64 + 256) * 2  # 20 full heads of K (256) and V (256)
+    assert 17 < before / (47 * 576 * 2) < 18
+
+
+def test_before_mla_glm_bf16_cannot_reach_32k_and_the_nvfp4_checkpoint_is_chosen() -> None:
+    plan = _glm_plan(version="0.14.0")
+    bf16 = [c for c in plan.vllm_candidates if c.checkpoint.quantization is None]
+    assert bf16 and not any(c.fits for c in bf16)
+    chosen = plan.chosen
+    assert isinstance(chosen, vllm.VllmCandidate) and chosen.checkpoint.quantization == "nvfp4"
+
+
+def test_the_nvfp4_checkpoint_leaves_far_more_room() -> None:
+    plan = _glm_plan()
+    nvfp4 = [c for c in plan.vllm_candidates if c.checkpoint.quantization == "nvfp4" and c.level == 32]
+    bf16 = max(c.memory.kv_cache for c in plan.vllm_candidates if c.checkpoint.quantization is None)
+    assert nvfp4 and nvfp4[0].fits
+    assert nvfp4[0].memory.kv_cache > 5 * bf16
+    assert nvfp4[0].memory.weights < 10 * GIB
+
+
+def test_nvfp4_is_refused_where_the_gpus_cannot_run_it() -> None:
+    plan = _glm_plan(spec="2x24GiB@8.9")
+    refused = [c for c in plan.vllm_candidates if c.checkpoint.quantization == "nvfp4"]
+    assert refused and not refused[0].fits
+    assert "needs compute capability 10.0+" in refused[0].reason
+
+
+def test_tp_sizes_divide_the_heads_and_fit_the_gpu_count() -> None:
+    facts = facts_from_config(
+        {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2}, "tiny"
+    )
+    assert vllm.valid_tp_sizes(facts, 4) == [2, 1]  # 14 heads: TP4 never proposed
+    assert vllm.valid_tp_sizes(facts, 1) == [1]
+
+
+def test_kv_heads_fewer_than_tp_are_replicated() -> None:
+    qwen3_moe = json.loads((CONFIGS / "Qwen3-30B-A3B.json").read_text())
+    facts = facts_from_config(qwen3_moe, "Qwen3-30B-A3B")
+    assert facts.num_kv_heads == 4
+    at_tp4 = vllm.kv_bytes_per_token(facts, 4, "auto", "0.32.0")
+    assert at_tp4 == 48 * 2 * 1 * 128 * 2 == 24576
+    assert vllm.kv_bytes_per_token(facts, 8, "auto", "0.32.0") == at_tp4  # one head per GPU, not half
+
+
+def test_pinned_flags_are_evaluated_exactly() -> None:
+    pinned = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 256}
+    plan = _glm_plan(pinned=pinned)
+    bf16 = [c for c in plan.vllm_candidates if c.checkpoint.quantization is None]
+    assert {c.flags.tensor_parallel_size for c in bf16} == {2}
+    assert {c.flags.gpu_memory_utilization for c in bf16} == {0.92}
+    assert {c.flags.max_model_len for c in bf16} == {32768}
+    exact = [c for c in bf16 if not c.flags.enforce_eager and c.flags.kv_cache_dtype == "auto"]
+    assert len(exact) == 1 and not exact[0].fits
+
+
+def test_free_memory_below_the_requested_share_is_refused_with_numbers() -> None:
+    pinned = {"gpu_memory_utilization": 0.92}
+    plan = _glm_plan(spec="2x32607MiB@12.0:free=20GiB", pinned=pinned)
+    assert not any(c.fits for c in plan.vllm_candidates if c.checkpoint.quantization is None)
+    assert any("vLLM refuses to start" in c.reason for c in plan.vllm_candidates)
+
+
+def test_argv_uses_current_flags_only() -> None:
+    chosen = _glm_plan().chosen
+    assert isinstance(chosen, vllm.VllmCandidate)
+    argv = chosen.argv
+    assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]
+    assert "--swap-space" not in argv
+    assert argv[argv.index("--tool-call-parser") + 1] == "glm47"
+    assert argv[argv.index("--reasoning-parser") + 1] == "glm45"
+    assert "--enforce-eager" in argv
+    assert chosen.env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+
+
+@pytest.mark.parametrize(
+    ("case_config", "reported_available_gib", "budget_gib", "flags"),
+    [
+        # vllm-08: Qwen3-8B-FP8 on a 23.53 GiB GPU at util 0.8 (vLLM ~0.10, graphs not reserved)
+        ("Qwen3-8B.json", 8.60, 23.53, {"util": 0.8, "quant": "fp8", "len": 1024, "version": "0.10.2"}),
+        # vllm-01: Qwen2.5-7B-AWQ on a 15.99 GiB RTX 4080 at util 0.9 (vLLM 0.26, graphs reserved)
+        ("Qwen2.5-7B.json", 8.00, 15.99, {"util": 0.9, "quant": "awq", "len": 32768, "version": "0.26.0"}),
+    ],
+)
+def test_available_kv_matches_published_logs_within_10_percent(
+    case_config: str, reported_available_gib: float, budget_gib: float, flags: dict[str, object]
+) -> None:
+    facts = facts_from_config(
+        json.loads((CONFIGS / case_config).read_text()), case_config, quantization=str(flags["quant"])
+    )
+    gpu = parse_gpu_spec(f"1x{budget_gib}GiB")[0]
+    run = vllm.VllmFlags(1, float(flags["util"]), int(flags["len"]), 256, 2048)  # type: ignore[arg-type]
+    memory = vllm.memory(vllm.Checkpoint(case_config, facts), gpu, run, str(flags["version"]))
+    assert abs(memory.kv_cache / GIB - reported_available_gib) / reported_available_gib < 0.10
