@@ -55,7 +55,7 @@ def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the
     assert p.tensor_split[0] == pytest.approx(0.5, abs=0.05)  # equal cards: even, to a whole layer
     assert all(model > 15 * GIB for model in p.device_model)  # both cards carry layers
     assert not p.overflow()
-    assert p.host_model > 100 * GIB
+    assert p.host_model > 90 * GIB  # most of the 131 GiB of BF16 weights stay in RAM
     assert chosen.n_ctx >= 32768
     argv = chosen.argv
     assert argv[argv.index("--n_gpu_layers") + 1] == str(p.n_gpu_layers)
