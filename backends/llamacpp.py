@@ -172,10 +172,13 @@ def uses_flash_attention(launcher: str, gpus: tuple[Gpu, ...]) -> bool:
 def compute_buffer_bytes(facts: ModelFacts, n_ctx: int, flash_attention: bool, holds_output: bool) -> int:
     """Scratch for one ubatch. Without flash attention: the attention scores of 512 tokens × n_ctx ×
     heads in f32, twice (514 MiB for Gemma 270M at 32k, as logged). With it: the ubatch's logits on
-    the device holding the output layer (300 MiB logged for a 152k vocabulary), ~0.25 GiB elsewhere."""
+    the device holding the output layer (300 MiB logged for a 152k vocabulary)."""
     if not flash_attention:
         return 2 * n_ctx * UBATCH * facts.num_heads * 4 + 8 * MIB
-    return UBATCH * facts.vocab_size * 4 + 256 * MIB if holds_output else 256 * MIB
+    if not holds_output:
+        return 256 * MIB  # 202-396 MiB logged on the GPUs without the output layer
+    # routing a ubatch over many experts needs more scratch: +600 and +900 MiB logged for two MoE models
+    return UBATCH * facts.vocab_size * 4 + (512 if facts.is_moe else 32) * MIB
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ def place(
         room = [max(1, u - compute_buffer_bytes(facts, n_ctx, flash, i == len(gpus) - 1)) for i, u in enumerate(usable)]
         split = tuple(round(r / sum(room), 4) for r in room)
     split = split or ()
-    cumulative = [sum(split[: i + 1]) for i in range(len(split))]
+    cumulative = [sum(split[: i + 1]) / sum(split) for i in range(len(split))] if sum(split) else []
     model, kv = [0] * len(gpus), [0] * len(gpus)
     host_model, host_kv = facts.embedding_bytes, 0
     output_device: int | None = None
@@ -288,7 +291,7 @@ def _filled_split(
             return None
         room[device] -= need
         counts[device] += 1
-    return tuple(count / n_gpu_layers for count in counts)
+    return tuple(float(count) for count in counts)  # llama.cpp normalizes: '10,11' means 10 and 11 slots
 
 
 def best_placement(

@@ -52,7 +52,7 @@ def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the
     assert plan.decision_backend == "llamacpp" and isinstance(chosen, llamacpp.LlamaCppCandidate)
     p = chosen.placement
     assert 0 < p.n_gpu_layers < 81  # some layers on the GPUs, the rest in RAM
-    assert p.tensor_split[0] == pytest.approx(0.5, abs=0.05)  # equal cards: even, to a whole layer
+    assert p.tensor_split[0] / sum(p.tensor_split) == pytest.approx(0.5, abs=0.05)  # equal cards: even, to a layer
     assert all(model > 15 * GIB for model in p.device_model)  # both cards carry layers
     assert not p.overflow()
     assert p.host_model > 90 * GIB  # most of the 131 GiB of BF16 weights stay in RAM
@@ -77,8 +77,7 @@ def test_unequal_gpus_split_by_usable_memory_not_evenly() -> None:
     placement, _ = llamacpp.best_placement(facts, gpus, 32768, "f16", "python")
     weight = [u - c for u, c in zip(placement.device_usable, placement.device_compute, strict=True)]
     expected = weight[0] / sum(weight)
-    assert placement.tensor_split[0] == pytest.approx(expected, abs=0.02)  # to a whole layer
-    assert placement.tensor_split[0] < 0.4
+    assert placement.tensor_split[0] / sum(placement.tensor_split) == pytest.approx(expected, abs=0.02)  # to a layer
     assert placement.device_model[1] > 1.8 * placement.device_model[0]
 
 

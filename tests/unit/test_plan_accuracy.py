@@ -1,0 +1,24 @@
+"""The planner against published start-up logs (benchmarks/plan_accuracy.py prints the full table)."""
+
+from __future__ import annotations
+
+from benchmarks.plan_accuracy import replay_all
+
+
+def test_available_kv_and_kv_tokens_within_10_percent_of_the_logs() -> None:
+    rows, _, _, excluded = replay_all()
+    kv = [r for r in rows if r.term in ("available KV GiB", "KV tokens") and r.case not in excluded]
+    assert len(kv) >= 7
+    assert [r for r in kv if abs(r.error) > 0.10] == []
+
+
+def test_fit_verdicts_match_what_the_engines_did() -> None:
+    rows, _, _, excluded = replay_all()
+    verdicts = [r for r in rows if r.term.startswith("verdict") and r.case not in excluded]
+    assert len(verdicts) >= 6 and all(r.predicted == r.reported for r in verdicts)
+
+
+def test_exact_kv_arithmetic_matches_to_one_percent() -> None:
+    rows, _, _, _ = replay_all()
+    exact = [r for r in rows if r.term.startswith(("KV for one", "estimated max", "KV cache MiB"))]
+    assert len(exact) == 5 and all(abs(r.error) <= 0.01 for r in exact)
