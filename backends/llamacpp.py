@@ -30,13 +30,15 @@ FALLBACK_CONTEXT = 4096  # when neither the catalog nor the GGUF header says
 
 @dataclass(frozen=True)
 class LlamaCppConfig:
-    """What to run: the GGUF, the name to serve it under, and the engine settings."""
+    """What to run: the GGUF, the name to serve it under, and where the plan put it."""
 
     gguf: Path
     served_name: str
     context_length: int
     chat_format: str | None = None
     gpu_layers: int = 0
+    tensor_split: tuple[float, ...] = ()
+    kv_type: str = "f16"
     threads: int | None = None
 
 
@@ -57,27 +59,38 @@ def default_command() -> list[str]:
     return [sys.executable, "-m", "llama_cpp.server"]
 
 
-def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
+def server_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_key: str) -> list[str]:
+    """llama-cpp-python's server argv; the one place its flag names live."""
     argv = [
         *command,
         "--model", str(config.gguf),
         "--model_alias", config.served_name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--api_key", api_key,
         "--n_ctx", str(config.context_length),
         "--n_gpu_layers", str(config.gpu_layers),
         # logits for every position would allocate n_ctx x vocab floats (32 GiB for Gemma at 32k)
         "--logits_all", "False",
     ]  # fmt: skip
+    if len(config.tensor_split) > 1:
+        argv += ["--tensor_split", *(f"{share:g}" for share in config.tensor_split)]
+    if config.kv_type != "f16":
+        type_id = str(KV_TYPES[config.kv_type][1])
+        argv += ["--type_k", type_id, "--type_v", type_id]
+    if config.kv_type != "f16" or config.gpu_layers:  # quantized V needs it; GPUs want it (see compute)
+        argv += ["--flash_attn", "True"]
     if config.threads:
         argv += ["--n_threads", str(config.threads)]
     if config.chat_format:
         argv += ["--chat_format", config.chat_format]
+    return [*argv, "--host", "127.0.0.1", "--port", port, "--api_key", api_key]
+
+
+def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
+    argv = server_argv(config, command=command, port=str(port), api_key=api_key)
     version = installed_version()
+    split = f", split {','.join(f'{s:g}' for s in config.tensor_split)}" if len(config.tensor_split) > 1 else ""
     summary = (
         f"llama.cpp (llama-cpp-python {version or 'unknown version'}), {config.gguf.name}, "
-        f"context {config.context_length}, {config.gpu_layers} GPU layers"
+        f"context {config.context_length}, KV {config.kv_type}, {config.gpu_layers} GPU layers{split}"
     )
     return Launch(
         engine=ENGINE,
@@ -487,15 +500,13 @@ def plan_argv(
             "--api-key",
             "KEY",
         ]
-    argv = [*(command or ["python", "-m", "llama_cpp.server"]), "--model", gguf, "--model_alias", served_name]
-    argv += ["--n_ctx", str(candidate.n_ctx), "--n_gpu_layers", str(p.n_gpu_layers), "--logits_all", "False"]
-    if len(p.tensor_split) > 1:
-        argv += ["--tensor_split", *(f"{f:g}" for f in p.tensor_split)]
-    if candidate.kv_type != "f16":
-        type_id = str(KV_TYPES[candidate.kv_type][1])
-        argv += ["--type_k", type_id, "--type_v", type_id]
-    if candidate.kv_type != "f16" or p.tensor_split:  # quantized V needs it; GPUs want it (see compute)
-        argv += ["--flash_attn", "True"]
-    if chat_format:
-        argv += ["--chat_format", chat_format]
-    return [*argv, "--host", "127.0.0.1", "--port", "PORT", "--api_key", "KEY"]
+    config = LlamaCppConfig(
+        gguf=Path(gguf),
+        served_name=served_name,
+        context_length=candidate.n_ctx,
+        chat_format=chat_format,
+        gpu_layers=p.n_gpu_layers,
+        tensor_split=p.tensor_split,
+        kv_type=candidate.kv_type,
+    )
+    return server_argv(config, command=command or ["python", "-m", "llama_cpp.server"], port="PORT", api_key="KEY")

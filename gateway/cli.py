@@ -217,6 +217,8 @@ def plan_command(args: argparse.Namespace) -> int:
         pinned=pinned,
     )
     result = plan(entry, machine, policy)
+    if not result.candidates:  # nothing could even be evaluated: the model's facts are out of reach
+        raise GatewayError("; ".join(result.notes) or f"no engine can be planned for {entry.name}")
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
     return 0 if result.chosen is not None else 2
 

@@ -103,3 +103,13 @@ def test_a_gguf_file_plans_llamacpp_on_cpu(capsys: pytest.CaptureFixture[str]) -
     chosen = plan["candidates"][plan["decision"]["candidate"]]
     assert chosen["n_gpu_layers"] == 0 and chosen["n_ctx"] == 32768
     assert any(note.startswith("no NVIDIA GPU found") for note in plan["notes"])
+
+
+def test_an_unreachable_hub_is_one_line_naming_the_fix(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = _plan(capsys, "--model", "Qwen/Qwen3-8B", "--gpus", "1x24GiB")
+    assert code == 1 and out == ""
+    assert "cannot read config.json of Qwen/Qwen3-8B from the hub" in err
+    assert "pass a local checkpoint directory" in err
