@@ -19,6 +19,7 @@ class Launch:
     health_path: str
     summary: str  # one line for the console: what is being started and with what
     env: dict[str, str] = field(default_factory=dict)
+    max_concurrency: int = 1  # requests the engine runs at once (vLLM max_num_seqs, llama.cpp slots)
 
     @property
     def base_url(self) -> str:
@@ -26,16 +27,45 @@ class Launch:
 
 
 class FailureKind(enum.Enum):
-    MODEL_FILE = "model file missing or corrupt"
+    """Why an engine did not come up. Memory kinds are stepped down from; the others are not."""
+
+    WEIGHTS_OOM = "out of memory while loading weights"
+    KV_TOO_SMALL = "KV cache smaller than one max-length request"
+    NO_KV_MEMORY = "no memory left for the KV cache"
+    FREE_BELOW_UTILIZATION = "free memory below the requested utilization"
+    KV_EXCEEDS_FREE = "requested KV cache larger than free memory"
     OUT_OF_MEMORY = "out of memory"
-    PORT_IN_USE = "port in use"
+    MAX_LEN_OVER_LIMIT = "max model length above the model's limit"
     BAD_ARGUMENT = "bad argument"
+    MODEL_FILE = "model file missing or corrupt"
+    PORT_IN_USE = "port in use"
+    ENGINE_FAILED = "engine failed to start"
+
+    @property
+    def is_memory(self) -> bool:
+        return self in _MEMORY
+
+    @property
+    def is_configuration(self) -> bool:
+        """Retrying cannot help: the user must change something (the fix says what)."""
+        return self in (FailureKind.MAX_LEN_OVER_LIMIT, FailureKind.BAD_ARGUMENT, FailureKind.MODEL_FILE)
+
+
+_MEMORY = {
+    FailureKind.WEIGHTS_OOM,
+    FailureKind.KV_TOO_SMALL,
+    FailureKind.NO_KV_MEMORY,
+    FailureKind.FREE_BELOW_UTILIZATION,
+    FailureKind.KV_EXCEEDS_FREE,
+    FailureKind.OUT_OF_MEMORY,
+}
 
 
 @dataclass(frozen=True)
 class Failure:
-    """A failure recognised in an engine's log line, with the line that proved it."""
+    """A failure recognised in an engine's log line, with the numbers the engine printed."""
 
     kind: FailureKind
     line: str
     fix: str
+    numbers: dict[str, float] = field(default_factory=dict)

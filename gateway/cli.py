@@ -15,6 +15,7 @@ import asyncio
 import errno
 import json
 import logging
+import shlex
 import signal
 import socket
 import sys
@@ -35,7 +36,21 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--state-dir", type=Path, dest="state_dir", help="state directory")
     serve.add_argument("--log-dir", type=Path, dest="log_dir", help="backend log directory")
     serve.add_argument("--threads", type=int, help="CPU threads for llama.cpp")
-    serve.add_argument("--startup-timeout", type=float, dest="startup_timeout_s", help="seconds a backend may load")
+    serve.add_argument("--startup-timeout", type=float, dest="startup_timeout_s", help="seconds an engine may load")
+    serve.add_argument("--min-context", type=int, dest="min_context", help="smallest context worth serving")
+    serve.add_argument("--vllm-command", type=shlex.split, dest="vllm_command", help="how to start vLLM's server")
+    serve.add_argument("--vllm-version", dest="vllm_version", help="plan for this vLLM version")
+    serve.add_argument(
+        "--llama-cpp-python-command", type=shlex.split, dest="llama_cpp_python_command", help="llama-cpp-python server"
+    )
+    serve.add_argument("--catalog-dir", type=Path, dest="catalog_dir", help="extra catalog entries (*.toml)")
+    serve.add_argument("--replan", action="store_true", default=None, help="ignore the remembered configuration")
+    serve.add_argument("--gpu-memory-utilization", type=float, dest="gpu_memory_utilization", help="vLLM: pin")
+    serve.add_argument("--kv-cache-memory-bytes", type=int, dest="kv_cache_memory_bytes", help="vLLM: pin")
+    serve.add_argument("--max-num-seqs", type=int, dest="max_num_seqs", help="vLLM: pin")
+    serve.add_argument("--tensor-parallel-size", type=int, dest="tensor_parallel_size", help="vLLM: pin")
+    serve.add_argument("--enforce-eager", action="store_true", default=None, dest="enforce_eager", help="vLLM: pin")
+    serve.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], dest="kv_cache_dtype", help="vLLM: pin")
     serve.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
     serve.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -111,34 +126,32 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from backends import llamacpp
     from gateway.app import Runtime, create_app
     from gateway.proxy import Upstream
     from gateway.settings import load_settings
     from gateway.startup import decide
     from gateway.supervisor import Supervisor
 
-    overrides: dict[str, Any] = {
-        key: getattr(args, key)
-        for key in ("model", "host", "port", "context_length", "state_dir", "log_dir", "threads", "startup_timeout_s")
-    }
+    overrides: dict[str, Any] = {key: getattr(args, key, None) for key in _SERVE_SETTINGS}
     settings = load_settings(overrides, args.config)
     decision = decide(settings)
     sock = _bind(settings.host, settings.port)
-    launch = decision.launch
+    plan = decision.plan
     supervisor = Supervisor(
-        launch,
+        decision.options,
         log_dir=settings.backend_log_dir,
-        classify=llamacpp.classify,
         startup_timeout_s=settings.startup_timeout_s,
         shutdown_grace_s=settings.shutdown_grace_s,
+        remember=decision.remember,
+        plan_summary={
+            "decision": plan.decision_reason,
+            "engine_version": f"vllm {plan.vllm_version}",
+            "notes": plan.notes,
+        },
     )
-    upstream = Upstream(
-        launch.base_url,
-        launch.api_key,
-        connect_timeout_s=settings.connect_timeout_s,
-        read_timeout_s=settings.request_timeout_s,
-    )
+    for number, option in enumerate(decision.options, 1):
+        log.info("option %d of %d: %s", number, len(decision.options), option.label)
+    upstream = Upstream(connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.request_timeout_s)
     runtime = Runtime(
         route=decision.route, supervisor=supervisor, upstream=upstream, max_body_bytes=settings.max_body_bytes
     )
@@ -156,13 +169,7 @@ def serve(args: argparse.Namespace) -> int:
 
     runtime.on_startup_failure = give_up
     shown_host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
-    log.info(
-        "serving %s (context %d) at http://%s:%d/v1 once the backend is ready",
-        decision.route.fronted,
-        decision.route.context_length,
-        shown_host,
-        settings.port,
-    )
+    log.info("serving %s at http://%s:%d/v1 once an engine is ready", decision.route.fronted, shown_host, settings.port)
 
     # uvicorn handles SIGINT/SIGTERM while serving and re-raises them once it has shut down; these
     # handlers receive that re-raise (and any signal before uvicorn takes over) so that a requested
@@ -177,12 +184,18 @@ def serve(args: argparse.Namespace) -> int:
         sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if supervisor.ever_ready:
+    if supervisor.ever_ready or not supervisor.attempts:
         return 0
-    if supervisor.reason:
-        print(f"gateway: could not start {decision.route.fronted}: {supervisor.report()}", file=sys.stderr)
-        return 1
-    return 0
+    print(f"gateway: could not start {decision.route.fronted}: {supervisor.report()}", file=sys.stderr)
+    return 1
+
+
+_SERVE_SETTINGS = (
+    "model", "host", "port", "context_length", "state_dir", "log_dir", "threads", "startup_timeout_s",
+    "min_context", "vllm_command", "vllm_version", "llama_cpp_python_command", "catalog_dir", "replan",
+    "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs", "tensor_parallel_size",
+    "enforce_eager", "kv_cache_dtype",
+)  # fmt: skip
 
 
 _PINNABLE = (

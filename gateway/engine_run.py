@@ -1,9 +1,10 @@
-"""Starts one backend, proves it answers, watches it, stops it. One task owns the state.
+"""One start of one engine: launch it, prove it answers, watch it, stop it. One task owns the state.
 
-States: STARTING → READY → FAILED (the backend exited or never became ready) | STOPPED (we stopped
-it). A failure while starting is reported with the engine's own failure line and the fix; a death
-after READY is logged with the backend's last lines and turns readiness off at once (restarting is
-not this module's job yet).
+States: STARTING → READY → EXITED (it died after serving) | FAILED (it never became ready) | STOPPED
+(we stopped it). Failure is detected from a classified log line or the process exit, whichever
+comes first — never by waiting out the readiness timeout. A specific failure line (with the
+engine's numbers) ends the start at once; a generic one ("EngineCore failed to start") waits a few
+seconds for the specific line that usually follows it.
 """
 
 from __future__ import annotations
@@ -20,25 +21,27 @@ from typing import Any
 
 import httpx
 
-from backends.base import Failure, Launch
+from backends.base import Failure, FailureKind, Launch
 from gateway.process import ChildProcess
 
-log = logging.getLogger("gateway.supervisor")
+log = logging.getLogger("gateway.engine")
 
 POLL_INTERVAL_S = 0.5
 PROGRESS_EVERY_S = 10.0
+GENERIC_FAILURE_GRACE_S = 5.0
 TAIL_IN_REPORTS = 15
 
 
-class BackendState(enum.Enum):
+class RunState(enum.Enum):
     STARTING = "starting"
     READY = "ready"
+    EXITED = "exited"
     FAILED = "failed"
     STOPPED = "stopped"
 
 
-class Supervisor:
-    """Lifecycle of the backend described by ``launch``."""
+class EngineRun:
+    """The engine process described by ``launch``, from start to exit."""
 
     def __init__(
         self,
@@ -48,59 +51,79 @@ class Supervisor:
         classify: Callable[[str], Failure | None],
         startup_timeout_s: float,
         shutdown_grace_s: float,
+        label: str = "",
     ) -> None:
         self.launch = launch
         self.classify = classify
         self.startup_timeout_s = startup_timeout_s
         self.shutdown_grace_s = shutdown_grace_s
+        self.label = label or launch.engine
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.log_path = log_dir / f"{launch.engine}-{stamp}-{launch.port}.log"
         self.child = ChildProcess(launch.argv, self.log_path, env=launch.env, on_line=self._on_line)
-        self.state = BackendState.STARTING
-        self.failure: Failure | None = None  # first failure line the engine printed
-        self.reason: str | None = None  # why the state is FAILED, for humans
+        self.state = RunState.STARTING
+        self.failures: list[Failure] = []
+        self.reason: str | None = None
         self.started_at: float | None = None
         self.ready_at: float | None = None
-        self._settled = asyncio.Event()  # set once READY or FAILED is reached the first time
-        self._failure_seen = asyncio.Event()
+        self.ended_at: float | None = None
+        self._settled = asyncio.Event()  # READY, or the start failed
+        self._specific_failure = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._exited: asyncio.Task[int] | None = None
 
     # -- public surface -------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.state is BackendState.READY
+        return self.state is RunState.READY
 
     @property
-    def ever_ready(self) -> bool:
-        return self.ready_at is not None
+    def failure(self) -> Failure | None:
+        """The most telling failure line: a specific one if any, else the first generic one."""
+        specific = [f for f in self.failures if f.kind is not FailureKind.ENGINE_FAILED]
+        ranked = specific or self.failures
+        return ranked[0] if ranked else None
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        return (self.ended_at or time.monotonic()) - self.started_at
 
     async def start(self) -> None:
-        log.info("starting %s", self.launch.summary)
-        log.info("backend log: %s", self.log_path)
+        log.info("starting %s: %s", self.label, self.launch.summary)
+        log.info("engine log: %s", self.log_path)
         self.started_at = time.monotonic()
         await self.child.start()
-        self._task = asyncio.create_task(self._run(), name="supervisor")
+        self._exited = asyncio.create_task(self.child.wait(), name="engine exit")
+        self._task = asyncio.create_task(self._run(), name="engine run")
 
-    async def wait_settled(self) -> BackendState:
-        """Wait until the first start either became READY or FAILED."""
+    async def wait_settled(self) -> RunState:
+        """Until the start either became READY or failed."""
         await self._settled.wait()
         return self.state
+
+    async def wait_exit(self) -> int:
+        """Until the process is gone (after READY: it died)."""
+        assert self._exited is not None
+        return await asyncio.shield(self._exited)
 
     async def stop(self) -> None:
         if self._task and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.state in (BackendState.STARTING, BackendState.READY):
-            self.state = BackendState.STOPPED
+        if self.state in (RunState.STARTING, RunState.READY):
+            self.state = RunState.STOPPED
         code = await self.child.stop(self.shutdown_grace_s)
+        self.ended_at = self.ended_at or time.monotonic()
         if code is not None:
-            log.info("backend stopped (exit status %s)", code)
+            log.info("engine stopped (exit status %s)", code)
         self._settled.set()
 
     def snapshot(self) -> dict[str, Any]:
-        """What /status shows about the backend."""
         now = time.monotonic()
+        failure = self.failure
         return {
             "engine": self.launch.engine,
             "state": self.state.value,
@@ -113,88 +136,94 @@ class Supervisor:
             "log_path": str(self.log_path),
             "uptime_s": round(now - self.ready_at, 1) if self.ready_at and self.ready else None,
             "reason": self.reason,
-            "failure": (
-                {"kind": self.failure.kind.name.lower(), "line": self.failure.line, "fix": self.failure.fix}
-                if self.failure
-                else None
-            ),
+            "failure": {
+                "kind": failure.kind.name.lower(),
+                "line": failure.line,
+                "fix": failure.fix,
+                "numbers": failure.numbers,
+            }
+            if failure
+            else None,
             "last_lines": list(self.child.tail)[-TAIL_IN_REPORTS:],
         }
 
     def report(self) -> str:
-        """A multi-line account of a failure: reason, fix, the backend's last lines."""
-        lines = [self.reason or f"backend {self.state.value}"]
-        if self.failure:
-            lines.append(f"engine failure: {self.failure.kind.value}: {self.failure.line}")
-            lines.append(f"fix: {self.failure.fix}")
+        """A multi-line account of a failure: reason, the engine's line, the fix, its last lines."""
+        lines = [self.reason or f"engine {self.state.value}"]
+        if failure := self.failure:
+            lines.append(f"engine failure: {failure.kind.value}: {failure.line}")
+            lines.append(f"fix: {failure.fix}")
         lines.append(f"last lines of {self.log_path}:")
         lines += [f"  | {line}" for line in list(self.child.tail)[-TAIL_IN_REPORTS:]]
         return "\n".join(lines)
 
     # -- the owner task -------------------------------------------------------------------------
     def _on_line(self, line: str) -> None:
-        if self.failure is None and (failure := self.classify(line)):
-            self.failure = failure
-            self._failure_seen.set()
+        if failure := self.classify(line):
+            self.failures.append(failure)
+            if failure.kind is not FailureKind.ENGINE_FAILED:
+                self._specific_failure.set()
 
     async def _run(self) -> None:
-        exited = asyncio.create_task(self.child.wait(), name="backend exit")
-        try:
-            if await self._wait_ready(exited):
-                self.state = BackendState.READY
-                self.ready_at = time.monotonic()
-                log.info(
-                    "backend ready after %.1f s at %s", self.ready_at - (self.started_at or 0), self.launch.base_url
-                )
-                self._settled.set()
-                code = await exited
-                self._fail(f"backend exited with status {code} while serving")
-                log.error("%s", self.report())
-            else:  # the caller reports the failure in full; the log gets one line
-                await self.child.stop(self.shutdown_grace_s)
-                log.error("%s (see %s)", self.reason, self.log_path)
-        finally:
+        assert self._exited is not None
+        if await self._wait_ready(self._exited):
+            self.state = RunState.READY
+            self.ready_at = time.monotonic()
+            log.info(
+                "%s ready after %.1f s at %s", self.label, self.ready_at - (self.started_at or 0), self.launch.base_url
+            )
             self._settled.set()
-            if not exited.done():
-                exited.cancel()
+            code = await self._exited
+            self.ended_at = time.monotonic()
+            self.state = RunState.EXITED
+            self.reason = f"engine exited with status {code} while serving"
+            log.error("%s", self.report())
+        else:
+            await self.child.stop(self.shutdown_grace_s)
+            self.ended_at = time.monotonic()
+            self._settled.set()
 
     async def _wait_ready(self, exited: asyncio.Task[int]) -> bool:
-        """Poll the health path until it answers 200, racing the exit, a failure line and the deadline."""
+        """Poll health until 200, racing the exit, failure lines and the deadline."""
         deadline = time.monotonic() + self.startup_timeout_s
         next_progress = time.monotonic() + PROGRESS_EVERY_S
+        generic_deadline: float | None = None
         url = self.launch.base_url + self.launch.health_path
         headers = {"Authorization": f"Bearer {self.launch.api_key}"}
-        failure_seen = asyncio.create_task(self._failure_seen.wait())
+        specific = asyncio.create_task(self._specific_failure.wait())
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:
                 while True:
+                    if specific.done():
+                        return self._fail("engine failed while starting")
                     if exited.done():
-                        self._fail(f"backend exited with status {exited.result()} while starting")
-                        return False
-                    if failure_seen.done():
-                        self._fail("backend failed while starting")
-                        return False
+                        await asyncio.sleep(0)  # let the last output lines be classified
+                        return self._fail(f"engine exited with status {exited.result()} while starting")
+                    now = time.monotonic()
+                    if self.failures and generic_deadline is None:
+                        generic_deadline = now + GENERIC_FAILURE_GRACE_S
+                    if generic_deadline is not None and now >= generic_deadline:
+                        return self._fail("engine failed while starting")
                     with contextlib.suppress(httpx.TransportError):
                         if (await client.get(url, headers=headers)).status_code == 200:
                             return True
                     now = time.monotonic()
                     if now >= deadline:
-                        self._fail(f"backend not ready after {self.startup_timeout_s:.0f} s (startup_timeout_s)")
-                        return False
+                        return self._fail(f"engine not ready after {self.startup_timeout_s:.0f} s (startup_timeout_s)")
                     if now >= next_progress:
                         next_progress = now + PROGRESS_EVERY_S
                         last = self.child.tail[-1] if self.child.tail else "(no output yet)"
                         log.info(
-                            "loading %s: %.0f s so far; %s", self.launch.engine, now - (self.started_at or now), last
+                            "loading %s: %.0f s so far; %s", self.label, now - (self.started_at or now), last[:200]
                         )
-                    await asyncio.wait({exited, failure_seen}, timeout=POLL_INTERVAL_S)
+                    await asyncio.wait({exited, specific}, timeout=POLL_INTERVAL_S)
         finally:
-            failure_seen.cancel()
+            specific.cancel()
 
-    def _fail(self, reason: str) -> None:
-        self.state = BackendState.FAILED
+    def _fail(self, reason: str) -> bool:
+        self.state = RunState.FAILED
         self.reason = reason
-        self._settled.set()
+        return False
 
 
 def _redacted(argv: list[str], secret: str) -> list[str]:

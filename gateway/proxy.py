@@ -14,6 +14,7 @@ import httpx
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
+from backends.base import Launch
 from gateway.openai_errors import unavailable
 from gateway.routing import ModelRoute
 
@@ -23,12 +24,11 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class Upstream:
-    """The HTTP client for one backend base URL, authenticated with the backend's own key."""
+    """One pooled HTTP client for whichever backend is live (its URL and key change on restarts)."""
 
-    def __init__(self, base_url: str, api_key: str, *, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float) -> None:
         self.client = httpx.AsyncClient(
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {api_key}", "Accept-Encoding": "identity"},
+            headers={"Accept-Encoding": "identity"},
             timeout=httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=60.0, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             trust_env=False,  # the backend is on loopback: never route it through an HTTP proxy
@@ -37,8 +37,9 @@ class Upstream:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def post(self, path: str, body: bytes, *, stream: bool, route: ModelRoute) -> Response:
-        request = self.client.build_request("POST", path, content=body, headers={"Content-Type": "application/json"})
+    async def post(self, target: Launch, path: str, body: bytes, *, stream: bool, route: ModelRoute) -> Response:
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {target.api_key}"}
+        request = self.client.build_request("POST", target.base_url + path, content=body, headers=headers)
         try:
             upstream = await self.client.send(request, stream=True)
         except httpx.TransportError as exc:

@@ -60,6 +60,24 @@ class Settings(BaseSettings):
         None,
         description="argv prefix that runs llama-cpp-python's server; unset: this Python with `-m llama_cpp.server`.",
     )
+    llama_server_command: list[str] | None = Field(
+        None, description="argv prefix of the native llama-server; unset: `llama-server` if on PATH."
+    )
+    vllm_command: list[str] | None = Field(
+        None,
+        description="argv prefix that starts vLLM's OpenAI server (`[vllm, serve]` or "
+        "`[python, -m, vllm.entrypoints.openai.api_server]`); unset: vLLM beside the gateway, if any.",
+    )
+    vllm_version: str | None = Field(None, description="vLLM version to plan for; unset: read from vllm_command.")
+    min_context: int = Field(32768, ge=1, description="Smallest context worth serving; shorter plans are rejected.")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM: pin this share.")
+    kv_cache_memory_bytes: int | None = Field(None, gt=0, description="vLLM: pin the KV cache size in bytes.")
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM: pin the number of sequences.")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM: pin the TP size.")
+    enforce_eager: bool | None = Field(None, description="vLLM: pin eager mode on or off.")
+    kv_cache_dtype: str | None = Field(None, description="vLLM: pin the KV cache dtype (auto, fp8).")
+    catalog_dir: Path | None = Field(None, description="Extra model catalog entries (*.toml); they win over built-ins.")
+    replan: bool = Field(False, description="Ignore the remembered configuration and plan afresh.")
 
     @property
     def backend_log_dir(self) -> Path:

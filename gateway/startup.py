@@ -1,42 +1,52 @@
-"""From settings to a decided backend launch: which model, which file, which placement, which argv.
+"""From settings to the ordered options the supervisor will try: plan first, then make it startable.
 
-The fit planner decides where llama.cpp puts the model (GPU layers, tensor split, KV type, context);
-this module turns its choice into a launch. Starting vLLM belongs to the supervisor (not yet), so
-`serve` plans llama.cpp only and says so when vLLM would have been the better choice.
+vLLM options are the plan's fitting rungs, best first (a few, so a failure has somewhere to step
+down to); the llama.cpp placement comes after them as the fallback. Flags the user gave are pinned:
+when the plan says they do not fit, they are still tried first (the user asked), with a warning,
+and the engine's own numbers decide the step down.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from backends import llamacpp
-from backends.base import Launch
+from backends import llamacpp, vllm
 from gateway.artifacts import ensure_gguf
-from gateway.catalog import DEFAULT_MODEL, Catalog, ModelEntry, builtin_catalog
-from gateway.errors import BackendError, ConfigError, ModelError
+from gateway.catalog import DEFAULT_MODEL, Catalog, ModelEntry, catalog_with
+from gateway.errors import BackendError, ConfigError
 from gateway.hardware import Inventory, inventory
-from gateway.modelfacts import facts_from_gguf
-from gateway.modelinfo import read_gguf_header
-from gateway.planner import ModelSources, Plan, Policy
+from gateway.known_good import KnownGood
+from gateway.planner import ModelSources, Plan, Policy, gather
 from gateway.planner import decide as plan_decide
-from gateway.process import free_port
 from gateway.routing import ModelRoute
 from gateway.settings import Settings
+from gateway.supervisor import Option, Remember, remembered_first
 
 log = logging.getLogger("gateway.startup")
 
-DEFAULT_MIN_CONTEXT = 32768
+VLLM_OPTIONS = 4  # rungs to try before falling back
+_PINNABLE = (
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "max_num_seqs",
+    "tensor_parallel_size",
+    "enforce_eager",
+    "kv_cache_dtype",
+)
 
 
 @dataclass(frozen=True)
 class Decision:
     entry: ModelEntry
     route: ModelRoute
-    launch: Launch
+    options: list[Option]
     plan: Plan
+    remember: Remember
 
 
 def choose_model(settings: Settings, catalog: Catalog, gpu_count: int) -> ModelEntry:
@@ -48,62 +58,125 @@ def choose_model(settings: Settings, catalog: Catalog, gpu_count: int) -> ModelE
     return catalog.resolve(DEFAULT_MODEL)
 
 
-def context_policy(settings: Settings, entry: ModelEntry, model_max: int | None, has_gpus: bool) -> Policy:
-    """The user's --context-length is pinned (refused above the model's maximum); otherwise the
-    planner picks the longest that fits, capped at 32768 on a CPU where long prompts crawl."""
-    limit = entry.max_context or model_max
+def serve_policy(
+    settings: Settings, entry: ModelEntry, sources: ModelSources, has_gpus: bool, cpu_vllm: bool
+) -> Policy:
+    """Pinned flags from the settings; the context capped at 32768 on a CPU unless given."""
+    maxima = [entry.max_context] + [c.facts.max_position for c in sources.vllm_checkpoints]
+    maxima += [sources.gguf_facts.max_position if sources.gguf_facts else None]
+    limit = min((m for m in maxima if m), default=None)
+    pinned: dict[str, Any] = {
+        name: getattr(settings, name) for name in _PINNABLE if getattr(settings, name) is not None
+    }
     if settings.context_length is not None:
         if limit is not None and settings.context_length > limit:
             raise ConfigError(
                 f"context_length {settings.context_length} exceeds {entry.name}'s maximum of {limit}: "
                 f"pass --context-length {limit} or less"
             )
-        n_ctx = settings.context_length
-        return Policy(min_context=n_ctx, backend="llamacpp", pinned={"n_ctx": n_ctx})
+        pinned |= {"max_model_len": settings.context_length, "n_ctx": settings.context_length}
+        minimum = min(settings.min_context, settings.context_length)
+        return Policy(min_context=minimum, pinned=pinned, cpu_vllm=cpu_vllm, vllm_version=settings.vllm_version)
     top = limit or llamacpp.FALLBACK_CONTEXT
-    cap = None if has_gpus else llamacpp.CPU_CONTEXT_CAP
+    cap = top if has_gpus else min(top, llamacpp.CPU_CONTEXT_CAP)
     return Policy(
-        min_context=min(DEFAULT_MIN_CONTEXT, top, cap or top), max_context=min(top, cap or top), backend="llamacpp"
+        min_context=min(settings.min_context, cap),
+        max_context=cap,
+        pinned=pinned,
+        cpu_vllm=cpu_vllm,
+        vllm_version=settings.vllm_version,
     )
 
 
-def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventory | None = None) -> Decision:
-    catalog = catalog or builtin_catalog()
-    machine = machine or inventory()
-    entry = choose_model(settings, catalog, len(machine.gpus))
-    if entry.llamacpp is None:
-        raise ModelError(
-            f"{entry.name} has no GGUF for llama.cpp and `gateway serve` does not start vLLM yet: "
-            "pass a catalog model with a GGUF or --model /path/to/file.gguf"
+def _vllm_options(plan: Plan, sources: ModelSources, command: list[str], version: str, policy: Policy) -> list[Option]:
+    chosen = vllm.ranked(plan.vllm_candidates)[:VLLM_OPTIONS]
+    if not chosen and policy.pinned and plan.vllm_candidates:
+        first = plan.vllm_candidates[0]
+        log.warning("the plan says the pinned vLLM flags do not fit (%s); trying them as asked", first.reason)
+        chosen = [first]
+    return [
+        vllm.VllmOption(
+            checkpoint=c.checkpoint.name,
+            flags=c.flags,
+            served_name=sources.name,
+            command=tuple(command),
+            tool_call_parser=sources.tool_call_parser,
+            reasoning_parser=sources.reasoning_parser,
+            min_context=policy.min_context,
+            version=version,
+            on_cpu=not plan.inventory.gpus,
         )
-    command = settings.llama_cpp_python_command or llamacpp.default_command()
-    gguf = ensure_gguf(entry.llamacpp)
-    header = read_gguf_header(gguf)
-    facts = facts_from_gguf(header, entry.name)
-    if entry.llamacpp.chat_format is None and not header.has_chat_template:
-        log.warning("%s has no chat template and the catalog names no chat_format: llama.cpp will guess", gguf.name)
-    policy = context_policy(settings, entry, facts.max_position, bool(machine.gpus))
-    sources = ModelSources(
-        name=entry.name, gguf_facts=facts, gguf_name=str(gguf), chat_format=entry.llamacpp.chat_format
-    )
-    plan = plan_decide(sources, machine, policy)
-    chosen = plan.chosen
-    if not isinstance(chosen, llamacpp.LlamaCppCandidate):
-        raise BackendError(f"{entry.name} does not fit this machine: {plan.decision_reason}")
-    placement = chosen.placement
+        for c in chosen
+    ]
+
+
+def _llamacpp_option(plan: Plan, entry: ModelEntry, settings: Settings) -> Option | None:
+    fitting = [c for c in plan.llamacpp_candidates if c.fits]
+    if not fitting or entry.llamacpp is None:
+        return None
+    chosen = min(fitting, key=lambda c: (c.level, -c.n_ctx))
+    source = entry.llamacpp
+    local = Path(chosen.checkpoint)
+    fetch = None if local.is_file() else (lambda: ensure_gguf(source))
     config = llamacpp.LlamaCppConfig(
-        gguf=gguf,
+        gguf=local,
         served_name=entry.name,
         context_length=chosen.n_ctx,
-        chat_format=entry.llamacpp.chat_format,
-        gpu_layers=placement.n_gpu_layers,
-        tensor_split=placement.tensor_split,
+        chat_format=source.chat_format,
+        gpu_layers=chosen.placement.n_gpu_layers,
+        tensor_split=chosen.placement.tensor_split,
         kv_type=chosen.kv_type,
         threads=settings.threads or os.cpu_count(),
     )
-    log.info("plan: %s", chosen.reason)
-    launch = llamacpp.build_launch(config, port=free_port(), api_key=secrets.token_urlsafe(24), command=command)
-    route = ModelRoute(
-        fronted=entry.name, served=launch.served_name, context_length=chosen.n_ctx, aliases=entry.aliases
+    command = settings.llama_cpp_python_command or llamacpp.default_command()
+    return llamacpp.LlamaCppOption(config=config, command=tuple(command), fetch=fetch)
+
+
+def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventory | None = None) -> Decision:
+    catalog = catalog or catalog_with(settings.catalog_dir)
+    machine = machine or inventory()
+    entry = choose_model(settings, catalog, len(machine.gpus))
+    command, detected = vllm.detect(settings.vllm_command) if entry.vllm else (None, None)
+    version = settings.vllm_version or detected or vllm.DEFAULT_VERSION
+    sources = gather(entry)
+    cpu_vllm = command is not None and vllm.is_cpu_build(detected)
+    policy = serve_policy(settings, entry, sources, bool(machine.gpus), cpu_vllm)
+    if settings.llama_server_command or shutil.which("llama-server"):
+        log.info("llama-server found; this release starts llama.cpp through llama-cpp-python's server")
+    plan = plan_decide(sources, machine, policy)
+    for note in plan.notes:
+        log.info("plan: %s", note)
+    options: list[Option] = []
+    if command is not None:
+        options += _vllm_options(plan, sources, command, version, policy)
+    elif entry.vllm is not None and plan.vllm_candidates:
+        log.warning(
+            "vLLM would serve %s but is not installed: pip install 'gateway[vllm]' or set vllm_command", entry.name
+        )
+    if fallback := _llamacpp_option(plan, entry, settings):
+        options.append(fallback)
+    if not options:
+        raise BackendError(f"{entry.name} cannot be served here: {plan.decision_reason}")
+    remember = Remember(
+        store=KnownGood(settings.state_dir),
+        model=entry.name,
+        fingerprint=machine.fingerprint,
+        versions={"vllm": version, "llamacpp": llamacpp.installed_version() or "unknown"},
     )
-    return Decision(entry=entry, route=route, launch=launch, plan=plan)
+    if not settings.replan:
+        options = remembered_first(options, remember, lambda memo: _rebuild(options, memo))
+    route = ModelRoute(
+        fronted=entry.name, served=entry.name, context_length=options[0].context_length, aliases=entry.aliases
+    )
+    return Decision(entry=entry, route=route, options=options, plan=plan, remember=remember)
+
+
+def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:
+    """The remembered configuration, on top of the current option of the same engine."""
+    for option in options:
+        if option.engine == entry.get("engine"):
+            try:
+                return option.from_memo(entry["memo"])
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None

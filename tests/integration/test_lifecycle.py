@@ -50,25 +50,31 @@ def test_stopping_the_gateway_stops_the_backend_and_frees_both_ports(
     assert fresh_gateway.stop(sig) == 0, fresh_gateway.log()
     assert not pid_alive(backend_pid), "the backend outlived the gateway"
     assert port_closed(backend_port) and port_closed(fresh_gateway.port)
-    assert "backend stopped" in fresh_gateway.log()
+    assert "engine stopped" in fresh_gateway.log()
 
 
-def test_a_backend_killed_from_outside_turns_readiness_off_and_requests_get_503(fresh_gateway: GatewayProcess) -> None:
-    backend_pid = fresh_gateway.backend_pid()
-    os.kill(backend_pid, signal.SIGKILL)
+def test_a_killed_backend_turns_readiness_off_gets_503s_and_is_restarted(fresh_gateway: GatewayProcess) -> None:
+    old_pid = fresh_gateway.backend_pid()
+    os.kill(old_pid, signal.SIGKILL)
     noticed_after = _wait_for(lambda: httpx.get(fresh_gateway.url + "/ready").status_code == 503, timeout_s=5)
     assert noticed_after < 5
     started = time.monotonic()
-    for stream in (False, True):
+    for stream in (False, True):  # while it restarts (the first restart waits 1 s before starting)
         answer = httpx.post(fresh_gateway.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=10)
         assert answer.status_code == 503
         assert int(answer.headers["retry-after"]) > 0
         assert answer.json()["error"]["code"] == "backend_unavailable"
     assert time.monotonic() - started < 5, "requests to a dead backend must not hang"
     assert httpx.get(fresh_gateway.url + "/health").status_code == 200
+    _wait_for(lambda: httpx.get(fresh_gateway.url + "/ready").status_code == 200, timeout_s=60)
+    status = fresh_gateway.status()
+    assert status["restarts"] == 1 and status["state"] == "ready"
+    assert status["backend"]["pid"] != old_pid
+    answer = httpx.post(fresh_gateway.url + "/v1/chat/completions", json=CHAT, timeout=60)
+    assert answer.status_code == 200 and answer.json()["model"] == "gemma-3-270m"
     log = fresh_gateway.log()
-    assert "backend exited with status -9 while serving" in log
-    assert "  | " in log, "the backend's last lines should be in the gateway log"
+    assert "engine exited with status -9 while serving" in log
+    assert "  | " in log, "the engine's last lines should be in the gateway log"
 
 
 def test_a_corrupt_model_file_fails_fast_with_the_engine_reason_and_no_leftovers(

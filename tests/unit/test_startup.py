@@ -1,4 +1,4 @@
-"""Choosing the model, the context and the placement before anything starts."""
+"""Choosing the model, the context and the options `serve` will try, before anything starts."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp
+from backends import llamacpp, vllm
 from gateway.catalog import ModelEntry, builtin_catalog
-from gateway.errors import ConfigError, ModelError
+from gateway.errors import BackendError, ConfigError, ModelError
 from gateway.hardware import GIB, Inventory, parse_gpu_spec
+from gateway.planner import ModelSources
 from gateway.settings import Settings
-from gateway.startup import choose_model, context_policy, decide
+from gateway.startup import choose_model, decide, serve_policy
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
 
@@ -29,46 +30,63 @@ def test_no_model_on_a_gpu_machine_asks_for_one(tmp_path: Path) -> None:
         choose_model(_settings(tmp_path), builtin_catalog(), gpu_count=2)
 
 
-def test_context_is_the_model_maximum_capped_on_cpu_and_uncapped_on_gpus(tmp_path: Path) -> None:
-    huge = ModelEntry(name="h", max_context=202752)
-    assert context_policy(_settings(tmp_path), huge, None, has_gpus=False).max_context == llamacpp.CPU_CONTEXT_CAP
-    assert context_policy(_settings(tmp_path), huge, None, has_gpus=True).max_context == 202752
+def test_context_is_capped_on_cpu_and_uncapped_on_gpus(tmp_path: Path) -> None:
+    huge, sources = ModelEntry(name="h", max_context=202752), ModelSources(name="h")
+    assert serve_policy(_settings(tmp_path), huge, sources, has_gpus=False, cpu_vllm=False).max_context == 32768
+    assert serve_policy(_settings(tmp_path), huge, sources, has_gpus=True, cpu_vllm=False).max_context == 202752
     small = ModelEntry(name="s", max_context=8192)
-    policy = context_policy(_settings(tmp_path), small, None, has_gpus=False)
+    policy = serve_policy(_settings(tmp_path), small, ModelSources(name="s"), has_gpus=False, cpu_vllm=False)
     assert (policy.min_context, policy.max_context) == (8192, 8192)
 
 
-def test_requested_context_is_pinned_up_to_the_model_maximum(tmp_path: Path) -> None:
+def test_requested_context_and_vllm_flags_are_pinned(tmp_path: Path) -> None:
     entry = ModelEntry(name="s", max_context=8192)
-    policy = context_policy(_settings(tmp_path, context_length=4096), entry, None, has_gpus=False)
-    assert policy.pinned == {"n_ctx": 4096} and policy.min_context == 4096
+    settings = _settings(tmp_path, context_length=4096, kv_cache_memory_bytes=262144, min_context=128)
+    policy = serve_policy(settings, entry, ModelSources(name="s"), has_gpus=False, cpu_vllm=True)
+    assert policy.pinned == {"n_ctx": 4096, "max_model_len": 4096, "kv_cache_memory_bytes": 262144}
+    assert policy.min_context == 128 and policy.cpu_vllm
     with pytest.raises(ConfigError, match="exceeds s's maximum of 8192"):
-        context_policy(_settings(tmp_path, context_length=9000), entry, None, has_gpus=False)
+        serve_policy(_settings(tmp_path, context_length=9000), entry, ModelSources(name="s"), False, False)
 
 
-def test_the_embedded_default_on_cpu_is_planned_all_in_ram(tmp_path: Path) -> None:
+def test_the_embedded_default_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) -> None:
     decision = decide(_settings(tmp_path), machine=CPU)
-    argv = decision.launch.argv
+    assert len(decision.options) == 1 and decision.options[0].engine == "llamacpp"
+    argv = decision.options[0].launch(1234, "key").argv
     assert argv[argv.index("--n_gpu_layers") + 1] == "0"
     assert argv[argv.index("--n_ctx") + 1] == "32768" == str(decision.route.context_length)
     assert "--tensor_split" not in argv and "--flash_attn" not in argv
 
 
-def test_on_two_gpus_serve_starts_the_planned_split(tmp_path: Path) -> None:
+def test_on_two_gpus_the_option_carries_the_planned_split(tmp_path: Path) -> None:
     gpus = Inventory(parse_gpu_spec("1x12GiB,1x24GiB"), 64 * GIB, 64 * GIB, source="simulated")
     decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=gpus)
     chosen = decision.plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
-    argv = decision.launch.argv
+    argv = decision.options[0].launch(1234, "key").argv
     assert argv[argv.index("--n_gpu_layers") + 1] == str(chosen.placement.n_gpu_layers) == "19"
     split = [float(s) for s in argv[argv.index("--tensor_split") + 1 : argv.index("--tensor_split") + 3]]
     assert split == list(chosen.placement.tensor_split) and split[0] < split[1]
     assert argv[argv.index("--flash_attn") + 1] == "True"
 
 
-def test_a_vllm_only_model_is_refused_with_the_alternative(tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="no GGUF for llama.cpp"):
-        decide(_settings(tmp_path, model="Qwen/Qwen3-8B"), machine=CPU)
+def test_glm_on_two_5090s_tries_vllm_rungs_then_falls_back_to_llamacpp(tmp_path: Path) -> None:
+    gpus = Inventory(parse_gpu_spec("2x32607MiB@12.0"), 64 * GIB, 64 * GIB, source="simulated")
+    settings = _settings(tmp_path, model="glm-4.7-flash", vllm_command=["vllm", "serve"], vllm_version="0.32.0")
+    decision = decide(settings, machine=gpus)
+    engines = [option.engine for option in decision.options]
+    assert engines[:4] == ["vllm"] * 4 and engines[-1] == "llamacpp"
+    first = decision.options[0]
+    assert isinstance(first, vllm.VllmOption) and first.flags.enforce_eager
+    argv = first.launch(4321, "secret").argv
+    assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]
+    assert argv[argv.index("--api-key") + 1] == "secret" and argv[argv.index("--port") + 1] == "4321"
+
+
+def test_a_model_nothing_can_serve_is_refused_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(BackendError, match="cannot be served here"):
+        decide(_settings(tmp_path, model="Qwen/Qwen3-8B", vllm_version="0.32.0"), machine=CPU)
 
 
 def test_a_gguf_that_is_not_gguf_fails_before_anything_starts(tmp_path: Path) -> None:
