@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -60,7 +61,10 @@ class EngineRun:
         self.label = label or launch.engine
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.log_path = log_dir / f"{launch.engine}-{stamp}-{launch.port}.log"
-        self.child = ChildProcess(launch.argv, self.log_path, env=launch.env, on_line=self._on_line)
+        # the engine's own temp directory (vLLM leaves sockets and vllm_dist_* files): removed after it
+        self.temp_dir = log_dir.parent / "tmp" / f"{launch.engine}-{stamp}-{launch.port}"
+        env = {**launch.env, "TMPDIR": str(self.temp_dir)}
+        self.child = ChildProcess(launch.argv, self.log_path, env=env, on_line=self._on_line)
         self.state = RunState.STARTING
         self.failures: list[Failure] = []
         self.reason: str | None = None
@@ -94,6 +98,7 @@ class EngineRun:
         log.info("starting %s: %s", self.label, self.launch.summary)
         log.info("engine log: %s", self.log_path)
         self.started_at = time.monotonic()
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
         await self.child.start()
         self._exited = asyncio.create_task(self.child.wait(), name="engine exit")
         self._task = asyncio.create_task(self._run(), name="engine run")
@@ -119,6 +124,7 @@ class EngineRun:
         self.ended_at = self.ended_at or time.monotonic()
         if code is not None:
             log.info("engine stopped (exit status %s)", code)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
         self._settled.set()
 
     def snapshot(self) -> dict[str, Any]:
@@ -177,10 +183,13 @@ class EngineRun:
             self.ended_at = time.monotonic()
             self.state = RunState.EXITED
             self.reason = f"engine exited with status {code} while serving"
+            await self.child.stop(self.shutdown_grace_s)  # helpers it left in its group, then reap
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
             log.error("%s", self.report())
         else:
             await self.child.stop(self.shutdown_grace_s)
             self.ended_at = time.monotonic()
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
             self._settled.set()
 
     async def _wait_ready(self, exited: asyncio.Task[int]) -> bool:
