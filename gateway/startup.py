@@ -145,7 +145,8 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
         log.info("llama-server found; this release starts llama.cpp through llama-cpp-python's server")
     plan = plan_decide(sources, machine, policy)
     for note in plan.notes:
-        log.info("plan: %s", note)
+        if note not in machine.notes:  # the inventory's own notes were logged when it was read
+            log.info("plan: %s", note)
     options: list[Option] = []
     if command is not None:
         options += _vllm_options(plan, sources, command, version, policy)
