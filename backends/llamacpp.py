@@ -24,6 +24,7 @@ ENGINE = "llamacpp"
 DISTRIBUTION = "llama-cpp-python"
 # /v1/models answers once the model is loaded (the server loads it before it binds the port).
 HEALTH_PATH = "/v1/models"
+NATIVE_HEALTH_PATH = "/health"  # llama-server answers 200 once the model is loaded
 # Without a planner (CPU), serve at most this much context: long prompts are slow on a CPU anyway.
 CPU_CONTEXT_CAP = 32768
 FALLBACK_CONTEXT = 4096  # when neither the catalog nor the GGUF header says
@@ -41,6 +42,8 @@ class LlamaCppConfig:
     tensor_split: tuple[float, ...] = ()
     kv_type: str = "f16"
     threads: int | None = None
+    launcher: str = "python"  # "python": llama-cpp-python's server; "native": llama-server
+    n_cpu_moe: int = 0  # native only: blocks whose MoE experts stay in RAM
 
 
 def installed_version() -> str | None:
@@ -85,7 +88,32 @@ def server_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_ke
     return [*argv, "--host", "127.0.0.1", "--port", port, "--api_key", api_key]
 
 
+def native_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_key: str) -> list[str]:
+    """llama-server's argv: placement given explicitly, so its own --fit stands aside."""
+    argv = [*command, "-m", str(config.gguf), "--alias", config.served_name, "-c", str(config.context_length)]
+    argv += ["-ngl", str(config.gpu_layers)]
+    if len(config.tensor_split) > 1:
+        argv += ["-ts", ",".join(f"{share:g}" for share in config.tensor_split)]
+    if config.n_cpu_moe:
+        argv += ["--n-cpu-moe", str(config.n_cpu_moe)]
+    if config.kv_type != "f16":
+        argv += ["-ctk", config.kv_type, "-ctv", config.kv_type]
+    if config.threads:
+        argv += ["-t", str(config.threads)]
+    argv += ["-fa", "on", "--fit", "off", "--jinja"]
+    return [*argv, "--host", "127.0.0.1", "--port", port, "--api-key", api_key]
+
+
 def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
+    if config.launcher == "native":
+        argv = native_argv(config, command=command, port=str(port), api_key=api_key)
+        summary = (
+            f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
+            f"{config.gpu_layers} GPU layers, experts of {config.n_cpu_moe} layers in RAM"
+        )
+        return Launch(
+            ENGINE, argv, port, api_key, config.served_name, config.context_length, NATIVE_HEALTH_PATH, summary
+        )
     argv = server_argv(config, command=command, port=str(port), api_key=api_key)
     version = installed_version()
     split = f", split {','.join(f'{s:g}' for s in config.tensor_split)}" if len(config.tensor_split) > 1 else ""
@@ -109,7 +137,7 @@ _PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
     (
         re.compile(
             r"Model path does not exist|invalid magic characters|failed to read key-value pairs"
-            r"|not within the file bounds|Failed to load model from file"
+            r"|not within the file bounds|Failed to load model from file|error loading model|failed to load model"
         ),
         FailureKind.MODEL_FILE,
         "the GGUF file is missing, truncated or not GGUF: re-download it",
@@ -124,7 +152,7 @@ _PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
         "not enough memory for this context: lower --context-length",
     ),
     (
-        re.compile(r"address already in use"),
+        re.compile(r"address already in use|couldn't bind HTTP server socket"),
         FailureKind.PORT_IN_USE,
         "the backend's port was taken by another process: start again",
     ),
@@ -469,38 +497,6 @@ def plan_argv(
 ) -> list[str]:
     """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
     p = candidate.placement
-    if candidate.launcher == "native":
-        argv = [
-            *(command or ["llama-server"]),
-            "-m",
-            gguf,
-            "--alias",
-            served_name,
-            "-c",
-            str(candidate.n_ctx),
-            "-ngl",
-            str(p.n_gpu_layers),
-        ]
-        if len(p.tensor_split) > 1:
-            argv += ["-ts", ",".join(f"{f:g}" for f in p.tensor_split)]
-        if p.n_cpu_moe:
-            argv += ["--n-cpu-moe", str(p.n_cpu_moe)]
-        if candidate.kv_type != "f16":
-            argv += ["-ctk", candidate.kv_type, "-ctv", candidate.kv_type]
-        return [
-            *argv,
-            "-fa",
-            "on",
-            "--fit",
-            "off",
-            "--jinja",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "PORT",
-            "--api-key",
-            "KEY",
-        ]
     config = LlamaCppConfig(
         gguf=Path(gguf),
         served_name=served_name,
@@ -509,7 +505,11 @@ def plan_argv(
         gpu_layers=p.n_gpu_layers,
         tensor_split=p.tensor_split,
         kv_type=candidate.kv_type,
+        launcher=candidate.launcher,
+        n_cpu_moe=p.n_cpu_moe,
     )
+    if candidate.launcher == "native":
+        return native_argv(config, command=command or ["llama-server"], port="PORT", api_key="KEY")
     return server_argv(config, command=command or ["python", "-m", "llama_cpp.server"], port="PORT", api_key="KEY")
 
 

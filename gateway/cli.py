@@ -43,6 +43,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument(
         "--llama-cpp-python-command", type=shlex.split, dest="llama_cpp_python_command", help="llama-cpp-python server"
     )
+    serve.add_argument(
+        "--llama-server-command", type=shlex.split, dest="llama_server_command", help="native llama-server"
+    )
     serve.add_argument("--catalog-dir", type=Path, dest="catalog_dir", help="extra catalog entries (*.toml)")
     serve.add_argument("--replan", action="store_true", default=None, help="ignore the remembered configuration")
     serve.add_argument("--gpu-memory-utilization", type=float, dest="gpu_memory_utilization", help="vLLM: pin")
@@ -192,7 +195,8 @@ def serve(args: argparse.Namespace) -> int:
 
 _SERVE_SETTINGS = (
     "model", "host", "port", "context_length", "state_dir", "log_dir", "threads", "startup_timeout_s",
-    "min_context", "vllm_command", "vllm_version", "llama_cpp_python_command", "catalog_dir", "replan",
+    "min_context", "vllm_command", "vllm_version", "llama_cpp_python_command", "llama_server_command",
+    "catalog_dir", "replan",
     "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs", "tensor_parallel_size",
     "enforce_eager", "kv_cache_dtype",
 )  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +127,13 @@ def _llamacpp_option(plan: Plan, entry: ModelEntry, settings: Settings) -> Optio
         tensor_split=chosen.placement.tensor_split,
         kv_type=chosen.kv_type,
         threads=settings.threads or os.cpu_count(),
+        launcher=chosen.launcher,
+        n_cpu_moe=chosen.placement.n_cpu_moe,
     )
-    command = settings.llama_cpp_python_command or llamacpp.default_command()
+    if chosen.launcher == "native":
+        command = settings.llama_server_command or ["llama-server"]
+    else:
+        command = settings.llama_cpp_python_command or llamacpp.default_command()
     return llamacpp.LlamaCppOption(config=config, command=tuple(command), fetch=fetch)
 
 
@@ -141,8 +146,9 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     sources = gather(entry)
     cpu_vllm = command is not None and vllm.is_cpu_build(detected)
     policy = serve_policy(settings, entry, sources, bool(machine.gpus), cpu_vllm)
-    if settings.llama_server_command or shutil.which("llama-server"):
-        log.info("llama-server found; this release starts llama.cpp through llama-cpp-python's server")
+    native = settings.llama_server_command or (["llama-server"] if shutil.which("llama-server") else None)
+    if native:
+        policy = replace(policy, launcher="native")
     plan = plan_decide(sources, machine, policy)
     for note in plan.notes:
         if note not in machine.notes:  # the inventory's own notes were logged when it was read

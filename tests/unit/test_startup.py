@@ -94,3 +94,18 @@ def test_a_gguf_that_is_not_gguf_fails_before_anything_starts(tmp_path: Path) ->
     bad.write_bytes(b"not a model at all")
     with pytest.raises(ModelError, match="is not a GGUF file"):
         decide(_settings(tmp_path, model=str(bad)), machine=CPU)
+
+
+def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(tmp_path: Path) -> None:
+    machine = Inventory(parse_gpu_spec("1x16GiB@8.9"), 64 * GIB, 64 * GIB, source="simulated")
+    settings = _settings(tmp_path, model="glm-4.7-flash", llama_server_command=["/opt/llama/llama-server"])
+    decision = decide(settings, machine=machine)
+    option = decision.options[-1]
+    assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
+    launch = option.launch(5555, "k")
+    argv = launch.argv
+    assert argv[0] == "/opt/llama/llama-server" and launch.health_path == "/health"
+    assert argv[argv.index("--fit") + 1] == "off" and argv[argv.index("--api-key") + 1] == "k"
+    assert int(argv[argv.index("--n-cpu-moe") + 1]) > 0  # Q4_K_M GLM (~17 GiB) on a 16 GiB card
+    assert argv[argv.index("-ngl") + 1] == "48"  # every layer's attention stays on the GPU
+    assert option.fetch is not None  # the hub GGUF is downloaded when this option is tried, not before
