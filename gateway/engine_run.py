@@ -14,6 +14,7 @@ import contextlib
 import enum
 import logging
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -61,8 +62,9 @@ class EngineRun:
         self.label = label or launch.engine
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.log_path = log_dir / f"{launch.engine}-{stamp}-{launch.port}.log"
-        # the engine's own temp directory (vLLM leaves sockets and vllm_dist_* files): removed after it
-        self.temp_dir = log_dir.parent / "tmp" / f"{launch.engine}-{stamp}-{launch.port}"
+        # the engine's own temp directory (vLLM leaves sockets and vllm_dist_* files), removed after
+        # it; short, because unix socket paths inside it must stay under 108 characters
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=f"gw-{launch.engine}-"))
         env = {**launch.env, "TMPDIR": str(self.temp_dir)}
         self.child = ChildProcess(launch.argv, self.log_path, env=env, on_line=self._on_line)
         self.state = RunState.STARTING
@@ -98,8 +100,14 @@ class EngineRun:
         log.info("starting %s: %s", self.label, self.launch.summary)
         log.info("engine log: %s", self.log_path)
         self.started_at = time.monotonic()
-        self.temp_dir.mkdir(parents=True, exist_ok=True)
-        await self.child.start()
+        try:
+            await self.child.start()
+        except OSError as exc:  # the command itself cannot run (missing, not executable)
+            self._fail(f"cannot run {self.launch.argv[0]}: {exc.strerror or exc}; check the engine command setting")
+            self.ended_at = time.monotonic()
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self._settled.set()
+            return
         self._exited = asyncio.create_task(self.child.wait(), name="engine exit")
         self._task = asyncio.create_task(self._run(), name="engine run")
 
@@ -140,6 +148,7 @@ class EngineRun:
             "served_name": self.launch.served_name,
             "context_length": self.launch.context_length,
             "log_path": str(self.log_path),
+            "temp_dir": str(self.temp_dir),
             "uptime_s": round(now - self.ready_at, 1) if self.ready_at and self.ready else None,
             "reason": self.reason,
             "failure": {

@@ -112,3 +112,21 @@ def test_llamacpp_failures(name: str, kind: FailureKind, move: str) -> None:
     assert (result is _STOP) if move == "stop" else isinstance(result, _Retry)
     if kind is FailureKind.OUT_OF_MEMORY:
         assert isinstance(result, _Retry) and result.option.config.kv_type == "q8_0"  # type: ignore[attr-defined]
+
+
+def test_an_engine_command_that_does_not_exist_fails_the_attempt_and_moves_on(tmp_path: Path) -> None:
+    import asyncio
+
+    missing = vllm.VllmOption("tiny", vllm.VllmFlags(1, 0.92, 2048, 4, 2048), "tiny", ("/nonexistent/vllm", "serve"))
+
+    async def scenario() -> Supervisor:
+        supervisor = Supervisor([missing], log_dir=tmp_path, startup_timeout_s=5, shutdown_grace_s=1)
+        await supervisor.start()
+        await supervisor.wait_settled()
+        await supervisor.stop()
+        return supervisor
+
+    supervisor = asyncio.run(scenario())
+    assert supervisor.state.value == "failed" and not supervisor.ever_ready
+    assert len(supervisor.attempts) == 1 and supervisor.attempts[0].outcome == "failed"
+    assert "cannot run /nonexistent/vllm" in supervisor.report()
