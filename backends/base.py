@@ -20,6 +20,12 @@ class Launch:
     summary: str  # one line for the console: what is being started and with what
     env: dict[str, str] = field(default_factory=dict)
     max_concurrency: int = 1  # requests the engine runs at once (vLLM max_num_seqs, llama.cpp slots)
+    # what the engine does itself, so the gateway does not redo it: "responses", "messages",
+    # "include_usage", "max_completion_tokens"
+    native: frozenset[str] = frozenset()
+    reasoning_field: str | None = None  # the one of reasoning / reasoning_content the engine emits
+    tokenize_path: str | None = None  # counts tokens: POST {tokenize_key: text} → {"count": n}
+    tokenize_key: str = "input"
 
     @property
     def base_url(self) -> str:

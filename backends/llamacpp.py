@@ -112,7 +112,18 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             f"{config.gpu_layers} GPU layers, experts of {config.n_cpu_moe} layers in RAM"
         )
         return Launch(
-            ENGINE, argv, port, api_key, config.served_name, config.context_length, NATIVE_HEALTH_PATH, summary
+            ENGINE,
+            argv,
+            port,
+            api_key,
+            config.served_name,
+            config.context_length,
+            NATIVE_HEALTH_PATH,
+            summary,
+            native=frozenset({"responses", "messages", "include_usage", "max_completion_tokens"}),
+            reasoning_field="reasoning_content",
+            tokenize_path="/tokenize",
+            tokenize_key="content",
         )
     argv = server_argv(config, command=command, port=str(port), api_key=api_key)
     version = installed_version()
@@ -130,6 +141,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         context_length=config.context_length,
         health_path=HEALTH_PATH,
         summary=summary,
+        tokenize_path="/extras/tokenize/count",  # llama-cpp-python serves no Responses/Messages, no usage chunk
     )
 
 

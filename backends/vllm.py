@@ -743,6 +743,10 @@ class VllmOption:
             summary=self.label,
             env=env,
             max_concurrency=self.flags.max_num_seqs,
+            native=frozenset({"responses", "messages", "include_usage", "max_completion_tokens"}),
+            reasoning_field="reasoning",
+            tokenize_path="/tokenize",
+            tokenize_key="prompt",
         )
 
     def classify(self, line: str) -> Failure | None:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,7 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.openai_errors import RETRY_AFTER_S, ApiError, unavailable
+from gateway import messages_api
+from gateway.admission import Admission
+from gateway.external import ExternalBackend
+from gateway.handlers import Inference
+from gateway.openai_errors import RETRY_AFTER_S, ApiError
 from gateway.proxy import Upstream
 from gateway.routing import ModelRoute
 from gateway.supervisor import State, Supervisor
@@ -31,47 +34,27 @@ log = logging.getLogger("gateway.app")
 
 @dataclass
 class Runtime:
-    """What the app serves: one model route, its backend's supervisor and the client to it."""
+    """What the app serves: one model route, its backend (supervised or external), the client to it
+    and the admission queue in front of it."""
 
     route: ModelRoute
-    supervisor: Supervisor
+    supervisor: Supervisor | ExternalBackend
     upstream: Upstream
     max_body_bytes: int
+    queue_limit: int = 64
+    queue_wait_s: float = 600.0
     on_startup_failure: Callable[[], None] = lambda: None
     created: int = 0
+    admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
         self.created = int(time.time())
 
+        def capacity() -> int:
+            launch = self.supervisor.launch
+            return launch.max_concurrency if launch else 1
 
-async def _read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes (max_body_bytes)")
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes (max_body_bytes)")
-        parts.append(part)
-    body = b"".join(parts)
-    if not body.strip():
-        raise ApiError(400, "request body is empty: send a JSON object")
-    try:
-        payload = json.loads(body)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(payload, dict):
-        raise ApiError(400, f"request body must be a JSON object, not a JSON {type(payload).__name__}")
-    return body, payload
-
-
-def _require(payload: dict[str, Any], field: str, kinds: tuple[type, ...], what: str) -> None:
-    if field not in payload:
-        raise ApiError(400, f"missing required parameter: '{field}'", param=field, code="missing_required_parameter")
-    if not isinstance(payload[field], kinds):
-        raise ApiError(400, f"'{field}' must be {what}", param=field, code="invalid_type")
+        self.admission = Admission(capacity, queue_limit=self.queue_limit, wait_s=self.queue_wait_s)
 
 
 class Gateway:
@@ -126,54 +109,17 @@ class Gateway:
     async def get_model(self, request: Request) -> Response:
         requested = request.path_params["model"]
         if not self.rt.route.accepts(requested):
-            raise self._unknown_model(requested)
+            raise Inference(self.rt).unknown_model(requested)
         return JSONResponse(self._model_card(requested))
 
-    def _unknown_model(self, requested: str) -> ApiError:
-        route = self.rt.route
-        also = f" (aliases: {', '.join(route.aliases)})" if route.aliases else ""
-        return ApiError(
-            404,
-            f"The model '{requested}' does not exist: this gateway serves '{route.fronted}'{also}",
-            param="model",
-            code="model_not_found",
-        )
 
-    async def _forward(self, request: Request, path: str, body: bytes, payload: dict[str, Any]) -> Response:
-        route = self.rt.route
-        requested = payload.get("model")
-        if requested is not None and not isinstance(requested, str):
-            raise ApiError(400, "'model' must be a string", param="model", code="invalid_type")
-        if requested is not None and not route.accepts(requested):
-            raise self._unknown_model(requested)
-        if requested != route.served:  # an alias, another spelling, or no model at all
-            payload["model"] = route.served
-            body = json.dumps(payload).encode()
-        supervisor = self.rt.supervisor
-        target = supervisor.launch
-        if not supervisor.ready or target is None:
-            detail = {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(
-                supervisor.state, "is not running"
-            )
-            raise unavailable(f"the backend for '{route.fronted}' {detail}; retry shortly")
-        return await self.rt.upstream.post(target, path, body, stream=payload.get("stream") is True, route=route)
-
-    async def chat_completions(self, request: Request) -> Response:
-        body, payload = await _read_json_object(request, self.rt.max_body_bytes)
-        _require(payload, "messages", (list,), "an array of messages")
-        if not payload["messages"]:
-            raise ApiError(400, "'messages' must contain at least one message", param="messages")
-        return await self._forward(request, "/v1/chat/completions", body, payload)
-
-    async def completions(self, request: Request) -> Response:
-        body, payload = await _read_json_object(request, self.rt.max_body_bytes)
-        _require(payload, "prompt", (str, list), "a string or an array")
-        return await self._forward(request, "/v1/completions", body, payload)
+def _anthropic_route(request: Request) -> bool:
+    return request.url.path.startswith("/v1/messages")
 
 
-async def _api_error(_request: Request, exc: Exception) -> Response:
+async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return messages_api.error_response(exc) if _anthropic_route(request) else exc.response()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -184,7 +130,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    return ApiError(exc.status_code, message).response()
+    error = ApiError(exc.status_code, message)
+    return messages_api.error_response(error) if _anthropic_route(request) else error.response()
 
 
 async def _unexpected(_request: Request, exc: Exception) -> Response:
@@ -212,14 +159,18 @@ def create_app(runtime: Runtime) -> Starlette:
             await runtime.supervisor.stop()
             await runtime.upstream.aclose()
 
+    inference = Inference(runtime)
     routes = [
         Route("/health", gateway.health, methods=["GET"]),
         Route("/ready", gateway.ready, methods=["GET"]),
         Route("/status", gateway.status, methods=["GET"]),
         Route("/v1/models", gateway.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", gateway.get_model, methods=["GET"]),
-        Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),
-        Route("/v1/completions", gateway.completions, methods=["POST"]),
+        Route("/v1/chat/completions", inference.chat_completions, methods=["POST"]),
+        Route("/v1/completions", inference.completions, methods=["POST"]),
+        Route("/v1/responses", inference.responses, methods=["POST"]),
+        Route("/v1/messages", inference.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", inference.count_tokens, methods=["POST"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected}
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

@@ -55,8 +55,14 @@ class ApiError(Exception):
             }
         }
 
+    def headers(self) -> dict[str, str] | None:
+        """Retry-After in seconds, and retry-after-ms, which the OpenAI and Anthropic SDKs prefer."""
+        if self.retry_after_s is None:
+            return None
+        return {"Retry-After": str(self.retry_after_s), "retry-after-ms": str(self.retry_after_s * 1000)}
+
     def response(self) -> Response:
-        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else None
+        headers = self.headers()
         return Response(
             json.dumps(self.body()).encode(),
             status_code=self.status,

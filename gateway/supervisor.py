@@ -231,7 +231,7 @@ class Supervisor:
         return False
 
     async def _attempt(self, option: Option, number: int, of: int) -> tuple[EngineRun, Attempt]:
-        launch = option.launch(free_port(), secrets.token_urlsafe(24))
+        launch = option.launch(free_port(), "gw" + secrets.token_hex(20))  # never starts with "-" (argv)
         run = EngineRun(
             launch,
             log_dir=self.log_dir,

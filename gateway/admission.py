@@ -1,0 +1,82 @@
+"""Admission control: forward at most as many requests as the engine runs at once, queue the rest.
+
+Capacity follows the live engine (vLLM's max_num_seqs, llama.cpp's slots). Beyond it a bounded FIFO
+queue; a request that would overflow the queue, or waits longer than the limit, gets 429 with
+Retry-After so agents and SDKs back off instead of piling onto a saturated engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+
+from gateway.openai_errors import ApiError
+
+RETRY_AFTER_FULL_S = 2
+
+
+class Ticket:
+    """One admitted request; release it once (idempotent) when its response is over."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._admission._leave()
+
+
+class Admission:
+    def __init__(self, capacity: Callable[[], int], *, queue_limit: int, wait_s: float) -> None:
+        self.capacity = capacity
+        self.queue_limit = queue_limit
+        self.wait_s = wait_s
+        self.active = 0
+        self.rejected = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    async def enter(self) -> Ticket:
+        if self.active < max(1, self.capacity()) and not self._waiters:
+            self.active += 1
+            return Ticket(self)
+        if len(self._waiters) >= self.queue_limit:
+            self.rejected += 1
+            raise _full(f"the engine is busy and {len(self._waiters)} requests are already waiting")
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout=self.wait_s)
+        except TimeoutError:
+            if waiter.done() and not waiter.cancelled():  # admitted at the last moment: give it back
+                self._leave()
+            else:
+                self._waiters.remove(waiter)
+            self.rejected += 1
+            raise _full(f"the request waited {self.wait_s:.0f} s for the engine") from None
+        except asyncio.CancelledError:  # the client went away while queued
+            if waiter.done() and not waiter.cancelled():
+                self._leave()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+        return Ticket(self)
+
+    def _leave(self) -> None:
+        """A slot frees: hand it to the oldest waiter, or count it free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on; active stays the same
+                return
+        self.active -= 1
+
+
+def _full(message: str) -> ApiError:
+    return ApiError(429, f"{message}; retry shortly", code="rate_limit_exceeded", retry_after_s=RETRY_AFTER_FULL_S)
