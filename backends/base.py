@@ -26,10 +26,11 @@ class Launch:
     reasoning_field: str | None = None  # the one of reasoning / reasoning_content the engine emits
     tokenize_path: str | None = None  # counts tokens: POST {tokenize_key: text} → {"count": n}
     tokenize_key: str = "input"
+    base: str | None = None  # a server somewhere else (--backend-url); launched engines are on loopback
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.base or f"http://127.0.0.1:{self.port}"
 
 
 class FailureKind(enum.Enum):

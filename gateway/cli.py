@@ -46,6 +46,15 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument(
         "--llama-server-command", type=shlex.split, dest="llama_server_command", help="native llama-server"
     )
+    serve.add_argument("--backend-url", dest="backend_url", help="front a server you run (no engine is started)")
+    serve.add_argument("--backend-api-key", dest="backend_api_key", help="the key that server expects")
+    serve.add_argument(
+        "--backend-native-apis", type=lambda v: [p for p in v.split(",") if p], dest="backend_native_apis",
+        help="comma list of what that server does itself: responses,messages,include_usage,max_completion_tokens",
+    )  # fmt: skip
+    serve.add_argument("--backend-max-concurrency", type=int, dest="backend_max_concurrency")
+    serve.add_argument("--queue-limit", type=int, dest="queue_limit", help="requests that may wait (429 beyond)")
+    serve.add_argument("--queue-wait", type=float, dest="queue_wait_s", help="seconds a request may wait")
     serve.add_argument("--catalog-dir", type=Path, dest="catalog_dir", help="extra catalog entries (*.toml)")
     serve.add_argument("--replan", action="store_true", default=None, help="ignore the remembered configuration")
     serve.add_argument("--gpu-memory-utilization", type=float, dest="gpu_memory_utilization", help="vLLM: pin")
@@ -137,27 +146,38 @@ def serve(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {key: getattr(args, key, None) for key in _SERVE_SETTINGS}
     settings = load_settings(overrides, args.config)
-    decision = decide(settings)
-    sock = _bind(settings.host, settings.port)
-    plan = decision.plan
-    supervisor = Supervisor(
-        decision.options,
-        log_dir=settings.backend_log_dir,
-        startup_timeout_s=settings.startup_timeout_s,
-        shutdown_grace_s=settings.shutdown_grace_s,
-        remember=decision.remember,
-        plan_summary={
-            "decision": plan.decision_reason,
-            "engine_version": f"vllm {plan.vllm_version}",
-            "notes": plan.notes,
-        },
-    )
-    for number, option in enumerate(decision.options, 1):
-        log.info("option %d of %d: %s", number, len(decision.options), option.label)
     upstream = Upstream(connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.request_timeout_s)
-    runtime = Runtime(
-        route=decision.route, supervisor=supervisor, upstream=upstream, max_body_bytes=settings.max_body_bytes
-    )
+    if settings.backend_url:
+        runtime = _external_runtime(settings, upstream)
+        fronted = runtime.route.fronted
+        supervisor = None
+    else:
+        decision = decide(settings)
+        plan = decision.plan
+        supervisor = Supervisor(
+            decision.options,
+            log_dir=settings.backend_log_dir,
+            startup_timeout_s=settings.startup_timeout_s,
+            shutdown_grace_s=settings.shutdown_grace_s,
+            remember=decision.remember,
+            plan_summary={
+                "decision": plan.decision_reason,
+                "engine_version": f"vllm {plan.vllm_version} ({plan.vllm_version_source})",
+                "notes": plan.notes,
+            },
+        )
+        for number, option in enumerate(decision.options, 1):
+            log.info("option %d of %d: %s", number, len(decision.options), option.label)
+        runtime = Runtime(
+            route=decision.route,
+            supervisor=supervisor,
+            upstream=upstream,
+            max_body_bytes=settings.max_body_bytes,
+            queue_limit=settings.queue_limit,
+            queue_wait_s=settings.queue_wait_s,
+        )
+        fronted = decision.route.fronted
+    sock = _bind(settings.host, settings.port)
     config = uvicorn.Config(
         create_app(runtime),
         log_level="warning",
@@ -172,7 +192,7 @@ def serve(args: argparse.Namespace) -> int:
 
     runtime.on_startup_failure = give_up
     shown_host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
-    log.info("serving %s at http://%s:%d/v1 once an engine is ready", decision.route.fronted, shown_host, settings.port)
+    log.info("serving %s at http://%s:%d/v1 once an engine is ready", fronted, shown_host, settings.port)
 
     # uvicorn handles SIGINT/SIGTERM while serving and re-raises them once it has shut down; these
     # handlers receive that re-raise (and any signal before uvicorn takes over) so that a requested
@@ -187,16 +207,68 @@ def serve(args: argparse.Namespace) -> int:
         sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if supervisor.ever_ready or not supervisor.attempts:
+    if supervisor is None or supervisor.ever_ready or not supervisor.attempts:
         return 0
-    print(f"gateway: could not start {decision.route.fronted}: {supervisor.report()}", file=sys.stderr)
+    print(f"gateway: could not start {fronted}: {supervisor.report()}", file=sys.stderr)
     return 1
+
+
+def _external_runtime(settings: Any, upstream: Any) -> Any:
+    """`--backend-url`: the served name and context come from the server's own /v1/models."""
+    import httpx
+
+    from backends.base import Launch
+    from gateway.app import Runtime
+    from gateway.errors import ConfigError
+    from gateway.external import ExternalBackend
+    from gateway.routing import ModelRoute
+
+    url = settings.backend_url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {settings.backend_api_key}"} if settings.backend_api_key else {}
+    served, context = settings.model, settings.context_length or 0
+    try:
+        cards = httpx.get(url + "/v1/models", headers=headers, timeout=10, trust_env=False).json().get("data") or []
+    except (httpx.HTTPError, ValueError) as exc:
+        if not settings.model:
+            raise ConfigError(
+                f"cannot read {url}/v1/models ({type(exc).__name__}): start that server or pass --model"
+            ) from exc
+        cards = []
+    if cards:
+        served = cards[0].get("id", served)
+        context = context or int(cards[0].get("max_model_len") or (cards[0].get("meta") or {}).get("n_ctx_train") or 0)
+    if not served:
+        raise ConfigError(f"{url}/v1/models lists no model: pass --model with the name it serves")
+    launch = Launch(
+        engine="external",
+        argv=[],
+        port=0,
+        api_key=settings.backend_api_key or "",
+        served_name=served,
+        context_length=context,
+        health_path="/v1/models",
+        summary=f"the server at {url}",
+        max_concurrency=settings.backend_max_concurrency,
+        native=frozenset(settings.backend_native_apis),
+        base=url,
+    )
+    backend = ExternalBackend(launch)
+    route = ModelRoute(fronted=settings.model or served, served=served, context_length=context)
+    return Runtime(
+        route=route,
+        supervisor=backend,
+        upstream=upstream,
+        max_body_bytes=settings.max_body_bytes,
+        queue_limit=settings.queue_limit,
+        queue_wait_s=settings.queue_wait_s,
+    )
 
 
 _SERVE_SETTINGS = (
     "model", "host", "port", "context_length", "state_dir", "log_dir", "threads", "startup_timeout_s",
     "min_context", "vllm_command", "vllm_version", "llama_cpp_python_command", "llama_server_command",
-    "catalog_dir", "replan",
+    "catalog_dir", "replan", "backend_url", "backend_api_key", "backend_native_apis", "backend_max_concurrency",
+    "queue_limit", "queue_wait_s",
     "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs", "tensor_parallel_size",
     "enforce_eager", "kv_cache_dtype",
 )  # fmt: skip

@@ -77,6 +77,18 @@ class Settings(BaseSettings):
     enforce_eager: bool | None = Field(None, description="vLLM: pin eager mode on or off.")
     kv_cache_dtype: str | None = Field(None, description="vLLM: pin the KV cache dtype (auto, fp8).")
     catalog_dir: Path | None = Field(None, description="Extra model catalog entries (*.toml); they win over built-ins.")
+    backend_url: str | None = Field(
+        None, description="Front an OpenAI-compatible server you run yourself; nothing is planned or started."
+    )
+    backend_api_key: str | None = Field(None, description="Bearer key the backend_url server expects.")
+    backend_native_apis: list[str] = Field(
+        default_factory=list,
+        description="What the backend_url server does itself: responses, messages, include_usage, "
+        "max_completion_tokens; the gateway translates or adds the rest.",
+    )
+    backend_max_concurrency: int = Field(8, ge=1, description="Requests forwarded at once to a backend_url server.")
+    queue_limit: int = Field(64, ge=0, description="Requests allowed to wait for a free engine slot (429 beyond).")
+    queue_wait_s: float = Field(600.0, gt=0, description="Longest wait for a slot before 429.")
     replan: bool = Field(False, description="Ignore the remembered configuration and plan afresh.")
 
     @property

@@ -1,0 +1,164 @@
+"""Named stand-in: an OpenAI-compatible chat server that does on cue what a 270M model cannot.
+
+    python scripted_upstream.py PORT EVENTS_FILE
+
+The last user message decides (the whole conversation is checked for a tool result first):
+- a tool result in the conversation → "The tool said: <result>" (the end of an agent's tool loop);
+- "CALL_TOOL" → a call of the first tool offered, arguments {"path": "README.md"};
+- "CRASH" → three chunks, then the process dies mid-stream;
+- "SLOW" → ten chunks, 200 ms apart;
+- "HANG" → one chunk, then nothing until the client leaves (written to EVENTS_FILE as "disconnect");
+- anything else → "Hello from the scripted upstream."
+Streams are chunk by chunk like a real engine; usage is sent when stream_options.include_usage asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+MODEL = "scripted-model"
+EVENTS = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(os.devnull)
+
+
+def _record(line: str) -> None:
+    with EVENTS.open("a") as sink:
+        sink.write(line + "\n")
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else json.dumps(content)
+    return ""
+
+
+def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    body = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL}
+    body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+async def models(_request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]})
+
+
+async def tokenize(request: Request) -> Response:
+    body = await request.json()
+    return JSONResponse({"count": len(str(body.get("input", "")).split())})
+
+
+async def chat(request: Request) -> Response:
+    payload = await request.json()
+    messages = payload.get("messages") or []
+    cue = _last_user_text(messages)
+    tool_result = next((m for m in reversed(messages) if m.get("role") == "tool"), None)
+    cid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+    _record(
+        f"request {json.dumps({'cue': cue[:40], 'stream': payload.get('stream'), 'max_tokens': payload.get('max_tokens')})}"
+    )
+    tool_call = None
+    if tool_result is not None:
+        text = f"The tool said: {tool_result.get('content')}"
+    elif "CALL_TOOL" in cue and payload.get("tools"):
+        name = payload["tools"][0]["function"]["name"]
+        tool_call = {
+            "id": f"call_{uuid.uuid4().hex[:8]}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps({"path": "README.md"})},
+        }
+        text = ""
+    else:
+        text = "Hello from the scripted upstream."
+    if not payload.get("stream"):
+        if "CRASH" in cue:
+            os._exit(1)
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if tool_call:
+            message["tool_calls"] = [tool_call]
+        answer = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": MODEL}
+        answer["choices"] = [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_call else "stop"}]
+        answer["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        return JSONResponse(answer)
+    return StreamingResponse(_stream(request, payload, cue, cid, text, tool_call), media_type="text/event-stream")
+
+
+async def _stream(
+    request: Request, payload: dict[str, Any], cue: str, cid: str, text: str, tool_call: dict[str, Any] | None
+) -> AsyncIterator[bytes]:
+    yield _chunk(cid, {"role": "assistant", "content": ""})
+    try:
+        if "CRASH" in cue:
+            for word in ("one ", "two ", "three "):
+                yield _chunk(cid, {"content": word})
+                await asyncio.sleep(0.05)
+            os._exit(1)
+        if "HANG" in cue:
+            yield _chunk(cid, {"content": "waiting"})
+            while True:
+                await asyncio.sleep(0.05)
+                if await request.is_disconnected():
+                    _record("disconnect")
+                    return
+        if "SLOW" in cue:
+            for index in range(10):
+                await asyncio.sleep(0.2)
+                yield _chunk(cid, {"content": f"{index} {time.time():.3f} "})
+        elif tool_call:
+            function = tool_call["function"]
+            head = {
+                "index": 0,
+                "id": tool_call["id"],
+                "type": "function",
+                "function": {"name": function["name"], "arguments": ""},
+            }
+            yield _chunk(cid, {"tool_calls": [head]})
+            arguments = function["arguments"]
+            for start in range(0, len(arguments), 7):
+                yield _chunk(
+                    cid, {"tool_calls": [{"index": 0, "function": {"arguments": arguments[start : start + 7]}}]}
+                )
+        else:
+            for word in text.split(" "):
+                yield _chunk(cid, {"content": word + " "})
+        yield _chunk(cid, {}, "tool_calls" if tool_call else "stop")
+        if (payload.get("stream_options") or {}).get("include_usage"):
+            usage = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": MODEL,
+                "choices": [],
+            }
+            usage["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+            yield b"data: " + json.dumps(usage).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    except asyncio.CancelledError:
+        _record("disconnect")
+        raise
+
+
+app = Starlette(
+    routes=[
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/extras/tokenize/count", tokenize, methods=["POST"]),
+    ]
+)
+
+if __name__ == "__main__":
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
