@@ -68,9 +68,8 @@ async def chat(request: Request) -> Response:
     cue = _last_user_text(messages)
     tool_result = next((m for m in reversed(messages) if m.get("role") == "tool"), None)
     cid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
-    _record(
-        f"request {json.dumps({'cue': cue[:40], 'stream': payload.get('stream'), 'max_tokens': payload.get('max_tokens')})}"
-    )
+    seen = {"cue": cue[:40], "stream": payload.get("stream"), "max_tokens": payload.get("max_tokens")}
+    _record(f"request {json.dumps(seen)}")
     tool_call = None
     if tool_result is not None:
         text = f"The tool said: {tool_result.get('content')}"
