@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -31,10 +30,6 @@ if TYPE_CHECKING:
     from gateway.app import Runtime
 
 log = logging.getLogger("gateway.handlers")
-
-_OVERFLOW = re.compile(
-    r"maximum context length is (\d+) tokens\. However, (?:you requested|your messages resulted in) (\d+) tokens"
-)
 
 
 class _Chain:
@@ -282,11 +277,7 @@ class Inference:
 
 
 def _anthropic_error(status: int, answer: Any) -> ApiError:
-    """An engine's OpenAI-shaped error in the Messages dialect (context overflow reworded as Claude Code expects)."""
-    message = (
-        str(((answer or {}).get("error") or {}).get("message") or answer) if isinstance(answer, dict) else str(answer)
-    )
-    if match := _OVERFLOW.search(message):
-        maximum, tokens = match.groups()
-        message = f"prompt is too long: {tokens} tokens > {maximum} maximum"
+    """An engine's OpenAI-shaped error, to be rendered in the Messages dialect by the error handler."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    message = str(error.get("message") if isinstance(error, dict) else error or answer)
     return ApiError(status, message)

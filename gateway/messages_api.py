@@ -7,6 +7,7 @@ routes are Anthropic-shaped: ``{"type": "error", "error": {"type", "message"}}``
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,9 +29,23 @@ _ERROR_TYPES = {
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 
 
+_OVERFLOW = re.compile(
+    r"maximum context length is (\d+) tokens\. However, (?:you requested|your messages resulted in) (\d+) tokens"
+)
+
+
+def anthropic_message(message: str) -> str:
+    """Context overflow worded as Claude Code recognises it; anything else unchanged."""
+    if match := _OVERFLOW.search(message):
+        maximum, tokens = match.groups()
+        return f"prompt is too long: {tokens} tokens > {maximum} maximum"
+    return message
+
+
 def error_response(error: ApiError) -> Response:
     """The same error in Anthropic's shape (status and Retry-After kept)."""
-    body = {"type": "error", "error": {"type": _ERROR_TYPES.get(error.status, "api_error"), "message": error.message}}
+    kind = _ERROR_TYPES.get(error.status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": anthropic_message(error.message)}}
     headers = error.headers()
     return Response(json.dumps(body).encode(), status_code=error.status, media_type="application/json", headers=headers)
 

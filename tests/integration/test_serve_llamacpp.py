@@ -6,6 +6,10 @@ finish reasons, usage, headers), never text.
 
 from __future__ import annotations
 
+import json
+import re
+
+import anthropic
 import httpx
 import openai
 import pytest
@@ -102,3 +106,111 @@ def test_the_backend_refuses_requests_that_skip_the_gateway(gateway: GatewayProc
     backend_url = gateway.status()["backend"]["url"]
     answer = httpx.post(backend_url + "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})
     assert answer.status_code == 401
+
+
+# -- what agents need that llama-cpp-python does not do itself: the gateway does it ------------------
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+
+
+def test_streaming_with_include_usage_ends_with_a_usage_chunk(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="gemma-3-270m",
+            messages=MESSAGES,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},  # type: ignore[arg-type]
+        )
+    )
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.prompt_tokens > 0 and 0 < last.usage.completion_tokens <= 6
+
+
+def test_max_completion_tokens_is_honoured(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="gemma-3-270m", messages=MESSAGES, max_completion_tokens=3)  # type: ignore[arg-type]
+    assert reply.usage is not None and reply.usage.completion_tokens <= 3
+
+
+def test_a_forced_tool_call_comes_back_as_tool_calls(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="gemma-3-270m",
+        messages=[{"role": "user", "content": "Read README.md"}],
+        tools=[TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "read_file"}},
+        max_tokens=64,
+    )
+    calls = reply.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "read_file"  # type: ignore[union-attr]
+    assert isinstance(json.loads(calls[0].function.arguments), dict)  # type: ignore[union-attr]
+
+
+def test_responses_api_through_translation(client: openai.OpenAI) -> None:
+    reply = client.responses.create(model="gemma-3-270m", input="Say hello.", max_output_tokens=8, store=False)
+    assert reply.model == "gemma-3-270m" and reply.status in ("completed", "incomplete")
+    assert isinstance(reply.output_text, str) and reply.usage is not None and reply.usage.input_tokens > 0
+    events = list(
+        client.responses.create(model="gemma-3-270m", input="Say hello.", max_output_tokens=8, stream=True, store=False)
+    )
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    assert kinds.count("response.output_text.delta") >= 2
+
+
+def test_messages_api_through_translation(gateway: GatewayProcess) -> None:
+    client = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0, timeout=120)
+    message = client.messages.create(
+        model="gemma-3-270m", max_tokens=8, messages=[{"role": "user", "content": "Say hello."}]
+    )
+    assert message.model == "gemma-3-270m" and message.role == "assistant"
+    assert message.stop_reason in ("end_turn", "max_tokens") and message.usage.output_tokens > 0
+    with client.messages.stream(
+        model="gemma-3-270m", max_tokens=8, messages=[{"role": "user", "content": "Say hello."}]
+    ) as stream:
+        kinds = [event.type for event in stream]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
+    counted = client.messages.count_tokens(model="gemma-3-270m", messages=[{"role": "user", "content": "Say hello."}])
+    assert counted.input_tokens > 0
+
+
+def test_a_forced_tool_use_through_the_messages_translation(gateway: GatewayProcess) -> None:
+    client = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0, timeout=120)
+    function = TOOL["function"]
+    message = client.messages.create(
+        model="gemma-3-270m",
+        max_tokens=64,
+        tools=[
+            {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
+        ],  # type: ignore[index, list-item]
+        tool_choice={"type": "tool", "name": "read_file"},
+        messages=[{"role": "user", "content": "Read README.md"}],
+    )
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert uses and uses[0].name == "read_file" and isinstance(uses[0].input, dict)
+    assert message.stop_reason == "tool_use"
+
+
+def test_a_prompt_longer_than_the_context_gets_each_dialects_error(gateway: GatewayProcess) -> None:
+    long_text = "word " * 9000  # more tokens than the 8192 served
+    chat = {"model": "gemma-3-270m", "max_tokens": 4000, "messages": [{"role": "user", "content": long_text}]}
+    answer = httpx.post(gateway.url + "/v1/chat/completions", json=chat, timeout=60)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "maximum context length" in error["message"]
+    messages = {"model": "gemma-3-270m", "max_tokens": 4000, "messages": [{"role": "user", "content": long_text}]}
+    answer = httpx.post(gateway.url + "/v1/messages", json=messages, timeout=60)
+    assert answer.status_code == 400 and answer.json()["type"] == "error"
+    assert re.search(r"prompt is too long: \d+ tokens > 8192 maximum", answer.json()["error"]["message"])
+
+
+def test_an_output_length_that_cannot_fit_is_clamped_not_failed(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="gemma-3-270m", messages=MESSAGES, max_tokens=100000, stop=["."])
+    assert reply.choices[0].finish_reason in ("stop", "length")
