@@ -120,7 +120,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             config.context_length,
             NATIVE_HEALTH_PATH,
             summary,
-            native=frozenset({"responses", "messages", "include_usage", "max_completion_tokens"}),
+            native=frozenset({"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes"}),
             reasoning_field="reasoning_content",
             tokenize_path="/tokenize",
             tokenize_key="content",

@@ -743,7 +743,7 @@ class VllmOption:
             summary=self.label,
             env=env,
             max_concurrency=self.flags.max_num_seqs,
-            native=frozenset({"responses", "messages", "include_usage", "max_completion_tokens"}),
+            native=frozenset({"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes"}),
             reasoning_field="reasoning",
             tokenize_path="/tokenize",
             tokenize_key="prompt",

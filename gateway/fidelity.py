@@ -131,3 +131,21 @@ class ChatStreamFixer:
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
         }
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def complete_chat_shape(body: bytes) -> bytes:
+    """Fill the fields OpenAI's schema requires that some engines leave out of a chat completion
+    (`message.refusal`, `message.annotations`, `choice.logprobs`); other bodies pass unchanged."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(payload, dict) or payload.get("object") != "chat.completion":
+        return body
+    for choice in payload.get("choices") or []:
+        choice.setdefault("logprobs", None)
+        message = choice.get("message")
+        if isinstance(message, dict):
+            message.setdefault("refusal", None)
+            message.setdefault("annotations", [])
+    return json.dumps(payload).encode()

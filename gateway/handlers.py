@@ -19,6 +19,7 @@ from gateway.fidelity import (
     PER_MESSAGE_OVERHEAD,
     ChatStreamFixer,
     clamp_output,
+    complete_chat_shape,
     flatten_prompt,
     map_max_completion_tokens,
 )
@@ -99,10 +100,9 @@ class Inference:
     def _route_model(self, payload: dict[str, Any]) -> bool:
         """Check the requested model and name the served one; True when the payload changed."""
         route = self.rt.route
-        requested = payload.get("model")
-        if requested is not None and not isinstance(requested, str):
-            raise ApiError(400, "'model' must be a string", param="model", code="invalid_type")
-        if requested is not None and not route.accepts(requested):
+        require(payload, "model", (str,), f"a string (this gateway serves '{route.fronted}')")
+        requested = payload["model"]
+        if not route.accepts(requested):
             raise self.unknown_model(requested)
         if requested != route.served:
             payload["model"] = route.served
@@ -169,13 +169,19 @@ class Inference:
                 filters.append(rewriter)
         if changed or fixed:
             body = json.dumps(payload).encode()
+        route_rewrite = self.rt.route.rewrite_body
+        complete = "openai_shapes" not in target.native
+
+        def rewrite(data: bytes) -> bytes:
+            return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
+
         ticket = await self.rt.admission.enter()
         return await self.rt.upstream.relay(
             target,
             path,
             body,
             stream=stream,
-            rewrite_body=self.rt.route.rewrite_body,
+            rewrite_body=rewrite,
             chunk_filter=_Chain(*filters) if len(filters) > 1 else (filters[0] if filters else None),
             on_close=ticket.release,
         )

@@ -134,6 +134,21 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     return chat
 
 
+def usage_block(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """Anthropic's usage object: the counts we have, and zeros for caches and server tools we do not run."""
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
+        "output_tokens_details": {"thinking_tokens": 0},
+        "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
+        "inference_geo": None,
+        "service_tier": "standard",
+    }
+
+
 def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
@@ -141,11 +156,12 @@ def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
     if thought := message.get("reasoning_content") or message.get("reasoning"):
         content.append({"type": "thinking", "thinking": thought, "signature": ""})
     if message.get("content"):
-        content.append({"type": "text", "text": message["content"]})
+        content.append({"type": "text", "text": message["content"], "citations": None})
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         content.append(
             {
+                "caller": {"type": "direct"},
                 "type": "tool_use",
                 "id": call.get("id") or f"toolu_{uuid.uuid4().hex}",
                 "name": function.get("name"),
@@ -161,10 +177,9 @@ def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
         "content": content,
         "stop_reason": _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn"),
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": int(usage.get("prompt_tokens") or 0),
-            "output_tokens": int(usage.get("completion_tokens") or 0),
-        },
+        "stop_details": None,
+        "container": None,
+        "usage": usage_block(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
     }
 
 
@@ -191,8 +206,10 @@ async def stream_from_chat(
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+        "usage": usage_block(input_tokens, 0),
     }
-    start["usage"] = {"input_tokens": input_tokens, "output_tokens": 0}
     yield event("message_start", {"type": "message_start", "message": start})
     index = -1
     open_kind: str | None = None  # "thinking" | "text" | "tool"
@@ -242,7 +259,7 @@ async def stream_from_chat(
                 )
             if delta.get("content"):
                 if open_kind != "text":
-                    for block in open_block("text", {"type": "text", "text": ""}):
+                    for block in open_block("text", {"type": "text", "text": "", "citations": None}):
                         yield block
                 yield event(
                     "content_block_delta",
@@ -257,6 +274,7 @@ async def stream_from_chat(
                 function = call.get("function") or {}
                 if slot not in tool_slots:
                     tool_block: dict[str, Any] = {
+                        "caller": {"type": "direct"},
                         "type": "tool_use",
                         "id": call.get("id") or f"toolu_{uuid.uuid4().hex}",
                         "name": function.get("name") or "",
@@ -283,7 +301,14 @@ async def stream_from_chat(
         {
             "type": "message_delta",
             "delta": {"stop_reason": stop, "stop_sequence": None},
-            "usage": {"output_tokens": output_tokens},
+            "usage": {
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens_details": {"thinking_tokens": 0},
+                "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
+            },
         },
     )
     yield event("message_stop", {"type": "message_stop"})

@@ -48,6 +48,17 @@ def _tools(tools: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _echo_tool(function: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response object lists it (every field the schema requires)."""
+    return {
+        "type": "function",
+        "name": function.get("name", ""),
+        "description": function.get("description"),
+        "parameters": function.get("parameters"),
+        "strict": bool(function.get("strict", False)),
+    }
+
+
 def _tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
@@ -126,6 +137,7 @@ class _Shell:
             "object": "response",
             "created_at": self.created_at,
             "status": status,
+            "completed_at": int(time.time()) if status != "in_progress" else None,
             "error": None,
             "incomplete_details": {"reason": reason} if reason else None,
             "instructions": r.get("instructions"),
@@ -136,11 +148,19 @@ class _Shell:
             "previous_response_id": None,
             "reasoning": r.get("reasoning"),
             "store": False,
-            "temperature": r.get("temperature"),
+            "temperature": r.get("temperature") if r.get("temperature") is not None else 1.0,
             "text": r.get("text") or {"format": {"type": "text"}},
             "tool_choice": r.get("tool_choice") or "auto",
-            "tools": r.get("tools") or [],
-            "top_p": r.get("top_p"),
+            "tools": [_echo_tool(t["function"]) for t in _tools(r.get("tools") or [])],
+            "top_p": r.get("top_p") if r.get("top_p") is not None else 1.0,
+            "presence_penalty": r.get("presence_penalty") or 0.0,
+            "frequency_penalty": r.get("frequency_penalty") or 0.0,
+            "top_logprobs": r.get("top_logprobs") or 0,
+            "max_tool_calls": r.get("max_tool_calls"),
+            "background": False,
+            "service_tier": "default",
+            "safety_identifier": r.get("safety_identifier"),
+            "prompt_cache_key": r.get("prompt_cache_key"),
             "truncation": "disabled",
             "usage": usage,
             "metadata": r.get("metadata") or {},

@@ -324,3 +324,17 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_sdk_retry_gets_throug
         front.stop()
         front.kill()
         server.stop()
+
+
+@pytest.mark.parametrize("api_format", ["openai-chat", "open-responses", "anthropic"])
+def test_llm_comply_conformance(gateway: GatewayProcess, api_format: str) -> None:
+    """llm-comply validates each API against its published spec (shapes, SSE lifecycle, usage, errors).
+    Against the scripted upstream every answer is instant, so only the gateway's own conformance is
+    judged: the Responses and Messages runs go entirely through the gateway's translation."""
+    command = [sys.executable, "-m", "llm_comply.cli", "--format", api_format, "-u", gateway.url + "/v1"]
+    command += ["-m", "scripted", "-k", "unused", "--timeout", "30", "--json"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    report = json.loads(run.stdout)
+    failed = [r for r in report["results"] if r["status"] == "failed"]
+    assert failed == [], failed
+    assert report["summary"]["passed"] >= 8

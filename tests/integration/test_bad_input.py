@@ -82,3 +82,9 @@ def test_unknown_model_is_404_model_not_found(gateway: GatewayProcess) -> None:
 def test_unknown_route_and_wrong_method(gateway: GatewayProcess) -> None:
     _assert_openai_error(httpx.get(gateway.url + "/v1/nothing-here"), 404, "no route")
     _assert_openai_error(httpx.get(gateway.url + "/v1/chat/completions"), 405, "not allowed")
+
+
+def test_missing_model(gateway: GatewayProcess) -> None:
+    body = b'{"messages": [{"role": "user", "content": "hi"}]}'
+    error = _assert_openai_error(_post(gateway, "/v1/chat/completions", body), 400, "'model'")
+    assert error["param"] == "model" and "gemma-3-270m" in error["message"]

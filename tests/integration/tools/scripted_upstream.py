@@ -4,7 +4,7 @@
 
 The last user message decides (the whole conversation is checked for a tool result first):
 - a tool result in the conversation → "The tool said: <result>" (the end of an agent's tool loop);
-- "CALL_TOOL" → a call of the first tool offered, arguments {"path": "README.md"};
+- tools offered (and tool_choice is not "none") → a call of the first one, arguments {"path": "README.md"};
 - "CRASH" → three chunks, then the process dies mid-stream;
 - "SLOW" → ten chunks, 200 ms apart;
 - "HANG" → one chunk, then nothing until the client leaves (written to EVENTS_FILE as "disconnect");
@@ -73,7 +73,7 @@ async def chat(request: Request) -> Response:
     tool_call = None
     if tool_result is not None:
         text = f"The tool said: {tool_result.get('content')}"
-    elif "CALL_TOOL" in cue and payload.get("tools"):
+    elif payload.get("tools") and payload.get("tool_choice") != "none":
         name = payload["tools"][0]["function"]["name"]
         tool_call = {
             "id": f"call_{uuid.uuid4().hex[:8]}",
