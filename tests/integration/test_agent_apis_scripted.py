@@ -6,6 +6,7 @@ client that leaves, a full queue. The gateway fronts it with `--backend-url`, as
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -338,3 +339,52 @@ def test_llm_comply_conformance(gateway: GatewayProcess, api_format: str) -> Non
     failed = [r for r in report["results"] if r["status"] == "failed"]
     assert failed == [], failed
     assert report["summary"]["passed"] >= 8
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_codex_cli_completes_a_tool_round_trip_through_the_gateway(gateway: GatewayProcess, tmp_path: Path) -> None:
+    """The real Codex CLI (npm @openai/codex, headless `codex exec`) against the gateway's Responses
+    API, translated to chat for the scripted upstream: it gets a shell call, runs `ls`, sends the
+    output back, and prints the final answer built from it."""
+    codex = ROOT / ".agents" / "node_modules" / ".bin" / "codex"
+    if not codex.exists():
+        pytest.fail(f"{codex} is missing: the README's test command installs it with npm")
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "marker-file.txt").write_text("x")
+    provider = [
+        "-c", "model_provider=gw",
+        "-c", 'model_providers.gw.name="gateway"',
+        "-c", f'model_providers.gw.base_url="{gateway.url}/v1"',
+        "-c", 'model_providers.gw.wire_api="responses"',
+        "-c", 'model_providers.gw.env_key="GATEWAY_TEST_KEY"',
+    ]  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "CODEX_HOME": str(tmp_path / "codex-home"),
+        "GATEWAY_TEST_KEY": "x",
+    }
+    (tmp_path / "codex-home").mkdir()
+    run = subprocess.run(
+        [
+            str(codex),
+            "exec",
+            "--skip-git-repo-check",
+            "-C",
+            str(work),
+            *provider,
+            "-m",
+            "scripted",
+            "List the files here",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "The tool said:" in run.stdout and "marker-file.txt" in run.stdout, run.stdout[-2000:]

@@ -4,7 +4,8 @@
 
 The last user message decides (the whole conversation is checked for a tool result first):
 - a tool result in the conversation → "The tool said: <result>" (the end of an agent's tool loop);
-- tools offered (and tool_choice is not "none") → a call of the first one, arguments {"path": "README.md"};
+- tools offered (and tool_choice is not "none") → a call of the first one ({"path": "README.md"}, or
+  `ls` for a shell-like tool whose schema requires a command);
 - "CRASH" → three chunks, then the process dies mid-stream;
 - "SLOW" → ten chunks, 200 ms apart;
 - "HANG" → one chunk, then nothing until the client leaves (written to EVENTS_FILE as "disconnect");
@@ -47,6 +48,19 @@ def _last_user_text(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
+def _arguments_for(schema: dict[str, Any]) -> dict[str, Any]:
+    """Arguments a tool's schema accepts: a path, or a harmless command for shell-like tools."""
+    properties = schema.get("properties") or {}
+    if "path" in properties or not schema.get("required"):
+        return {"path": "README.md"}
+    values: dict[str, Any] = {}
+    for name in schema["required"]:
+        kind = (properties.get(name) or {}).get("type")
+        command = name in ("cmd", "command")
+        values[name] = (["ls"] if command else ["x"]) if kind == "array" else ("ls" if command else "x")
+    return values
+
+
 def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
     body = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL}
     body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
@@ -74,11 +88,12 @@ async def chat(request: Request) -> Response:
     if tool_result is not None:
         text = f"The tool said: {tool_result.get('content')}"
     elif payload.get("tools") and payload.get("tool_choice") != "none":
-        name = payload["tools"][0]["function"]["name"]
+        function = payload["tools"][0]["function"]
+        arguments = json.dumps(_arguments_for(function.get("parameters") or {}))
         tool_call = {
             "id": f"call_{uuid.uuid4().hex[:8]}",
             "type": "function",
-            "function": {"name": name, "arguments": json.dumps({"path": "README.md"})},
+            "function": {"name": function["name"], "arguments": arguments},
         }
         text = ""
     else:
