@@ -100,7 +100,12 @@ class Inference:
     def _route_model(self, payload: dict[str, Any]) -> bool:
         """Check the requested model and name the served one; True when the payload changed."""
         route = self.rt.route
-        require(payload, "model", (str,), f"a string (this gateway serves '{route.fronted}')")
+        if "model" not in payload:
+            raise ApiError(
+                400, f"missing required parameter: 'model' (this gateway serves '{route.fronted}')", param="model",
+                code="missing_required_parameter",
+            )  # fmt: skip
+        require(payload, "model", (str,), "a string")
         requested = payload["model"]
         if not route.accepts(requested):
             raise self.unknown_model(requested)

@@ -362,7 +362,7 @@ def test_codex_cli_completes_a_tool_round_trip_through_the_gateway(gateway: Gate
         "-c", 'model_providers.gw.env_key="GATEWAY_TEST_KEY"',
     ]  # fmt: skip
     env = {
-        "PATH": "/usr/bin:/bin",
+        "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
         "CODEX_HOME": str(tmp_path / "codex-home"),
         "GATEWAY_TEST_KEY": "x",
