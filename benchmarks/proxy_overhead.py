@@ -49,6 +49,21 @@ def wait_port(port: int, timeout: float = 60) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
+def wait_ready(url: str, timeout: float = 60) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} never became ready")
+
+
 @dataclass
 class Target:
     name: str
@@ -78,6 +93,7 @@ class Batch:
     ttfts: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     chunks: int = 0
+    errors: int = 0
     seconds: float = 0.0
     cpu: float = 0.0
     generator_cpu: float = 0.0
@@ -86,7 +102,9 @@ class Batch:
 REQUEST = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-async def run_batch(session: aiohttp.ClientSession, target: Target, concurrency: int, count: int, stream: bool) -> Batch:
+async def run_batch(
+    session: aiohttp.ClientSession, target: Target, concurrency: int, count: int, stream: bool
+) -> Batch:
     batch = Batch()
     body = json.dumps({**REQUEST, "stream": stream}).encode()
     url = target.url + "/v1/chat/completions"
@@ -96,23 +114,33 @@ async def run_batch(session: aiohttp.ClientSession, target: Target, concurrency:
         while queue:
             queue.pop()
             started = time.perf_counter()
-            async with session.post(url, data=body, headers={"content-type": "application/json"}) as response:
-                if not stream:
-                    await response.read()
-                    batch.latencies.append(time.perf_counter() - started)
-                    continue
-                last = None
-                async for line in response.content:
-                    if not line.startswith(b"data: {"):
-                        continue
-                    now = time.perf_counter()
-                    if last is None:
-                        batch.ttfts.append(now - started)
-                    else:
-                        batch.gaps.append(now - last)
-                    last = now
-                    batch.chunks += 1
+            try:
+                await one(url, body, stream, started)
+            except aiohttp.ClientError:
+                batch.errors += 1
             target.sample_rss()
+
+    async def one(url: str, body: bytes, stream: bool, started: float) -> None:
+        async with session.post(url, data=body, headers={"content-type": "application/json"}) as response:
+            if response.status != 200:
+                batch.errors += 1
+                await response.read()
+                return
+            if not stream:
+                await response.read()
+                batch.latencies.append(time.perf_counter() - started)
+                return
+            last = None
+            async for line in response.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    batch.ttfts.append(now - started)
+                else:
+                    batch.gaps.append(now - last)
+                last = now
+                batch.chunks += 1
 
     cpu_before, own_before, started = target.cpu(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -129,7 +157,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(targets: list[Target], levels: list[int], rounds: int, quick: bool) -> dict[str, dict[int, dict[str, Batch]]]:
+async def measure(
+    targets: list[Target], levels: list[int], rounds: int, quick: bool
+) -> dict[str, dict[int, dict[str, Batch]]]:
     results: dict[str, dict[int, dict[str, Batch]]] = {t.name: {c: {} for c in levels} for t in targets}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -147,6 +177,7 @@ async def measure(targets: list[Target], levels: list[int], rounds: int, quick: 
                         merged.ttfts += batch.ttfts
                         merged.gaps += batch.gaps
                         merged.chunks += batch.chunks
+                        merged.errors += batch.errors
                         merged.seconds += batch.seconds
                         merged.cpu += batch.cpu
                         merged.generator_cpu += batch.generator_cpu
@@ -166,7 +197,9 @@ def main() -> int:
     args = parser.parse_args()
     python = sys.executable
     up_port, gw_port, hx_port, ah_port = free_port(), free_port(), free_port(), free_port()
-    upstream = start("upstream", [python, str(HERE / "servers.py"), "upstream", str(up_port), str(CHUNKS), str(DELAY_MS)], up_port)
+    upstream = start(
+        "upstream", [python, str(HERE / "servers.py"), "upstream", str(up_port), str(CHUNKS), str(DELAY_MS)], up_port
+    )
     up_url = upstream.url
     state = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-gateway-{gw_port}"
     gateway = start(
@@ -176,9 +209,12 @@ def main() -> int:
          "--backend-max-concurrency", "1024", "--queue-limit", "4096"],
         gw_port,
     )  # fmt: skip
+    wait_ready(gateway.url)
     references = [
         start("httpx passthrough", [python, str(HERE / "servers.py"), "httpx-proxy", str(hx_port), up_url], hx_port),
-        start("aiohttp passthrough", [python, str(HERE / "servers.py"), "aiohttp-proxy", str(ah_port), up_url], ah_port),
+        start(
+            "aiohttp passthrough", [python, str(HERE / "servers.py"), "aiohttp-proxy", str(ah_port), up_url], ah_port
+        ),
     ]
     direct = Target("direct", up_url)
     targets = [direct, gateway, *references]
@@ -201,7 +237,9 @@ def main() -> int:
     return 0
 
 
-def summarize(results: dict[str, dict[int, dict[str, Batch]]], targets: list[Target], levels: list[int]) -> dict[str, object]:
+def summarize(
+    results: dict[str, dict[int, dict[str, Batch]]], targets: list[Target], levels: list[int]
+) -> dict[str, object]:
     out: dict[str, object] = {"machine": f"{os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"), "rows": []}
     rows: list[dict[str, object]] = []
     for concurrency in levels:
@@ -225,6 +263,7 @@ def summarize(results: dict[str, dict[int, dict[str, Batch]]], targets: list[Tar
                 "chunks_per_s_ratio": round((stream.chunks / stream.seconds) / (base_stream.chunks / base_stream.seconds), 3),
                 "cpu_ms_per_chunk": round(stream.cpu / max(stream.chunks, 1) * 1000, 4) if target.proc else None,
                 "peak_rss_mb": round(target.peak_rss / 1e6, 1) if target.proc else None,
+                "errors": plain.errors + stream.errors,
                 "generator_cpu_share": round((plain.generator_cpu + stream.generator_cpu) / (plain.seconds + stream.seconds), 2),
             })  # fmt: skip
     out["rows"] = rows
@@ -236,9 +275,24 @@ def print_table(report: dict[str, object], levels: list[int]) -> None:
         ("proxy", "{:<20}"), ("concurrency", "{:>3}"), ("added_p50_ms", "{:>8}"), ("added_p99_ms", "{:>8}"),
         ("rps", "{:>8}"), ("rps_ratio", "{:>6}"), ("cpu_ms_per_request", "{:>7}"), ("added_ttft_p50_ms", "{:>8}"),
         ("gap_p99_above_direct_ms", "{:>7}"), ("chunks_per_s_ratio", "{:>6}"), ("cpu_ms_per_chunk", "{:>7}"),
-        ("peak_rss_mb", "{:>6}"), ("generator_cpu_share", "{:>5}"),
+        ("peak_rss_mb", "{:>6}"), ("generator_cpu_share", "{:>5}"), ("errors", "{:>4}"),
     ]  # fmt: skip
-    header = ["proxy", "c", "+p50ms", "+p99ms", "req/s", "ratio", "cpu/req", "+ttft50", "+gap99", "chunk×", "cpu/chk", "RSS MB", "gen"]
+    header = [
+        "proxy",
+        "c",
+        "+p50ms",
+        "+p99ms",
+        "req/s",
+        "ratio",
+        "cpu/req",
+        "+ttft50",
+        "+gap99",
+        "chunk×",
+        "cpu/chk",
+        "RSS MB",
+        "gen",
+        "err",
+    ]
     print(f"{report['machine']}, {report['date']}; {CHUNKS} chunks {DELAY_MS:g} ms apart; two alternating rounds")
     print(" ".join(f"{h:>{8 if i else 20}}" for i, h in enumerate(header)))
     for row in report["rows"]:  # type: ignore[attr-defined]

@@ -29,7 +29,14 @@ ANSWER = {
     "object": "chat.completion",
     "created": 0,
     "model": "bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok", "refusal": None}, "logprobs": None, "finish_reason": "stop"}],
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "ok", "refusal": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ],
     "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
 }
 
@@ -40,7 +47,9 @@ def upstream(port: int, chunks: int, delay_ms: float) -> None:
     answer = json.dumps(ANSWER).encode()
 
     async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "max_model_len": 32768}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "bench", "object": "model", "max_model_len": 32768}]}
+        )
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -69,9 +78,16 @@ def httpx_proxy(port: int, target: str) -> None:
     client = httpx.AsyncClient(base_url=target, timeout=None, limits=httpx.Limits(max_connections=None))
 
     async def forward(request: Request) -> Response:
-        upstream_request = client.build_request(request.method, request.url.path, content=await request.body(), headers={"content-type": "application/json"})
+        upstream_request = client.build_request(
+            request.method, request.url.path, content=await request.body(), headers={"content-type": "application/json"}
+        )
         upstream = await client.send(upstream_request, stream=True)
-        return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code, headers={"content-type": upstream.headers["content-type"]}, background=BackgroundTask(upstream.aclose))
+        return StreamingResponse(
+            upstream.aiter_raw(),
+            status_code=upstream.status_code,
+            headers={"content-type": upstream.headers["content-type"]},
+            background=BackgroundTask(upstream.aclose),
+        )
 
     app = Starlette(routes=[Route("/v1/{path:path}", forward, methods=["GET", "POST"])])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -85,13 +101,23 @@ def aiohttp_proxy(port: int, target: str) -> None:
     async def forward(request: Request) -> Response:
         if "s" not in session:
             session["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-        upstream = await session["s"].request(request.method, target + request.url.path, data=await request.body(), headers={"content-type": "application/json"})
+        upstream = await session["s"].request(
+            request.method,
+            target + request.url.path,
+            data=await request.body(),
+            headers={"content-type": "application/json"},
+        )
 
         async def body() -> AsyncIterator[bytes]:
             async for chunk in upstream.content.iter_any():
                 yield chunk
 
-        return StreamingResponse(body(), status_code=upstream.status, headers={"content-type": upstream.headers["content-type"]}, background=BackgroundTask(upstream.release))
+        return StreamingResponse(
+            body(),
+            status_code=upstream.status,
+            headers={"content-type": upstream.headers["content-type"]},
+            background=BackgroundTask(upstream.release),
+        )
 
     app = Starlette(routes=[Route("/v1/{path:path}", forward, methods=["GET", "POST"])])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
