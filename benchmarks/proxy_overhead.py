@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -237,6 +236,10 @@ def main() -> int:
     return 0
 
 
+def _rate(batch: Batch) -> float:
+    return batch.chunks / batch.seconds if batch.seconds else 0.0
+
+
 def summarize(
     results: dict[str, dict[int, dict[str, Batch]]], targets: list[Target], levels: list[int]
 ) -> dict[str, object]:
@@ -260,11 +263,13 @@ def summarize(
                 "ttft_p99_ms": round(pct(stream.ttfts, 0.99) * 1000, 2),
                 "added_ttft_p50_ms": round((pct(stream.ttfts, 0.5) - pct(base_stream.ttfts, 0.5)) * 1000, 2),
                 "gap_p99_above_direct_ms": round((pct(stream.gaps, 0.99) - pct(base_stream.gaps, 0.99)) * 1000, 2),
-                "chunks_per_s_ratio": round((stream.chunks / stream.seconds) / (base_stream.chunks / base_stream.seconds), 3),
+                "chunks_per_s_ratio": round(_rate(stream) / _rate(base_stream), 3),
                 "cpu_ms_per_chunk": round(stream.cpu / max(stream.chunks, 1) * 1000, 4) if target.proc else None,
                 "peak_rss_mb": round(target.peak_rss / 1e6, 1) if target.proc else None,
                 "errors": plain.errors + stream.errors,
-                "generator_cpu_share": round((plain.generator_cpu + stream.generator_cpu) / (plain.seconds + stream.seconds), 2),
+                "generator_cpu_share": round(
+                    (plain.generator_cpu + stream.generator_cpu) / (plain.seconds + stream.seconds), 2
+                ),
             })  # fmt: skip
     out["rows"] = rows
     return out

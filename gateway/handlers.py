@@ -232,7 +232,8 @@ class Inference:
             raise
         if failed is not None:
             ticket.release()
-            return Response(failed.content, status_code=failed.status_code, media_type="application/json")
+            status, content = failed
+            return Response(content, status_code=status, media_type="application/json")
         return chunks
 
     # -- Messages (Claude Code) -------------------------------------------------------------------
