@@ -204,7 +204,9 @@ def serve(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, stop_requested) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        # the loop uvicorn would pick itself (uvloop when installed), since we call serve() directly
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+            runner.run(server.serve(sockets=[sock]))
     finally:
         sock.close()
         for sig, handler in previous.items():
