@@ -14,16 +14,20 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import messages_api
+from gateway import messages_api, status_page
 from gateway.admission import Admission
+from gateway.edge import ApiKeys, ASGIApp, RequestMetrics
 from gateway.external import ExternalBackend
 from gateway.handlers import Inference
+from gateway.metrics import StateCollector
+from gateway.metrics import endpoint as metrics_endpoint
 from gateway.openai_errors import RETRY_AFTER_S, ApiError
 from gateway.proxy import Upstream
 from gateway.routing import ModelRoute
@@ -43,6 +47,11 @@ class Runtime:
     max_body_bytes: int
     queue_limit: int = 64
     queue_wait_s: float = 600.0
+    api_keys: tuple[str, ...] = ()
+    plan_memory: list[tuple[int, str, int]] = field(default_factory=list)  # (gpu, term, bytes) for /metrics
+    plan_kv_tokens: int = 0
+    plan_details: dict[str, Any] = field(default_factory=dict)  # candidates for the status page
+    gpu_memory: Callable[[], list[tuple[int, int, int]]] = lambda: []
     on_startup_failure: Callable[[], None] = lambda: None
     created: int = 0
     admission: Admission = field(init=False)
@@ -78,16 +87,29 @@ class Gateway:
         launch = self.rt.supervisor.launch
         return launch.context_length if launch and self.rt.supervisor.ready else self.rt.route.context_length
 
-    async def status(self, _request: Request) -> Response:
+    def status_data(self) -> dict[str, Any]:
         route = self.rt.route
-        return JSONResponse(
-            {
-                "model": route.fronted,
-                "aliases": list(route.aliases),
-                "context_length": self._context_length(),
-                **self.rt.supervisor.snapshot(),
-            }
+        data: dict[str, Any] = {
+            "model": route.fronted,
+            "aliases": list(route.aliases),
+            "context_length": self._context_length(),
+            **self.rt.supervisor.snapshot(),
+        }
+        data["plan"] = {**(data.get("plan") or {}), **self.rt.plan_details}
+        data["gpus"] = [
+            {"index": index, "used_gib": round(used / 1024**3, 2), "total_gib": round(total / 1024**3, 2)}
+            for index, used, total in self.rt.gpu_memory()
+        ]
+        return data
+
+    async def status(self, request: Request) -> Response:
+        wants = request.query_params.get("format") or (
+            "html" if "text/html" in request.headers.get("accept", "") else "json"
         )
+        data = self.status_data()
+        if wants == "html":
+            return HTMLResponse(status_page.render(data))
+        return JSONResponse(data)
 
     def _model_card(self, name: str) -> dict[str, Any]:
         route = self.rt.route
@@ -139,7 +161,7 @@ async def _unexpected(_request: Request, exc: Exception) -> Response:
     return ApiError(500, f"internal gateway error ({type(exc).__name__}); see the gateway log").response()
 
 
-def create_app(runtime: Runtime) -> Starlette:
+def create_app(runtime: Runtime) -> ASGIApp:
     gateway = Gateway(runtime)
 
     @contextlib.asynccontextmanager
@@ -172,5 +194,9 @@ def create_app(runtime: Runtime) -> Starlette:
         Route("/v1/messages", inference.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", inference.count_tokens, methods=["POST"]),
     ]
+    registry = CollectorRegistry()
+    registry.register(StateCollector(runtime, runtime.gpu_memory))
+    routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    return RequestMetrics(ApiKeys(app, runtime.api_keys), registry)

@@ -55,6 +55,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--backend-max-concurrency", type=int, dest="backend_max_concurrency")
     serve.add_argument("--queue-limit", type=int, dest="queue_limit", help="requests that may wait (429 beyond)")
     serve.add_argument("--queue-wait", type=float, dest="queue_wait_s", help="seconds a request may wait")
+    serve.add_argument(
+        "--api-key", action="append", dest="api_keys", help="a key clients must send (repeatable); none: open"
+    )
+    serve.add_argument("--api-key-file", type=Path, dest="api_key_file", help="one accepted key per line")
+    serve.add_argument("--log-format", choices=["text", "json"], dest="log_format", help="json: one object per line")
     serve.add_argument("--catalog-dir", type=Path, dest="catalog_dir", help="extra catalog entries (*.toml)")
     serve.add_argument("--replan", action="store_true", default=None, help="ignore the remembered configuration")
     serve.add_argument("--gpu-memory-utilization", type=float, dest="gpu_memory_utilization", help="vLLM: pin")
@@ -104,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(sub)
     _add_plan(sub)
+    gpus = sub.add_parser("gpus", help="print the GPUs and RAM as the planner sees them")
+    gpus.add_argument("--gpus", help="simulate: 2x32GiB, 1x12GiB,1x24GiB")
+    gpus.add_argument("--ram", help="simulate host RAM, e.g. 64GiB")
+    gpus.add_argument("--json", action="store_true")
     models = sub.add_parser("models", help="list the model catalog")
     models.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -148,6 +157,8 @@ def serve(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {key: getattr(args, key, None) for key in _SERVE_SETTINGS}
     settings = load_settings(overrides, args.config)
+    if settings.log_format == "json":
+        _json_logging()
     upstream = Upstream(connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.request_timeout_s)
     if settings.backend_url:
         runtime = _external_runtime(settings, upstream)
@@ -177,6 +188,8 @@ def serve(args: argparse.Namespace) -> int:
             max_body_bytes=settings.max_body_bytes,
             queue_limit=settings.queue_limit,
             queue_wait_s=settings.queue_wait_s,
+            api_keys=settings.all_api_keys(),
+            **_plan_figures(plan),
         )
         fronted = decision.route.fronted
     sock = _bind(settings.host, settings.port)
@@ -215,6 +228,87 @@ def serve(args: argparse.Namespace) -> int:
         return 0
     print(f"gateway: could not start {fronted}: {supervisor.report()}", file=sys.stderr)
     return 1
+
+
+def _plan_figures(plan: Any) -> dict[str, Any]:
+    """What /metrics and the status page show of the plan: the chosen candidate's memory per GPU."""
+    from gateway.metrics import live_gpu_memory
+
+    figures: dict[str, Any] = {"plan_details": {"candidates": [c.to_json() for c in plan.candidates]}}
+    chosen = plan.chosen
+    if chosen is not None and hasattr(chosen, "memory"):
+        memory = chosen.memory
+        terms = {"weights": memory.weights, "activation": memory.activation, "cudagraph": memory.cudagraph}
+        terms["kv_cache"] = max(memory.kv_cache, 0)
+        figures["plan_memory"] = [
+            (gpu, term, value) for gpu in range(chosen.flags.tensor_parallel_size) for term, value in terms.items()
+        ]
+        figures["plan_kv_tokens"] = memory.kv_tokens
+    elif chosen is not None:
+        p = chosen.placement
+        figures["plan_memory"] = [
+            (i, term, value)
+            for i in range(len(p.device_model))
+            for term, value in (
+                ("model", p.device_model[i]),
+                ("kv_cache", p.device_kv[i]),
+                ("compute", p.device_compute[i]),
+            )
+        ]
+    if plan.inventory.gpus:
+        figures["gpu_memory"] = live_gpu_memory
+    return figures
+
+
+def _json_logging() -> None:
+    """One JSON object per log line (time, level, logger, message) for log collectors."""
+
+    class JsonFormatter(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name}
+            entry["message"] = record.getMessage()
+            if record.exc_info:
+                entry["exception"] = self.formatException(record.exc_info)
+            return json.dumps(entry)
+
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(JsonFormatter())
+
+
+def gpus_command(args: argparse.Namespace) -> int:
+    """The inventory as the planner sees it."""
+    from gateway.hardware import GIB, inventory
+
+    machine = inventory(args.gpus, args.ram)
+    if args.json:
+        data = {
+            "source": machine.source,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "total_bytes": g.total_bytes,
+                    "free_bytes": g.free_bytes,
+                    "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+                }
+                for g in machine.gpus
+            ],
+            "peer_to_peer": machine.peer_to_peer,
+            "ram_total_bytes": machine.ram_total_bytes,
+            "ram_available_bytes": machine.ram_available_bytes,
+            "notes": list(machine.notes),
+        }
+        print(json.dumps(data, indent=2))
+        return 0
+    for note in machine.notes:
+        print(note)
+    for g in machine.gpus:
+        cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
+        print(f"GPU{g.index} {g.name}: {g.total_bytes / GIB:.1f} GiB total, {g.free_bytes / GIB:.1f} GiB free, cc {cc}")
+    if len(machine.gpus) > 1:
+        print(f"peer-to-peer between all GPUs: {'yes' if machine.peer_to_peer else 'no'}")
+    print(f"RAM: {machine.ram_total_bytes / GIB:.1f} GiB total, {machine.ram_available_bytes / GIB:.1f} GiB available")
+    return 0
 
 
 def _external_runtime(settings: Any, upstream: Any) -> Any:
@@ -265,6 +359,7 @@ def _external_runtime(settings: Any, upstream: Any) -> Any:
         max_body_bytes=settings.max_body_bytes,
         queue_limit=settings.queue_limit,
         queue_wait_s=settings.queue_wait_s,
+        api_keys=settings.all_api_keys(),
     )
 
 
@@ -272,7 +367,7 @@ _SERVE_SETTINGS = (
     "model", "host", "port", "context_length", "state_dir", "log_dir", "threads", "startup_timeout_s",
     "min_context", "vllm_command", "vllm_version", "llama_cpp_python_command", "llama_server_command",
     "catalog_dir", "replan", "backend_url", "backend_api_key", "backend_native_apis", "backend_max_concurrency",
-    "queue_limit", "queue_wait_s",
+    "queue_limit", "queue_wait_s", "api_keys", "api_key_file", "log_format",
     "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs", "tensor_parallel_size",
     "enforce_eager", "kv_cache_dtype",
 )  # fmt: skip
@@ -342,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
             return serve(args)
         if args.command == "plan":
             return plan_command(args)
+        if args.command == "gpus":
+            return gpus_command(args)
         return list_models(args)
     except GatewayError as exc:
         print(f"gateway: error: {exc}", file=sys.stderr)

@@ -89,11 +89,27 @@ class Settings(BaseSettings):
     backend_max_concurrency: int = Field(8, ge=1, description="Requests forwarded at once to a backend_url server.")
     queue_limit: int = Field(64, ge=0, description="Requests allowed to wait for a free engine slot (429 beyond).")
     queue_wait_s: float = Field(600.0, gt=0, description="Longest wait for a slot before 429.")
+    api_keys: list[str] = Field(
+        default_factory=list, description="Keys clients must send (Bearer or x-api-key); none: the gateway is open."
+    )
+    api_key_file: Path | None = Field(None, description="A file with one accepted key per line (added to api_keys).")
+    log_format: str = Field("text", pattern="^(text|json)$", description="text, or json: one object per line.")
     replan: bool = Field(False, description="Ignore the remembered configuration and plan afresh.")
 
     @property
     def backend_log_dir(self) -> Path:
         return self.log_dir or self.state_dir / "logs"
+
+    def all_api_keys(self) -> tuple[str, ...]:
+        """api_keys plus the key file's lines (blank lines and # comments skipped)."""
+        keys = list(self.api_keys)
+        if self.api_key_file is not None:
+            try:
+                lines = self.api_key_file.read_text().splitlines()
+            except OSError as exc:
+                raise ConfigError(f"cannot read api_key_file {self.api_key_file}: {exc.strerror}") from exc
+            keys += [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        return tuple(keys)
 
     @classmethod
     def settings_customise_sources(

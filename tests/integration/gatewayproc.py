@@ -50,6 +50,9 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout_s: float = 180) -> None:
+        self.wait_ready_with(timeout_s=timeout_s)
+
+    def wait_ready_with(self, timeout_s: float = 180, headers: dict[str, str] | None = None) -> None:
         """Poll /ready, recording every status seen, until 200; fail with the log if it never comes."""
         assert self.proc
         deadline = time.monotonic() + timeout_s
@@ -57,7 +60,7 @@ class GatewayProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                status = httpx.get(self.url + "/ready", timeout=5).status_code
+                status = httpx.get(self.url + "/ready", timeout=5, headers=headers).status_code
             except httpx.TransportError:
                 time.sleep(0.1)
                 continue

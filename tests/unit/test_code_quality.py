@@ -17,9 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
         ["mypy"],
+        ["hadolint", "Dockerfile"],
     ],
-    ids=["ruff-check", "ruff-format", "mypy-strict"],
+    ids=["ruff-check", "ruff-format", "mypy-strict", "hadolint"],
 )
 def test_tool_is_clean(command: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    argv = (
+        [str(Path(sys.executable).parent / command[0]), *command[1:]]
+        if command[0] == "hadolint"
+        else [sys.executable, "-m", *command]
+    )
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

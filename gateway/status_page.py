@@ -1,0 +1,74 @@
+"""The /status page for people: the same data as the JSON, rendered on the server (no scripts)."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(row.get(c)))}</td>" for c in columns) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def render(status: dict[str, Any]) -> str:
+    plan = status.get("plan") or {}
+    backend = status.get("backend") or {}
+    attempts = status.get("attempts") or []
+    candidates = plan.get("candidates") or []
+    gpus = status.get("gpus") or []
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>gateway status</title>",
+        "<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}pre{background:#f6f6f6;"
+        "padding:1em;overflow:auto}.state{font-weight:bold}</style></head><body>",
+        f"<h1>{html.escape(str(status.get('model')))}</h1>",
+        f"<p>state: <span class='state' id='state'>{html.escape(str(status.get('state')))}</span>"
+        f" · context {html.escape(str(status.get('context_length')))} tokens"
+        f" · restarts {html.escape(str(status.get('restarts', 0)))}</p>",
+        f"<h2>Decision</h2><p id='decision'>{html.escape(str(plan.get('decision', '')))}</p>",
+    ]
+    if plan.get("engine_version"):
+        parts.append(f"<p>{html.escape(str(plan['engine_version']))}</p>")
+    if candidates:
+        rows = [
+            {
+                "backend": c.get("backend"),
+                "fits": c.get("fits"),
+                "rung": c.get("rung") or c.get("launcher"),
+                "context": c.get("max_model_len") or c.get("n_ctx"),
+                "memory": c.get("memory_gib") or c.get("memory_mib"),
+                "reason": c.get("reason"),
+            }
+            for c in candidates[:40]
+        ]
+        parts.append("<h2>Candidates</h2>" + _table(rows, ["backend", "fits", "rung", "context", "memory", "reason"]))
+    if attempts:
+        parts.append(
+            "<h2>Attempts</h2>"
+            + _table(attempts, ["number", "engine", "label", "outcome", "elapsed_s", "failure", "action"])
+        )
+    if backend:
+        parts.append(
+            "<h2>Live backend</h2>" + _table([backend], ["engine", "state", "pid", "url", "uptime_s", "summary"])
+        )
+        if backend.get("argv"):
+            parts.append("<pre>" + html.escape(" ".join(backend["argv"])) + "</pre>")
+        if backend.get("last_lines"):
+            parts.append("<h3>Last log lines</h3><pre>" + html.escape("\n".join(backend["last_lines"])) + "</pre>")
+    if gpus:
+        parts.append("<h2>GPU memory now</h2>" + _table(gpus, ["index", "used_gib", "total_gib"]))
+    parts.append("<p><a href='/status?format=json'>JSON</a> · <a href='/metrics'>metrics</a></p></body></html>")
+    return "".join(parts)
