@@ -261,12 +261,15 @@ def _plan_figures(plan: Any) -> dict[str, Any]:
 
 
 def _json_logging() -> None:
-    """One JSON object per log line (time, level, logger, message) for log collectors."""
+    """One JSON object per log line (time, level, logger, message, request_id) for log collectors."""
+    from gateway.edge import request_id
 
     class JsonFormatter(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
             entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name}
             entry["message"] = record.getMessage()
+            if rid := request_id.get():
+                entry["request_id"] = rid
             if record.exc_info:
                 entry["exception"] = self.formatException(record.exc_info)
             return json.dumps(entry)

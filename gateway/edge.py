@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -23,6 +24,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health"})
+# the current request's id: forwarded to the engine and written into JSON log lines
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 ROUTES = frozenset(
     {
         "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
@@ -96,8 +99,8 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         route = scope["path"] if scope["path"] in ROUTES else "other"
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        rid = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        token = request_id.set(rid)
         started = time.perf_counter()
         status = {"code": 500, "streaming": False, "first": True}
 
@@ -105,7 +108,7 @@ class RequestMetrics:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 headers = list(message.get("headers") or [])
-                headers.append((b"x-request-id", request_id.encode()))
+                headers.append((b"x-request-id", rid.encode()))
                 message["headers"] = headers
                 status["streaming"] = any(
                     k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
@@ -124,6 +127,7 @@ class RequestMetrics:
             await self.app(scope, receive, tapped)
         finally:
             self.requests.labels(route, str(status["code"])).inc()
+            request_id.reset(token)
 
     def _count_tokens(self, body: bytes) -> None:
         delta_only = b'"message_delta"' in body  # repeats message_start's input count: outputs only

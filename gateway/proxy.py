@@ -16,6 +16,7 @@ import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from backends.base import Launch
+from gateway.edge import request_id
 from gateway.openai_errors import ApiError, unavailable
 from gateway.sse import chat_chunks
 
@@ -57,6 +58,8 @@ class Upstream:
     async def open(self, target: Launch, path: str, body: bytes) -> aiohttp.ClientResponse:
         """Send the request and return the response with its body still unread."""
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if rid := request_id.get():
+            headers["X-Request-Id"] = rid
         if target.api_key:
             headers["Authorization"] = f"Bearer {target.api_key}"
         try:

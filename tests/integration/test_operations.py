@@ -23,9 +23,16 @@ KEY = "sk-gateway-test-key"
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def ops_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    upstream = Upstream(tmp_path_factory.mktemp("ops-upstream"))
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory, ops_upstream: Upstream) -> Iterator[GatewayProcess]:
     workdir = tmp_path_factory.mktemp("ops")
-    upstream = Upstream(workdir)
+    upstream = ops_upstream
     key_file = workdir / "keys.txt"
     key_file.write_text("# one key per line\nsk-second-key\n")
     gateway = GatewayProcess(
@@ -38,7 +45,6 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     finally:
         gateway.stop()
         gateway.kill()
-        upstream.stop()
 
 
 CHAT = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
@@ -73,10 +79,11 @@ def test_metrics_count_requests_tokens_and_show_state(guarded: GatewayProcess) -
     assert "gateway_context_length 4096.0" in text
 
 
-def test_request_ids_are_returned_and_propagated(guarded: GatewayProcess) -> None:
+def test_request_ids_are_returned_and_propagated(guarded: GatewayProcess, ops_upstream: Upstream) -> None:
     headers = {"Authorization": f"Bearer {KEY}", "X-Request-Id": "trace-me-123"}
     answer = httpx.post(guarded.url + "/v1/chat/completions", json=CHAT, headers=headers)
     assert answer.headers["x-request-id"] == "trace-me-123"
+    assert ops_upstream.seen('"request_id": "trace-me-123"'), "the engine should receive the same id"
     fresh = httpx.post(guarded.url + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
     assert len(fresh.headers["x-request-id"]) == 32
 

@@ -83,6 +83,7 @@ async def chat(request: Request) -> Response:
     tool_result = next((m for m in reversed(messages) if m.get("role") == "tool"), None)
     cid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
     seen = {"cue": cue[:40], "stream": payload.get("stream"), "max_tokens": payload.get("max_tokens")}
+    seen["request_id"] = request.headers.get("x-request-id")
     _record(f"request {json.dumps(seen)}")
     tool_call = None
     if tool_result is not None:
