@@ -191,6 +191,18 @@ class Inference:
             on_close=ticket.release,
         )
 
+    async def _passthrough(self, target: Launch, path: str, payload: dict[str, Any], body: bytes | None) -> Response:
+        """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
+        ticket = await self.rt.admission.enter()
+        return await self.rt.upstream.relay(
+            target,
+            path,
+            body if body is not None else json.dumps(payload).encode(),
+            stream=payload.get("stream") is True,
+            rewrite_body=self.rt.route.rewrite_body,
+            on_close=ticket.release,
+        )
+
     # -- Responses (Codex) ------------------------------------------------------------------------
     async def responses(self, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
@@ -198,12 +210,7 @@ class Inference:
         changed = self._route_model(payload)
         target = self._target()
         if "responses" in target.native:
-            ticket = await self.rt.admission.enter()
-            body = json.dumps(payload).encode() if changed else body
-            return await self.rt.upstream.relay(
-                target, "/v1/responses", body, stream=payload.get("stream") is True,
-                rewrite_body=self.rt.route.rewrite_body, on_close=ticket.release,
-            )  # fmt: skip
+            return await self._passthrough(target, "/v1/responses", payload, body if not changed else None)
         chat = responses_api.to_chat(payload, self.rt.route.served)
         await self._fit_chat(target, chat)
         ticket = await self.rt.admission.enter()
@@ -249,12 +256,7 @@ class Inference:
         changed = self._route_model(payload)
         target = self._target()
         if "messages" in target.native:
-            ticket = await self.rt.admission.enter()
-            body = json.dumps(payload).encode() if changed else body
-            return await self.rt.upstream.relay(
-                target, "/v1/messages", body, stream=payload.get("stream") is True,
-                rewrite_body=self.rt.route.rewrite_body, on_close=ticket.release,
-            )  # fmt: skip
+            return await self._passthrough(target, "/v1/messages", payload, body if not changed else None)
         chat = messages_api.to_chat(payload, self.rt.route.served)
         _, prompt = await self._fit_chat(target, chat)
         ticket = await self.rt.admission.enter()

@@ -137,26 +137,24 @@ async def _empty() -> AsyncIterator[Any]:
     yield  # pragma: no cover
 
 
+_BROKEN = "the backend stopped in the middle of this stream; retry the request"
+_BROKEN_FOR_TRANSLATORS = b'data: {"error": {"message": "' + _BROKEN.encode() + b'"}}\n\n'
+
+
 async def _guarded(upstream: aiohttp.ClientResponse, chunk_filter: ChunkFilter | None) -> AsyncIterator[bytes]:
-    """Raw bytes of a stream; a broken connection becomes a final error payload for translators."""
-    finished = False
-    try:
-        async for chunk in upstream.content.iter_any():
-            yield chunk_filter.feed(chunk) if chunk_filter else chunk
-        if chunk_filter:
-            yield chunk_filter.flush()
-        finished = True
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("backend stream broke: %s", type(exc).__name__)
-        message = "the backend stopped in the middle of this stream; retry the request"
-        yield b'data: {"error": {"message": "' + message.encode() + b'"}}\n\n'
-    finally:
-        _finish(upstream, finished)
+    """Raw bytes for a translator; a broken connection becomes an error payload it turns into its own
+    dialect's failure event."""
+    async for chunk in _relay(upstream, chunk_filter, lambda: None, broken=_BROKEN_FOR_TRANSLATORS):
+        yield chunk
 
 
 async def _relay(
-    upstream: aiohttp.ClientResponse, chunk_filter: ChunkFilter | None, on_close: Callable[[], None]
+    upstream: aiohttp.ClientResponse,
+    chunk_filter: ChunkFilter | None,
+    on_close: Callable[[], None],
+    broken: bytes | None = None,
 ) -> AsyncIterator[bytes]:
+    """The upstream's bytes as they arrive; a broken connection ends the stream with an error event."""
     finished = False
     try:
         async for chunk in upstream.content.iter_any():
@@ -166,7 +164,7 @@ async def _relay(
         finished = True
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("backend stream broke: %s", type(exc).__name__)
-        yield unavailable("the backend stopped in the middle of this stream; retry the request").sse_event()
+        yield broken if broken is not None else unavailable(_BROKEN).sse_event()
     finally:
         on_close()
         _finish(upstream, finished)

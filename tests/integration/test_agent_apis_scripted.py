@@ -301,9 +301,9 @@ def test_a_backend_crash_mid_stream_ends_the_stream_with_an_error_event(crashing
 def test_a_full_queue_answers_429_with_retry_after_and_the_sdk_retry_gets_through(tmp_path: Path) -> None:
     server = Upstream(tmp_path)
     front = _front(tmp_path, server, "--backend-max-concurrency", "1", "--queue-limit", "0")
+    holder = httpx.Client(timeout=30)  # closing it closes the held stream too
     try:
         body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": "HANG"}]}
-        holder = httpx.Client(timeout=30)
         hold = holder.stream("POST", front.url + "/v1/chat/completions", json=body)
         response = hold.__enter__()
         lines = response.iter_lines()  # keep a reference: a collected iterator would close the stream
@@ -320,8 +320,8 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_sdk_retry_gets_throug
             model="scripted", messages=[{"role": "user", "content": "hi"}]
         )
         assert reply.choices[0].message.content and time.monotonic() - started >= 0.5
-        holder.close()
     finally:
+        holder.close()
         front.stop()
         front.kill()
         server.stop()

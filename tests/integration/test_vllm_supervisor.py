@@ -74,6 +74,16 @@ def test_a_plans_vllm_on_cpu_starts_it_and_serves(
     assert reply.model == "tiny-llama" and reply.choices[0].finish_reason in ("stop", "length")
     models = httpx.get(gateway.url + "/v1/models").json()
     assert models["data"][0]["context_length"] == int(argv[argv.index("--max-model-len") + 1])
+    # vLLM serves the Responses and Messages APIs itself: the gateway passes them through
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    response = client.responses.create(model="tiny-llama", input="Say hello.", max_output_tokens=8, store=False)
+    assert response.model == "tiny-llama" and response.output
+    message = httpx.post(
+        gateway.url + "/v1/messages",
+        json={"model": "tiny-llama", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]},
+        timeout=120,
+    )
+    assert message.status_code == 200 and message.json()["type"] == "message", message.text
 
 
 def test_b_steps_down_to_vllms_estimated_length_and_remembers_it(
