@@ -172,3 +172,39 @@ def test_a_gpu_weights_oom_replayed_by_a_stand_in_moves_on_to_llamacpp(tmp_path:
     assert attempts[0].failure is not None and attempts[0].failure["kind"] == "weights_oom"
     assert "falling back to llama.cpp" in attempts[0].action
     assert supervisor.ever_ready
+
+
+def test_a_memory_failure_at_run_time_moves_down_the_options(tmp_path: Path, gemma_gguf: Path) -> None:
+    """An engine that served, then died of CUDA OOM (a named stand-in), is not restarted as it was:
+    the supervisor restarts on the next option, here llama.cpp with the real Gemma model."""
+    import asyncio
+
+    from backends import llamacpp, vllm
+    from gateway.supervisor import Supervisor
+
+    stand_in = (sys.executable, str(TOOLS / "flaky_engine.py"))
+    flaky = vllm.VllmOption("org/model", vllm.VllmFlags(1, 0.92, 4096, 8, 2048), "m", stand_in, min_context=2048)
+    config = llamacpp.LlamaCppConfig(
+        gguf=gemma_gguf, served_name="m", context_length=2048, chat_format="gemma", threads=2
+    )
+    fallback = llamacpp.LlamaCppOption(config=config, command=(sys.executable, "-m", "llama_cpp.server"))
+
+    async def scenario() -> tuple[Supervisor, list[str]]:
+        supervisor = Supervisor(
+            [flaky, fallback], log_dir=tmp_path, startup_timeout_s=120, shutdown_grace_s=5, restart_backoff_s=(0.1,)
+        )
+        await supervisor.start()
+        await supervisor.wait_settled()
+        engines = [supervisor.live.launch.engine if supervisor.live else ""]
+        for _ in range(600):  # until the restart on the next option is serving
+            await asyncio.sleep(0.1)
+            if supervisor.restarts and supervisor.ready:
+                break
+        engines.append(supervisor.live.launch.engine if supervisor.live else "")
+        await supervisor.stop()
+        return supervisor, engines
+
+    supervisor, engines = asyncio.run(scenario())
+    assert engines == ["vllm", "llamacpp"]
+    assert supervisor.restarts == 1
+    assert [(a.engine, a.outcome) for a in supervisor.attempts] == [("vllm", "ready"), ("llamacpp", "ready")]
