@@ -213,19 +213,24 @@ class Inference:
             return await self._passthrough(target, "/v1/responses", payload, body if not changed else None)
         chat = responses_api.to_chat(payload, self.rt.route.served)
         await self._fit_chat(target, chat)
-        ticket = await self.rt.admission.enter()
         if not chat["stream"]:
-            try:
-                status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
-            finally:
-                ticket.release()
+            status, answer = await self._chat_once(target, chat)
             if status != 200:
                 return JSONResponse(answer, status_code=status)
             return JSONResponse(responses_api.from_chat(answer, payload, self.rt.route.fronted))
+        ticket = await self.rt.admission.enter()
         chunks = await self._chat_chunks(target, chat, ticket)
         if isinstance(chunks, Response):
             return chunks
         return translated_stream(responses_api.stream_from_chat(chunks, payload, self.rt.route.fronted), ticket.release)
+
+    async def _chat_once(self, target: Launch, chat: dict[str, Any]) -> tuple[int, Any]:
+        """A translator's non-streamed chat completion, holding an engine slot while it runs."""
+        ticket = await self.rt.admission.enter()
+        try:
+            return await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
+        finally:
+            ticket.release()
 
     async def _chat_chunks(self, target: Launch, chat: dict[str, Any], ticket: Any) -> Any:
         """A translator's input: parsed chat chunks (usage synthesized if the engine ignores it)."""
@@ -259,15 +264,12 @@ class Inference:
             return await self._passthrough(target, "/v1/messages", payload, body if not changed else None)
         chat = messages_api.to_chat(payload, self.rt.route.served)
         _, prompt = await self._fit_chat(target, chat)
-        ticket = await self.rt.admission.enter()
         if not chat["stream"]:
-            try:
-                status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
-            finally:
-                ticket.release()
+            status, answer = await self._chat_once(target, chat)
             if status != 200:
                 raise _anthropic_error(status, answer)
             return JSONResponse(messages_api.from_chat(answer, self.rt.route.fronted))
+        ticket = await self.rt.admission.enter()
         chunks = await self._chat_chunks(target, chat, ticket)
         if isinstance(chunks, Response):
             raise _anthropic_error(chunks.status_code, json.loads(bytes(chunks.body) or b"{}"))
