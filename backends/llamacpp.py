@@ -499,6 +499,12 @@ def candidates(
     return out
 
 
+def best(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
+    """The fitting candidate with the fewest concessions, then the longest context."""
+    fitting = [c for c in candidates if c.fits]
+    return min(fitting, key=lambda c: (c.level, -c.n_ctx)) if fitting else None
+
+
 def plan_argv(
     candidate: LlamaCppCandidate,
     *,

@@ -217,12 +217,11 @@ def decide(sources: ModelSources, inventory: Inventory, policy: Policy) -> Plan:
                 l_candidate, served_name=sources.name, gguf=sources.gguf_name or "", chat_format=sources.chat_format
             )
     chosen_v = vllm.best(vllm_candidates)
-    fitting_l = [c for c in llama_candidates if c.fits]
+    chosen_l = llamacpp.best(llama_candidates)
     if chosen_v is not None:
         index = vllm_candidates.index(chosen_v)
         backend, reason = "vllm", f"vLLM {chosen_v.rung}: {chosen_v.reason}"
-    elif fitting_l:
-        chosen_l = min(fitting_l, key=lambda c: (c.level, -c.n_ctx))
+    elif chosen_l is not None:
         index = len(vllm_candidates) + llama_candidates.index(chosen_l)
         why_not = "no vLLM rung fits" if vllm_candidates else "vLLM not planned"
         backend, reason = "llamacpp", f"{why_not}; llama.cpp: {chosen_l.reason}"

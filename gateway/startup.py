@@ -111,10 +111,9 @@ def _vllm_options(plan: Plan, sources: ModelSources, command: list[str], version
 
 
 def _llamacpp_option(plan: Plan, entry: ModelEntry, settings: Settings) -> Option | None:
-    fitting = [c for c in plan.llamacpp_candidates if c.fits]
-    if not fitting or entry.llamacpp is None:
+    chosen = llamacpp.best(plan.llamacpp_candidates)
+    if chosen is None or entry.llamacpp is None:
         return None
-    chosen = min(fitting, key=lambda c: (c.level, -c.n_ctx))
     source = entry.llamacpp
     local = Path(chosen.checkpoint)
     fetch = None if local.is_file() else (lambda: ensure_gguf(source))
