@@ -153,7 +153,7 @@ def serve(args: argparse.Namespace) -> int:
     from gateway.proxy import Upstream
     from gateway.settings import load_settings
     from gateway.startup import decide
-    from gateway.supervisor import Supervisor
+    from gateway.supervisor import State, Supervisor
 
     overrides: dict[str, Any] = {key: getattr(args, key, None) for key in _SERVE_SETTINGS}
     settings = load_settings(overrides, args.config)
@@ -224,8 +224,8 @@ def serve(args: argparse.Namespace) -> int:
         sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if supervisor is None or supervisor.ever_ready or not supervisor.attempts:
-        return 0
+    if supervisor is None or supervisor.ever_ready or supervisor.state is not State.FAILED:
+        return 0  # served, or stopped on request before an engine was up
     print(f"gateway: could not start {fronted}: {supervisor.report()}", file=sys.stderr)
     return 1
 

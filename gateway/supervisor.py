@@ -190,6 +190,7 @@ class Supervisor:
         """Try options in order until one serves; True when one does."""
         queue = list(options)
         budget = len(self.attempts) + MAX_ATTEMPTS
+        unprepared: list[str] = []
         while queue:
             if len(self.attempts) >= budget:
                 self.reason = f"gave up after {MAX_ATTEMPTS} attempts"
@@ -199,7 +200,7 @@ class Supervisor:
                 option = await asyncio.to_thread(option.prepare)  # e.g. download the GGUF, off the loop
             except GatewayError as exc:
                 log.warning("cannot prepare %s: %s", option.label, exc)
-                self.reason = str(exc)
+                unprepared.append(f"{option.label}: {exc}")
                 continue
             run, attempt = await self._attempt(option, len(self.attempts) + 1, len(self.attempts) + 1 + len(queue))
             if run.state is RunState.READY:
@@ -227,7 +228,8 @@ class Supervisor:
                 attempt.action = "no option left"
             log.warning("%s", attempt.line())
             self.live = run
-        self.reason = "no option started: " + "; ".join(a.outcome + " " + a.label for a in self.attempts[-3:])
+        tried = [f"{a.outcome}: {a.label}" for a in self.attempts[-3:]]
+        self.reason = "no option started: " + "; ".join(tried + unprepared)
         return False
 
     async def _attempt(self, option: Option, number: int, of: int) -> tuple[EngineRun, Attempt]:

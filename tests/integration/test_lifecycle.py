@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.gatewayproc import GatewayProcess, pid_alive, port_closed
+from tests.integration.gatewayproc import GatewayProcess, free_port, pid_alive, port_closed
 
 pytestmark = pytest.mark.engine
 
@@ -133,3 +133,15 @@ def test_a_file_that_is_not_a_model_is_one_clear_line(tmp_path: Path) -> None:
     errors = [line for line in result.stderr.splitlines() if line.startswith("gateway: error:")]
     assert len(errors) == 1 and "is not a GGUF file" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_gguf_that_cannot_be_downloaded_exits_1_naming_the_fix(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # as on a machine without hub access
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--model", "glm-4.7-flash", "--port", str(free_port()),
+         "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "could not start glm-4.7-flash" in result.stderr
+    assert "download it yourself and pass --model /path/to/file.gguf" in result.stderr
