@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -136,12 +137,21 @@ def test_a_file_that_is_not_a_model_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_a_gguf_that_cannot_be_downloaded_exits_1_naming_the_fix(tmp_path: Path) -> None:
+    config = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096}  # fmt: skip
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "tiny-hub.toml").write_text(
+        f'name = "tiny-hub"\nhf_config = "{tmp_path / "tiny.json"}"\n'
+        '[llamacpp]\ngguf_repo = "example/tiny-GGUF"\ngguf_file = "tiny-Q4_K_M.gguf"\n'
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # as on a machine without hub access
     result = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--model", "glm-4.7-flash", "--port", str(free_port()),
-         "--state-dir", str(tmp_path)],
+        [sys.executable, "-m", "gateway", "serve", "--catalog-dir", str(catalog), "--model", "tiny-hub",
+         "--port", str(free_port()), "--state-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
-    assert "could not start glm-4.7-flash" in result.stderr
+    assert "could not start tiny-hub" in result.stderr
     assert "download it yourself and pass --model /path/to/file.gguf" in result.stderr
