@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -76,3 +78,19 @@ class Failure:
     line: str
     fix: str
     numbers: dict[str, float] = field(default_factory=dict)
+
+
+# (pattern, kind, fix): the pattern's groups are the numbers the engine printed, in the order named
+FailurePatterns = Sequence[tuple[re.Pattern[str], FailureKind, str]]
+
+
+def first_failure(
+    patterns: FailurePatterns, line: str, number_names: Mapping[FailureKind, tuple[str, ...]] | None = None
+) -> Failure | None:
+    """The failure the first matching pattern proves, with its captured numbers named."""
+    for pattern, kind, fix in patterns:
+        if match := pattern.search(line):
+            values = [float(group.replace(",", "")) for group in match.groups()]
+            names = (number_names or {}).get(kind, ())
+            return Failure(kind=kind, line=line.strip(), fix=fix, numbers=dict(zip(names, values, strict=False)))
+    return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from backends.base import Failure, FailureKind, Launch
+from backends.base import Failure, FailureKind, Launch, first_failure
 from gateway.errors import BackendError
 from gateway.hardware import GIB, MIB, Gpu
 from gateway.modelfacts import ModelFacts
@@ -178,10 +178,7 @@ _PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
 
 def classify(line: str) -> Failure | None:
     """The failure this log line proves, if any."""
-    for pattern, kind, fix in _PATTERNS:
-        if pattern.search(line):
-            return Failure(kind=kind, line=line.strip(), fix=fix)
-    return None
+    return first_failure(_PATTERNS, line)
 
 
 # ---------------------------------------------------------------------------------------------

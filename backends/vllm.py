@@ -22,7 +22,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from backends.base import Failure, FailureKind, Launch
+from backends.base import Failure, FailureKind, Launch, first_failure
 from gateway.hardware import GIB, Gpu
 from gateway.modelfacts import MIN_CAPABILITY, ModelFacts
 
@@ -600,21 +600,17 @@ _FAILURES: list[tuple[re.Pattern[str], FailureKind, str]] = [
 ]
 
 
+_NUMBER_NAMES = {
+    FailureKind.KV_TOO_SMALL: ("estimated_max_len",),
+    FailureKind.FREE_BELOW_UTILIZATION: ("free_gib", "total_gib"),
+    FailureKind.KV_EXCEEDS_FREE: ("free_gib", "total_gib", "requested_gib"),
+    FailureKind.MAX_LEN_OVER_LIMIT: ("requested_len",),
+}
+
+
 def classify(line: str) -> Failure | None:
     """The failure this vLLM log line proves, with the numbers it printed."""
-    for pattern, kind, fix in _FAILURES:
-        match = pattern.search(line)
-        if not match:
-            continue
-        values = [float(group.replace(",", "")) for group in match.groups()]
-        names = {
-            FailureKind.KV_TOO_SMALL: ("estimated_max_len",),
-            FailureKind.FREE_BELOW_UTILIZATION: ("free_gib", "total_gib"),
-            FailureKind.KV_EXCEEDS_FREE: ("free_gib", "total_gib", "requested_gib"),
-            FailureKind.MAX_LEN_OVER_LIMIT: ("requested_len",),
-        }.get(kind, ())
-        return Failure(kind=kind, line=line.strip(), fix=fix, numbers=dict(zip(names, values, strict=False)))
-    return None
+    return first_failure(_FAILURES, line, _NUMBER_NAMES)
 
 
 def adjust(

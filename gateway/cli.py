@@ -149,7 +149,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import Runtime, create_app
+    from gateway.app import create_app
     from gateway.proxy import Upstream
     from gateway.settings import load_settings
     from gateway.startup import decide
@@ -181,16 +181,7 @@ def serve(args: argparse.Namespace) -> int:
         )
         for number, option in enumerate(decision.options, 1):
             log.info("option %d of %d: %s", number, len(decision.options), option.label)
-        runtime = Runtime(
-            route=decision.route,
-            supervisor=supervisor,
-            upstream=upstream,
-            max_body_bytes=settings.max_body_bytes,
-            queue_limit=settings.queue_limit,
-            queue_wait_s=settings.queue_wait_s,
-            api_keys=settings.all_api_keys(),
-            **_plan_figures(plan),
-        )
+        runtime = _runtime(settings, decision.route, supervisor, upstream, **_plan_figures(plan))
         fronted = decision.route.fronted
     sock = _bind(settings.host, settings.port)
     config = uvicorn.Config(
@@ -319,7 +310,6 @@ def _external_runtime(settings: Any, upstream: Any) -> Any:
     import httpx
 
     from backends.base import Launch
-    from gateway.app import Runtime
     from gateway.errors import ConfigError
     from gateway.external import ExternalBackend
     from gateway.routing import ModelRoute
@@ -355,6 +345,13 @@ def _external_runtime(settings: Any, upstream: Any) -> Any:
     )
     backend = ExternalBackend(launch)
     route = ModelRoute(fronted=settings.model or served, served=served, context_length=context)
+    return _runtime(settings, route, backend, upstream)
+
+
+def _runtime(settings: Any, route: Any, backend: Any, upstream: Any, **plan_figures: Any) -> Any:
+    """The app's runtime: what the settings decide about limits and keys, for either kind of backend."""
+    from gateway.app import Runtime
+
     return Runtime(
         route=route,
         supervisor=backend,
@@ -363,6 +360,7 @@ def _external_runtime(settings: Any, upstream: Any) -> Any:
         queue_limit=settings.queue_limit,
         queue_wait_s=settings.queue_wait_s,
         api_keys=settings.all_api_keys(),
+        **plan_figures,
     )
 
 
