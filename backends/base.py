@@ -6,6 +6,7 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,26 @@ def first_failure(
             names = (number_names or {}).get(kind, ())
             return Failure(kind=kind, line=line.strip(), fix=fix, numbers=dict(zip(names, values, strict=False)))
     return None
+
+
+class Option(Protocol):
+    """One startable configuration of one engine: what the supervisor starts, retries and remembers.
+
+    Each backend's option knows how to launch itself, read its engine's log lines, and step down on
+    the engine's own numbers; the supervisor only orders them.
+    """
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def label(self) -> str: ...  # one line for logs and /status
+    @property
+    def weights_key(self) -> tuple[object, ...]: ...  # equal keys load the same weights per device
+    @property
+    def context_length(self) -> int: ...
+    def launch(self, port: int, api_key: str) -> Launch: ...
+    def classify(self, line: str) -> Failure | None: ...
+    def after(self, failure: Failure) -> Option | None: ...  # the same option adjusted to the engine's numbers
+    def memo(self) -> dict[str, Any]: ...  # what to remember when it worked
+    def prepare(self) -> Option: ...  # blocking work before a start (e.g. fetching a file)
+    def from_memo(self, memo: dict[str, Any]) -> Option: ...

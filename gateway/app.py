@@ -31,7 +31,8 @@ from gateway.metrics import endpoint as metrics_endpoint
 from gateway.openai_errors import RETRY_AFTER_S, ApiError
 from gateway.proxy import Upstream
 from gateway.routing import ModelRoute
-from gateway.supervisor import State, Supervisor
+from gateway.lifecycle import State
+from gateway.supervisor import Supervisor
 
 log = logging.getLogger("gateway.app")
 

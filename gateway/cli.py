@@ -153,7 +153,8 @@ def serve(args: argparse.Namespace) -> int:
     from gateway.proxy import Upstream
     from gateway.settings import load_settings
     from gateway.startup import decide
-    from gateway.supervisor import State, Supervisor
+    from gateway.lifecycle import State
+    from gateway.supervisor import Supervisor
 
     overrides: dict[str, Any] = {key: getattr(args, key, None) for key in _SERVE_SETTINGS}
     settings = load_settings(overrides, args.config)

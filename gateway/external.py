@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from backends.base import Launch
-from gateway.supervisor import State
+from gateway.lifecycle import State
 
 log = logging.getLogger("gateway.external")
 

@@ -25,7 +25,7 @@ from gateway.fidelity import (
 )
 from gateway.openai_errors import ApiError, unavailable
 from gateway.proxy import ChunkFilter, translated_stream
-from gateway.supervisor import State
+from gateway.lifecycle import State
 
 if TYPE_CHECKING:
     from gateway.app import Runtime

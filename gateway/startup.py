@@ -25,7 +25,8 @@ from gateway.planner import ModelSources, Plan, Policy, gather
 from gateway.planner import decide as plan_decide
 from gateway.routing import ModelRoute
 from gateway.settings import Settings
-from gateway.supervisor import Option, Remember, remembered_first
+from backends.base import Option
+from gateway.supervisor import Remember, remembered_first
 
 log = logging.getLogger("gateway.startup")
 

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from backends.base import Failure, Launch
+from backends.base import Failure, Launch, Option
 from gateway.engine_run import EngineRun, RunState
 from gateway.errors import GatewayError
 from gateway.known_good import KnownGood
+from gateway.lifecycle import State
 from gateway.process import free_port
 
 log = logging.getLogger("gateway.supervisor")
@@ -35,33 +35,6 @@ log = logging.getLogger("gateway.supervisor")
 MAX_ATTEMPTS = 8
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 MAX_RESTARTS = 5
-
-
-class Option(Protocol):
-    """One startable configuration (see backends.vllm.VllmOption, backends.llamacpp.LlamaCppOption)."""
-
-    @property
-    def engine(self) -> str: ...
-    @property
-    def label(self) -> str: ...
-    @property
-    def weights_key(self) -> tuple[object, ...]: ...
-    @property
-    def context_length(self) -> int: ...
-    def launch(self, port: int, api_key: str) -> Launch: ...
-    def classify(self, line: str) -> Failure | None: ...
-    def after(self, failure: Failure) -> Option | None: ...
-    def memo(self) -> dict[str, Any]: ...
-    def prepare(self) -> Option: ...
-    def from_memo(self, memo: dict[str, Any]) -> Option: ...
-
-
-class State(enum.Enum):
-    STARTING = "starting"
-    READY = "ready"
-    RESTARTING = "restarting"
-    FAILED = "failed"
-    STOPPED = "stopped"
 
 
 @dataclass
