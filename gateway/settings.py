@@ -42,12 +42,19 @@ class Settings(BaseSettings):
         "Unset on a machine without GPUs: the embedded default model.",
     )
     context_length: int | None = Field(
-        None, ge=256, description="Context length to serve; unset: the model's maximum (capped on CPU)."
+        None,
+        ge=256,
+        description="Context length to serve (pinned: vLLM --max-model-len, llama.cpp -c); unset: the model's "
+        "maximum, capped at 32768 without a GPU.",
+        json_schema_extra={"flags": ["--context-length", "--max-model-len"]},
     )
     state_dir: Path = Field(default_factory=_default_state_dir, description="Where state is kept.")
     log_dir: Path | None = Field(None, description="Backend logs; unset: <state_dir>/logs.")
     startup_timeout_s: float = Field(
-        900.0, gt=0, description="How long a backend may take to load before it counts as failed."
+        900.0,
+        gt=0,
+        description="How long a backend may take to load before it counts as failed.",
+        json_schema_extra={"flags": ["--startup-timeout"]},
     )
     request_timeout_s: float = Field(
         3600.0, gt=0, description="Longest silence tolerated from the backend within one request."
@@ -59,23 +66,53 @@ class Settings(BaseSettings):
     llama_cpp_python_command: list[str] | None = Field(
         None,
         description="argv prefix that runs llama-cpp-python's server; unset: this Python with `-m llama_cpp.server`.",
+        json_schema_extra={"parse": "shlex"},
     )
     llama_server_command: list[str] | None = Field(
-        None, description="argv prefix of the native llama-server; unset: `llama-server` if on PATH."
+        None,
+        description="argv prefix of the native llama-server; unset: `llama-server` if on PATH.",
+        json_schema_extra={"parse": "shlex"},
+    )
+    llama_launcher: str | None = Field(
+        None,
+        pattern="^(python|native)$",
+        description="llama.cpp's server: native (llama-server) or python (llama-cpp-python); unset: native "
+        "when llama-server is found, else python.",
+        json_schema_extra={"flags": ["--llama-launcher", "--launcher"], "choices": ["python", "native"]},
     )
     vllm_command: list[str] | None = Field(
         None,
         description="argv prefix that starts vLLM's OpenAI server (`[vllm, serve]` or "
         "`[python, -m, vllm.entrypoints.openai.api_server]`); unset: vLLM beside the gateway, if any.",
+        json_schema_extra={"parse": "shlex"},
     )
     vllm_version: str | None = Field(None, description="vLLM version to plan for; unset: read from vllm_command.")
-    min_context: int = Field(32768, ge=1, description="Smallest context worth serving; shorter plans are rejected.")
+    min_context: int = Field(
+        32768,
+        ge=1,
+        description="Smallest context worth serving; shorter plans are rejected (default: 32768, or the pinned "
+        "context_length, or the model's limit when smaller).",
+    )
+    max_context: int | None = Field(None, ge=1, description="Longest context worth reserving; unset: the model's.")
+    engine: str | None = Field(
+        None,
+        description="Plan and serve only this engine (vllm, llamacpp); unset: the first that fits.",
+        json_schema_extra={"flags": ["--engine", "--backend"], "choices": ["vllm", "llamacpp"]},
+    )
+    allow_cpu_offload: bool = Field(False, description="vLLM: let the ladder use --cpu-offload-gb (slow).")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM: pin this share.")
     kv_cache_memory_bytes: int | None = Field(None, gt=0, description="vLLM: pin the KV cache size in bytes.")
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM: pin the number of sequences.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM: pin the tokens per batch.")
     tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM: pin the TP size.")
-    enforce_eager: bool | None = Field(None, description="vLLM: pin eager mode on or off.")
-    kv_cache_dtype: str | None = Field(None, description="vLLM: pin the KV cache dtype (auto, fp8).")
+    enforce_eager: bool | None = Field(None, description="vLLM: pin eager mode on.")
+    kv_cache_dtype: str | None = Field(
+        None,
+        pattern="^(auto|fp8)$",
+        description="vLLM: pin the KV cache dtype.",
+        json_schema_extra={"choices": ["auto", "fp8"]},
+    )
+    cpu_offload_gb: float | None = Field(None, ge=0, description="vLLM: pin --cpu-offload-gb.")
     catalog_dir: Path | None = Field(None, description="Extra model catalog entries (*.toml); they win over built-ins.")
     backend_url: str | None = Field(
         None, description="Front an OpenAI-compatible server you run yourself; nothing is planned or started."
@@ -83,17 +120,27 @@ class Settings(BaseSettings):
     backend_api_key: str | None = Field(None, description="Bearer key the backend_url server expects.")
     backend_native_apis: list[str] = Field(
         default_factory=list,
-        description="What the backend_url server does itself: responses, messages, include_usage, "
+        description="What the backend_url server does itself (comma list): responses, messages, include_usage, "
         "max_completion_tokens; the gateway translates or adds the rest.",
+        json_schema_extra={"parse": "csv"},
     )
     backend_max_concurrency: int = Field(8, ge=1, description="Requests forwarded at once to a backend_url server.")
     queue_limit: int = Field(64, ge=0, description="Requests allowed to wait for a free engine slot (429 beyond).")
-    queue_wait_s: float = Field(600.0, gt=0, description="Longest wait for a slot before 429.")
+    queue_wait_s: float = Field(
+        600.0, gt=0, description="Longest wait for a slot before 429.", json_schema_extra={"flags": ["--queue-wait"]}
+    )
     api_keys: list[str] = Field(
-        default_factory=list, description="Keys clients must send (Bearer or x-api-key); none: the gateway is open."
+        default_factory=list,
+        description="Keys clients must send (Bearer or x-api-key; the flag repeats); none: the gateway is open.",
+        json_schema_extra={"flags": ["--api-key"], "parse": "append"},
     )
     api_key_file: Path | None = Field(None, description="A file with one accepted key per line (added to api_keys).")
-    log_format: str = Field("text", pattern="^(text|json)$", description="text, or json: one object per line.")
+    log_format: str = Field(
+        "text",
+        pattern="^(text|json)$",
+        description="text, or json: one object per line.",
+        json_schema_extra={"choices": ["text", "json"]},
+    )
     replan: bool = Field(False, description="Ignore the remembered configuration and plan afresh.")
 
     @property

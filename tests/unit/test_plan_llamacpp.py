@@ -9,9 +9,12 @@ import pytest
 
 from backends import llamacpp
 from gateway.hardware import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.modelfacts import ModelFacts, estimate_gguf_facts, facts_from_config, facts_from_gguf
+from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
+from gateway.modelfacts import ModelFacts, facts_from_config
 from gateway.modelinfo import read_gguf_header
-from gateway.planner import ModelSources, Policy, decide
+from gateway.planner import EnginePlan, decide
+from gateway.policy import Policy
+from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 LLAMA_70B = {
@@ -27,16 +30,15 @@ LLAMA_70B = {
 }
 
 
-def _llama70b_sources() -> ModelSources:
+def _llama70b_engines() -> list[EnginePlan]:
     facts = facts_from_config(LLAMA_70B, "meta-llama/Llama-3.1-70B-Instruct")
     from backends import vllm
 
-    gguf = estimate_gguf_facts(facts, LLAMA_70B, 16.0)
-    return ModelSources(
-        name="llama-3.1-70b",
-        vllm_checkpoints=[vllm.Checkpoint("meta-llama/Llama-3.1-70B-Instruct", facts)],
-        gguf_facts=gguf,
-        gguf_name="Llama-3.1-70B-Instruct-BF16.gguf",
+    return engine_plans(
+        "llama-3.1-70b",
+        checkpoints=[vllm.Checkpoint("meta-llama/Llama-3.1-70B-Instruct", facts)],
+        gguf_facts=estimate_gguf_facts(facts, LLAMA_70B, 16.0),
+        gguf="Llama-3.1-70B-Instruct-BF16.gguf",
     )
 
 
@@ -45,9 +47,9 @@ def _machine(spec: str, ram_gib: int) -> Inventory:
 
 
 def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the_rest_in_ram() -> None:
-    plan = decide(_llama70b_sources(), _machine("2x24GiB", 256), Policy(vllm_version="0.32.0"))
-    assert not any(c.fits for c in plan.vllm_candidates)
-    assert any("exceed the" in c.reason for c in plan.vllm_candidates)
+    plan = decide("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 256), Policy())
+    assert not any(c.fits for c in plan.candidates_of("vllm"))
+    assert any("exceed the" in c.reason for c in plan.candidates_of("vllm"))
     chosen = plan.chosen
     assert plan.decision_backend == "llamacpp" and isinstance(chosen, llamacpp.LlamaCppCandidate)
     p = chosen.placement
@@ -65,9 +67,9 @@ def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the
 
 
 def test_70b_bf16_with_too_little_ram_fits_nowhere_and_says_so() -> None:
-    plan = decide(_llama70b_sources(), _machine("2x24GiB", 32), Policy(vllm_version="0.32.0"))
+    plan = decide("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 32), Policy())
     assert plan.chosen is None and plan.decision_backend is None
-    assert all("GiB of RAM" in c.reason for c in plan.llamacpp_candidates)
+    assert all("GiB of RAM" in c.reason for c in plan.candidates_of("llamacpp"))
     assert plan.decision_reason.startswith("nothing fits")
 
 
@@ -142,8 +144,8 @@ def test_compute_buffer_matches_the_logged_514_mib_for_gemma_at_32k(gemma_facts:
 
 
 def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
-    sources = ModelSources(name="gemma-3-270m", gguf_facts=gemma_facts, gguf_name="gemma.gguf", chat_format="gemma")
-    plan = decide(sources, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())
+    engines = engine_plans("gemma-3-270m", gguf_facts=gemma_facts, gguf="gemma.gguf", chat_format="gemma")
+    plan = decide("gemma-3-270m", engines, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())
     chosen = plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
     assert chosen.placement.n_gpu_layers == 0 and chosen.n_ctx == 32768 and chosen.kv_type == "f16"

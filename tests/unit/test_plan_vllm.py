@@ -11,7 +11,9 @@ from backends import vllm
 from gateway.catalog import builtin_catalog
 from gateway.hardware import GIB, Inventory, parse_gpu_spec
 from gateway.modelfacts import facts_from_config
-from gateway.planner import Policy, decide, gather
+from gateway.planner import Plan, decide
+from gateway.policy import Pins, Policy
+from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 RTX_5090_PAIR = "2x32607MiB@12.0"
@@ -21,14 +23,19 @@ def _machine(spec: str, ram_gib: int = 64) -> Inventory:
     return Inventory(parse_gpu_spec(spec), ram_gib * GIB, ram_gib * GIB, source="simulated")
 
 
-def _glm_plan(spec: str = RTX_5090_PAIR, version: str = "0.32.0", **policy: object):  # type: ignore[no-untyped-def]
-    sources = gather(builtin_catalog().resolve("glm-4.7-flash"))
-    return decide(sources, _machine(spec), Policy(vllm_version=version, **policy))  # type: ignore[arg-type]
+def _glm_checkpoints() -> list[vllm.Checkpoint]:
+    return vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints
+
+
+def _glm_plan(spec: str = RTX_5090_PAIR, version: str = "0.32.0", pins: Pins | None = None) -> Plan:
+    parsers = ("glm47", "glm45")
+    engines = engine_plans("glm-4.7-flash", checkpoints=_glm_checkpoints(), vllm_version=version, parsers=parsers)
+    return decide("glm-4.7-flash", engines, _machine(spec), Policy(pins=pins or Pins()))
 
 
 def test_glm_bf16_puts_28_to_29_gib_of_weights_on_each_of_two_gpus() -> None:
     plan = _glm_plan()
-    tp2 = [c for c in plan.vllm_candidates if c.flags.tensor_parallel_size == 2 and c.checkpoint.quantization is None]
+    tp2 = [c for c in plan.candidates_of("vllm") if c.flags.tensor_parallel_size == 2 and c.checkpoint.quantization is None]
     assert tp2
     assert 27.5 * GIB < tp2[0].memory.weights < 29.5 * GIB
 
@@ -43,13 +50,13 @@ def test_glm_bf16_on_two_5090s_fits_only_with_tuned_limits() -> None:
     assert chosen.flags.max_num_seqs <= 32  # and few sequences
     assert chosen.flags.max_model_len >= 32768
     assert chosen.memory.kv_tokens >= chosen.flags.max_model_len
-    defaults = [c for c in plan.vllm_candidates if c.level == 0 and c.flags.tensor_parallel_size == 2]
+    defaults = [c for c in plan.candidates_of("vllm") if c.concessions == vllm.Concessions() and c.flags.tensor_parallel_size == 2]
     assert defaults and not any(c.fits for c in defaults)
     assert "leave no KV cache" in defaults[0].reason
 
 
 def test_glm_kv_per_token_is_mla_now_and_was_17x_larger_before_january_2026() -> None:
-    facts = gather(builtin_catalog().resolve("glm-4.7-flash")).vllm_checkpoints[0].facts
+    facts = _glm_checkpoints()[0].facts
     assert vllm.kv_bytes_per_token(facts, 2, "auto", "0.32.0") == 47 * 576 * 2  # 54,144: MLA latent
     assert vllm.kv_bytes_per_token(facts, 2, "fp8", "0.32.0") == 47 * 576
     before = vllm.kv_bytes_per_token(facts, 1, "auto", "0.14.0")
@@ -59,7 +66,7 @@ def test_glm_kv_per_token_is_mla_now_and_was_17x_larger_before_january_2026() ->
 
 def test_before_mla_glm_bf16_cannot_reach_32k_and_the_nvfp4_checkpoint_is_chosen() -> None:
     plan = _glm_plan(version="0.14.0")
-    bf16 = [c for c in plan.vllm_candidates if c.checkpoint.quantization is None]
+    bf16 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None]
     assert bf16 and not any(c.fits for c in bf16)
     chosen = plan.chosen
     assert isinstance(chosen, vllm.VllmCandidate) and chosen.checkpoint.quantization == "nvfp4"
@@ -67,8 +74,8 @@ def test_before_mla_glm_bf16_cannot_reach_32k_and_the_nvfp4_checkpoint_is_chosen
 
 def test_the_nvfp4_checkpoint_leaves_far_more_room() -> None:
     plan = _glm_plan()
-    nvfp4 = [c for c in plan.vllm_candidates if c.checkpoint.quantization == "nvfp4" and c.level == 32]
-    bf16 = max(c.memory.kv_cache for c in plan.vllm_candidates if c.checkpoint.quantization is None)
+    nvfp4 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization == "nvfp4" and c.concessions == vllm.Concessions(checkpoint=1)]
+    bf16 = max(c.memory.kv_cache for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None)
     assert nvfp4 and nvfp4[0].fits
     assert nvfp4[0].memory.kv_cache > 5 * bf16
     assert nvfp4[0].memory.weights < 10 * GIB
@@ -76,7 +83,7 @@ def test_the_nvfp4_checkpoint_leaves_far_more_room() -> None:
 
 def test_nvfp4_is_refused_where_the_gpus_cannot_run_it() -> None:
     plan = _glm_plan(spec="2x24GiB@8.9")
-    refused = [c for c in plan.vllm_candidates if c.checkpoint.quantization == "nvfp4"]
+    refused = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization == "nvfp4"]
     assert refused and not refused[0].fits
     assert "needs compute capability 10.0+" in refused[0].reason
 
@@ -99,9 +106,9 @@ def test_kv_heads_fewer_than_tp_are_replicated() -> None:
 
 
 def test_pinned_flags_are_evaluated_exactly() -> None:
-    pinned = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 256}
-    plan = _glm_plan(pinned=pinned)
-    bf16 = [c for c in plan.vllm_candidates if c.checkpoint.quantization is None]
+    pinned = Pins(tensor_parallel_size=2, gpu_memory_utilization=0.92, context_length=32768, max_num_seqs=256)
+    plan = _glm_plan(pins=pinned)
+    bf16 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None]
     assert {c.flags.tensor_parallel_size for c in bf16} == {2}
     assert {c.flags.gpu_memory_utilization for c in bf16} == {0.92}
     assert {c.flags.max_model_len for c in bf16} == {32768}
@@ -110,10 +117,9 @@ def test_pinned_flags_are_evaluated_exactly() -> None:
 
 
 def test_free_memory_below_the_requested_share_is_refused_with_numbers() -> None:
-    pinned = {"gpu_memory_utilization": 0.92}
-    plan = _glm_plan(spec="2x32607MiB@12.0:free=20GiB", pinned=pinned)
-    assert not any(c.fits for c in plan.vllm_candidates if c.checkpoint.quantization is None)
-    assert any("vLLM refuses to start" in c.reason for c in plan.vllm_candidates)
+    plan = _glm_plan(spec="2x32607MiB@12.0:free=20GiB", pins=Pins(gpu_memory_utilization=0.92))
+    assert not any(c.fits for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None)
+    assert any("vLLM refuses to start" in c.reason for c in plan.candidates_of("vllm"))
 
 
 def test_argv_uses_current_flags_only() -> None:

@@ -10,9 +10,9 @@ from backends import llamacpp, vllm
 from gateway.catalog import ModelEntry, builtin_catalog
 from gateway.errors import BackendError, ConfigError, ModelError
 from gateway.hardware import GIB, Inventory, parse_gpu_spec
-from gateway.planner import ModelSources
+from gateway.policy import Pins, policy_for
 from gateway.settings import Settings
-from gateway.startup import choose_model, decide, serve_policy
+from gateway.startup import choose_model, decide, model_limit
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
 
@@ -31,22 +31,25 @@ def test_no_model_on_a_gpu_machine_asks_for_one(tmp_path: Path) -> None:
 
 
 def test_context_is_capped_on_cpu_and_uncapped_on_gpus(tmp_path: Path) -> None:
-    huge, sources = ModelEntry(name="h", max_context=202752), ModelSources(name="h")
-    assert serve_policy(_settings(tmp_path), huge, sources, has_gpus=False, cpu_vllm=False).max_context == 32768
-    assert serve_policy(_settings(tmp_path), huge, sources, has_gpus=True, cpu_vllm=False).max_context == 202752
-    small = ModelEntry(name="s", max_context=8192)
-    policy = serve_policy(_settings(tmp_path), small, ModelSources(name="s"), has_gpus=False, cpu_vllm=False)
+    huge = model_limit(ModelEntry(name="h", max_context=202752), [])
+    assert policy_for(_settings(tmp_path), huge, has_gpus=False).max_context == 32768
+    assert policy_for(_settings(tmp_path), huge, has_gpus=True).max_context == 202752
+    policy = policy_for(_settings(tmp_path), 8192, has_gpus=False)
     assert (policy.min_context, policy.max_context) == (8192, 8192)
 
 
 def test_requested_context_and_vllm_flags_are_pinned(tmp_path: Path) -> None:
-    entry = ModelEntry(name="s", max_context=8192)
     settings = _settings(tmp_path, context_length=4096, kv_cache_memory_bytes=262144, min_context=128)
-    policy = serve_policy(settings, entry, ModelSources(name="s"), has_gpus=False, cpu_vllm=True)
-    assert policy.pinned == {"n_ctx": 4096, "max_model_len": 4096, "kv_cache_memory_bytes": 262144}
-    assert policy.min_context == 128 and policy.cpu_vllm
-    with pytest.raises(ConfigError, match="exceeds s's maximum of 8192"):
-        serve_policy(_settings(tmp_path, context_length=9000), entry, ModelSources(name="s"), False, False)
+    policy = policy_for(settings, 8192, has_gpus=False)
+    assert policy.pins == Pins(context_length=4096, kv_cache_memory_bytes=262144)
+    assert policy.min_context == 128  # given explicitly: it wins over the pinned length
+    with pytest.raises(ConfigError, match="exceeds the model's maximum of 8192"):
+        policy_for(_settings(tmp_path, context_length=9000), 8192, has_gpus=False)
+
+
+def test_a_pinned_context_is_the_minimum_unless_one_is_given(tmp_path: Path) -> None:
+    policy = policy_for(_settings(tmp_path, context_length=8192), 202752, has_gpus=True)
+    assert policy.min_context == 8192 and policy.pins.context_length == 8192
 
 
 def test_the_embedded_default_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) -> None:

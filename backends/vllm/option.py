@@ -1,0 +1,103 @@
+"""A vLLM configuration the supervisor can start, retry on the engine's numbers, and remember."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from backends.base import Failure, Launch
+from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
+from backends.vllm.logs import adjust, classify
+from backends.vllm.memory import DEFAULT_VERSION, VllmFlags
+
+ENGINE = "vllm"
+NATIVE_APIS = frozenset({"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes"})
+
+
+@dataclass(frozen=True)
+class VllmOption:
+    checkpoint: str
+    flags: VllmFlags
+    served_name: str
+    command: tuple[str, ...]
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    min_context: int = 1
+    version: str = DEFAULT_VERSION
+    on_cpu: bool = False
+    engine: str = ENGINE
+
+    @property
+    def label(self) -> str:
+        f = self.flags
+        parts = [
+            f"vLLM {self.version}",
+            "CPU" if self.on_cpu else f"TP{f.tensor_parallel_size}",
+            f"--max-model-len {f.max_model_len}",
+        ]
+        parts.append(
+            f"--kv-cache-memory-bytes {f.kv_cache_memory_bytes}"
+            if f.kv_cache_memory_bytes
+            else f"util {f.gpu_memory_utilization}"
+        )
+        parts.append(f"{f.max_num_seqs} seqs")
+        if f.enforce_eager:
+            parts.append("eager")
+        if f.kv_cache_dtype != "auto":
+            parts.append(f"{f.kv_cache_dtype} KV")
+        return ", ".join(parts)
+
+    @property
+    def context_length(self) -> int:
+        return self.flags.max_model_len
+
+    @property
+    def weights_key(self) -> tuple[object, ...]:
+        """Options sharing this key load the same weights per GPU: one weights OOM rules them all out."""
+        return (self.checkpoint, self.flags.tensor_parallel_size, self.flags.cpu_offload_gb)
+
+    def launch(self, port: int, api_key: str) -> Launch:
+        argv = build_argv(
+            self.checkpoint,
+            self.flags,
+            served_name=self.served_name,
+            tool_call_parser=self.tool_call_parser,
+            reasoning_parser=self.reasoning_parser,
+            port=port,
+            api_key=api_key,
+            command=list(self.command),
+        )
+        return Launch(
+            engine=ENGINE,
+            argv=argv,
+            port=port,
+            api_key=api_key,
+            served_name=self.served_name,
+            context_length=self.flags.max_model_len,
+            health_path=HEALTH_PATH,
+            summary=self.label,
+            env=build_env(on_cpu=self.on_cpu),
+            max_concurrency=self.flags.max_num_seqs,
+            native=NATIVE_APIS,
+            reasoning_field="reasoning",
+            tokenize_path="/tokenize",
+            tokenize_key="prompt",
+        )
+
+    def classify(self, line: str) -> Failure | None:
+        return classify(line)
+
+    def after(self, failure: Failure) -> VllmOption | None:
+        adjusted = adjust(self.flags, failure, min_context=self.min_context)
+        return replace(self, flags=adjusted) if adjusted else None
+
+    def memo(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "flags": asdict(self.flags), "on_cpu": self.on_cpu}
+
+    def prepare(self) -> VllmOption:
+        return self  # vLLM fetches its own weights
+
+    def from_memo(self, memo: dict[str, Any]) -> VllmOption:
+        return replace(
+            self, checkpoint=memo["checkpoint"], flags=VllmFlags(**memo["flags"]), on_cpu=memo.get("on_cpu", False)
+        )

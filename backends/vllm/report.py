@@ -1,0 +1,39 @@
+"""vLLM's rows in `gateway plan`: one line per rung group, the reason under every rejected one."""
+
+from __future__ import annotations
+
+from backends.vllm.ladder import VllmCandidate
+from gateway.hardware import GIB
+
+MAX_ROWS = 14
+
+
+def _rank(c: VllmCandidate) -> tuple[bool, int]:
+    return (c.fits, c.context if c.fits else c.memory.max_fitting_model_len)
+
+
+def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:
+    """One row per rung group: the best sequence count of each (TP, util, eager, KV, checkpoint)."""
+    groups: dict[tuple[object, ...], VllmCandidate] = {}
+    for c in candidates:
+        f = c.flags
+        key = (c.checkpoint.name, f.tensor_parallel_size, f.gpu_memory_utilization, f.enforce_eager, f.kv_cache_dtype)
+        current = groups.get(key)
+        if current is None or c is chosen or (current is not chosen and _rank(c) > _rank(current)):
+            groups[key] = c
+    lines = ["vLLM candidates (per GPU, GiB):"]
+    lines.append(
+        f"  {'':2}{'rung':<52} {'weights':>8} {'act':>6} {'graphs':>6} {'KV/GPU':>7} {'tokens':>9} {'context':>8}"
+    )
+    for c in sorted(groups.values(), key=lambda c: (c.concessions, -c.context))[:MAX_ROWS]:
+        m = c.memory
+        mark = "=>" if c is chosen else "ok" if c.fits else "--"
+        lines.append(
+            f"  {mark:2}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f} {m.cudagraph / GIB:6.2f}"
+            f" {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context:8,}"
+        )
+        if not c.fits:
+            lines.append(f"      {c.reason}")
+    if len(groups) > MAX_ROWS:
+        lines.append(f"  … {len(groups) - MAX_ROWS} more rung groups in --json")
+    return lines

@@ -1,0 +1,114 @@
+"""The catalog's ``[vllm]`` table, and the model facts vLLM plans from (config.json, never weights)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from backends.vllm.memory import Checkpoint
+from gateway.errors import ModelError
+from gateway.modelfacts import facts_from_config, facts_from_dir, facts_from_hub
+
+if TYPE_CHECKING:
+    from gateway.catalog import ModelEntry
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QuantizedCheckpoint(_Strict):
+    """A pre-quantized variant the planner may step down to when the original does not fit."""
+
+    checkpoint: str
+    quantization: str  # fp8 | nvfp4 | awq | gptq | mxfp4
+    checkpoint_bytes: int | None = None  # unset: estimated from the architecture
+
+
+class VllmSource(_Strict):
+    """How vLLM gets the model: a hub repo or local directory, and the parsers agents need."""
+
+    checkpoint: str
+    checkpoint_bytes: int | None = None  # the safetensors total when known; unset: estimated
+    quantized: tuple[QuantizedCheckpoint, ...] = ()
+    dtype: str = "auto"
+    quantization: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = None
+
+
+@dataclass
+class VllmModel:
+    """The checkpoints vLLM could load for one entry (original first), with its parsers."""
+
+    name: str
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def max_position(self) -> int | None:
+        limits = [c.facts.max_position for c in self.checkpoints if c.facts.max_position]
+        return min(limits) if limits else None
+
+    @property
+    def plannable(self) -> bool:
+        return bool(self.checkpoints)
+
+
+def section_for(spec: str) -> dict[str, Any] | None:
+    """A checkpoint directory (with config.json) or a hub repo id ``org/name`` is vLLM's to load."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return {"checkpoint": str(path.resolve())}
+    named_file = spec.lower().endswith((".gguf", ".json", ".safetensors", ".bin"))
+    if not path.exists() and spec.count("/") == 1 and all(spec.split("/")) and not spec.startswith((".", "~")):
+        return None if named_file else {"checkpoint": spec}
+    return None
+
+
+def read(entry: ModelEntry) -> VllmModel:
+    """Facts of the checkpoint and its quantized variants; a failure becomes a note, not an error."""
+    source = entry.source("vllm")
+    assert isinstance(source, VllmSource)
+    model = VllmModel(entry.name, tool_call_parser=source.tool_call_parser, reasoning_parser=source.reasoning_parser)
+    bundled = entry.bundled_config()
+    try:
+        model.checkpoints.append(Checkpoint(source.checkpoint, _facts(source, bundled)))
+        for variant in source.quantized:
+            facts = facts_from_config(
+                bundled or _config_of(source.checkpoint),
+                variant.checkpoint,
+                weight_bytes=variant.checkpoint_bytes,
+                weight_source="catalog" if variant.checkpoint_bytes else "",
+                quantization=variant.quantization,
+            )
+            model.checkpoints.append(Checkpoint(variant.checkpoint, facts))
+    except ModelError as exc:
+        model.notes.append(f"vLLM not planned: {exc}")
+    return model
+
+
+def _facts(source: VllmSource, bundled: dict[str, Any] | None) -> Any:
+    path = Path(source.checkpoint).expanduser()
+    if path.is_dir():
+        return facts_from_dir(path, source.checkpoint)
+    if bundled is not None:
+        origin = "catalog" if source.checkpoint_bytes else ""
+        return facts_from_config(bundled, source.checkpoint, weight_bytes=source.checkpoint_bytes, weight_source=origin)
+    return facts_from_hub(source.checkpoint)
+
+
+def _config_of(checkpoint: str) -> dict[str, Any]:
+    path = Path(checkpoint)
+    if path.is_dir():
+        return dict(json.loads((path / "config.json").read_text()))
+    from huggingface_hub import hf_hub_download
+
+    return dict(json.loads(Path(hf_hub_download(checkpoint, "config.json")).read_text()))
