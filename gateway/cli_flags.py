@@ -78,3 +78,28 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> 
 def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
     """The settings the user typed (for :func:`~gateway.settings.load_settings`)."""
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def _shown_default(name: str) -> str:
+    info = Settings.model_fields[name]
+    shown = _extra(info).get("shown_default")
+    if shown is None:
+        default = info.get_default(call_default_factory=True)
+        if default is None:
+            return "unset"
+        shown = "none" if default == [] else str(default).lower() if isinstance(default, bool) else default
+    return f"`{shown}`"
+
+
+def settings_table() -> str:
+    """The README's configuration table, generated from the declarations (a test keeps them equal)."""
+    rows = ["| setting | flag | default | meaning |", "|---|---|---|---|"]
+    for name, info in Settings.model_fields.items():
+        flags = ", ".join(f"`{flag}`" for flag in flag_names(name))
+        meaning = (info.description or "").replace("|", "\\|")
+        rows.append(f"| `{name}` | {flags} | {_shown_default(name)} | {meaning} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -48,7 +48,11 @@ class Settings(BaseSettings):
         "maximum, capped at 32768 without a GPU.",
         json_schema_extra={"flags": ["--context-length", "--max-model-len"]},
     )
-    state_dir: Path = Field(default_factory=_default_state_dir, description="Where state is kept.")
+    state_dir: Path = Field(
+        default_factory=_default_state_dir,
+        description="Where state is kept (remembered configurations, engine logs).",
+        json_schema_extra={"shown_default": "~/.local/state/gateway"},
+    )
     log_dir: Path | None = Field(None, description="Backend logs; unset: <state_dir>/logs.")
     startup_timeout_s: float = Field(
         900.0,
@@ -57,10 +61,20 @@ class Settings(BaseSettings):
         json_schema_extra={"flags": ["--startup-timeout"]},
     )
     request_timeout_s: float = Field(
-        3600.0, gt=0, description="Longest silence tolerated from the backend within one request."
+        3600.0,
+        gt=0,
+        description="Longest silence tolerated from the backend within one request.",
+        json_schema_extra={"flags": ["--request-timeout"]},
     )
-    connect_timeout_s: float = Field(5.0, gt=0, description="Connecting to the backend.")
-    shutdown_grace_s: float = Field(15.0, ge=0, description="Time a backend gets to exit after SIGTERM before SIGKILL.")
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="Connecting to the backend.", json_schema_extra={"flags": ["--connect-timeout"]}
+    )
+    shutdown_grace_s: float = Field(
+        15.0,
+        ge=0,
+        description="Time a backend gets to exit after SIGTERM before SIGKILL.",
+        json_schema_extra={"flags": ["--shutdown-grace"]},
+    )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it).")
     threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
     llama_cpp_python_command: list[str] | None = Field(

@@ -113,3 +113,24 @@ def test_an_unreachable_hub_is_one_line_naming_the_fix(
     assert code == 1 and out == ""
     assert "cannot read config.json of Qwen/Qwen3-8B from the hub" in err
     assert "pass a local checkpoint directory" in err
+
+
+def test_a_pinned_length_is_what_the_user_wants_not_refused_by_the_default_minimum(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("--model", "glm-4.7-flash", "--gpus", "2x80GiB@9.0", "--ram", "64GiB", "--json")
+    code, out, _ = _plan(capsys, *args, "--context-length", "8192")
+    plan = json.loads(out)
+    assert code == 0 and plan["policy"]["min_context"] == 8192
+    assert plan["candidates"][plan["decision"]["candidate"]]["max_model_len"] == 8192
+    code, out, _ = _plan(capsys, *args, "--context-length", "8192", "--min-context", "16384")
+    assert code == 2 and "< the 16,384 required" in json.loads(out)["decision"]["reason"]  # given explicitly: it wins
+
+
+def test_a_user_catalog_entry_plans_from_its_own_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "m.json").write_text((CONFIGS / "Qwen3-8B.json").read_text())
+    (tmp_path / "m.toml").write_text('name = "m"\nhf_config = "hf/m.json"\n[vllm]\ncheckpoint = "Qwen/Qwen3-8B"\n')
+    code, out, err = _plan(capsys, "--catalog-dir", str(tmp_path), "--model", "m", "--gpus", "1x80GiB@9.0", "--json")
+    assert code == 0, err
+    assert json.loads(out)["decision"]["backend"] == "vllm"
