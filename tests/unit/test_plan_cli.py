@@ -127,7 +127,9 @@ def test_a_pinned_length_is_what_the_user_wants_not_refused_by_the_default_minim
     assert code == 2 and "< the 16,384 required" in json.loads(out)["decision"]["reason"]  # given explicitly: it wins
 
 
-def test_a_user_catalog_entry_plans_from_its_own_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_user_catalog_entry_plans_from_its_own_config_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "m.json").write_text((CONFIGS / "Qwen3-8B.json").read_text())
     (tmp_path / "m.toml").write_text('name = "m"\nhf_config = "hf/m.json"\n[vllm]\ncheckpoint = "Qwen/Qwen3-8B"\n')
