@@ -5,6 +5,9 @@ States: STARTING → READY → EXITED (it died after serving) | FAILED (it never
 comes first — never by waiting out the readiness timeout. A specific failure line (with the
 engine's numbers) ends the start at once; a generic one ("EngineCore failed to start") waits a few
 seconds for the specific line that usually follows it.
+
+:class:`Run` is the surface the supervisor uses and :class:`RunFactory` how it gets one, so that the
+supervisor's moves can be tested with a stand-in that replays recorded logs instead of an engine.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -40,6 +43,46 @@ class RunState(enum.Enum):
     EXITED = "exited"
     FAILED = "failed"
     STOPPED = "stopped"
+
+
+class Run(Protocol):
+    """One start of one engine as the supervisor sees it (what :class:`EngineRun` offers)."""
+
+    @property
+    def launch(self) -> Launch: ...
+    @property
+    def state(self) -> RunState: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def failure(self) -> Failure | None: ...  # the most telling classified line
+    @property
+    def reason(self) -> str | None: ...  # why it failed or exited, in words
+    @property
+    def elapsed_s(self) -> float: ...
+    @property
+    def log_path(self) -> Path: ...
+    async def start(self) -> None: ...
+    async def wait_settled(self) -> RunState: ...  # until READY or FAILED
+    async def wait_exit(self) -> int: ...  # until the process is gone; its exit status
+    async def stop(self) -> None: ...
+    def snapshot(self) -> dict[str, Any]: ...  # for /status; "argv" redacted
+    def report(self) -> str: ...  # a multi-line account of a failure
+
+
+class RunFactory(Protocol):
+    """Makes the :class:`Run` for one attempt; :class:`EngineRun` itself is the real one."""
+
+    def __call__(
+        self,
+        launch: Launch,
+        *,
+        log_dir: Path,
+        classify: Callable[[str], Failure | None],
+        startup_timeout_s: float,
+        shutdown_grace_s: float,
+        label: str = "",
+    ) -> Run: ...
 
 
 class EngineRun:

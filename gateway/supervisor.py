@@ -9,6 +9,10 @@ start the engine's failure line decides the next move:
 - any other failure → the next option; when one engine has no option left, the other engine's.
 What started is remembered; a serving engine that dies is restarted with backoff (a bounded number
 of times), and repeated memory failures at run time move down the options.
+
+The moves are decided by two pure functions, :func:`next_move` (after a failed start) and
+:func:`restart_move` (after a death while serving); the :class:`Supervisor` only carries them out,
+with an injected run factory and clock, so each transition has a fast test without an engine.
 """
 
 from __future__ import annotations
@@ -18,23 +22,23 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.base import Failure, Launch, Option
-from gateway.engine_run import EngineRun, RunState
+from backends.base import Launch, Option
+from gateway.engine_run import EngineRun, Run, RunFactory, RunState
 from gateway.errors import GatewayError
 from gateway.known_good import KnownGood
 from gateway.lifecycle import State
+from gateway.moves import GiveUp, Stop, next_move, restart_move
 from gateway.process import free_port
 
 log = logging.getLogger("gateway.supervisor")
 
 MAX_ATTEMPTS = 8
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
-MAX_RESTARTS = 5
 
 
 @dataclass
@@ -78,7 +82,11 @@ class Supervisor:
         remember: Remember | None = None,
         plan_summary: dict[str, Any] | None = None,
         restart_backoff_s: Sequence[float] = RESTART_BACKOFF_S,
+        run_factory: RunFactory = EngineRun,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``run_factory`` makes each attempt's run and ``sleep`` waits out the restart backoff: the
+        real engine and clock by default, stand-ins in tests."""
         self.options = list(options)
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
@@ -86,9 +94,11 @@ class Supervisor:
         self.remember = remember
         self.plan_summary = plan_summary or {}
         self.restart_backoff_s = tuple(restart_backoff_s)
+        self.run_factory = run_factory
+        self.sleep = sleep
         self.state = State.STARTING
         self.reason: str | None = None
-        self.live: EngineRun | None = None
+        self.live: Run | None = None
         self.live_option: Option | None = None
         self.attempts: list[Attempt] = []
         self.restarts = 0
@@ -182,32 +192,21 @@ class Supervisor:
                 self.ever_ready = True
                 self._remember(option)
                 return True
-            failure = run.failure
-            next_option = self._next(option, failure, queue)
-            if next_option is _STOP:
-                assert failure is not None
-                attempt.action = f"stopped: a configuration error ({failure.fix})"
-                self.reason = f"{option.label}: {failure.kind.value}; fix: {failure.fix}"
+            move = next_move(option, run.failure, queue)
+            attempt.action = move.describe(option)
+            if isinstance(move, Stop):
+                self.reason = move.reason
                 log.error("%s", attempt.line())
-                self.live = run
                 return False
-            if isinstance(next_option, _Retry):
-                queue.insert(0, next_option.option)
-                attempt.action = f"retrying on the engine's numbers: {next_option.option.label}"
-            elif queue:
-                switch = queue[0].engine != option.engine
-                attempt.action = f"{'falling back to' if switch else 'next rung:'} {queue[0].label}"
-            else:
-                attempt.action = "no option left"
+            queue = list(move.queue)
             log.warning("%s", attempt.line())
-            self.live = run
         tried = [f"{a.outcome}: {a.label}" for a in self.attempts[-3:]]
         self.reason = "no option started: " + "; ".join(tried + unprepared)
         return False
 
-    async def _attempt(self, option: Option, number: int, of: int) -> tuple[EngineRun, Attempt]:
+    async def _attempt(self, option: Option, number: int, of: int) -> tuple[Run, Attempt]:
         launch = option.launch(free_port(), "gw" + secrets.token_hex(20))  # never starts with "-" (argv)
-        run = EngineRun(
+        run = self.run_factory(
             launch,
             log_dir=self.log_dir,
             classify=option.classify,
@@ -235,24 +234,6 @@ class Supervisor:
             attempt.failure = {"kind": "exit", "line": run.reason or "", "numbers": {}}
         return run, attempt
 
-    def _next(self, option: Option, failure: Failure | None, queue: list[Option]) -> object:
-        """The move after a failed start; edits ``queue`` for options the failure rules out."""
-        if failure is None:
-            return None
-        if failure.kind.is_configuration:
-            return _STOP
-        if failure.kind.is_memory:
-            if adjusted := option.after(failure):
-                return _Retry(adjusted)
-            if failure.kind.name == "WEIGHTS_OOM":
-                queue[:] = [o for o in queue if o.weights_key != option.weights_key]
-            return None
-        if failure.kind.name == "PORT_IN_USE":
-            return _Retry(option)
-        if failure.kind.name == "ENGINE_FAILED":  # this engine cannot run it here: skip to the other
-            queue[:] = [o for o in queue if o.engine != option.engine] or queue
-        return None
-
     async def _restart(self, code: int) -> None:
         """The serving engine died: start the same option again, with backoff; memory failures at
         run time move down the options."""
@@ -261,21 +242,16 @@ class Supervisor:
         log.error("engine exited with status %s while serving; restarting", code)
         self.state = State.RESTARTING
         self.reason = f"engine exited with status {code}; restarting"
-        options = [self.live_option, *self._after(self.live_option)]
-        if failure and failure.kind.is_memory:
-            options = options[1:] or options
-        while self.restarts < MAX_RESTARTS and not self._stopping:
-            delay = self.restart_backoff_s[min(self.restarts, len(self.restart_backoff_s) - 1)]
-            self.restarts += 1
-            await asyncio.sleep(delay)
-            if await self._climb(options[:1]):
+        while not self._stopping:
+            move = restart_move(self.live_option, failure, self.options, self.restarts, self.restart_backoff_s)
+            if isinstance(move, GiveUp):
+                self._give_up(move.reason)
+                return
+            self.restarts = move.number
+            await self.sleep(move.delay_s)
+            if await self._climb([move.option]):
                 self.reason = None
                 return
-        self._give_up(f"engine kept failing after {self.restarts} restarts")
-
-    def _after(self, option: Option) -> list[Option]:
-        index = next((i for i, o in enumerate(self.options) if o is option), None)
-        return self.options[index + 1 :] if index is not None else []
 
     def _remember(self, option: Option) -> None:
         if self.remember is None:
@@ -293,14 +269,6 @@ class Supervisor:
         self.reason = reason or self.reason or "no option started"
         self._settled.set()
         log.error("%s", self.report())
-
-
-@dataclass(frozen=True)
-class _Retry:
-    option: Option
-
-
-_STOP = object()
 
 
 def remembered_first(
