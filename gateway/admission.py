@@ -3,13 +3,18 @@
 Capacity follows the live engine (vLLM's max_num_seqs, llama.cpp's slots). Beyond it a bounded FIFO
 queue; a request that would overflow the queue, or waits longer than the limit, gets 429 with
 Retry-After so agents and SDKs back off instead of piling onto a saturated engine.
+
+A slot is held for the length of an ``async with admission.slot() as ticket:`` block, so every way
+out of a handler frees it. A streamed response outlives its handler: ``ticket.hand_over()`` gives the
+slot to the stream, whose close frees it through the same ``release``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from gateway.openai_errors import ApiError
 
@@ -17,16 +22,23 @@ RETRY_AFTER_FULL_S = 2
 
 
 class Ticket:
-    """One admitted request; release it once (idempotent) when its response is over."""
+    """One admitted request's slot; released once (idempotent) when its response is over."""
 
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
         self._released = False
+        self.handed_over = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             self._admission._leave()
+
+    def hand_over(self) -> Callable[[], None]:
+        """The response outlives the ``slot()`` block (a stream): leaving the block without an error
+        keeps the slot, and the returned callable, run when the stream closes, frees it."""
+        self.handed_over = True
+        return self.release
 
 
 class Admission:
@@ -42,7 +54,21 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiters)
 
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[Ticket]:
+        """Wait for a slot (or raise 429) and hold it for the block; an error anywhere in it frees the
+        slot even if it was handed over, since no stream will ever run to free it."""
+        ticket = await self.enter()
+        try:
+            yield ticket
+        except BaseException:
+            ticket.release()
+            raise
+        if not ticket.handed_over:
+            ticket.release()
+
     async def enter(self) -> Ticket:
+        """A slot now, or a place in the queue until one frees; the caller must release the ticket."""
         if self.active < max(1, self.capacity()) and not self._waiters:
             self.active += 1
             return Ticket(self)

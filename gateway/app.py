@@ -1,4 +1,5 @@
-"""The HTTP surface agents talk to: OpenAI routes, health, readiness, status.
+"""The HTTP surface agents talk to: the API routes, health, readiness, status, metrics; every error
+written in the route's dialect (:mod:`gateway.openai_errors`).
 
 Request bodies are parsed once, only to validate them and to map the model name; when no rename is
 needed the original bytes are forwarded as they came.
@@ -9,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -21,50 +20,16 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import messages_api, status_page
-from gateway.admission import Admission
+from gateway import status_page
 from gateway.edge import ApiKeys, ASGIApp, RequestMetrics
-from gateway.external import ExternalBackend
 from gateway.handlers import Inference
+from gateway.lifecycle import State
 from gateway.metrics import StateCollector
 from gateway.metrics import endpoint as metrics_endpoint
-from gateway.openai_errors import RETRY_AFTER_S, ApiError
-from gateway.proxy import Upstream
-from gateway.routing import ModelRoute
-from gateway.lifecycle import State
-from gateway.supervisor import Supervisor
+from gateway.openai_errors import RETRY_AFTER_S, ApiError, as_api_error, shape_for
+from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.app")
-
-
-@dataclass
-class Runtime:
-    """What the app serves: one model route, its backend (supervised or external), the client to it
-    and the admission queue in front of it."""
-
-    route: ModelRoute
-    supervisor: Supervisor | ExternalBackend
-    upstream: Upstream
-    max_body_bytes: int
-    queue_limit: int = 64
-    queue_wait_s: float = 600.0
-    api_keys: tuple[str, ...] = ()
-    plan_memory: list[tuple[int, str, int]] = field(default_factory=list)  # (gpu, term, bytes) for /metrics
-    plan_kv_tokens: int = 0
-    plan_details: dict[str, Any] = field(default_factory=dict)  # candidates for the status page
-    gpu_memory: Callable[[], list[tuple[int, int, int]]] = lambda: []
-    on_startup_failure: Callable[[], None] = lambda: None
-    created: int = 0
-    admission: Admission = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.created = int(time.time())
-
-        def capacity() -> int:
-            launch = self.supervisor.launch
-            return launch.max_concurrency if launch else 1
-
-        self.admission = Admission(capacity, queue_limit=self.queue_limit, wait_s=self.queue_wait_s)
 
 
 class Gateway:
@@ -77,24 +42,19 @@ class Gateway:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, _request: Request) -> Response:
-        supervisor = self.rt.supervisor
-        if supervisor.ready:
+        backend = self.rt.backend
+        if backend.ready:
             return JSONResponse({"status": "ready", "model": self.rt.route.fronted})
-        body = {"status": supervisor.state.value, "reason": supervisor.reason}
+        body = {"status": backend.state.value, "reason": backend.reason}
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
-
-    def _context_length(self) -> int:
-        """What the live engine was started with (it changes when the supervisor steps down)."""
-        launch = self.rt.supervisor.launch
-        return launch.context_length if launch and self.rt.supervisor.ready else self.rt.route.context_length
 
     def status_data(self) -> dict[str, Any]:
         route = self.rt.route
         data: dict[str, Any] = {
             "model": route.fronted,
             "aliases": list(route.aliases),
-            "context_length": self._context_length(),
-            **self.rt.supervisor.snapshot(),
+            "context_length": self.rt.context_length(),
+            **self.rt.backend.snapshot(),
         }
         data["plan"] = {**(data.get("plan") or {}), **self.rt.plan_details}
         data["gpus"] = [
@@ -114,7 +74,7 @@ class Gateway:
 
     def _model_card(self, name: str) -> dict[str, Any]:
         route = self.rt.route
-        context = self._context_length()
+        context = self.rt.context_length()
         return {
             "id": name,
             "object": "model",
@@ -136,30 +96,12 @@ class Gateway:
         return JSONResponse(self._model_card(requested))
 
 
-def _anthropic_route(request: Request) -> bool:
-    return request.url.path.startswith("/v1/messages")
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return messages_api.error_response(exc) if _anthropic_route(request) else exc.response()
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        message = f"no route {request.method} {request.url.path}: see /v1/models, /v1/chat/completions, /v1/completions"
-    elif exc.status_code == 405:
-        message = f"method {request.method} is not allowed on {request.url.path}"
-    else:
-        message = str(exc.detail)
-    error = ApiError(exc.status_code, message)
-    return messages_api.error_response(error) if _anthropic_route(request) else error.response()
-
-
-async def _unexpected(_request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error", exc_info=exc)
-    return ApiError(500, f"internal gateway error ({type(exc).__name__}); see the gateway log").response()
+async def _error(request: Request, exc: Exception) -> Response:
+    """Every exception a route raises, as an error in the route's dialect."""
+    if not isinstance(exc, ApiError | HTTPException):
+        log.exception("unhandled error", exc_info=exc)
+    path = request.url.path
+    return shape_for(path).response(as_api_error(exc, request.method, path))
 
 
 def create_app(runtime: Runtime) -> ASGIApp:
@@ -167,11 +109,11 @@ def create_app(runtime: Runtime) -> ASGIApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        await runtime.supervisor.start()
+        await runtime.backend.start()
 
         async def stop_if_start_fails() -> None:
-            state = await runtime.supervisor.wait_settled()
-            if state is State.FAILED and not runtime.supervisor.ever_ready:
+            state = await runtime.backend.wait_settled()
+            if state is State.FAILED and not runtime.backend.ever_ready:
                 runtime.on_startup_failure()
 
         watcher = asyncio.create_task(stop_if_start_fails())
@@ -179,7 +121,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
             yield
         finally:
             watcher.cancel()
-            await runtime.supervisor.stop()
+            await runtime.backend.stop()
             await runtime.upstream.aclose()
 
     inference = Inference(runtime)
@@ -198,6 +140,6 @@ def create_app(runtime: Runtime) -> ASGIApp:
     registry = CollectorRegistry()
     registry.register(StateCollector(runtime, runtime.gpu_memory))
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
-    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected}
+    handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     return RequestMetrics(ApiKeys(app, runtime.api_keys), registry)

@@ -15,59 +15,44 @@ import asyncio
 import errno
 import json
 import logging
-import shlex
 import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gateway.cli_flags import add_setting_flags, given
 from gateway.errors import GatewayError
+from gateway.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from gateway.lifecycle import ServedBackend
+    from gateway.planner import Plan
 
 log = logging.getLogger("gateway")
 
+# After the drain (shutdown_grace_s) the engine gets SIGTERM and this long before SIGKILL: a busy
+# engine waits for its generation on SIGTERM, and the drain already gave requests their time.
+ENGINE_TERM_WAIT_S = 5.0
+
+
+# Settings each command exposes as flags (declared once, in gateway/settings.py).
+SERVE_SETTINGS = tuple(Settings.model_fields)
+PLAN_SETTINGS = (
+    "model", "catalog_dir", "context_length", "min_context", "max_context", "engine", "llama_launcher",
+    "vllm_version", "vllm_command", "llama_server_command", "llama_cpp_python_command",
+    "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+    "kv_cache_dtype", "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload",
+)  # fmt: skip
+
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = sub.add_parser("serve", help="start the backend for a model and serve it over HTTP")
-    serve.add_argument("--model", help="catalog name or alias, hub repo id, .gguf file or checkpoint directory")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default 8000)")
-    serve.add_argument("--context-length", type=int, dest="context_length", help="context length to serve")
-    serve.add_argument("--state-dir", type=Path, dest="state_dir", help="state directory")
-    serve.add_argument("--log-dir", type=Path, dest="log_dir", help="backend log directory")
-    serve.add_argument("--threads", type=int, help="CPU threads for llama.cpp")
-    serve.add_argument("--startup-timeout", type=float, dest="startup_timeout_s", help="seconds an engine may load")
-    serve.add_argument("--min-context", type=int, dest="min_context", help="smallest context worth serving")
-    serve.add_argument("--vllm-command", type=shlex.split, dest="vllm_command", help="how to start vLLM's server")
-    serve.add_argument("--vllm-version", dest="vllm_version", help="plan for this vLLM version")
-    serve.add_argument(
-        "--llama-cpp-python-command", type=shlex.split, dest="llama_cpp_python_command", help="llama-cpp-python server"
+    serve = sub.add_parser(
+        "serve",
+        help="start the backend for a model and serve it over HTTP",
+        description="Every flag is also a GATEWAY_<NAME> variable and a gateway.toml key; flags win.",
     )
-    serve.add_argument(
-        "--llama-server-command", type=shlex.split, dest="llama_server_command", help="native llama-server"
-    )
-    serve.add_argument("--backend-url", dest="backend_url", help="front a server you run (no engine is started)")
-    serve.add_argument("--backend-api-key", dest="backend_api_key", help="the key that server expects")
-    serve.add_argument(
-        "--backend-native-apis", type=lambda v: [p for p in v.split(",") if p], dest="backend_native_apis",
-        help="comma list of what that server does itself: responses,messages,include_usage,max_completion_tokens",
-    )  # fmt: skip
-    serve.add_argument("--backend-max-concurrency", type=int, dest="backend_max_concurrency")
-    serve.add_argument("--queue-limit", type=int, dest="queue_limit", help="requests that may wait (429 beyond)")
-    serve.add_argument("--queue-wait", type=float, dest="queue_wait_s", help="seconds a request may wait")
-    serve.add_argument(
-        "--api-key", action="append", dest="api_keys", help="a key clients must send (repeatable); none: open"
-    )
-    serve.add_argument("--api-key-file", type=Path, dest="api_key_file", help="one accepted key per line")
-    serve.add_argument("--log-format", choices=["text", "json"], dest="log_format", help="json: one object per line")
-    serve.add_argument("--catalog-dir", type=Path, dest="catalog_dir", help="extra catalog entries (*.toml)")
-    serve.add_argument("--replan", action="store_true", default=None, help="ignore the remembered configuration")
-    serve.add_argument("--gpu-memory-utilization", type=float, dest="gpu_memory_utilization", help="vLLM: pin")
-    serve.add_argument("--kv-cache-memory-bytes", type=int, dest="kv_cache_memory_bytes", help="vLLM: pin")
-    serve.add_argument("--max-num-seqs", type=int, dest="max_num_seqs", help="vLLM: pin")
-    serve.add_argument("--tensor-parallel-size", type=int, dest="tensor_parallel_size", help="vLLM: pin")
-    serve.add_argument("--enforce-eager", action="store_true", default=None, dest="enforce_eager", help="vLLM: pin")
-    serve.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], dest="kv_cache_dtype", help="vLLM: pin")
+    add_setting_flags(serve, SERVE_SETTINGS)
     serve.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
     serve.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -76,27 +61,14 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = sub.add_parser(
         "plan",
         help="show whether and how the model fits, term by term, without starting anything",
-        description="Flags given explicitly are pinned; the others are chosen by the ladder. "
+        description="Flags given explicitly are pinned; the others are chosen by the ladder. The same "
+        "settings as `serve` (flags, GATEWAY_* and gateway.toml). "
         "Exit 0 when a candidate fits, 2 when none does, 1 on bad input.",
     )
-    plan.add_argument("--model", help="catalog name, hub repo id, .gguf file or checkpoint directory")
+    add_setting_flags(plan, PLAN_SETTINGS)
     plan.add_argument("--gpus", help="simulate GPUs instead of asking NVML: 2x32GiB, 1x12GiB,1x24GiB, 2x32GiB@12.0")
     plan.add_argument("--ram", help="host RAM to plan with, e.g. 64GiB (default: what is available)")
-    plan.add_argument("--backend", choices=["vllm", "llamacpp"], help="plan only this engine")
-    plan.add_argument("--launcher", choices=["python", "native"], default="python", help="llama.cpp server")
-    plan.add_argument("--vllm-version", help="plan for this vLLM release (default: installed, else assumed)")
-    plan.add_argument("--tensor-parallel-size", type=int)
-    plan.add_argument("--gpu-memory-utilization", type=float)
-    plan.add_argument("--max-model-len", type=int)
-    plan.add_argument("--max-num-seqs", type=int)
-    plan.add_argument("--max-num-batched-tokens", type=int)
-    plan.add_argument("--kv-cache-dtype", choices=["auto", "fp8"])
-    plan.add_argument("--kv-cache-memory-bytes", type=int)
-    plan.add_argument("--enforce-eager", action="store_true", default=None)
-    plan.add_argument("--cpu-offload-gb", type=float)
-    plan.add_argument("--allow-cpu-offload", action="store_true", help="let the ladder use --cpu-offload-gb")
-    plan.add_argument("--min-context", type=int, default=32768, help="smallest acceptable context (default 32768)")
-    plan.add_argument("--max-context", type=int, help="longest context worth reserving")
+    plan.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
     plan.add_argument("--json", action="store_true", help="one JSON object")
 
 
@@ -150,14 +122,12 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.proxy import Upstream
-    from gateway.settings import load_settings
-    from gateway.startup import decide
     from gateway.lifecycle import State
+    from gateway.proxy import Upstream
+    from gateway.startup import decide
     from gateway.supervisor import Supervisor
 
-    overrides: dict[str, Any] = {key: getattr(args, key, None) for key in _SERVE_SETTINGS}
-    settings = load_settings(overrides, args.config)
+    settings = load_settings(given(args, SERVE_SETTINGS), args.config)
     if settings.log_format == "json":
         _json_logging()
     upstream = Upstream(connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.request_timeout_s)
@@ -172,13 +142,9 @@ def serve(args: argparse.Namespace) -> int:
             decision.options,
             log_dir=settings.backend_log_dir,
             startup_timeout_s=settings.startup_timeout_s,
-            shutdown_grace_s=settings.shutdown_grace_s,
+            shutdown_grace_s=ENGINE_TERM_WAIT_S,
             remember=decision.remember,
-            plan_summary={
-                "decision": plan.decision_reason,
-                "engine_version": f"vllm {plan.vllm_version} ({plan.vllm_version_source})",
-                "notes": plan.notes,
-            },
+            plan_summary={"decision": plan.decision_reason, "engine_version": plan.versions(), "notes": plan.notes},
         )
         for number, option in enumerate(decision.options, 1):
             log.info("option %d of %d: %s", number, len(decision.options), option.label)
@@ -189,7 +155,7 @@ def serve(args: argparse.Namespace) -> int:
         create_app(runtime),
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),  # requests in flight drain
         lifespan="on",
     )
     server = uvicorn.Server(config)
@@ -222,31 +188,14 @@ def serve(args: argparse.Namespace) -> int:
     return 1
 
 
-def _plan_figures(plan: Any) -> dict[str, Any]:
-    """What /metrics and the status page show of the plan: the chosen candidate's memory per GPU."""
+def _plan_figures(plan: Plan) -> dict[str, Any]:
+    """What /metrics and the status page show of the plan: the chosen candidate's memory per device."""
     from gateway.metrics import live_gpu_memory
 
     figures: dict[str, Any] = {"plan_details": {"candidates": [c.to_json() for c in plan.candidates]}}
-    chosen = plan.chosen
-    if chosen is not None and hasattr(chosen, "memory"):
-        memory = chosen.memory
-        terms = {"weights": memory.weights, "activation": memory.activation, "cudagraph": memory.cudagraph}
-        terms["kv_cache"] = max(memory.kv_cache, 0)
-        figures["plan_memory"] = [
-            (gpu, term, value) for gpu in range(chosen.flags.tensor_parallel_size) for term, value in terms.items()
-        ]
-        figures["plan_kv_tokens"] = memory.kv_tokens
-    elif chosen is not None:
-        p = chosen.placement
-        figures["plan_memory"] = [
-            (i, term, value)
-            for i in range(len(p.device_model))
-            for term, value in (
-                ("model", p.device_model[i]),
-                ("kv_cache", p.device_kv[i]),
-                ("compute", p.device_compute[i]),
-            )
-        ]
+    if (chosen := plan.chosen) is not None:
+        figures["plan_memory"] = chosen.memory_terms()
+        figures["plan_kv_tokens"] = chosen.kv_tokens
     if plan.inventory.gpus:
         figures["gpu_memory"] = live_gpu_memory
     return figures
@@ -344,18 +293,18 @@ def _external_runtime(settings: Any, upstream: Any) -> Any:
         native=frozenset(settings.backend_native_apis),
         base=url,
     )
-    backend = ExternalBackend(launch)
+    backend: ServedBackend = ExternalBackend(launch)  # mypy checks that it conforms
     route = ModelRoute(fronted=settings.model or served, served=served, context_length=context)
     return _runtime(settings, route, backend, upstream)
 
 
-def _runtime(settings: Any, route: Any, backend: Any, upstream: Any, **plan_figures: Any) -> Any:
+def _runtime(settings: Any, route: Any, backend: ServedBackend, upstream: Any, **plan_figures: Any) -> Any:
     """The app's runtime: what the settings decide about limits and keys, for either kind of backend."""
-    from gateway.app import Runtime
+    from gateway.runtime import Runtime
 
     return Runtime(
         route=route,
-        supervisor=backend,
+        backend=backend,
         upstream=upstream,
         max_body_bytes=settings.max_body_bytes,
         queue_limit=settings.queue_limit,
@@ -365,48 +314,16 @@ def _runtime(settings: Any, route: Any, backend: Any, upstream: Any, **plan_figu
     )
 
 
-_SERVE_SETTINGS = (
-    "model", "host", "port", "context_length", "state_dir", "log_dir", "threads", "startup_timeout_s",
-    "min_context", "vllm_command", "vllm_version", "llama_cpp_python_command", "llama_server_command",
-    "catalog_dir", "replan", "backend_url", "backend_api_key", "backend_native_apis", "backend_max_concurrency",
-    "queue_limit", "queue_wait_s", "api_keys", "api_key_file", "log_format",
-    "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs", "tensor_parallel_size",
-    "enforce_eager", "kv_cache_dtype",
-)  # fmt: skip
-
-
-_PINNABLE = (
-    "tensor_parallel_size",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_cache_dtype",
-    "kv_cache_memory_bytes",
-    "enforce_eager",
-    "cpu_offload_gb",
-)
-
-
 def plan_command(args: argparse.Namespace) -> int:
-    from gateway.catalog import DEFAULT_MODEL, builtin_catalog
+    from gateway.catalog import DEFAULT_MODEL, catalog_with
     from gateway.hardware import inventory
     from gateway.plan_report import render
-    from gateway.planner import Policy, plan
+    from gateway.startup import plan_for
 
+    settings = load_settings(given(args, PLAN_SETTINGS), args.config)
     machine = inventory(args.gpus, args.ram)
-    entry = builtin_catalog().resolve(args.model or DEFAULT_MODEL)
-    pinned = {name: getattr(args, name) for name in _PINNABLE if getattr(args, name) is not None}
-    policy = Policy(
-        min_context=args.min_context,
-        max_context=args.max_context,
-        allow_cpu_offload=args.allow_cpu_offload,
-        backend=args.backend,
-        launcher=args.launcher,
-        vllm_version=args.vllm_version,
-        pinned=pinned,
-    )
-    result = plan(entry, machine, policy)
+    entry = catalog_with(settings.catalog_dir).resolve(settings.model or DEFAULT_MODEL)
+    result = plan_for(settings, entry, machine, serving=False)
     if not result.candidates:  # nothing could even be evaluated: the model's facts are out of reach
         raise GatewayError("; ".join(result.notes) or f"no engine can be planned for {entry.name}")
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
@@ -418,10 +335,10 @@ def list_models(args: argparse.Namespace) -> int:
 
     entries = builtin_catalog().entries
     if args.json:
-        print(json.dumps([entry.model_dump(mode="json") for entry in entries], indent=2))
+        print(json.dumps([entry.to_json() for entry in entries], indent=2))
         return 0
     for entry in entries:
-        engines = "+".join(name for name in ("vllm", "llamacpp") if getattr(entry, name) is not None)
+        engines = "+".join(entry.engines)
         aliases = f"  (aliases: {', '.join(entry.aliases)})" if entry.aliases else ""
         print(f"{entry.name:<20} {engines:<14} {entry.description}{aliases}")
     return 0

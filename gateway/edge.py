@@ -7,7 +7,6 @@ work is two substring checks.
 from __future__ import annotations
 
 import hmac
-import json
 import re
 import time
 import uuid
@@ -16,6 +15,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from gateway.openai_errors import shape_for
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,7 +44,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class ApiKeys:
-    """Closes every route but /health unless the request carries one of the keys (Bearer or x-api-key)."""
+    """Closes every route but /health unless the request carries one of the keys (Bearer or x-api-key);
+    the 401 is written in the route's dialect."""
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
@@ -62,17 +64,7 @@ class ApiKeys:
         if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS or self.allowed(scope):
             await self.app(scope, receive, send)
             return
-        if scope["path"].startswith("/v1/messages"):
-            body = {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}
-        else:
-            message = "Incorrect API key provided: pass it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-            body = {
-                "error": {"message": message, "type": "authentication_error", "param": None, "code": "invalid_api_key"}
-            }
-        data = json.dumps(body).encode()
-        headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
+        await shape_for(scope["path"]).unauthorized()(scope, receive, send)
 
 
 class RequestMetrics:

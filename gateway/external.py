@@ -1,7 +1,7 @@
 """A backend the user runs themselves (`serve --backend-url URL`): nothing to plan, start or stop.
 
-It has the supervisor's surface (ready, state, launch, snapshot) so the HTTP app does not care which
-it fronts. Readiness is the backend's own answer to `GET /v1/models`, polled every few seconds.
+It is a :class:`~gateway.lifecycle.ServedBackend`, like the supervisor, so the HTTP app does not care
+which it fronts. Readiness is the backend's own answer to `GET /v1/models`, polled every few seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class ExternalBackend:
         self.state = State.STARTING
         self.reason: str | None = "waiting for the backend to answer"
         self.ever_ready = False
+        self.restarts = 0  # the gateway never restarts a server it does not run
         self.attempts: list[Any] = []
         self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -56,7 +57,7 @@ class ExternalBackend:
             "reason": self.reason,
             "plan": {"decision": f"fronting the backend at {self._target.base_url} (--backend-url)"},
             "attempts": [],
-            "restarts": 0,
+            "restarts": self.restarts,
             "backend": {"engine": "external", "url": self._target.base_url, "served_name": self._target.served_name},
         }
 

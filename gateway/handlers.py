@@ -1,14 +1,17 @@
 """The inference routes: chat and text completions, Responses, Messages (and count_tokens).
 
 Each request is parsed once, checked, mapped to the served model, admitted, then either passed
-through (the engine speaks the API itself) or translated to chat completions and back.
+through (the engine speaks the API itself) or translated to chat completions and back. Responses
+and Messages share one translate path; a :class:`Dialect` says what differs between them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,33 +26,12 @@ from gateway.fidelity import (
     flatten_prompt,
     map_max_completion_tokens,
 )
-from gateway.openai_errors import ApiError, unavailable
-from gateway.proxy import ChunkFilter, translated_stream
 from gateway.lifecycle import State
-
-if TYPE_CHECKING:
-    from gateway.app import Runtime
+from gateway.openai_errors import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
+from gateway.proxy import ChunkFilter, chained, translated_stream
+from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.handlers")
-
-
-class _Chain:
-    def __init__(self, *filters: ChunkFilter) -> None:
-        self.filters = filters
-
-    def feed(self, chunk: bytes) -> bytes:
-        for f in self.filters:
-            chunk = f.feed(chunk)
-        return chunk
-
-    def flush(self) -> bytes:
-        out = b""
-        for index, f in enumerate(self.filters):
-            tail = f.flush()
-            for later in self.filters[index + 1 :]:
-                tail = later.feed(tail)
-            out += tail
-        return out
 
 
 async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
@@ -80,6 +62,55 @@ def require(payload: dict[str, Any], field: str, kinds: tuple[type, ...], what: 
         raise ApiError(400, f"missing required parameter: '{field}'", param=field, code="missing_required_parameter")
     if not isinstance(payload[field], kinds):
         raise ApiError(400, f"'{field}' must be {what}", param=field, code="invalid_type")
+
+
+def _check_messages(payload: dict[str, Any]) -> None:
+    require(payload, "messages", (list,), "an array of messages")
+    if not payload["messages"]:
+        raise ApiError(400, "'messages' must contain at least one message", param="messages")
+
+
+def _check_messages_request(payload: dict[str, Any]) -> None:
+    _check_messages(payload)
+    require(payload, "max_tokens", (int,), "an integer")
+
+
+def _check_responses_request(payload: dict[str, Any]) -> None:
+    require(payload, "input", (str, list), "a string or an array of items")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """An agent API served by translation to chat completions when the engine does not speak it."""
+
+    native: str  # the engine's capability (Launch.native) and its route, /v1/<native>
+    check: Callable[[dict[str, Any]], None]  # the dialect's own required fields
+    to_chat: Callable[[dict[str, Any], str], dict[str, Any]]  # (request, served name) → chat request
+    reply: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]  # (chat answer, request, fronted name)
+    events: Callable[[AsyncIterator[Any], dict[str, Any], str, int], AsyncIterator[bytes]]  # + prompt tokens
+    errors: ErrorShape
+
+    @property
+    def path(self) -> str:
+        return f"/v1/{self.native}"
+
+
+RESPONSES = Dialect(
+    "responses",
+    _check_responses_request,
+    responses_api.to_chat,
+    responses_api.from_chat,
+    lambda chunks, request, model, _prompt: responses_api.stream_from_chat(chunks, request, model),
+    OPENAI,
+)
+MESSAGES = Dialect(
+    "messages",
+    _check_messages_request,
+    messages_api.to_chat,
+    lambda answer, _request, model: messages_api.from_chat(answer, model),
+    lambda chunks, _request, model, prompt: messages_api.stream_from_chat(chunks, model, prompt),
+    ANTHROPIC,
+)
 
 
 class Inference:
@@ -115,7 +146,7 @@ class Inference:
         return False
 
     def _target(self) -> Launch:
-        backend = self.rt.supervisor
+        backend = self.rt.backend
         target = backend.launch
         if not backend.ready or target is None:
             detail = {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(
@@ -145,9 +176,7 @@ class Inference:
     # -- chat and text completions -----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        require(payload, "messages", (list,), "an array of messages")
-        if not payload["messages"]:
-            raise ApiError(400, "'messages' must contain at least one message", param="messages")
+        _check_messages(payload)
         return await self._completion(payload, body, "/v1/chat/completions")
 
     async def completions(self, request: Request) -> Response:
@@ -180,105 +209,70 @@ class Inference:
         def rewrite(data: bytes) -> bytes:
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
 
-        ticket = await self.rt.admission.enter()
-        return await self.rt.upstream.relay(
-            target,
-            path,
-            body,
-            stream=stream,
-            rewrite_body=rewrite,
-            chunk_filter=_Chain(*filters) if len(filters) > 1 else (filters[0] if filters else None),
-            on_close=ticket.release,
-        )
+        async with self.rt.admission.slot() as ticket:
+            return await self.rt.upstream.relay(
+                target,
+                path,
+                body,
+                stream=stream,
+                rewrite_body=rewrite,
+                chunk_filter=chained(filters),
+                on_close=ticket.hand_over(),
+            )
 
     async def _passthrough(self, target: Launch, path: str, payload: dict[str, Any], body: bytes | None) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
-        ticket = await self.rt.admission.enter()
-        return await self.rt.upstream.relay(
-            target,
-            path,
-            body if body is not None else json.dumps(payload).encode(),
-            stream=payload.get("stream") is True,
-            rewrite_body=self.rt.route.rewrite_body,
-            on_close=ticket.release,
-        )
+        async with self.rt.admission.slot() as ticket:
+            return await self.rt.upstream.relay(
+                target,
+                path,
+                body if body is not None else json.dumps(payload).encode(),
+                stream=payload.get("stream") is True,
+                rewrite_body=self.rt.route.rewrite_body,
+                on_close=ticket.hand_over(),
+            )
 
-    # -- Responses (Codex) ------------------------------------------------------------------------
+    # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
     async def responses(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        require(payload, "input", (str, list), "a string or an array of items")
-        changed = self._route_model(payload)
-        target = self._target()
-        if "responses" in target.native:
-            return await self._passthrough(target, "/v1/responses", payload, body if not changed else None)
-        chat = responses_api.to_chat(payload, self.rt.route.served)
-        await self._fit_chat(target, chat)
-        if not chat["stream"]:
-            status, answer = await self._chat_once(target, chat)
-            if status != 200:
-                return JSONResponse(answer, status_code=status)
-            return JSONResponse(responses_api.from_chat(answer, payload, self.rt.route.fronted))
-        ticket = await self.rt.admission.enter()
-        chunks = await self._chat_chunks(target, chat, ticket)
-        if isinstance(chunks, Response):
-            return chunks
-        return translated_stream(responses_api.stream_from_chat(chunks, payload, self.rt.route.fronted), ticket.release)
-
-    async def _chat_once(self, target: Launch, chat: dict[str, Any]) -> tuple[int, Any]:
-        """A translator's non-streamed chat completion, holding an engine slot while it runs."""
-        ticket = await self.rt.admission.enter()
-        try:
-            return await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
-        finally:
-            ticket.release()
-
-    async def _chat_chunks(self, target: Launch, chat: dict[str, Any], ticket: Any) -> Any:
-        """A translator's input: parsed chat chunks (usage synthesized if the engine ignores it)."""
-        usage: ChunkFilter | None = None
-        if "include_usage" not in target.native:
-            usage = ChatStreamFixer(mirror=None, usage_prompt_tokens=await self._prompt_tokens(target, chat) or 0)
-        try:
-            failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
-        except ApiError:
-            ticket.release()
-            raise
-        if failed is not None:
-            ticket.release()
-            status, content = failed
-            return Response(content, status_code=status, media_type="application/json")
-        return chunks
-
-    # -- Messages (Claude Code) -------------------------------------------------------------------
-    def _check_messages(self, payload: dict[str, Any]) -> None:
-        require(payload, "messages", (list,), "an array of messages")
-        if not payload["messages"]:
-            raise ApiError(400, "'messages' must contain at least one message", param="messages")
+        return await self._agent_api(RESPONSES, request)
 
     async def messages(self, request: Request) -> Response:
+        return await self._agent_api(MESSAGES, request)
+
+    async def _agent_api(self, dialect: Dialect, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        self._check_messages(payload)
-        require(payload, "max_tokens", (int,), "an integer")
+        dialect.check(payload)
         changed = self._route_model(payload)
         target = self._target()
-        if "messages" in target.native:
-            return await self._passthrough(target, "/v1/messages", payload, body if not changed else None)
-        chat = messages_api.to_chat(payload, self.rt.route.served)
+        if dialect.native in target.native:
+            return await self._passthrough(target, dialect.path, payload, body if not changed else None)
+        return await self._translate(dialect, target, payload)
+
+    async def _translate(self, dialect: Dialect, target: Launch, payload: dict[str, Any]) -> Response:
+        """Ask the engine in chat completions and answer in the dialect: one reply, or a stream of its
+        events (usage synthesized when the engine ignores include_usage). An engine's refusal comes
+        back in the dialect's error shape."""
+        fronted = self.rt.route.fronted
+        chat = dialect.to_chat(payload, self.rt.route.served)
         _, prompt = await self._fit_chat(target, chat)
-        if not chat["stream"]:
-            status, answer = await self._chat_once(target, chat)
-            if status != 200:
-                raise _anthropic_error(status, answer)
-            return JSONResponse(messages_api.from_chat(answer, self.rt.route.fronted))
-        ticket = await self.rt.admission.enter()
-        chunks = await self._chat_chunks(target, chat, ticket)
-        if isinstance(chunks, Response):
-            raise _anthropic_error(chunks.status_code, json.loads(bytes(chunks.body) or b"{}"))
-        events = messages_api.stream_from_chat(chunks, self.rt.route.fronted, prompt or 0)
-        return translated_stream(events, ticket.release)
+        async with self.rt.admission.slot() as ticket:
+            if not chat["stream"]:
+                status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
+                if status != 200:
+                    return dialect.errors.engine_error(status, answer)
+                return JSONResponse(dialect.reply(answer, payload, fronted))
+            usage: ChunkFilter | None = None
+            if "include_usage" not in target.native:
+                counted = await self._prompt_tokens(target, chat) or 0
+                usage = ChatStreamFixer(mirror=None, usage_prompt_tokens=counted)
+            failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
+            if failed is not None:
+                return dialect.errors.engine_error(*failed)
+            return translated_stream(dialect.events(chunks, payload, fronted, prompt or 0), ticket.hand_over())
 
     async def count_tokens(self, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        self._check_messages(payload)
+        _check_messages(payload)
         changed = self._route_model(payload)
         target = self._target()
         if "messages" in target.native:
@@ -290,10 +284,3 @@ class Inference:
         counted = await self.rt.upstream.count_tokens(target, text)
         tokens = counted + PER_MESSAGE_OVERHEAD * len(payload["messages"]) if counted is not None else len(text) // 4
         return JSONResponse({"input_tokens": tokens})
-
-
-def _anthropic_error(status: int, answer: Any) -> ApiError:
-    """An engine's OpenAI-shaped error, to be rendered in the Messages dialect by the error handler."""
-    error = answer.get("error") if isinstance(answer, dict) else None
-    message = str(error.get("message") if isinstance(error, dict) else error or answer)
-    return ApiError(status, message)

@@ -1,53 +1,21 @@
 """Anthropic Messages API (what Claude Code speaks) translated to and from chat completions.
 
 Used when the live backend has no `/v1/messages` of its own (llama-cpp-python). Errors on these
-routes are Anthropic-shaped: ``{"type": "error", "error": {"type", "message"}}``.
+routes are Anthropic-shaped (written by ``gateway.openai_errors.ANTHROPIC``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.responses import Response
-
 from gateway.openai_errors import ApiError
+from gateway.openai_errors import anthropic_message as anthropic_message  # the overflow wording, re-exported
 from gateway.sse import DONE, event
 
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
-
-
-_OVERFLOW = re.compile(
-    r"maximum context length is (\d+) tokens\. However, (?:you requested|your messages resulted in) (\d+) tokens"
-)
-
-
-def anthropic_message(message: str) -> str:
-    """Context overflow worded as Claude Code recognises it; anything else unchanged."""
-    if match := _OVERFLOW.search(message):
-        maximum, tokens = match.groups()
-        return f"prompt is too long: {tokens} tokens > {maximum} maximum"
-    return message
-
-
-def error_response(error: ApiError) -> Response:
-    """The same error in Anthropic's shape (status and Retry-After kept)."""
-    kind = _ERROR_TYPES.get(error.status, "api_error")
-    body = {"type": "error", "error": {"type": kind, "message": anthropic_message(error.message)}}
-    headers = error.headers()
-    return Response(json.dumps(body).encode(), status_code=error.status, media_type="application/json", headers=headers)
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:

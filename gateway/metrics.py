@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -12,8 +12,7 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-if TYPE_CHECKING:
-    from gateway.app import Runtime
+from gateway.runtime import Runtime
 
 STATES = ("starting", "ready", "restarting", "failed", "stopped")
 
@@ -30,14 +29,12 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "gateway_queue_rejections", "Requests refused with 429 so far", value=admission.rejected
         )
-        backend = self.rt.supervisor
+        backend = self.rt.backend
         state = GaugeMetricFamily("gateway_backend_state", "1 for the backend's current state", labels=["state"])
         for name in STATES:
             state.add_metric([name], 1.0 if backend.state.value == name else 0.0)
         yield state
-        yield GaugeMetricFamily(
-            "gateway_backend_restarts", "Engine restarts so far", value=getattr(backend, "restarts", 0)
-        )
+        yield GaugeMetricFamily("gateway_backend_restarts", "Engine restarts so far", value=backend.restarts)
         launch = backend.launch
         context = launch.context_length if launch else self.rt.route.context_length
         yield GaugeMetricFamily("gateway_context_length", "Context length served", value=context)

@@ -1,14 +1,22 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""Errors as agents read them: one exception, :class:`ApiError`, written in the route's dialect.
 
-Agents and SDKs read ``error.message`` and the status code; ``Retry-After`` tells their retry logic
-how long to wait. Every error the gateway itself produces on an OpenAI route goes through here.
+OpenAI routes get OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; ``/v1/messages*``
+(Claude Code) gets Anthropic's ``{"type": "error", "error": {"type", "message"}}``. Agents and SDKs
+read the message and the status code; ``Retry-After`` tells their retry logic how long to wait.
+This module is the one exception → HTTP error mapping: :func:`as_api_error` turns any exception into
+an ApiError, :func:`shape_for` picks the dialect by path, and each :class:`ErrorShape` writes it.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from starlette.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
 
 RETRY_AFTER_S = 5
 
@@ -46,6 +54,7 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
     def body(self) -> dict[str, object]:
+        """OpenAI's shape (also what a broken passthrough stream's last event carries)."""
         return {
             "error": {
                 "message": self.message,
@@ -61,15 +70,6 @@ class ApiError(Exception):
             return None
         return {"Retry-After": str(self.retry_after_s), "retry-after-ms": str(self.retry_after_s * 1000)}
 
-    def response(self) -> Response:
-        headers = self.headers()
-        return Response(
-            json.dumps(self.body()).encode(),
-            status_code=self.status,
-            media_type="application/json",
-            headers=headers,
-        )
-
     def sse_event(self) -> bytes:
         """The same error as a final server-sent event, for a stream that cannot continue."""
         return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
@@ -77,3 +77,85 @@ class ApiError(Exception):
 
 def unavailable(message: str) -> ApiError:
     return ApiError(503, message, code="backend_unavailable", retry_after_s=RETRY_AFTER_S)
+
+
+def as_api_error(exc: Exception, method: str, path: str) -> ApiError:
+    """Any exception a route raised, as the error the client should read (the caller logs the
+    unexpected ones: they become a 500 that points at the gateway log)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, HTTPException):
+        if exc.status_code == 404:
+            message = f"no route {method} {path}: see /v1/models, /v1/chat/completions, /v1/completions"
+        elif exc.status_code == 405:
+            message = f"method {method} is not allowed on {path}"
+        else:
+            message = str(exc.detail)
+        return ApiError(exc.status_code, message)
+    return ApiError(500, f"internal gateway error ({type(exc).__name__}); see the gateway log")
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    """How one dialect writes an error."""
+
+    body: Callable[[ApiError], dict[str, object]]
+    bad_key_message: str  # what a request without a valid API key is told
+    relays_engine_errors: bool  # the engine's own (OpenAI-shaped) errors are already in this shape
+
+    def response(self, error: ApiError) -> Response:
+        body = json.dumps(self.body(error)).encode()
+        return Response(body, status_code=error.status, media_type="application/json", headers=error.headers())
+
+    def unauthorized(self) -> Response:
+        response = self.response(ApiError(401, self.bad_key_message, code="invalid_api_key"))
+        response.headers["www-authenticate"] = "Bearer"
+        return response
+
+    def engine_error(self, status: int, answer: Any) -> Response:
+        """The engine refused a translated request: its error as it came, or its message reworded."""
+        if self.relays_engine_errors:
+            return JSONResponse(answer, status_code=status)
+        error = answer.get("error") if isinstance(answer, dict) else None
+        message = str(error.get("message") if isinstance(error, dict) else error or answer)
+        return self.response(ApiError(status, message))
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+_OVERFLOW = re.compile(
+    r"maximum context length is (\d+) tokens\. However, (?:you requested|your messages resulted in) (\d+) tokens"
+)
+
+
+def anthropic_message(message: str) -> str:
+    """Context overflow worded as Claude Code recognises it; anything else unchanged."""
+    if match := _OVERFLOW.search(message):
+        maximum, tokens = match.groups()
+        return f"prompt is too long: {tokens} tokens > {maximum} maximum"
+    return message
+
+
+def _anthropic_body(error: ApiError) -> dict[str, object]:
+    kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": anthropic_message(error.message)}}
+
+
+OPENAI = ErrorShape(
+    ApiError.body,
+    "Incorrect API key provided: pass it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+    relays_engine_errors=True,
+)
+ANTHROPIC = ErrorShape(_anthropic_body, "invalid x-api-key", relays_engine_errors=False)
+
+
+def shape_for(path: str) -> ErrorShape:
+    """The dialect of a route: Anthropic's on the Messages API, OpenAI's everywhere else."""
+    return ANTHROPIC if path.startswith("/v1/messages") else OPENAI

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import errno
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -20,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-log = logging.getLogger("gateway.process")
+from gateway.reaper import PARENT_DIED, set_parent_death_signal
 
-_PR_SET_PDEATHSIG = 1
+log = logging.getLogger("gateway.process")
 
 
 def free_port() -> int:
@@ -32,10 +33,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _reaper_learns_of_our_death() -> None:  # runs in the child between fork and exec
+    set_parent_death_signal(PARENT_DIED)
+
+
+def _runnable(command: str) -> None:
+    """Raise FileNotFoundError/PermissionError now, as exec would, rather than from inside the reaper."""
+    path = shutil.which(command)
+    if path is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
 
 
 class ChildProcess:
@@ -63,15 +69,21 @@ class ChildProcess:
         return self._proc.pid if self._proc else None
 
     async def start(self) -> None:
+        """Start ``argv`` under :mod:`gateway.reaper`, which leads the new process group and kills all
+        of it with SIGKILL should the gateway die (a busy engine ignores anything gentler)."""
+        _runnable(self.argv[0])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway.reaper",
             *self.argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env={**os.environ, **self.env},
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_reaper_learns_of_our_death,
             limit=1 << 20,  # engines print long lines (llama.cpp's model metadata dict)
         )
         self._pump = asyncio.create_task(self._pump_output(), name=f"output of pid {self._proc.pid}")

@@ -30,6 +30,32 @@ class ChunkFilter(Protocol):
     def flush(self) -> bytes: ...
 
 
+class _Chain:
+    """Filters applied in order; a filter's flushed tail still passes through the ones after it."""
+
+    def __init__(self, filters: list[ChunkFilter]) -> None:
+        self.filters = filters
+
+    def feed(self, chunk: bytes) -> bytes:
+        for f in self.filters:
+            chunk = f.feed(chunk)
+        return chunk
+
+    def flush(self) -> bytes:
+        out = b""
+        for index, f in enumerate(self.filters):
+            tail = f.flush()
+            for later in self.filters[index + 1 :]:
+                tail = later.feed(tail)
+            out += tail
+        return out
+
+
+def chained(filters: list[ChunkFilter]) -> ChunkFilter | None:
+    """One filter for a stream: none, the only one, or all of them in order."""
+    return None if not filters else filters[0] if len(filters) == 1 else _Chain(filters)
+
+
 class Upstream:
     """One pooled HTTP client for whichever backend is live (its URL and key change on restarts).
 
@@ -77,11 +103,7 @@ class Upstream:
 
     async def post_json(self, target: Launch, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
         upstream = await self.open(target, path, json.dumps(payload).encode())
-        data = await self.read(upstream)
-        try:
-            return upstream.status, json.loads(data)
-        except ValueError:
-            return upstream.status, {"error": {"message": data.decode(errors="replace")[:500]}}
+        return upstream.status, _json_or_error(await self.read(upstream))
 
     async def count_tokens(self, target: Launch, text: str) -> int | None:
         """The engine's own token count for ``text`` (None when it has no tokenizer endpoint)."""
@@ -124,12 +146,20 @@ class Upstream:
 
     async def chat_stream(
         self, target: Launch, body: bytes, chunk_filter: ChunkFilter | None = None
-    ) -> tuple[tuple[int, bytes] | None, AsyncIterator[Any]]:
-        """Open a streamed chat completion for a translator: ((status, error body) or None, parsed chunks)."""
+    ) -> tuple[tuple[int, Any] | None, AsyncIterator[Any]]:
+        """Open a streamed chat completion for a translator: ((status, parsed error) or None, parsed chunks)."""
         upstream = await self.open(target, "/v1/chat/completions", body)
         if upstream.status != 200:
-            return (upstream.status, await self.read(upstream)), _empty()
+            return (upstream.status, _json_or_error(await self.read(upstream))), _empty()
         return None, chat_chunks(_guarded(upstream, chunk_filter))
+
+
+def _json_or_error(data: bytes) -> Any:
+    """An engine's JSON answer; anything else (a proxy's HTML page) as an OpenAI-shaped error."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"error": {"message": data.decode(errors="replace")[:500]}}
 
 
 async def _empty() -> AsyncIterator[Any]:

@@ -72,7 +72,8 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         15.0,
         ge=0,
-        description="Time a backend gets to exit after SIGTERM before SIGKILL.",
+        description="On stop, time requests in flight get to finish; then the engine's process group gets "
+        "SIGTERM and, 5 s later, SIGKILL.",
         json_schema_extra={"flags": ["--shutdown-grace"]},
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it).")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -155,3 +157,73 @@ def test_a_gguf_that_cannot_be_downloaded_exits_1_naming_the_fix(tmp_path: Path)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "could not start tiny-hub" in result.stderr
     assert "download it yourself and pass --model /path/to/file.gguf" in result.stderr
+
+
+def _engine_group(pid: int) -> list[int]:
+    """Every live process in the engine's process group (the reaper leads it)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.info["pid"]) == pid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.info["pid"])
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+def _busy(gateway: GatewayProcess) -> threading.Thread:
+    """A request without max_tokens: the engine generates until its context is full (a minute here)."""
+    first_chunk = threading.Event()
+
+    def generate() -> None:
+        body = {
+            "model": "gemma-3-270m",
+            "messages": [{"role": "user", "content": "Tell a long story."}],
+            "stream": True,
+        }
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=120) as answer,
+        ):
+            for _ in answer.iter_bytes():
+                first_chunk.set()
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    assert first_chunk.wait(60), "the engine never started generating"
+    return thread
+
+
+@pytest.fixture
+def busy_gateway(tmp_path: Path, gemma_gguf: Path) -> object:
+    args = ("--model", "gemma-3-270m", "--context-length", "2048", "--shutdown-grace", "2")
+    process = GatewayProcess(tmp_path, *args).start()
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.kill()
+
+
+def test_a_gateway_killed_with_sigkill_leaves_no_busy_engine_behind(busy_gateway: GatewayProcess) -> None:
+    leader = busy_gateway.backend_pid()
+    _busy(busy_gateway)
+    assert len(_engine_group(leader)) >= 2  # the reaper and the engine
+    assert busy_gateway.proc is not None
+    busy_gateway.proc.kill()
+    busy_gateway.proc.wait()
+    gone_after = _wait_for(lambda: not _engine_group(leader), timeout_s=5)
+    assert gone_after < 5
+
+
+def test_sigterm_stops_a_gateway_with_a_busy_engine_within_the_grace_plus_ten_seconds(
+    busy_gateway: GatewayProcess,
+) -> None:
+    leader = busy_gateway.backend_pid()
+    _busy(busy_gateway)
+    started = time.monotonic()
+    assert busy_gateway.stop(signal.SIGTERM, timeout_s=2 + 10) == 0, busy_gateway.log()
+    assert time.monotonic() - started < 2 + 10
+    assert not _engine_group(leader), "an engine process outlived the gateway's stop"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp
-from gateway.hardware import GIB, MIB, Inventory, parse_gpu_spec
 from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
+from gateway.hardware import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.modelfacts import ModelFacts, facts_from_config
 from gateway.modelinfo import read_gguf_header
 from gateway.planner import EnginePlan, decide

@@ -35,7 +35,9 @@ def _glm_plan(spec: str = RTX_5090_PAIR, version: str = "0.32.0", pins: Pins | N
 
 def test_glm_bf16_puts_28_to_29_gib_of_weights_on_each_of_two_gpus() -> None:
     plan = _glm_plan()
-    tp2 = [c for c in plan.candidates_of("vllm") if c.flags.tensor_parallel_size == 2 and c.checkpoint.quantization is None]
+    tp2 = [
+        c for c in plan.candidates_of("vllm") if c.flags.tensor_parallel_size == 2 and c.checkpoint.quantization is None
+    ]
     assert tp2
     assert 27.5 * GIB < tp2[0].memory.weights < 29.5 * GIB
 
@@ -50,7 +52,11 @@ def test_glm_bf16_on_two_5090s_fits_only_with_tuned_limits() -> None:
     assert chosen.flags.max_num_seqs <= 32  # and few sequences
     assert chosen.flags.max_model_len >= 32768
     assert chosen.memory.kv_tokens >= chosen.flags.max_model_len
-    defaults = [c for c in plan.candidates_of("vllm") if c.concessions == vllm.Concessions() and c.flags.tensor_parallel_size == 2]
+    defaults = [
+        c
+        for c in plan.candidates_of("vllm")
+        if c.concessions == vllm.Concessions() and c.flags.tensor_parallel_size == 2
+    ]
     assert defaults and not any(c.fits for c in defaults)
     assert "leave no KV cache" in defaults[0].reason
 
@@ -74,7 +80,11 @@ def test_before_mla_glm_bf16_cannot_reach_32k_and_the_nvfp4_checkpoint_is_chosen
 
 def test_the_nvfp4_checkpoint_leaves_far_more_room() -> None:
     plan = _glm_plan()
-    nvfp4 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization == "nvfp4" and c.concessions == vllm.Concessions(checkpoint=1)]
+    nvfp4 = [
+        c
+        for c in plan.candidates_of("vllm")
+        if c.checkpoint.quantization == "nvfp4" and c.concessions == vllm.Concessions(checkpoint=1)
+    ]
     bf16 = max(c.memory.kv_cache for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None)
     assert nvfp4 and nvfp4[0].fits
     assert nvfp4[0].memory.kv_cache > 5 * bf16

@@ -1,0 +1,245 @@
+"""A stand-in engine and a gateway in front of it, in this process, for the fast HTTP tests.
+
+The engine is a real HTTP server (uvicorn in a thread): the gateway's client (aiohttp) speaks TCP.
+The gateway runs under starlette's TestClient (whole responses), or under uvicorn too when a test
+must watch a stream while it is still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from backends.base import Launch
+from gateway.edge import ASGIApp
+from gateway.lifecycle import State
+from gateway.proxy import Upstream
+from gateway.routing import ModelRoute
+from gateway.runtime import Runtime
+
+FRONTED = "front-model"
+SERVED = "engine-model"  # the engine answers to another name, so responses are renamed
+ENGINE_CONTEXT = 4096
+ROUTE_CONTEXT = 8192  # what /v1/models says while no engine is ready
+ENGINE_REFUSAL = {
+    "error": {
+        "message": "This model's maximum context length is 100 tokens. However, you requested 150 tokens "
+        "(140 in the messages, 10 in the completion).",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
+
+
+class FakeEngine:
+    """An OpenAI-compatible engine that does on cue (the last user text) what a test needs:
+    "REFUSE" → 400 with an OpenAI-shaped context-overflow error; "NOTJSON" → 502 with an HTML page;
+    "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
+    anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
+    passthrough tests, when the launch says so) and records every request it gets."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.disconnected = threading.Event()
+        self.sends_usage = True  # honours stream_options.include_usage
+        self.app = Starlette(
+            routes=[
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.echo, methods=["POST"]),
+                Route("/v1/responses", self.echo, methods=["POST"]),
+                Route("/v1/messages", self.echo, methods=["POST"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+            ]
+        )
+
+    def requests_to(self, path: str) -> list[dict[str, Any]]:
+        return [seen for seen in self.seen if seen["path"] == path]
+
+    async def _record(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        payload = json.loads(raw)
+        self.seen.append({"path": request.url.path, "raw": raw, "body": payload, "headers": dict(request.headers)})
+        return dict(payload)
+
+    async def models(self, _request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": SERVED, "object": "model"}]})
+
+    async def tokenize(self, request: Request) -> Response:
+        payload = await self._record(request)
+        return JSONResponse({"count": len(str(payload.get("input", "")).split())})
+
+    async def echo(self, request: Request) -> Response:
+        payload = await self._record(request)
+        return JSONResponse({"engine_path": request.url.path, "model": payload.get("model")})
+
+    async def chat(self, request: Request) -> Response:
+        payload = await self._record(request)
+        cue = next((str(m.get("content")) for m in reversed(payload["messages"]) if m.get("role") == "user"), "")
+        if "REFUSE" in cue:
+            return JSONResponse(ENGINE_REFUSAL, status_code=400)
+        if "NOTJSON" in cue:
+            return Response("<html>bad gateway</html>", status_code=502, media_type="text/html")
+        if payload.get("stream"):
+            return StreamingResponse(self._stream(payload, cue), media_type="text/event-stream")
+        message = {"role": "assistant", "content": "Hello world"}
+        return JSONResponse(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": payload["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+            }
+        )
+
+    async def _stream(self, payload: dict[str, Any], cue: str) -> AsyncIterator[bytes]:
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": payload["model"]}
+            body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}] if delta or finish else []
+            return b"data: " + json.dumps({**body, **extra}).encode() + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        if "HANG" in cue:
+            yield chunk({"content": "waiting"})
+            try:
+                await asyncio.sleep(30)  # until the gateway hangs up, which cancels this
+            finally:
+                self.disconnected.set()
+            return
+        for word in ("Hello ", "world"):
+            yield chunk({"content": word})
+        yield chunk({}, "stop")
+        if self.sends_usage and (payload.get("stream_options") or {}).get("include_usage"):
+            yield chunk({}, usage={"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13})
+        yield b"data: [DONE]\n\n"
+
+
+class FakeBackend:
+    """A served backend that is simply ready (or not): the gateway's side of the lifecycle only."""
+
+    def __init__(self, launch: Launch, *, ready: bool = True, restarts: int = 0) -> None:
+        self._launch = launch
+        self.state = State.READY if ready else State.STARTING
+        self.reason: str | None = None if ready else "loading the model"
+        self.ever_ready = ready
+        self.restarts = restarts
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
+
+    @property
+    def launch(self) -> Launch | None:
+        return self._launch
+
+    async def start(self) -> None:
+        return None
+
+    async def wait_settled(self) -> State:
+        return self.state
+
+    async def stop(self) -> None:
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"state": self.state.value, "reason": self.reason, "restarts": self.restarts}
+
+    def report(self) -> str:
+        return self.reason or self.state.value
+
+
+def make_runtime(
+    engine_url: str,
+    *,
+    native: frozenset[str] = frozenset({"include_usage"}),
+    max_concurrency: int = 4,
+    queue_limit: int = 64,
+    queue_wait_s: float = 600.0,
+    api_keys: tuple[str, ...] = (),
+    ready: bool = True,
+    restarts: int = 0,
+    max_body_bytes: int = 64 * 1024,
+) -> Runtime:
+    launch = Launch(
+        engine="fake",
+        argv=[],
+        port=0,
+        api_key="engine-key",
+        served_name=SERVED,
+        context_length=ENGINE_CONTEXT,
+        health_path="/v1/models",
+        summary="the fake engine",
+        max_concurrency=max_concurrency,
+        native=native,
+        tokenize_path="/tokenize",
+        base=engine_url,
+    )
+    return Runtime(
+        route=ModelRoute(fronted=FRONTED, served=SERVED, context_length=ROUTE_CONTEXT, aliases=("alias",)),
+        backend=FakeBackend(launch, ready=ready, restarts=restarts),
+        upstream=Upstream(connect_timeout_s=5, read_timeout_s=30),
+        max_body_bytes=max_body_bytes,
+        queue_limit=queue_limit,
+        queue_wait_s=queue_wait_s,
+        api_keys=api_keys,
+        plan_memory=[(0, "weights", 1000)],
+        plan_kv_tokens=12345,
+    )
+
+
+class Served:
+    """An ASGI app on a real loopback port, served by uvicorn in a daemon thread."""
+
+    def __init__(self, app: ASGIApp | Starlette, *, lifespan: str = "on") -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none")
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        self._thread.start()
+        wait_until(lambda: self.server.started, what="uvicorn to start")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+
+def wait_until(condition: Callable[[], bool], *, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def sse_events(body: str) -> list[tuple[str | None, Any]]:
+    """(event name or None, parsed data) per event of a server-sent event stream."""
+    events: list[tuple[str | None, Any]] = []
+    for block in body.split("\n\n"):
+        name = None
+        data = None
+        for line in block.splitlines():
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                text = line[5:].strip()
+                data = text if text == "[DONE]" else json.loads(text)
+        if data is not None:
+            events.append((name, data))
+    return events

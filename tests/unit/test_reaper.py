@@ -1,0 +1,95 @@
+"""An engine cannot outlive the gateway: killed with the gateway, busy or not, helpers included.
+
+A stand-in "gateway" process starts a stubborn stand-in engine through the real ChildProcess (so
+through gateway.reaper); the engine ignores SIGTERM (as llama-cpp-python does while it generates)
+and starts a helper that ignores it too (as vLLM's EngineCore would). The test then kills the
+"gateway" with SIGKILL and watches both disappear.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+# the stand-in engine: ignores SIGTERM, starts a helper that ignores it too, prints both pids, sleeps
+ENGINE = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+helper = subprocess.Popen([sys.executable, "-c", code])
+print("pids", __import__("os").getpid(), helper.pid, flush=True)
+time.sleep(60)
+"""
+
+# the stand-in gateway: starts the engine as the gateway does, relays its first line, then waits
+GATEWAY = """
+import asyncio, sys
+from pathlib import Path
+from gateway.process import ChildProcess
+
+async def main():
+    child = ChildProcess([sys.executable, "-c", sys.argv[1]], Path(sys.argv[2]), on_line=lambda l: print(l, flush=True))
+    await child.start()
+    print("reaper", child.pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def _gone(pids: list[int], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_gateway_killed_with_sigkill_takes_a_busy_engine_and_its_helpers_with_it(tmp_path: Path) -> None:
+    gateway = subprocess.Popen(
+        [sys.executable, "-c", GATEWAY, ENGINE, str(tmp_path / "engine.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert gateway.stdout is not None
+    pids: list[int] = []
+    try:
+        for line in gateway.stdout:
+            words = line.split()
+            if words[0] in ("reaper", "pids"):
+                pids += [int(word) for word in words[1:]]
+            if len(pids) == 3:
+                break
+        assert len(pids) == 3, "the stand-in engine did not start"
+        assert all(psutil.pid_exists(pid) for pid in pids)
+        os.kill(gateway.pid, signal.SIGKILL)
+        gateway.wait()
+        assert _gone(pids, within_s=5.0), "the engine or its helper outlived the gateway"
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        gateway.kill()
+        gateway.wait()
+        gateway.stdout.close()
+
+
+def test_the_engine_exit_status_comes_through_the_reaper(tmp_path: Path) -> None:
+    assert (
+        subprocess.run([sys.executable, "-m", "gateway.reaper", sys.executable, "-c", "raise SystemExit(3)"]).returncode
+        == 3
+    )
+    killed = subprocess.run(
+        [sys.executable, "-m", "gateway.reaper", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]
+    )
+    assert killed.returncode == -signal.SIGKILL
