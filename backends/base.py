@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -41,6 +41,8 @@ class Launch:
     tokenize_path: str | None = None  # counts tokens: POST {tokenize_key: text} → {"count": n}
     tokenize_key: str = "input"
     base: str | None = None  # a server somewhere else (--backend-url); launched engines are on loopback
+    # reads the engine's own account of its memory from one log line: (device, term, bytes) or None
+    memory_line: Callable[[str], tuple[str, str, int] | None] | None = None
 
     @property
     def base_url(self) -> str:

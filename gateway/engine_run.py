@@ -112,6 +112,7 @@ class EngineRun:
         self.child = ChildProcess(launch.argv, self.log_path, env=env, on_line=self._on_line)
         self.state = RunState.STARTING
         self.failures: list[Failure] = []
+        self.memory: dict[str, dict[str, int]] = {}  # device → term → bytes, as the engine logged it
         self.reason: str | None = None
         self.started_at: float | None = None
         self.ready_at: float | None = None
@@ -203,6 +204,10 @@ class EngineRun:
             if failure
             else None,
             "last_lines": list(self.child.tail)[-TAIL_IN_REPORTS:],
+            "memory_mib": {
+                device: {term: round(size / 2**20, 2) for term, size in terms.items()}
+                for device, terms in self.memory.items()
+            },
         }
 
     def report(self) -> str:
@@ -217,6 +222,10 @@ class EngineRun:
 
     # -- the owner task -------------------------------------------------------------------------
     def _on_line(self, line: str) -> None:
+        if self.launch.memory_line and (reported := self.launch.memory_line(line)):
+            device, term, size = reported
+            terms = self.memory.setdefault(device, {})
+            terms[term] = terms.get(term, 0) + size
         if failure := self.classify(line):
             self.failures.append(failure)
             if failure.kind is not FailureKind.ENGINE_FAILED:

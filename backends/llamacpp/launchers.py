@@ -15,7 +15,8 @@ from pathlib import Path
 
 from backends.base import Launch
 from backends.llamacpp.ladder import LlamaCppCandidate
-from backends.llamacpp.placement import KV_TYPES
+from backends.llamacpp.logs import memory_line
+from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from gateway.errors import BackendError
 
 ENGINE = "llamacpp"
@@ -23,6 +24,9 @@ DISTRIBUTION = "llama-cpp-python"
 # /v1/models answers once the model is loaded (the server loads it before it binds the port).
 HEALTH_PATH = "/v1/models"
 NATIVE_HEALTH_PATH = "/health"  # llama-server answers 200 once the model is loaded
+# The engine's key travels in its environment, never on argv (any local user can read /proc/PID/cmdline):
+# llama-server reads LLAMA_API_KEY; llama-cpp-python's server settings (pydantic, no prefix) API_KEY.
+KEY_VARIABLE = {"native": "LLAMA_API_KEY", "python": "API_KEY"}
 NATIVE_APIS = frozenset({"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes"})
 
 
@@ -64,7 +68,7 @@ def default_command() -> list[str]:
     return [sys.executable, "-m", "llama_cpp.server"]
 
 
-def server_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_key: str) -> list[str]:
+def server_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> list[str]:
     """llama-cpp-python's server argv; the one place its flag names live."""
     argv = [
         *command,
@@ -86,10 +90,10 @@ def server_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_ke
         argv += ["--n_threads", str(config.threads)]
     if config.chat_format:
         argv += ["--chat_format", config.chat_format]
-    return [*argv, "--host", "127.0.0.1", "--port", port, "--api_key", api_key]
+    return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
 
 
-def native_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_key: str) -> list[str]:
+def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> list[str]:
     """llama-server's argv: placement given explicitly, so its own --fit stands aside."""
     argv = [*command, "-m", str(config.gguf), "--alias", config.served_name, "-c", str(config.context_length)]
     argv += ["-ngl", str(config.gpu_layers)]
@@ -101,13 +105,17 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str, api_ke
         argv += ["-ctk", config.kv_type, "-ctv", config.kv_type]
     if config.threads:
         argv += ["-t", str(config.threads)]
-    argv += ["-fa", "on", "--fit", "off", "--jinja"]
-    return [*argv, "--host", "127.0.0.1", "--port", port, "--api-key", api_key]
+    if config.chat_format:
+        argv += ["--chat-template", config.chat_format]
+    # slots share one unified KV cache; -lv 4 logs each device's model/KV/compute buffers (read back
+    # into /status), which the default verbosity hides
+    argv += ["-np", str(NATIVE_PARALLEL), "-fa", "on", "--fit", "off", "--jinja", "-lv", "4"]
+    return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
 
 
 def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
     if config.launcher == "native":
-        argv = native_argv(config, command=command, port=str(port), api_key=api_key)
+        argv = native_argv(config, command=command, port=str(port))
         summary = (
             f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
             f"{config.gpu_layers} GPU layers, experts of {config.n_cpu_moe} layers in RAM"
@@ -125,8 +133,11 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             reasoning_field="reasoning_content",
             tokenize_path="/tokenize",
             tokenize_key="content",
+            memory_line=memory_line,
+            max_concurrency=NATIVE_PARALLEL,
+            env={KEY_VARIABLE["native"]: api_key},
         )
-    argv = server_argv(config, command=command, port=str(port), api_key=api_key)
+    argv = server_argv(config, command=command, port=str(port))
     version = installed_version()
     split = f", split {','.join(f'{s:g}' for s in config.tensor_split)}" if len(config.tensor_split) > 1 else ""
     summary = (
@@ -143,6 +154,8 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         health_path=HEALTH_PATH,
         summary=summary,
         tokenize_path="/extras/tokenize/count",  # llama-cpp-python serves no Responses/Messages, no usage chunk
+        memory_line=memory_line,
+        env={KEY_VARIABLE["python"]: api_key},
     )
 
 
@@ -168,5 +181,5 @@ def plan_argv(
         n_cpu_moe=p.n_cpu_moe,
     )
     if candidate.launcher == "native":
-        return native_argv(config, command=command or ["llama-server"], port="PORT", api_key="KEY")
-    return server_argv(config, command=command or ["python", "-m", "llama_cpp.server"], port="PORT", api_key="KEY")
+        return native_argv(config, command=command or ["llama-server"], port="PORT")
+    return server_argv(config, command=command or ["python", "-m", "llama_cpp.server"], port="PORT")

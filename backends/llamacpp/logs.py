@@ -40,3 +40,27 @@ _PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
 def classify(line: str) -> Failure | None:
     """The failure this log line proves, if any."""
     return first_failure(_PATTERNS, line)
+
+
+# "load_tensors: RPC0[127.0.0.1:50062] model buffer size =   216.87 MiB" (llama-server at -lv 4, and
+# llama-cpp-python's verbose log): which device holds how much of each term
+_BUFFER = re.compile(
+    r"\b(?:load_tensors|llama_kv_cache|llama_context|sched_reserve|llama_kv_cache_unified|llama_new_context_with_model)"
+    r":\s+(?P<device>[A-Za-z_]+\d*)(?:\[(?P<endpoint>[^\]]+)\])?\s+(?P<term>model|KV|compute|output)"
+    r" buffer size =\s+(?P<mib>[0-9.]+) MiB"
+)
+_TERMS = {"model": "model", "KV": "kv_cache", "compute": "compute", "output": "output"}
+
+
+def memory_line(line: str) -> tuple[str, str, int] | None:
+    """(device, term, bytes) from one buffer line; an RPC device is named by its endpoint (llama.cpp
+    prints every RPC device as RPC0), mapped model files on the host as CPU."""
+    match = _BUFFER.search(line)
+    if match is None:
+        return None
+    device = match["device"]
+    if match["endpoint"]:
+        device = f"RPC[{match['endpoint']}]"
+    elif device.startswith("CPU"):
+        device = "CPU"
+    return device, _TERMS[match["term"]], int(float(match["mib"]) * 1024 * 1024)

@@ -17,6 +17,7 @@ KV_TYPES = {"f16": (2.0, 1), "q8_0": (34 / 32, 8), "q4_0": (18 / 32, 2)}  # byte
 GPU_MARGIN_BYTES = 1024 * MIB  # kept free per GPU, like llama.cpp's --fit-target
 HOST_MARGIN_BYTES = 2 * GIB
 UBATCH = 512
+NATIVE_PARALLEL = 4  # llama-server's slots (-np), sharing one unified KV cache of n_ctx cells
 
 
 def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str) -> float:

@@ -15,7 +15,6 @@ def build_argv(
     tool_call_parser: str | None,
     reasoning_parser: str | None,
     port: int | None = None,
-    api_key: str | None = None,
     command: list[str] | None = None,
 ) -> list[str]:
     """argv for one configuration; PORT stands in for the port when none is given yet."""
@@ -41,12 +40,11 @@ def build_argv(
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     if reasoning_parser:
         argv += ["--reasoning-parser", reasoning_parser]
-    argv += ["--host", "127.0.0.1", "--port", str(port) if port else "PORT"]
-    if api_key:
-        argv += ["--api-key", api_key]
-    return argv
+    return [*argv, "--host", "127.0.0.1", "--port", str(port) if port else "PORT"]  # key: see build_env
 
 
-def build_env(*, on_cpu: bool = False) -> dict[str, str]:
+def build_env(*, on_cpu: bool = False, api_key: str | None = None) -> dict[str, str]:
+    """The key in VLLM_API_KEY, never on argv (any local user can read /proc/PID/cmdline)."""
     env = {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "VLLM_NO_USAGE_STATS": "1"}
-    return env | ({"VLLM_HOST_IP": "127.0.0.1"} if on_cpu else {})
+    env |= {"VLLM_HOST_IP": "127.0.0.1"} if on_cpu else {}
+    return env | ({"VLLM_API_KEY": api_key} if api_key else {})

@@ -64,7 +64,6 @@ class VllmOption:
             tool_call_parser=self.tool_call_parser,
             reasoning_parser=self.reasoning_parser,
             port=port,
-            api_key=api_key,
             command=list(self.command),
         )
         return Launch(
@@ -76,7 +75,7 @@ class VllmOption:
             context_length=self.flags.max_model_len,
             health_path=HEALTH_PATH,
             summary=self.label,
-            env=build_env(on_cpu=self.on_cpu),
+            env=build_env(on_cpu=self.on_cpu, api_key=api_key),
             max_concurrency=self.flags.max_num_seqs,
             native=NATIVE_APIS,
             reasoning_field="reasoning",

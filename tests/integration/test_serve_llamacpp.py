@@ -7,6 +7,7 @@ finish reasons, usage, headers), never text.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import anthropic
@@ -94,12 +95,19 @@ def test_completions_non_streaming_and_streaming(client: openai.OpenAI) -> None:
     assert len(chunks) >= 3
 
 
-def test_status_names_the_backend_and_hides_its_key(gateway: GatewayProcess) -> None:
+def test_status_names_the_backend_and_its_key_is_on_no_command_line(gateway: GatewayProcess) -> None:
+    import psutil
+
     backend = gateway.status()["backend"]
     assert backend["engine"] == "llamacpp" and backend["state"] == "ready"
     argv = backend["argv"]
-    assert argv[argv.index("--api_key") + 1] == "***"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    group = [p for p in psutil.process_iter(["pid", "cmdline"]) if os.getpgid(p.info["pid"]) == backend["pid"]]
+    assert len(group) >= 2  # the reaper and the engine
+    engine_env = [p.environ() for p in group if "API_KEY" in p.environ() or "LLAMA_API_KEY" in p.environ()]
+    key = (engine_env[0].get("LLAMA_API_KEY") or engine_env[0]["API_KEY"]) if engine_env else None
+    assert key and key.startswith("gw"), "the engine's key travels in its environment"
+    assert not any(key in " ".join(p.info["cmdline"] or []) for p in group), "the key is on a command line"
 
 
 def test_the_backend_refuses_requests_that_skip_the_gateway(gateway: GatewayProcess) -> None:

@@ -18,7 +18,9 @@ def _launch(**overrides: object) -> list[str]:
     )
     for key, value in overrides.items():
         object.__setattr__(config, key, value)
-    return llamacpp.build_launch(config, port=4321, api_key="k3y", command=["py", "-m", "llama_cpp.server"]).argv
+    launch = llamacpp.build_launch(config, port=4321, api_key="k3y", command=["py", "-m", "llama_cpp.server"])
+    assert launch.env["API_KEY"] == "k3y", "llama-cpp-python's server settings read API_KEY"
+    return launch.argv
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -31,7 +33,7 @@ def test_argv_carries_model_name_port_key_and_context() -> None:
     assert _flag(argv, "--model") == "/models/m.gguf"
     assert _flag(argv, "--model_alias") == "m"
     assert (_flag(argv, "--host"), _flag(argv, "--port")) == ("127.0.0.1", "4321")
-    assert _flag(argv, "--api_key") == "k3y"
+    assert "k3y" not in argv, "the key is never on argv (/proc/PID/cmdline is world-readable)"
     assert _flag(argv, "--n_ctx") == "8192"
     assert _flag(argv, "--chat_format") == "gemma"
     assert _flag(argv, "--n_threads") == "2"

@@ -18,7 +18,12 @@ CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
 
 
 def _settings(tmp_path: Path, **values: object) -> Settings:
-    return Settings(state_dir=tmp_path, llama_cpp_python_command=["py", "-m", "llama_cpp.server"], **values)  # type: ignore[arg-type]
+    """llama-cpp-python unless a test says otherwise: what is installed here must not decide."""
+    defaults: dict[str, object] = {
+        "llama_launcher": "python",
+        "llama_cpp_python_command": ["py", "-m", "llama_cpp.server"],
+    }
+    return Settings(state_dir=tmp_path, **(defaults | values))  # type: ignore[arg-type]
 
 
 def test_no_model_and_no_gpu_serves_the_embedded_default(tmp_path: Path) -> None:
@@ -81,9 +86,10 @@ def test_glm_on_two_5090s_tries_vllm_rungs_then_falls_back_to_llamacpp(tmp_path:
     assert engines[:4] == ["vllm"] * 4 and engines[-1] == "llamacpp"
     first = decision.options[0]
     assert isinstance(first, vllm.VllmOption) and first.flags.enforce_eager
-    argv = first.launch(4321, "secret").argv
+    launch = first.launch(4321, "secret")
+    argv = launch.argv
     assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]
-    assert argv[argv.index("--api-key") + 1] == "secret" and argv[argv.index("--port") + 1] == "4321"
+    assert launch.env["VLLM_API_KEY"] == "secret" and "secret" not in argv and argv[argv.index("--port") + 1] == "4321"
 
 
 def test_a_model_nothing_can_serve_is_refused_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,14 +107,29 @@ def test_a_gguf_that_is_not_gguf_fails_before_anything_starts(tmp_path: Path) ->
 
 def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(tmp_path: Path) -> None:
     machine = Inventory(parse_gpu_spec("1x16GiB@8.9"), 64 * GIB, 64 * GIB, source="simulated")
-    settings = _settings(tmp_path, model="glm-4.7-flash", llama_server_command=["/opt/llama/llama-server"])
+    settings = _settings(
+        tmp_path, model="glm-4.7-flash", llama_launcher=None, llama_server_command=["/opt/llama/llama-server"]
+    )
     decision = decide(settings, machine=machine)
     option = decision.options[-1]
     assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
     launch = option.launch(5555, "k")
     argv = launch.argv
     assert argv[0] == "/opt/llama/llama-server" and launch.health_path == "/health"
-    assert argv[argv.index("--fit") + 1] == "off" and argv[argv.index("--api-key") + 1] == "k"
+    assert argv[argv.index("--fit") + 1] == "off" and launch.env["LLAMA_API_KEY"] == "k" and "k" not in argv
     assert int(argv[argv.index("--n-cpu-moe") + 1]) > 0  # Q4_K_M GLM (~17 GiB) on a 16 GiB card
     assert argv[argv.index("-ngl") + 1] == "48"  # every layer's attention stays on the GPU
     assert option.fetch is not None  # the hub GGUF is downloaded when this option is tried, not before
+
+
+def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.llamacpp import backend
+
+    monkeypatch.setattr(backend, "packaged_binary", lambda name: Path(f"/pkg/bin/{name}"))
+    monkeypatch.setattr(backend.shutil, "which", lambda name: None)
+    decision = decide(_settings(tmp_path, llama_launcher=None), machine=CPU)
+    option = decision.options[0]
+    assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
+    assert option.command == ("/pkg/bin/llama-server",)
+    forced = decide(_settings(tmp_path, llama_launcher="python"), machine=CPU).options[0]
+    assert isinstance(forced, llamacpp.LlamaCppOption) and forced.config.launcher == "python"
