@@ -62,6 +62,7 @@ class FailureKind(enum.Enum):
     BAD_ARGUMENT = "bad argument"
     MODEL_FILE = "model file missing or corrupt"
     PORT_IN_USE = "port in use"
+    DEVICE_UNREACHABLE = "a device on another machine cannot be reached"
     ENGINE_FAILED = "engine failed to start"
 
     @property

@@ -17,7 +17,7 @@ from backends.llamacpp.launchers import (
     plan_argv,
     server_argv,
 )
-from backends.llamacpp.logs import classify
+from backends.llamacpp.logs import classify, memory_line
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.placement import (
     GPU_MARGIN_BYTES,
@@ -61,6 +61,7 @@ __all__ = [
     "gguf_bits_from_name",
     "installed_version",
     "kv_layer_bytes",
+    "memory_line",
     "native_argv",
     "place",
     "plan_argv",

@@ -30,7 +30,12 @@ _PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
         "the backend's port was taken by another process: start again",
     ),
     (
-        re.compile(r"error: argument|unrecognized arguments|Input should be"),
+        re.compile(r"ggml-rpc\.cpp:\d+: Failed to connect to \S+|Failed to connect to RPC server"),
+        FailureKind.DEVICE_UNREACHABLE,
+        "an RPC device (ggml-rpc-server) does not answer: start it again, or plan without it",
+    ),
+    (
+        re.compile(r"error: argument|unrecognized arguments|Input should be|error: invalid argument"),
         FailureKind.BAD_ARGUMENT,
         "llama-cpp-python rejected an argument: check llama_cpp_python_command and its version",
     ),
