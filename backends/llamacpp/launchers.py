@@ -105,20 +105,23 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += ["-ctk", config.kv_type, "-ctv", config.kv_type]
     if config.threads:
         argv += ["-t", str(config.threads)]
-    if config.chat_format:
-        argv += ["--chat-template", config.chat_format]
+    # the GGUF's own Jinja template (tool calls parsed from it); a catalog's chat_format names one of
+    # llama.cpp's built-in templates instead, which only applies with Jinja off
+    argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]
     # slots share one unified KV cache; -lv 4 logs each device's model/KV/compute buffers (read back
     # into /status), which the default verbosity hides
-    argv += ["-np", str(NATIVE_PARALLEL), "-fa", "on", "--fit", "off", "--jinja", "-lv", "4"]
+    argv += ["-np", str(NATIVE_PARALLEL), "-fa", "on", "--fit", "off", "-lv", "4"]
     return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
 
 
 def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
     if config.launcher == "native":
         argv = native_argv(config, command=command, port=str(port))
+        split = f", split {','.join(f'{s:g}' for s in config.tensor_split)}" if len(config.tensor_split) > 1 else ""
+        experts = f", experts of {config.n_cpu_moe} layers in RAM" if config.n_cpu_moe else ""
         summary = (
             f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
-            f"{config.gpu_layers} GPU layers, experts of {config.n_cpu_moe} layers in RAM"
+            f"{config.gpu_layers} GPU layers{split}{experts}"
         )
         return Launch(
             ENGINE,

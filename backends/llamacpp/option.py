@@ -30,7 +30,11 @@ class LlamaCppOption:
     def label(self) -> str:
         c = self.config
         split = f", split {','.join(f'{s:g}' for s in c.tensor_split)}" if len(c.tensor_split) > 1 else ""
-        return f"llama.cpp {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, {c.gpu_layers} GPU layers{split}"
+        server = "llama-server" if c.launcher == "native" else "llama-cpp-python"
+        return (
+            f"llama.cpp ({server}) {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, "
+            f"{c.gpu_layers} GPU layers{split}"
+        )
 
     @property
     def context_length(self) -> int:

@@ -1,4 +1,5 @@
-"""One real gateway with the real llama-cpp-python backend and Gemma 270M, shared by the session."""
+"""One real gateway with the real llama-cpp-python backend and Gemma 270M, shared by the session (the
+native llama-server, preferred when installed, has its own in test_serve_native.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> Itera
     workdir = tmp_path_factory.mktemp("gateway")
     process = GatewayProcess(
         workdir,
-        "--model", "gemma-3-270m", "--context-length", str(SERVED_CONTEXT),
+        "--model", "gemma-3-270m", "--context-length", str(SERVED_CONTEXT), "--llama-launcher", "python",
         env={"GATEWAY_MAX_BODY_BYTES": str(BODY_LIMIT)},
     )  # fmt: skip
     process.start()

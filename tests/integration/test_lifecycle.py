@@ -196,9 +196,11 @@ def _busy(gateway: GatewayProcess) -> threading.Thread:
     return thread
 
 
-@pytest.fixture
-def busy_gateway(tmp_path: Path, gemma_gguf: Path) -> object:
+@pytest.fixture(params=["python", "native"])
+def busy_gateway(tmp_path: Path, gemma_gguf: Path, request: pytest.FixtureRequest) -> object:
+    """Both launchers: llama-cpp-python's uvicorn waits out a generation on SIGTERM (issue 16)."""
     args = ("--model", "gemma-3-270m", "--context-length", "2048", "--shutdown-grace", "2")
+    args += ("--llama-launcher", request.param)
     process = GatewayProcess(tmp_path, *args).start()
     try:
         process.wait_ready()

