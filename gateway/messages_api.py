@@ -117,6 +117,14 @@ def usage_block(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     }
 
 
+def stop_reason(finish_reason: str | None, *, has_tool_use: bool) -> str:
+    """Anthropic's stop reason. Tool calls decide it whatever the engine's finish reason says: some
+    engines end a tool call with "stop", and Claude Code runs tools only on "tool_use"."""
+    if has_tool_use and finish_reason != "length":
+        return "tool_use"
+    return _STOP_REASONS.get(finish_reason or "stop", "end_turn")
+
+
 def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
@@ -143,7 +151,7 @@ def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn"),
+        "stop_reason": stop_reason(choice.get("finish_reason"), has_tool_use=bool(message.get("tool_calls"))),
         "stop_sequence": None,
         "stop_details": None,
         "container": None,
@@ -262,7 +270,7 @@ async def stream_from_chat(
                     )
     for block in close():
         yield block
-    stop = _STOP_REASONS.get(finish or "stop", "end_turn")
+    stop = stop_reason(finish, has_tool_use=bool(tool_slots))
     output_tokens = int(usage.get("completion_tokens") or 0)
     yield event(
         "message_delta",

@@ -176,3 +176,17 @@ def test_a_streamed_answer_becomes_messages_events() -> None:
     ]  # fmt: skip
     assert events[1][1]["content_block"]["type"] == "thinking" and events[4][1]["content_block"]["type"] == "text"
     assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"
+
+
+def test_a_tool_call_that_ends_with_stop_is_still_tool_use_for_claude_code() -> None:
+    """Some engines finish a tool call with "stop"; Claude Code runs tools only on stop_reason tool_use."""
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    raw = _sse(_chunk({"tool_calls": [call]}), _chunk({}, "stop"), DONE)
+    events = asyncio.run(_collect(messages_api.stream_from_chat(_chunks(raw), "m", input_tokens=5)))
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    answer = {
+        "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [call]}, "finish_reason": "stop"}]
+    }
+    assert messages_api.from_chat(answer, "m")["stop_reason"] == "tool_use"
+    plain = {"choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+    assert messages_api.from_chat(plain, "m")["stop_reason"] == "end_turn"
