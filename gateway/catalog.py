@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from backends import registry
 from gateway.errors import ModelError
 
-DEFAULT_MODEL = "gemma-3-270m"
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 class _Strict(BaseModel):

@@ -72,6 +72,7 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         sliding_layers=sliding_layers,
         num_experts=int(value("expert_count")),
         experts_per_token=int(value("expert_used_count")),
+        moe_intermediate_size=int(value("expert_feed_forward_length")),
         layer_bytes=tuple(layer_bytes),
         expert_layer_bytes=tuple(expert_bytes),
         embedding_bytes=embedding,

@@ -27,7 +27,11 @@ NATIVE_HEALTH_PATH = "/health"  # llama-server answers 200 once the model is loa
 # The engine's key travels in its environment, never on argv (any local user can read /proc/PID/cmdline):
 # llama-server reads LLAMA_API_KEY; llama-cpp-python's server settings (pydantic, no prefix) API_KEY.
 KEY_VARIABLE = {"native": "LLAMA_API_KEY", "python": "API_KEY"}
-NATIVE_APIS = frozenset({"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes"})
+# What llama-server does itself. Not its /v1/responses and /v1/messages: measured with llm-comply
+# against build 11434 they miss required fields (Responses 3/13 passed, Messages 3/9), so the gateway
+# translates those to its chat completions (tool calls still parsed by llama-server from the GGUF's
+# template) and completes the chat shapes (logprobs, refusal) there too.
+NATIVE_APIS = frozenset({"include_usage", "max_completion_tokens"})
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,9 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     # the GGUF's own Jinja template (tool calls parsed from it); a catalog's chat_format names one of
     # llama.cpp's built-in templates instead, which only applies with Jinja off
     argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]
-    # slots share one unified KV cache; -lv 4 logs each device's model/KV/compute buffers (read back
-    # into /status), which the default verbosity hides
-    argv += ["-np", str(NATIVE_PARALLEL), "-fa", "on", "--fit", "off", "-lv", "4"]
+    # slots share one unified KV cache (with -np alone each slot would get only n_ctx / slots); -lv 4
+    # logs each device's model/KV/compute buffers (read back into /status), hidden by default
+    argv += ["-np", str(NATIVE_PARALLEL), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
     return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
 
 

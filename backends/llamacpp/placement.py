@@ -4,6 +4,19 @@ Layer placement follows ``llama_model::load_tensors``: ``-ngl N`` offloads the l
 then the output layer as one more slot); the token embedding stays on the CPU; offloaded slots are
 split across devices by cumulative ``--tensor-split`` fractions. Pure arithmetic over the GGUF's
 per-tensor sizes.
+
+KV and compute buffers follow llama.cpp build 11434 (``llama-server``) as measured on RPC devices
+(``benchmarks/llamacpp_placement.py``; the logs replayed in tests/unit/test_llamacpp_placement.py):
+
+- KV: one cache of n_ctx cells shared by the slots (``--kv-unified``); a sliding-window layer keeps
+  ``slots × window + ubatch`` cells (every slot its window), padded to 256, at most n_ctx.
+- Compute, per device: the attention masks (one per cache: cells × ubatch, f16 with flash attention)
+  plus the peak activations of one block for a 512-token ubatch (dense: 2 hidden + 3 FFN rows; MoE:
+  the routed experts' rows). With pipeline parallelism (several devices, every layer offloaded, no
+  tensor overrides) ggml's scheduler keeps 4 copies of every input of each device's part of the
+  graph: 4 × (masks + the hidden state; the first device receives 3 hidden-sized inputs), and the host
+  keeps 4 copies of the graph inputs. The output layer adds the logits of the reserved outputs (one
+  per slot natively; a whole ubatch with llama-cpp-python, whose logits phase can be the peak).
 """
 
 from __future__ import annotations
@@ -17,7 +30,12 @@ KV_TYPES = {"f16": (2.0, 1), "q8_0": (34 / 32, 8), "q4_0": (18 / 32, 2)}  # byte
 GPU_MARGIN_BYTES = 1024 * MIB  # kept free per GPU, like llama.cpp's --fit-target
 HOST_MARGIN_BYTES = 2 * GIB
 UBATCH = 512
-NATIVE_PARALLEL = 4  # llama-server's slots (-np), sharing one unified KV cache of n_ctx cells
+NATIVE_PARALLEL = 4  # llama-server's slots (-np), sharing one unified KV cache of n_ctx cells (-kvu)
+SCHED_COPIES = 4  # GGML_SCHED_MAX_COPIES: inputs kept per device with pipeline parallelism
+KV_PAD = 256  # llama.cpp pads cache sizes to 256 cells
+# llama.cpp's swa pattern per architecture: layer il slides unless il % n == n - 1
+SWA_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma3n": 5, "gpt-oss": 2, "gpt_oss": 2, "cohere2": 4, "gemma2": 2}
+_F32 = 4
 
 
 def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str) -> float:
@@ -30,13 +48,30 @@ def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str) -> float:
     return facts.num_kv_heads * (key + value) * size
 
 
+def is_sliding(facts: ModelFacts, layer: int) -> bool:
+    """Whether block ``layer`` uses the sliding window (llama.cpp's per-architecture pattern)."""
+    if not facts.sliding_window:
+        return False
+    pattern = SWA_PATTERN.get(facts.model_type)
+    if pattern is None:
+        return layer < facts.sliding_layers
+    return layer % pattern < pattern - 1
+
+
+def kv_cells(facts: ModelFacts, layer: int, n_ctx: int, launcher: str) -> int:
+    """Cells of one layer's cache. The native server keeps, for a sliding-window layer, every slot's
+    window plus a ubatch in one unified cache (2,560 cells for Gemma 3's 512 with -np 4, as logged);
+    llama-cpp-python keeps the full-size SWA cache."""
+    if launcher == "native" and is_sliding(facts, layer):
+        assert facts.sliding_window
+        window = facts.sliding_window * NATIVE_PARALLEL + UBATCH
+        return min(n_ctx, -(-window // KV_PAD) * KV_PAD)
+    return n_ctx
+
+
 def kv_layer_bytes(facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, launcher: str) -> int:
-    """One layer's KV cache; the native server gives sliding-window layers a window-sized cache."""
-    cells = n_ctx
-    sliding = facts.sliding_window and layer < facts.sliding_layers  # approximate: which ones is per-arch
-    if sliding and launcher == "native" and facts.sliding_window:
-        cells = min(n_ctx, facts.sliding_window + UBATCH)
-    return int(cells * kv_bytes_per_token_layer(facts, kv_type))
+    """One layer's KV cache."""
+    return int(kv_cells(facts, layer, n_ctx, launcher) * kv_bytes_per_token_layer(facts, kv_type))
 
 
 def uses_flash_attention(launcher: str, gpus: tuple[Gpu, ...]) -> bool:
@@ -45,16 +80,129 @@ def uses_flash_attention(launcher: str, gpus: tuple[Gpu, ...]) -> bool:
     return launcher == "native" or bool(gpus)
 
 
-def compute_buffer_bytes(facts: ModelFacts, n_ctx: int, flash_attention: bool, holds_output: bool) -> int:
-    """Scratch for one ubatch. Without flash attention: the attention scores of 512 tokens × n_ctx ×
-    heads in f32, twice (514 MiB for Gemma 270M at 32k, as logged). With it: the ubatch's logits on
-    the device holding the output layer (300 MiB logged for a 152k vocabulary)."""
-    if not flash_attention:
-        return 2 * n_ctx * UBATCH * facts.num_heads * 4 + 8 * MIB
+def pipeline_parallel(gpus: tuple[Gpu, ...], n_gpu_layers: int, facts: ModelFacts, n_cpu_moe: int) -> bool:
+    """llama.cpp's condition: several devices, every block and the output offloaded, no tensor
+    overrides (``--n-cpu-moe`` is one)."""
+    return len(gpus) > 1 and n_gpu_layers > facts.num_layers and not n_cpu_moe
+
+
+def _hidden(facts: ModelFacts) -> int:
+    """One hidden-state tensor of a ubatch (f32)."""
+    return facts.hidden_size * UBATCH * _F32
+
+
+def _outputs(launcher: str) -> int:
+    """Rows of logits the engine reserves: one per slot natively; llama-cpp-python a whole ubatch."""
+    return NATIVE_PARALLEL if launcher == "native" else UBATCH
+
+
+def _mask_bytes(
+    facts: ModelFacts, n_ctx: int, launcher: str, flash_attention: bool, layers: range | list[int] | None = None
+) -> int:
+    """The attention masks, one per cache kind (full, sliding) among ``layers`` (default: all):
+    cells × ubatch. A device whose blocks all slide receives only the sliding-window mask."""
+    element = 2 if flash_attention else 4  # f16 for flash attention, else f32
+    layers = range(facts.num_layers) if layers is None else layers
+    sliding = [layer for layer in layers if is_sliding(facts, layer)]
+    cells = n_ctx if len(sliding) < len(layers) else 0
+    if sliding:
+        cells += kv_cells(facts, sliding[0], n_ctx, launcher)
+    return cells * UBATCH * element
+
+
+def activation_bytes(facts: ModelFacts, n_ctx: int, flash_attention: bool, ffn: bool = True) -> int:
+    """Peak scratch of one block for a ubatch: the FFN (dense: residual, normed input, gate, up and
+    their product; MoE: the same for the routed experts' rows, or the experts' down projections) or the
+    attention (with flash attention: residual, normed input, Q and the output; without it: the scores
+    of the ubatch against the whole cache). ``ffn`` False: the last block alone, whose FFN runs only
+    on the rows that are output (llama.cpp drops the others before it)."""
+    hidden = _hidden(facts)
+    if flash_attention:
+        key = facts.gguf_key_length or facts.head_dim
+        attention = 2 * hidden + 2 * facts.num_heads * key * UBATCH * _F32
+    else:
+        attention = hidden + n_ctx * UBATCH * facts.num_heads * _F32  # scores, softmax in place
+    if not ffn:
+        return attention
+    if facts.is_moe:
+        used = max(1, facts.experts_per_token)
+        rows = (facts.moe_intermediate_size or facts.intermediate_size) * used * UBATCH * _F32
+        feed_forward = max(2 * hidden + 3 * rows, hidden + rows + used * hidden)
+    else:
+        feed_forward = 2 * hidden + 3 * facts.intermediate_size * UBATCH * _F32
+    return max(feed_forward, attention)
+
+
+def compute_buffer_bytes(
+    facts: ModelFacts,
+    n_ctx: int,
+    flash_attention: bool,
+    holds_output: bool,
+    *,
+    launcher: str = "python",
+    first: bool = False,
+    copies: int = 1,
+    blocks: range | list[int] | None = None,
+) -> int:
+    """One device's compute buffer for the ``blocks`` it holds (default: all): masks and block
+    activations; with pipeline parallelism (``copies`` > 1) every input of the device's part of the
+    graph ``copies`` times (the first device's three hidden-sized inputs, the others' one), kept for
+    the whole graph. The output layer's logits come last, when the blocks' scratch is free: a phase of
+    their own, the peak for a whole ubatch's logits (llama-cpp-python: 514 MiB logged for Gemma 3's
+    262k vocabulary), negligible for the native server's one row per slot."""
+    hidden = _hidden(facts)
+    blocks = range(facts.num_layers) if blocks is None else blocks
+    masks = _mask_bytes(facts, n_ctx, launcher, flash_attention, blocks) if blocks else 0
+    full_ffn = any(block != facts.num_layers - 1 for block in blocks)
+    activations = activation_bytes(facts, n_ctx, flash_attention, full_ffn) if blocks else 2 * hidden
+    kept = 0
+    if copies > 1:
+        kept = copies * (masks + (3 if first else 1) * hidden)
+        body = kept + activations + (2 * hidden if first else 0)
+    else:
+        body = masks + activations
     if not holds_output:
-        return 256 * MIB  # 202-396 MiB logged on the GPUs without the output layer
-    # routing a ubatch over many experts needs more scratch: +600 and +900 MiB logged for two MoE models
-    return UBATCH * facts.vocab_size * 4 + (512 if facts.is_moe else 32) * MIB
+        return body
+    return max(body, kept + _outputs(launcher) * facts.vocab_size * _F32 + 2 * hidden)
+
+
+def host_compute_bytes(
+    facts: ModelFacts, n_ctx: int, launcher: str, flash_attention: bool, holds_output: bool, copies: int
+) -> int:
+    """The CPU's compute buffer plus its logits buffer (one row per slot): the graph inputs, masks
+    included (``copies`` of them with pipeline parallelism), and the embeddings' rows: 10 hidden-sized
+    tensors with pipelining, else a block's scratch and 3 more, as logged for four models."""
+    hidden = _hidden(facts)
+    masks = _mask_bytes(facts, n_ctx, launcher, flash_attention)
+    slots = NATIVE_PARALLEL if launcher == "native" else 1
+    output_buffer = slots * facts.vocab_size * _F32
+    if copies > 1:
+        return copies * masks + 10 * hidden + output_buffer
+    body = masks + activation_bytes(facts, n_ctx, flash_attention) + 3 * hidden
+    if holds_output:
+        body = max(body, _outputs(launcher) * facts.vocab_size * _F32 + 2 * hidden)
+    return body + output_buffer
+
+
+def offloaded_weight_bytes(facts: ModelFacts, host_blocks: int, n_cpu_moe: int) -> int:
+    """GPU backends run a big batch's matrix products on the first GPU even when the weights stay in
+    RAM (llama.cpp's op offload), copying the weights in: about two of the largest such tensors at a
+    time (ggml's RPC backend does not offload; estimated, not measured here)."""
+    largest = 0
+    for layer in range(facts.num_layers):
+        size = facts.layer_bytes[layer] if facts.layer_bytes else 0
+        experts = facts.expert_layer_bytes[layer] if facts.expert_layer_bytes else 0
+        if layer < host_blocks:
+            if experts:
+                largest = max(largest, experts // 3)
+            else:
+                key = facts.gguf_key_length or facts.head_dim
+                attention = 2 * (facts.num_heads + facts.num_kv_heads) * key
+                ffn = facts.intermediate_size
+                largest = max(largest, size * ffn // max(1, 3 * ffn + attention))
+        elif layer < n_cpu_moe and experts:
+            largest = max(largest, experts // 3)
+    return 2 * largest
 
 
 @dataclass(frozen=True)
@@ -94,6 +242,12 @@ def _slot_costs(
     return costs
 
 
+def _role_compute(
+    facts: ModelFacts, n_ctx: int, launcher: str, flash: bool, copies: int, *, first: bool, output: bool
+) -> int:
+    return compute_buffer_bytes(facts, n_ctx, flash, output, launcher=launcher, first=first, copies=copies)
+
+
 def place(
     facts: ModelFacts,
     gpus: tuple[Gpu, ...],
@@ -103,21 +257,29 @@ def place(
     n_gpu_layers: int,
     n_cpu_moe: int = 0,
     split: tuple[float, ...] | None = None,
+    *,
+    op_offload: bool = True,
 ) -> Placement:
     """Memory per device for one placement (pure arithmetic; see :func:`best_placement`).
 
-    ``split`` defaults to llama.cpp's own rule: proportional to each GPU's usable memory."""
+    ``split`` defaults to llama.cpp's own rule: proportional to each GPU's usable memory.
+    ``op_offload`` False: devices that do not run host-resident weights' products (RPC)."""
     layers = facts.num_layers
     slots = min(n_gpu_layers, layers + 1) if gpus else 0
     first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
     flash = uses_flash_attention(launcher, gpus)
+    copies = SCHED_COPIES if pipeline_parallel(gpus, slots, facts, n_cpu_moe) else 1
     usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
     if split is None and gpus:
-        room = [max(1, u - compute_buffer_bytes(facts, n_ctx, flash, i == len(gpus) - 1)) for i, u in enumerate(usable)]
+        room = [
+            max(1, u - _role_compute(facts, n_ctx, launcher, flash, copies, first=i == 0, output=i == len(gpus) - 1))
+            for i, u in enumerate(usable)
+        ]
         split = tuple(round(r / sum(room), 4) for r in room)
     split = split or ()
     cumulative = [sum(split[: i + 1]) / sum(split) for i in range(len(split))] if sum(split) else []
     model, kv = [0] * len(gpus), [0] * len(gpus)
+    blocks: list[list[int]] = [[] for _ in gpus]
     host_model, host_kv = facts.embedding_bytes, 0
     output_device: int | None = None
     for slot, (on_gpu, in_ram, cache) in enumerate(_slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe)):
@@ -132,15 +294,35 @@ def place(
         host_model += in_ram
         if slot == layers:
             output_device = device
-    compute = tuple(compute_buffer_bytes(facts, n_ctx, flash, i == output_device) for i in range(len(gpus)))
-    host_compute = compute_buffer_bytes(facts, n_ctx, flash, True) if output_device is None else 64 * MIB
+        else:
+            blocks[device].append(slot)
+    first_device = next((i for i, held in enumerate(blocks) if held), None)
+    compute = [
+        compute_buffer_bytes(
+            facts,
+            n_ctx,
+            flash,
+            i == output_device,
+            launcher=launcher,
+            first=i == first_device,
+            copies=copies,
+            blocks=blocks[i],
+        )
+        if blocks[i] or i == output_device
+        else 0
+        for i in range(len(gpus))
+    ]
+    host_blocks = min(first_gpu_slot, layers)
+    if gpus and op_offload and (host_blocks or n_cpu_moe):
+        compute[0] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
+    host_compute = host_compute_bytes(facts, n_ctx, launcher, flash, output_device is None, copies)
     return Placement(
         n_gpu_layers=slots,
         n_cpu_moe=n_cpu_moe,
         tensor_split=split,
         device_model=tuple(model),
         device_kv=tuple(kv),
-        device_compute=compute,
+        device_compute=tuple(compute),
         device_usable=tuple(usable),
         host_model=host_model,
         host_kv=host_kv,
@@ -154,8 +336,12 @@ def _filled_split(
     """A split that fills each GPU in turn with whole slots, when the proportional one overflows a
     card (uneven layers, the output layer's logits); None when the slots cannot fit at all."""
     flash = uses_flash_attention(launcher, gpus)
-    logits_extra = compute_buffer_bytes(facts, n_ctx, flash, True) - compute_buffer_bytes(facts, n_ctx, flash, False)
-    room = [max(0, g.free_bytes - GPU_MARGIN_BYTES) - compute_buffer_bytes(facts, n_ctx, flash, False) for g in gpus]
+    copies = SCHED_COPIES if pipeline_parallel(gpus, n_gpu_layers, facts, n_cpu_moe) else 1
+    plain = _role_compute(facts, n_ctx, launcher, flash, copies, first=False, output=False)
+    logits_extra = _role_compute(facts, n_ctx, launcher, flash, copies, first=False, output=True) - plain
+    first_extra = _role_compute(facts, n_ctx, launcher, flash, copies, first=True, output=False) - plain
+    room = [max(0, g.free_bytes - GPU_MARGIN_BYTES) - plain for g in gpus]
+    room[0] -= first_extra
     costs = _slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe)[facts.num_layers + 1 - n_gpu_layers :]
     counts = [0] * len(gpus)
     device = 0

