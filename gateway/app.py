@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import status_page
+from gateway.disconnect import CancelOnDisconnect
 from gateway.edge import ApiKeys, ASGIApp, RequestMetrics
 from gateway.handlers import Inference
 from gateway.lifecycle import State
@@ -142,4 +143,4 @@ def create_app(runtime: Runtime) -> ASGIApp:
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return RequestMetrics(ApiKeys(app, runtime.api_keys), registry)
+    return CancelOnDisconnect(RequestMetrics(ApiKeys(app, runtime.api_keys), registry))

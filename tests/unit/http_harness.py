@@ -47,6 +47,7 @@ class FakeEngine:
     """An OpenAI-compatible engine that does on cue (the last user text) what a test needs:
     "REFUSE" → 400 with an OpenAI-shaped context-overflow error; "NOTJSON" → 502 with an HTML page;
     "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
+    "SLOW" → a plain answer after 30 s, unless the gateway hangs up first (``disconnected`` either way);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
     passthrough tests, when the launch says so) and records every request it gets."""
 
@@ -94,6 +95,12 @@ class FakeEngine:
             return Response("<html>bad gateway</html>", status_code=502, media_type="text/html")
         if payload.get("stream"):
             return StreamingResponse(self._stream(payload, cue), media_type="text/event-stream")
+        if "SLOW" in cue:  # a long generation: answers after 30 s, unless the gateway hangs up first
+            for _ in range(600):  # as llama-server does, it notices a closed connection between tokens
+                if await request.is_disconnected():
+                    self.disconnected.set()
+                    return Response(status_code=499)
+                await asyncio.sleep(0.05)
         message = {"role": "assistant", "content": "Hello world"}
         return JSONResponse(
             {
