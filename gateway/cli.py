@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.cli_flags import add_setting_flags, given
 from gateway.errors import GatewayError
+from gateway.routing import ModelRoute
 from gateway.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -256,45 +257,12 @@ def gpus_command(args: argparse.Namespace) -> int:
 
 
 def _external_runtime(settings: Any, upstream: Any) -> Any:
-    """`--backend-url`: the served name and context come from the server's own /v1/models."""
-    import httpx
+    """`--backend-url`: the served name, context and capacity come from the server itself."""
+    from gateway.external import ExternalBackend, describe_server
 
-    from backends.base import Launch
-    from gateway.errors import ConfigError
-    from gateway.external import ExternalBackend
-    from gateway.routing import ModelRoute
-
-    url = settings.backend_url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {settings.backend_api_key}"} if settings.backend_api_key else {}
-    served, context = settings.model, settings.context_length or 0
-    try:
-        cards = httpx.get(url + "/v1/models", headers=headers, timeout=10, trust_env=False).json().get("data") or []
-    except (httpx.HTTPError, ValueError) as exc:
-        if not settings.model:
-            raise ConfigError(
-                f"cannot read {url}/v1/models ({type(exc).__name__}): start that server or pass --model"
-            ) from exc
-        cards = []
-    if cards:
-        served = cards[0].get("id", served)
-        context = context or int(cards[0].get("max_model_len") or (cards[0].get("meta") or {}).get("n_ctx_train") or 0)
-    if not served:
-        raise ConfigError(f"{url}/v1/models lists no model: pass --model with the name it serves")
-    launch = Launch(
-        engine="external",
-        argv=[],
-        port=0,
-        api_key=settings.backend_api_key or "",
-        served_name=served,
-        context_length=context,
-        health_path="/v1/models",
-        summary=f"the server at {url}",
-        max_concurrency=settings.backend_max_concurrency,
-        native=frozenset(settings.backend_native_apis),
-        base=url,
-    )
+    launch, fronted = describe_server(settings)
     backend: ServedBackend = ExternalBackend(launch)  # mypy checks that it conforms
-    route = ModelRoute(fronted=settings.model or served, served=served, context_length=context)
+    route = ModelRoute(fronted=fronted, served=launch.served_name, context_length=launch.context_length)
     return _runtime(settings, route, backend, upstream)
 
 

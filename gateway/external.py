@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from backends.base import Launch
+from gateway.errors import ConfigError
 from gateway.lifecycle import State
 
 log = logging.getLogger("gateway.external")
@@ -86,3 +87,56 @@ class ExternalBackend:
                 self.ever_ready = self.ever_ready or answered
                 self._settled.set()
                 await asyncio.sleep(POLL_S)
+
+
+UNLIMITED = 1 << 30  # admission never queues: the server's own 429/503 reach the client
+
+
+def describe_server(settings: Any) -> tuple[Launch, str]:
+    """(where and what the server at ``backend_url`` serves, the fronted name): its /v1/models names the
+    model and its context; its capacity is what it says (llama-server's /props ``total_slots``) or what
+    the user configured; otherwise requests are not queued at all (an external vLLM runs 256 at once)."""
+    url = settings.backend_url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {settings.backend_api_key}"} if settings.backend_api_key else {}
+    served, context = settings.model, settings.context_length or 0
+    try:
+        cards = httpx.get(url + "/v1/models", headers=headers, timeout=10, trust_env=False).json().get("data") or []
+    except (httpx.HTTPError, ValueError) as exc:
+        if not settings.model:
+            raise ConfigError(
+                f"cannot read {url}/v1/models ({type(exc).__name__}): start that server or pass --model"
+            ) from exc
+        cards = []
+    if cards:
+        served = cards[0].get("id", served)
+        context = context or int(cards[0].get("max_model_len") or (cards[0].get("meta") or {}).get("n_ctx_train") or 0)
+    if not served:
+        raise ConfigError(f"{url}/v1/models lists no model: pass --model with the name it serves")
+    capacity, why = _capacity(url, headers, settings.backend_max_concurrency)
+    log.info("requests to %s: %s", url, why)
+    launch = Launch(
+        engine="external",
+        argv=[],
+        port=0,
+        api_key=settings.backend_api_key or "",
+        served_name=served,
+        context_length=context,
+        health_path="/v1/models",
+        summary=f"the server at {url}",
+        max_concurrency=capacity,
+        native=frozenset(settings.backend_native_apis),
+        base=url,
+    )
+    return launch, settings.model or served
+
+
+def _capacity(url: str, headers: dict[str, str], configured: int | None) -> tuple[int, str]:
+    if configured:
+        return configured, f"at most {configured} at once (backend_max_concurrency), the rest queued"
+    try:
+        slots = int(httpx.get(url + "/props", headers=headers, timeout=5, trust_env=False).json()["total_slots"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        slots = 0
+    if slots > 0:
+        return slots, f"at most {slots} at once, the server's own slots (/props total_slots), the rest queued"
+    return UNLIMITED, "not queued: the server does not say how many it runs at once, its own 429/503 pass through"

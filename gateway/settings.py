@@ -139,7 +139,12 @@ class Settings(BaseSettings):
         "max_completion_tokens; the gateway translates or adds the rest.",
         json_schema_extra={"parse": "csv"},
     )
-    backend_max_concurrency: int = Field(8, ge=1, description="Requests forwarded at once to a backend_url server.")
+    backend_max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Requests forwarded at once to a backend_url server (more wait in the queue); unset: the "
+        "server's own slots where it says (llama-server's /props), else no queueing at all.",
+    )
     queue_limit: int = Field(64, ge=0, description="Requests allowed to wait for a free engine slot (429 beyond).")
     queue_wait_s: float = Field(
         600.0, gt=0, description="Longest wait for a slot before 429.", json_schema_extra={"flags": ["--queue-wait"]}
