@@ -332,6 +332,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug, not bad input: still one line (the traceback with --verbose)
+        log.debug("unexpected error", exc_info=exc)
+        print(
+            f"gateway: error: unexpected {type(exc).__name__}: {exc} (a bug: rerun with -v and report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":
