@@ -52,12 +52,13 @@ class ApiKeys:
         self.keys = [key.encode() for key in keys if key]
 
     def allowed(self, scope: Scope) -> bool:
-        offered = _header(scope, b"x-api-key") or ""
+        """Either header may carry the key (SDKs send both, one of them a placeholder)."""
+        offered = [_header(scope, b"x-api-key") or ""]
         bearer = _header(scope, b"authorization") or ""
         if bearer.lower().startswith("bearer "):
-            offered = offered or bearer[7:].strip()
-        candidate = offered.encode()
-        matches = [hmac.compare_digest(candidate, key) for key in self.keys]  # every key, constant time
+            offered.append(bearer[7:].strip())
+        # every offered value against every key, in constant time
+        matches = [hmac.compare_digest(value.encode(), key) for value in offered for key in self.keys]
         return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

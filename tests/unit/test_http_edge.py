@@ -51,8 +51,10 @@ def test_without_keys_everything_is_open() -> None:
         {"Authorization": f"bearer {KEY}"},
         {"x-api-key": KEY},
         {"x-api-key": "sk-second"},
+        {"x-api-key": "placeholder", "Authorization": f"Bearer {KEY}"},
+        {"x-api-key": KEY, "Authorization": "Bearer placeholder"},
     ],
-    ids=["bearer", "bearer-lowercase", "x-api-key", "second-key"],
+    ids=["bearer", "bearer-lowercase", "x-api-key", "second-key", "wrong-x-api-key-right-bearer", "the-reverse"],
 )
 def test_a_right_key_opens_every_route(headers: dict[str, str]) -> None:
     client = _client(KEY, "sk-second")
