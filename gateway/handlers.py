@@ -137,6 +137,8 @@ class Inference:
                 code="missing_required_parameter",
             )  # fmt: skip
         require(payload, "model", (str,), "a string")
+        if payload.get("stream") is not None and not isinstance(payload["stream"], bool):
+            raise ApiError(400, "'stream' must be a boolean (true or false)", param="stream", code="invalid_type")
         requested = payload["model"]
         if not route.accepts(requested):
             raise self.unknown_model(requested)

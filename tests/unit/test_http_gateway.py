@@ -419,3 +419,14 @@ def test_a_finished_stream_frees_its_slot_and_the_queue_moves(engine: FakeEngine
         done = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert sse_events(done.text)[-1][1] == "[DONE]"
         assert runtime.admission.active == 0
+
+
+def test_a_stream_flag_that_is_not_a_boolean_is_400_in_every_dialect(engine: FakeEngine, engine_url: str) -> None:
+    """ "stream": "yes" used to stream on Messages and not on chat; now it is refused everywhere."""
+    with _gateway(make_runtime(engine_url)) as client:
+        answers = {p: client.post(p, json={**BODIES[p], "stream": "yes"}) for p in BODIES}
+    for path, answer in answers.items():
+        assert answer.status_code == 400, path
+        assert "'stream' must be a boolean" in str(answer.json()), path
+    assert answers["/v1/messages"].json()["type"] == "error"
+    assert not engine.requests_to("/v1/chat/completions"), "a refused request reached the engine"
