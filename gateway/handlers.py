@@ -260,6 +260,8 @@ class Inference:
         async with self.rt.admission.slot() as ticket:
             if not chat["stream"]:
                 status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
+                if status == 200 and not (isinstance(answer, dict) and isinstance(answer.get("choices"), list)):
+                    status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
                     return dialect.errors.engine_error(status, answer)
                 return JSONResponse(dialect.reply(answer, payload, fronted))

@@ -148,7 +148,8 @@ class Upstream:
             data = await self.read(upstream)
         finally:
             on_close()
-        return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type)
+        kept = {name: upstream.headers[name] for name in ("Retry-After", "retry-after-ms") if name in upstream.headers}
+        return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
 
     async def chat_stream(
         self, target: Launch, body: bytes, chunk_filter: ChunkFilter | None = None

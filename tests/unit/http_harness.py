@@ -46,6 +46,7 @@ ENGINE_REFUSAL = {
 class FakeEngine:
     """An OpenAI-compatible engine that does on cue (the last user text) what a test needs:
     "REFUSE" → 400 with an OpenAI-shaped context-overflow error; "NOTJSON" → 502 with an HTML page;
+    "GARBAGE200" → 200 with an HTML page; "BUSY" → 429 with Retry-After 7;
     "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
     "SLOW" → a plain answer after 30 s, unless the gateway hangs up first (``disconnected`` either way);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
@@ -91,6 +92,10 @@ class FakeEngine:
         cue = next((str(m.get("content")) for m in reversed(payload["messages"]) if m.get("role") == "user"), "")
         if "REFUSE" in cue:
             return JSONResponse(ENGINE_REFUSAL, status_code=400)
+        if "GARBAGE200" in cue:
+            return Response("<html>it worked?</html>", status_code=200, media_type="text/html")
+        if "BUSY" in cue:
+            return JSONResponse({"error": {"message": "busy"}}, status_code=429, headers={"Retry-After": "7"})
         if "NOTJSON" in cue:
             return Response("<html>bad gateway</html>", status_code=502, media_type="text/html")
         if payload.get("stream"):

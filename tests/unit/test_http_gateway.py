@@ -430,3 +430,17 @@ def test_a_stream_flag_that_is_not_a_boolean_is_400_in_every_dialect(engine: Fak
         assert "'stream' must be a boolean" in str(answer.json()), path
     assert answers["/v1/messages"].json()["type"] == "error"
     assert not engine.requests_to("/v1/chat/completions"), "a refused request reached the engine"
+
+
+def test_a_200_that_is_not_a_chat_completion_is_502_in_the_dialect(engine: FakeEngine, engine_url: str) -> None:
+    with _gateway(make_runtime(engine_url)) as client:
+        answers = {p: client.post(p, json=_with_cue(p, "GARBAGE200")) for p in ("/v1/responses", "/v1/messages")}
+    assert all(answer.status_code == 502 for answer in answers.values()), answers
+    assert answers["/v1/messages"].json()["type"] == "error"
+    assert "without a chat completion" in answers["/v1/responses"].json()["error"]["message"]
+
+
+def test_an_engines_retry_after_reaches_the_client(engine: FakeEngine, engine_url: str) -> None:
+    with _gateway(make_runtime(engine_url)) as client:
+        busy = client.post("/v1/chat/completions", json=_with_cue("/v1/chat/completions", "BUSY"))
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "7"
