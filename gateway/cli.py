@@ -155,6 +155,7 @@ def serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         create_app(runtime),
         log_level="warning",
+        log_config=None,  # uvicorn's lines go through our handlers: one JSON object each with --log-format json
         access_log=False,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),  # requests in flight drain
         lifespan="on",
