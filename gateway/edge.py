@@ -43,6 +43,15 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def _usable_request_id(offered: str | None) -> str | None:
+    """A client's X-Request-Id when it is a plain token (it goes back out and on to the engine as a
+    header and into log lines); anything else is replaced by a fresh id rather than mangled."""
+    return offered if offered and _REQUEST_ID.fullmatch(offered) else None
+
+
 class ApiKeys:
     """Closes every route but /health unless the request carries one of the keys (Bearer or x-api-key);
     the 401 is written in the route's dialect."""
@@ -92,7 +101,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         route = scope["path"] if scope["path"] in ROUTES else "other"
-        rid = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        rid = _usable_request_id(_header(scope, b"x-request-id")) or uuid.uuid4().hex
         token = request_id.set(rid)
         started = time.perf_counter()
         status = {"code": 500, "streaming": False, "first": True}

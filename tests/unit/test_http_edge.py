@@ -102,6 +102,8 @@ def test_request_ids_are_kept_or_made_and_visible_to_the_route() -> None:
     made = client.get("/v1/models")
     assert re.fullmatch(r"[0-9a-f]{32}", made.headers["x-request-id"])
     assert made.json()["rid"] == made.headers["x-request-id"]
+    odd = client.get("/v1/models", headers={"x-request-id": "réq-42".encode()})
+    assert re.fullmatch(r"[0-9a-f]{32}", odd.headers["x-request-id"]), "a non-ASCII id is replaced, not mangled"
 
 
 def test_requests_are_counted_by_route_and_status_with_their_tokens() -> None:
