@@ -154,6 +154,8 @@ class Inference:
             detail = {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(
                 backend.state, "is not running"
             )
+            if backend.state is State.STARTING and backend.ever_ready:  # it served, then stopped answering
+                detail = f"stopped answering ({backend.reason or 'no reason given'})"
             raise unavailable(f"the backend for '{self.rt.route.fronted}' {detail}; retry shortly")
         return target
 

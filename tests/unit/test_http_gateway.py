@@ -444,3 +444,16 @@ def test_an_engines_retry_after_reaches_the_client(engine: FakeEngine, engine_ur
     with _gateway(make_runtime(engine_url)) as client:
         busy = client.post("/v1/chat/completions", json=_with_cue("/v1/chat/completions", "BUSY"))
     assert busy.status_code == 429 and busy.headers["retry-after"] == "7"
+
+
+def test_a_backend_that_served_and_stopped_answering_is_not_called_starting(
+    engine: FakeEngine, engine_url: str
+) -> None:
+    runtime = make_runtime(engine_url, ready=False)
+    backend = runtime.backend
+    backend.ever_ready, backend.reason = True, "the backend at http://x does not answer (ConnectError)"
+    with _gateway(runtime) as client:
+        chat = client.post("/v1/chat/completions", json=CHAT)
+    message = chat.json()["error"]["message"]
+    assert chat.status_code == 503 and "stopped answering" in message and "ConnectError" in message
+    assert "still starting" not in message
