@@ -86,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.add_argument("--gpus", help="simulate: 2x32GiB, 1x12GiB,1x24GiB")
     gpus.add_argument("--ram", help="simulate host RAM, e.g. 64GiB")
     gpus.add_argument("--json", action="store_true")
+    agent = sub.add_parser(
+        "agent",
+        help="print a coding agent's configuration for a running gateway",
+        description="Asks the gateway for its model and context length and prints the configuration "
+        "in the agent's own format. Example: gateway agent codex >> ~/.codex/config.toml",
+    )
+    agent.add_argument("name", choices=["codex", "claude", "opencode", "aider"], help="the agent")
+    agent.add_argument("--url", default="http://localhost:8000", help="the gateway (default http://localhost:8000)")
+    agent.add_argument("--api-key", dest="api_key", help="one of the gateway's keys, if it has any")
     models = sub.add_parser("models", help="list the model catalog")
     models.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -299,6 +308,15 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0 if result.chosen is not None else 2
 
 
+def agent_command(args: argparse.Namespace) -> int:
+    from gateway.agents import AGENTS, ask
+
+    config = AGENTS[args.name](ask(args.url, args.api_key))
+    print(f"# {args.name}: {config.where}", file=sys.stderr)
+    print(config.text, end="")
+    return 0
+
+
 def list_models(args: argparse.Namespace) -> int:
     from gateway.catalog import builtin_catalog
 
@@ -327,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             return plan_command(args)
         if args.command == "gpus":
             return gpus_command(args)
+        if args.command == "agent":
+            return agent_command(args)
         return list_models(args)
     except GatewayError as exc:
         print(f"gateway: error: {exc}", file=sys.stderr)

@@ -345,29 +345,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_codex_cli_completes_a_tool_round_trip_through_the_gateway(gateway: GatewayProcess, tmp_path: Path) -> None:
-    """The real Codex CLI (npm @openai/codex, headless `codex exec`) against the gateway's Responses
-    API, translated to chat for the scripted upstream: it gets a shell call, runs `ls`, sends the
-    output back, and prints the final answer built from it."""
+    """The real Codex CLI (npm @openai/codex, headless `codex exec`) configured by `gateway agent codex`
+    alone, against the gateway's Responses API, translated to chat for the scripted upstream: it gets
+    a shell call, runs `ls`, sends the output back, and prints the final answer built from it."""
     codex = ROOT / ".agents" / "node_modules" / ".bin" / "codex"
     if not codex.exists():
         pytest.fail(f"{codex} is missing: the README's test command installs it with npm")
     work = tmp_path / "project"
     work.mkdir()
     (work / "marker-file.txt").write_text("x")
-    provider = [
-        "-c", "model_provider=gw",
-        "-c", 'model_providers.gw.name="gateway"',
-        "-c", f'model_providers.gw.base_url="{gateway.url}/v1"',
-        "-c", 'model_providers.gw.wire_api="responses"',
-        "-c", 'model_providers.gw.env_key="GATEWAY_TEST_KEY"',
-    ]  # fmt: skip
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
         "CODEX_HOME": str(tmp_path / "codex-home"),
-        "GATEWAY_TEST_KEY": "x",
+        "GATEWAY_API_KEY": "x",
     }
     (tmp_path / "codex-home").mkdir()
+    printed = subprocess.run(
+        [sys.executable, "-m", "gateway", "agent", "codex", "--url", gateway.url],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    (tmp_path / "codex-home" / "config.toml").write_text(printed.stdout)
     run = subprocess.run(
         [
             str(codex),
@@ -375,9 +373,6 @@ def test_codex_cli_completes_a_tool_round_trip_through_the_gateway(gateway: Gate
             "--skip-git-repo-check",
             "-C",
             str(work),
-            *provider,
-            "-m",
-            "scripted",
             "List the files here",
         ],
         capture_output=True,
