@@ -20,7 +20,7 @@ from gateway.hardware import Inventory, inventory
 from gateway.known_good import KnownGood
 from gateway.planner import EnginePlan, Plan, read_engines
 from gateway.planner import decide as plan_decide
-from gateway.policy import Policy, policy_for
+from gateway.policy import policy_for
 from gateway.routing import ModelRoute
 from gateway.settings import Settings
 from gateway.supervisor import Remember, remembered_first
@@ -109,6 +109,3 @@ def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:
             except (KeyError, TypeError, ValueError):
                 return None
     return None
-
-
-__all__ = ["Decision", "Policy", "choose_model", "decide", "model_limit", "options_of", "plan_for"]
