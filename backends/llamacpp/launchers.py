@@ -118,10 +118,15 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
 
 
+def split_phrase(tensor_split: tuple[float, ...]) -> str:
+    """The summary's ", split 10,11" when layers are split over several devices."""
+    return f", split {','.join(f'{share:g}' for share in tensor_split)}" if len(tensor_split) > 1 else ""
+
+
 def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
     if config.launcher == "native":
         argv = native_argv(config, command=command, port=str(port))
-        split = f", split {','.join(f'{s:g}' for s in config.tensor_split)}" if len(config.tensor_split) > 1 else ""
+        split = split_phrase(config.tensor_split)
         experts = f", experts of {config.n_cpu_moe} layers in RAM" if config.n_cpu_moe else ""
         summary = (
             f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
@@ -146,7 +151,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         )
     argv = server_argv(config, command=command, port=str(port))
     version = installed_version()
-    split = f", split {','.join(f'{s:g}' for s in config.tensor_split)}" if len(config.tensor_split) > 1 else ""
+    split = split_phrase(config.tensor_split)
     summary = (
         f"llama.cpp (llama-cpp-python {version or 'unknown version'}), {config.gguf.name}, "
         f"context {config.context_length}, KV {config.kv_type}, {config.gpu_layers} GPU layers{split}"

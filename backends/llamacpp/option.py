@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Failure, FailureKind, Launch
-from backends.llamacpp.launchers import ENGINE, LlamaCppConfig, build_launch
+from backends.llamacpp.launchers import ENGINE, LlamaCppConfig, build_launch, split_phrase
 from backends.llamacpp.logs import classify
 
 
@@ -29,7 +29,7 @@ class LlamaCppOption:
     @property
     def label(self) -> str:
         c = self.config
-        split = f", split {','.join(f'{s:g}' for s in c.tensor_split)}" if len(c.tensor_split) > 1 else ""
+        split = split_phrase(c.tensor_split)
         server = "llama-server" if c.launcher == "native" else "llama-cpp-python"
         return (
             f"llama.cpp ({server}) {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, "
