@@ -44,6 +44,13 @@ class Gpu:
     total_bytes: int
     free_bytes: int
     compute_capability: tuple[int, int]
+    node: str = ""  # "" for this machine; else the worker node's name (issue 13)
+    endpoint: str = ""  # a remote device's ggml-rpc-server "host:port"
+    link: str = ""  # how the head reaches it, e.g. "10 Gbit/s" or "unknown"; shown in the plan's reasons
+
+    @property
+    def is_remote(self) -> bool:
+        return bool(self.node)
 
     @property
     def total_gib(self) -> float:
@@ -58,6 +65,15 @@ class Inventory:
     peer_to_peer: bool = False
     source: str = "nvml"  # "nvml" | "simulated" | "none"
     notes: tuple[str, ...] = field(default=())
+    remote: tuple[Gpu, ...] = ()  # other nodes' devices (``Gpu.node`` set), reachable over llama.cpp RPC / Ray
+
+    @property
+    def nodes(self) -> dict[str, tuple[Gpu, ...]]:
+        """GPUs per node, this machine ("") first, then each worker in the order given."""
+        grouped: dict[str, list[Gpu]] = {"": list(self.gpus)}
+        for gpu in self.remote:
+            grouped.setdefault(gpu.node, []).append(gpu)
+        return {node: tuple(gpus) for node, gpus in grouped.items()}
 
     @property
     def fingerprint(self) -> str:
