@@ -1,6 +1,6 @@
 """`gateway agent NAME` prints each agent's configuration for the gateway it asks, and each parses the
-way the agent reads it (TOML, JSON, shell). The Codex one also drives the real Codex CLI in
-tests/integration/test_agent_apis_scripted.py."""
+way the agent reads it (TOML, JSON, YAML, shell); `--write` merges it into the agent's own files under
+HOME. The Codex one also drives the real Codex CLI in tests/integration/test_agent_apis_scripted.py."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import json
 import shlex
 import subprocess
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml  # type: ignore[import-untyped,unused-ignore]
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.agents import AGENTS, AgentConfig, ask, write
 from gateway.cli import main
 from tests.unit.http_harness import Served
 
@@ -96,3 +100,211 @@ def test_no_gateway_or_a_missing_key_is_one_line(capsys: pytest.CaptureFixture[s
         assert main(["agent", "codex", "--url", served.url, "--api-key", "sk-1"]) == 0
     finally:
         served.stop()
+
+
+def test_qwen_code(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """~/.qwen/settings.json: a modelProviders.openai entry that security.auth.selectedType + model.name select,
+    with the window in the entry's generationConfig (a selected provider entry ignores model.generationConfig)."""
+    settings = json.loads(_printed(capsys, "qwen", "--url", gateway))
+    (entry,) = settings["modelProviders"]["openai"]
+    assert entry["id"] == settings["model"]["name"] == "glm-4.7-flash"
+    assert entry["baseUrl"] == gateway + "/v1" and entry["envKey"] == "GATEWAY_API_KEY"
+    assert entry["generationConfig"]["contextWindowSize"] == 32768
+    assert entry["generationConfig"]["samplingParams"]["max_tokens"] == 8192
+    assert settings["security"]["auth"]["selectedType"] == "openai"
+
+
+def _check_cline_providers(stored: dict[str, Any]) -> dict[str, Any]:
+    """What @cline/core's StoredProviderSettingsSchema requires of providers.json, or it reads an empty file."""
+    assert stored["version"] == 1
+    entry = stored["providers"][stored["lastUsedProvider"]]
+    assert entry["updatedAt"].endswith("Z") and datetime.fromisoformat(entry["updatedAt"])
+    assert entry["tokenSource"] in {"manual", "oauth", "migration"}
+    settings: dict[str, Any] = entry["settings"]
+    assert settings["provider"] == stored["lastUsedProvider"] == "openai-compatible"
+    return settings
+
+
+def test_cline(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "cline", "--url", gateway]) == 0
+    printed = capsys.readouterr()
+    settings = _check_cline_providers(json.loads(printed.out))
+    assert settings["baseUrl"] == gateway + "/v1" and settings["model"] == "glm-4.7-flash"
+    assert settings["contextWindow"] == 32768 and settings["maxTokens"] == 8192 and settings["apiKey"]
+    assert '"OpenAI Compatible"' in printed.err and "Context Window Size 32768" in printed.err  # the UI steps
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh home directory, with no agent's own override variable pointing elsewhere."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ["CODEX_HOME", "CLAUDE_CONFIG_DIR", "XDG_CONFIG_HOME", "CLINE_DIR", "CLINE_DATA_DIR",
+                 "CLINE_PROVIDER_SETTINGS_PATH"]:  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+# Each agent's files under HOME, the user's own content already in them, and what ours must say once merged.
+USER_TOML = '# mine\napproval_policy = "never"\n\n[model_providers.other]\nname = "other"\nbase_url = "http://x"\n'
+USER_JSON = json.dumps({"theme": "dark", "env": {"MINE": "1"}, "provider": {"other": {"npm": "x"}}})
+USER_QWEN = json.dumps(
+    {"ui": {"theme": "dark"}, "modelProviders": {"openai": [{"id": "other", "envKey": "K"}, {"id": "glm-4.7-flash"}]}}
+)
+USER_CLINE = json.dumps(
+    {"version": 1, "lastUsedProvider": "anthropic", "modes": {},
+     "providers": {"anthropic": {"settings": {"provider": "anthropic", "apiKey": "sk-a"},
+                                 "updatedAt": "2026-01-01T00:00:00.000Z", "tokenSource": "manual"}}}
+)  # fmt: skip
+USER_AIDER_META = json.dumps({"openai/other": {"max_input_tokens": 1000}})
+USER_AIDER_CONF = "# mine\ndark-mode: true\nmodel: gpt-4o\n"
+
+
+def _ours_codex(files: dict[str, Any], url: str) -> None:
+    config = files[".codex/config.toml"]
+    assert config["approval_policy"] == "never" and config["model_providers"]["other"]["name"] == "other"
+    assert config["model"] == "glm-4.7-flash" and config["model_context_window"] == 32768
+    assert config["model_providers"][config["model_provider"]]["base_url"] == url + "/v1"
+
+
+def _ours_claude(files: dict[str, Any], url: str) -> None:
+    settings = files[".claude/settings.json"]
+    assert settings["theme"] == "dark" and settings["env"]["MINE"] == "1"
+    assert settings["env"]["ANTHROPIC_BASE_URL"] == url and settings["env"]["ANTHROPIC_AUTH_TOKEN"] == "anything"
+    assert settings["env"]["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768"  # the env block holds strings
+    assert settings["env"]["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "glm-4.7-flash"
+
+
+def _ours_opencode(files: dict[str, Any], url: str) -> None:
+    config = files[".config/opencode/opencode.json"]
+    assert config["theme"] == "dark" and config["provider"]["other"] == {"npm": "x"}
+    assert config["provider"]["gateway"]["options"]["baseURL"] == url + "/v1"
+    assert config["model"] == "gateway/glm-4.7-flash"
+
+
+def _ours_qwen(files: dict[str, Any], url: str) -> None:
+    settings = files[".qwen/settings.json"]
+    assert settings["ui"] == {"theme": "dark"}
+    other, ours = settings["modelProviders"]["openai"]  # the user's entry kept, the same id replaced once
+    assert other == {"id": "other", "envKey": "K"}
+    assert ours["id"] == "glm-4.7-flash" and ours["generationConfig"]["contextWindowSize"] == 32768
+    assert settings["security"]["auth"]["selectedType"] == "openai" and settings["model"]["name"] == ours["id"]
+
+
+def _ours_cline(files: dict[str, Any], url: str) -> None:
+    stored = files[".cline/data/settings/providers.json"]
+    assert stored["providers"]["anthropic"]["settings"]["apiKey"] == "sk-a"
+    settings = _check_cline_providers(stored)
+    assert settings["contextWindow"] == 32768 and settings["baseUrl"] == url + "/v1"
+
+
+def _ours_aider(files: dict[str, Any], url: str) -> None:
+    metadata, conf = files[".aider.model.metadata.json"], files[".aider.conf.yml"]
+    assert metadata["openai/other"] == {"max_input_tokens": 1000}
+    assert metadata["openai/glm-4.7-flash"]["max_input_tokens"] == 32768
+    assert conf["dark-mode"] is True and conf["model"] == "openai/glm-4.7-flash"
+    assert conf["openai-api-base"] == url + "/v1"
+
+
+WRITTEN: dict[str, tuple[dict[str, str], Callable[[dict[str, Any], str], None]]] = {
+    "codex": ({".codex/config.toml": USER_TOML}, _ours_codex),
+    "claude": ({".claude/settings.json": USER_JSON}, _ours_claude),
+    "opencode": ({".config/opencode/opencode.json": USER_JSON}, _ours_opencode),
+    "qwen": ({".qwen/settings.json": USER_QWEN}, _ours_qwen),
+    "cline": ({".cline/data/settings/providers.json": USER_CLINE}, _ours_cline),
+    "aider": ({".aider.model.metadata.json": USER_AIDER_META, ".aider.conf.yml": USER_AIDER_CONF}, _ours_aider),
+}
+
+
+def _read(path: Path) -> Any:
+    """The file parsed as its agent parses it."""
+    text = path.read_text()
+    if path.suffix == ".toml":
+        return tomllib.loads(text)
+    return yaml.safe_load(text) if path.suffix == ".yml" else json.loads(text)
+
+
+@pytest.mark.parametrize("agent", list(WRITTEN))
+def test_write_merges_into_the_agents_files(
+    agent: str, gateway: str, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--write keeps the user's keys, sets ours, keeps <file>.bak, shows the diff first; a rerun changes nothing."""
+    before, check = WRITTEN[agent]
+    for name, text in before.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(text)
+    assert main(["agent", agent, "--url", gateway, "--write", "--yes"]) == 0
+    out = capsys.readouterr().out
+    for name, text in before.items():
+        assert f"--- {home / name}\n+++ {home / name}\n" in out and f"wrote {home / name}" in out
+        assert (home / (name + ".bak")).read_text() == text
+    assert out.index("@@") < out.index("wrote ")  # the diff comes before the write
+    after = {name: (home / name).read_text() for name in before}
+    check({name: _read(home / name) for name in before}, gateway)
+    temporary = [p for n in before for p in (home / n).parent.iterdir() if p.name.startswith(f".{Path(n).name}.")]
+    assert temporary == []  # the temp file became the file
+
+    assert main(["agent", agent, "--url", gateway, "--write"]) == 0  # no --yes needed: nothing to write
+    assert "already up to date" in capsys.readouterr().out
+    assert {name: (home / name).read_text() for name in before} == after
+
+
+def test_write_creates_missing_files(gateway: str, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "qwen", "--url", gateway, "--write", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert f"--- /dev/null\n+++ {home / '.qwen/settings.json'}" in out and "then: export GATEWAY_API_KEY" in out
+    assert json.loads((home / ".qwen/settings.json").read_text())["model"]["name"] == "glm-4.7-flash"
+    assert not (home / ".qwen/settings.json.bak").exists()
+    assert (home / ".qwen/settings.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_write_follows_a_symlinked_config(gateway: str, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    real = home / "dotfiles" / "settings.json"
+    real.parent.mkdir()
+    real.write_text(USER_JSON)
+    (home / ".claude").mkdir()
+    (home / ".claude/settings.json").symlink_to(real)
+    assert main(["agent", "claude", "--url", gateway, "--write", "--yes"]) == 0
+    assert (home / ".claude/settings.json").is_symlink()
+    assert json.loads(real.read_text())["env"]["ANTHROPIC_MODEL"] == "glm-4.7-flash"
+    assert (home / "dotfiles/settings.json.bak").read_text() == USER_JSON
+
+
+def test_write_without_a_terminal_or_yes_writes_nothing(
+    gateway: str, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / ".codex").mkdir()
+    (home / ".codex/config.toml").write_text(USER_TOML)
+    assert main(["agent", "codex", "--url", gateway, "--write"]) == 1  # pytest's stdin is no TTY
+    printed = capsys.readouterr()
+    assert "+model_context_window = 32768" in printed.out  # the diff is still shown
+    (error,) = printed.err.splitlines()
+    assert "--yes" in error and "nothing written" in error
+    assert (home / ".codex/config.toml").read_text() == USER_TOML
+    assert not (home / ".codex/config.toml.bak").exists()
+
+
+def test_write_asks_on_a_terminal(gateway: str, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = AGENTS["opencode"](ask(gateway, None))
+    path = home / ".config/opencode/opencode.json"
+    assert write("opencode", config, yes=False, interactive=True, confirm=lambda question: False) == 1
+    assert "nothing written" in capsys.readouterr().out and not path.exists()
+    questions: list[str] = []
+    assert write("opencode", config, yes=False, interactive=True, confirm=lambda q: questions.append(q) or True) == 0
+    assert questions == ["Write 1 file(s)? [y/N] "] and json.loads(path.read_text())["model"] == "gateway/glm-4.7-flash"
+
+
+def test_write_refuses_a_file_it_cannot_parse(gateway: str, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (home / ".claude").mkdir()
+    (home / ".claude/settings.json").write_text('{"env": {  // a comment\n}')
+    assert main(["agent", "claude", "--url", gateway, "--write", "--yes"]) == 1
+    (error,) = capsys.readouterr().err.splitlines()
+    assert "settings.json is not valid JSON" in error
+    assert (home / ".claude/settings.json").read_text() == '{"env": {  // a comment\n}'
+
+
+def test_an_agent_configured_by_environment_only_prints_the_exports(capsys: pytest.CaptureFixture[str]) -> None:
+    config = AgentConfig("your shell", "export A=1\n", "shell")
+    assert write("x", config, yes=False) == 0
+    assert capsys.readouterr().out == (
+        "x reads its configuration only from environment variables: nothing to write. Run:\nexport A=1\n"
+    )

@@ -1,0 +1,148 @@
+"""`gateway agent NAME --write`: merge the configuration into the files the agent reads.
+
+The user's own keys stay (each file is parsed, our part laid over it, and written back); the diff is shown
+before anything changes, a TTY is asked and anything else needs --yes; the write is atomic (temp file +
+os.replace in the same directory) and the previous version is kept beside it as ``<file>.bak``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import yaml  # type: ignore[import-untyped,unused-ignore]  # PyYAML comes with uvicorn[standard] and huggingface_hub
+
+from gateway.agents.configs import AgentConfig, Doc, Target
+from gateway.errors import ConfigError
+
+
+def parse(text: str, format: str, path: Path) -> Doc:
+    """The document in ``text``, as the agent would read it; an empty file is an empty document."""
+    if not text.strip():
+        return {}
+    try:
+        if format == "toml":
+            return tomllib.loads(text)
+        data: Any = json.loads(text) if format == "json" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, ValueError, yaml.YAMLError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{path} is not valid {format.upper()} ({reason}): fix it or edit it by hand") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a {type(data).__name__}, not a {format.upper()} table: edit it by hand")
+    return data
+
+
+def dump(doc: Doc, format: str) -> str:
+    """``doc`` in the file's format (comments in the old file do not survive: the diff shows it)."""
+    if format == "toml":
+        return tomli_w.dumps(doc)
+    if format == "json":
+        return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return str(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One file's planned change: its text before (None when absent) and after."""
+
+    target: Target
+    old: str | None
+    new: str
+
+    def diff(self) -> str:
+        name = str(self.target.path)
+        before = (self.old or "").splitlines(keepends=True)
+        lines = difflib.unified_diff(before, self.new.splitlines(keepends=True),
+                                     "/dev/null" if self.old is None else name, name)  # fmt: skip
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def plan(target: Target) -> Change | None:
+    """What writing ``target`` would change; None when the file already says what we would write."""
+    path = target.path
+    try:
+        old = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        old = None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path} ({exc.strerror})") from exc
+    before = parse(old, target.format, path) if old is not None else {}
+    after = target.merge(before)
+    if old is not None and after == before:
+        return None
+    return Change(target, old, dump(after, target.format))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` in one step, keeping the old version as ``<file>.bak`` and the old mode."""
+    if path.is_symlink():  # a dotfile kept elsewhere and linked: write the file, not over the link
+        path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600  # these files may hold a key
+    if path.exists():
+        shutil.copy2(path, path.with_name(path.name + ".bak"))
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _ask_on_tty(question: str) -> bool:
+    try:
+        return input(question).strip().lower() in {"y", "yes"}
+    except EOFError:  # Ctrl-D is a no
+        return False
+
+
+def write(
+    name: str,
+    config: AgentConfig,
+    *,
+    yes: bool,
+    interactive: bool | None = None,
+    confirm: Callable[[str], bool] = _ask_on_tty,
+) -> int:
+    """Show the diff of every file ``config`` goes in, then write them (asked on a TTY, else only with --yes)."""
+    if not config.targets:
+        print(f"{name} reads its configuration only from environment variables: nothing to write. Run:")
+        print(config.text, end="")
+        return 0
+    changes = [change for change in map(plan, config.targets) if change is not None]
+    if not changes:
+        print(f"{name}: already up to date ({', '.join(str(t.path) for t in config.targets)})")
+        return 0
+    for change in changes:
+        print(change.diff(), end="")
+    if not yes:
+        if not (sys.stdin.isatty() if interactive is None else interactive):
+            raise ConfigError("not a terminal to confirm on: nothing written; rerun with --yes to write the diff above")
+        if not confirm(f"Write {len(changes)} file(s)? [y/N] "):
+            print("nothing written")
+            return 1
+    for change in changes:
+        had = change.old is not None
+        write_atomically(change.target.path, change.new)
+        backup = f" (previous version in {change.target.path.name}.bak)" if had else ""
+        print(f"wrote {change.target.path}{backup}")
+    for note in config.notes:
+        print(f"then: {note}")
+    return 0
