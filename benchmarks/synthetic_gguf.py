@@ -12,6 +12,13 @@
 
 Both copy the tokenizer and chat template from another GGUF (SmolLM2's, 49,152 tokens). The answers
 are noise; the buffers llama.cpp allocates are real, which is all the placement benchmark needs.
+
+    python benchmarks/synthetic_gguf.py gemma4-31b-shapes OUT.gguf
+    python benchmarks/synthetic_gguf.py llama-70b-shapes OUT.gguf
+
+- Shape-only GGUFs for planning tests: a real model's header and tensor table in a Q4_K_M mix, the
+  data section a sparse hole (no disk used, nothing llama.cpp can run): Gemma 4 31B (per-layer KV
+  heads and sliding pattern) and Llama 3 70B.
 """
 
 from __future__ import annotations
@@ -147,9 +154,125 @@ def make_wide_llama(out: Path, tokenizer_gguf: Path) -> Path:
     return _finish(writer, out)
 
 
+# Shape-only GGUFs: the header and tensor table of a real model's layout, the data section a sparse hole
+# (no disk used). llama.cpp cannot run them; the planner reads nothing else, so tests plan real sizes.
+GEMMA4_31B = {
+    "layers": 60,
+    "embd": 5376,
+    "heads": 32,
+    "kv_heads": 16,
+    "head_dim": 256,
+    "global_kv_heads": 4,
+    "global_head_dim": 512,
+    "ff": 21504,
+    "vocab": 262144,
+    "window": 1024,
+    "context": 262144,
+    "full_every": 6,
+}  # fmt: skip  (google/gemma-4-31B-it config.json: 50 sliding layers, 10 full; K = V on the full ones)
+LLAMA_70B = {"layers": 80, "embd": 8192, "heads": 64, "kv_heads": 8, "head_dim": 128, "ff": 28672, "vocab": 128256}
+_Q4_K, _Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+_SHAPE_ONLY = np.dtype(np.float32)  # the element shape is given; the type is raw_dtype's
+
+
+def _shape_tensor(writer: gguf.GGUFWriter, name: str, rows: int, cols: int, kind: gguf.GGMLQuantizationType) -> None:
+    """One tensor's table entry (``rows`` × ``cols`` weights of ``kind``), without data."""
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    nbytes = rows * cols // block * size
+    writer.add_tensor_info(name, (rows, cols), _SHAPE_ONLY, nbytes, raw_dtype=kind)
+
+
+def _finish_shapes(writer: gguf.GGUFWriter, out: Path) -> Path:
+    """Write the header and tensor table, then extend the file over the (sparse) data section."""
+    writer.write_header_to_file(out)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    data = sum(gguf.GGUFWriter.ggml_pad(ti.nbytes, writer.data_alignment) for ti in writer.tensors[0].values())
+    writer.close()
+    header = out.stat().st_size
+    with out.open("r+b") as handle:
+        handle.truncate(gguf.GGUFWriter.ggml_pad(header, writer.data_alignment) + data)
+    return out
+
+
+def _q4_k_m_block(
+    writer: gguf.GGUFWriter, layer: int, layers: int, embd: int, q: int, kv: int, ff: int, v: bool = True
+) -> None:
+    """One block in llama.cpp's Q4_K_M mix: Q4_K, with V and the FFN's down projection in Q6_K in the
+    first and last eighth of the blocks and every third between (``use_more_bits``), else Q4_K."""
+    prefix = f"blk.{layer}."
+    more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+    wide = _Q6_K if more_bits else _Q4_K
+    writer.add_tensor_info(prefix + "attn_norm.weight", (embd,), np.dtype(np.float32), embd * 4)
+    _shape_tensor(writer, prefix + "attn_q.weight", q, embd, _Q4_K)
+    _shape_tensor(writer, prefix + "attn_k.weight", kv, embd, _Q4_K)
+    if v:
+        _shape_tensor(writer, prefix + "attn_v.weight", kv, embd, wide)
+    _shape_tensor(writer, prefix + "attn_output.weight", embd, q, _Q4_K)
+    writer.add_tensor_info(prefix + "ffn_norm.weight", (embd,), np.dtype(np.float32), embd * 4)
+    _shape_tensor(writer, prefix + "ffn_gate.weight", ff, embd, _Q4_K)
+    _shape_tensor(writer, prefix + "ffn_up.weight", ff, embd, _Q4_K)
+    _shape_tensor(writer, prefix + "ffn_down.weight", embd, ff, wide)
+
+
+def make_gemma4_31b_shapes(out: Path) -> Path:
+    """Gemma 4 31B in Q4_K_M, shapes only (about 17.4 GiB apparent, nothing on disk), with the
+    per-layer metadata convert_hf_to_gguf.py writes for it: ``sliding_window_pattern`` (booleans),
+    ``head_count_kv`` (16 sliding, 4 full), ``key_length``/``value_length`` 512, ``*_swa`` 256."""
+    s = GEMMA4_31B
+    writer = gguf.GGUFWriter(str(out), "gemma4")
+    writer.add_name("gemma-4-31b-q4_k_m-shapes")
+    sliding = [layer % s["full_every"] != s["full_every"] - 1 for layer in range(s["layers"])]
+    writer.add_block_count(s["layers"])
+    writer.add_context_length(s["context"])
+    writer.add_embedding_length(s["embd"])
+    writer.add_feed_forward_length(s["ff"])
+    writer.add_head_count(s["heads"])
+    writer.add_head_count_kv([s["kv_heads"] if swa else s["global_kv_heads"] for swa in sliding])
+    writer.add_key_length(s["global_head_dim"])
+    writer.add_value_length(s["global_head_dim"])
+    writer.add_key_length_swa(s["head_dim"])
+    writer.add_value_length_swa(s["head_dim"])
+    writer.add_sliding_window(s["window"])
+    writer.add_sliding_window_pattern(sliding)
+    writer.add_shared_kv_layers(0)
+    writer.add_vocab_size(s["vocab"])
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    embd = s["embd"]
+    _shape_tensor(writer, "token_embd.weight", s["vocab"], embd, _Q6_K)  # tied: no output.weight
+    writer.add_tensor_info("output_norm.weight", (embd,), np.dtype(np.float32), embd * 4)
+    for layer, swa in enumerate(sliding):
+        heads_kv, head = (s["kv_heads"], s["head_dim"]) if swa else (s["global_kv_heads"], s["global_head_dim"])
+        _q4_k_m_block(writer, layer, s["layers"], embd, s["heads"] * head, heads_kv * head, s["ff"], v=swa)  # K = V
+    return _finish_shapes(writer, out)
+
+
+def make_llama_70b_shapes(out: Path) -> Path:
+    """Llama 3 70B in Q4_K_M, shapes only (about 39.6 GiB apparent, as the real file; nothing on disk)."""
+    s = LLAMA_70B
+    writer = gguf.GGUFWriter(str(out), "llama")
+    writer.add_name("llama-3-70b-q4_k_m-shapes")
+    _attention_shape(writer, s, 131072)
+    writer.add_feed_forward_length(s["ff"])
+    writer.add_vocab_size(s["vocab"])
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    embd = s["embd"]
+    _shape_tensor(writer, "token_embd.weight", s["vocab"], embd, _Q4_K)
+    writer.add_tensor_info("output_norm.weight", (embd,), np.dtype(np.float32), embd * 4)
+    _shape_tensor(writer, "output.weight", s["vocab"], embd, _Q6_K)
+    for layer in range(s["layers"]):
+        q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+        _q4_k_m_block(writer, layer, s["layers"], embd, q, kv, s["ff"])
+    return _finish_shapes(writer, out)
+
+
 MAKERS = {"tiny-moe": make_tiny_moe, "wide-llama": make_wide_llama}
+SHAPE_MAKERS = {"gemma4-31b-shapes": make_gemma4_31b_shapes, "llama-70b-shapes": make_llama_70b_shapes}
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] not in MAKERS:
+    if len(sys.argv) == 3 and sys.argv[1] in SHAPE_MAKERS:
+        print(SHAPE_MAKERS[sys.argv[1]](Path(sys.argv[2])))
+    elif len(sys.argv) != 4 or sys.argv[1] not in MAKERS:
         sys.exit(__doc__)
-    print(MAKERS[sys.argv[1]](Path(sys.argv[2]), Path(sys.argv[3])))
+    else:
+        print(MAKERS[sys.argv[1]](Path(sys.argv[2]), Path(sys.argv[3])))

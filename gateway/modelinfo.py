@@ -1,8 +1,9 @@
 """Model facts read from files without loading weights.
 
 GGUF: the header's key/value metadata. The ``gguf`` package parses every array (a 262k-entry
-vocabulary included) into numpy objects, which takes seconds; planning needs only scalars, so this
-reader walks the header with ``struct`` over an mmap and skips array contents.
+vocabulary included) into numpy objects, which takes seconds; planning needs only scalars and short
+per-layer arrays (``head_count_kv``, ``sliding_window_pattern``), so this reader walks the header with
+``struct`` over an mmap and skips long arrays' contents.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _GGUF_MAGIC = b"GGUF"
 # GGUF value types → struct format of one scalar
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_SMALL_ARRAY = 4096  # arrays of numbers up to this length are kept: one value per layer (a vocabulary is not)
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class GgufTensor:
 
 @dataclass(frozen=True)
 class GgufHeader:
-    """Scalar metadata of a GGUF file (arrays are recorded by length only) and its tensor table."""
+    """Scalar metadata of a GGUF file (long arrays are recorded by length only) and its tensor table."""
 
     version: int
     tensor_count: int
@@ -83,6 +85,8 @@ class _Cursor:
             return self.string()
         if kind == _ARRAY:
             item_kind, count = self.scalar("<I"), self.scalar("<Q")
+            if item_kind in _SCALARS and count <= _SMALL_ARRAY:  # per-layer values (head counts, SWA pattern)
+                return _ArrayOf(item_kind, count, tuple(self.scalar(_SCALARS[item_kind]) for _ in range(count)))
             if item_kind in _SCALARS:
                 self.offset += struct.calcsize(_SCALARS[item_kind]) * count
             else:
@@ -94,8 +98,11 @@ class _Cursor:
 
 @dataclass(frozen=True)
 class _ArrayOf:
+    """An array's length; its values only when short numbers (per-layer hyperparameters)."""
+
     item_kind: int
     count: int
+    values: tuple[Any, ...] = ()
 
 
 def read_gguf_header(path: Path) -> GgufHeader:

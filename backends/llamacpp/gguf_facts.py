@@ -15,8 +15,20 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"ffn_(up|down|gate|gate_up)_(ch)?exps")
 
 
+def _per_layer(found: Any, layers: int) -> tuple[Any, ...]:
+    """A per-layer array (``_ArrayOf`` with its values), or () when the key is a scalar or absent."""
+    values = tuple(getattr(found, "values", ()) or ())
+    return values if len(values) == layers else ()
+
+
 def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
-    """Facts from a GGUF header; per-layer bytes come from the tensor table."""
+    """Facts from a GGUF header; per-layer bytes come from the tensor table.
+
+    Per-layer attention follows llama.cpp's loader: ``head_count_kv`` may be an array (one count per
+    layer; ``get_key_or_arr``), and ``attention.sliding_window_pattern`` an array of booleans (true:
+    the layer slides), as convert_hf_to_gguf.py writes them for Gemma 4 from ``layer_types`` and
+    ``num_global_key_value_heads``; the sliding layers' head sizes are ``key_length_swa`` /
+    ``value_length_swa`` (Gemma 4 31B: 50 sliding layers of 16 KV heads × 256, 10 full of 4 × 512)."""
     arch = header.architecture
 
     def value(key: str, default: Any = 0) -> Any:
@@ -41,15 +53,21 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
             output += tensor.nbytes
     if not any(t.name == "output.weight" for t in header.tensors):
         output += embedding  # tied embeddings: llama.cpp duplicates the matrix for the output layer
-    heads = int(value("attention.head_count", 1)) or 1
+    head_array = _per_layer(header.metadata.get(f"{arch}.attention.head_count"), layers)
+    heads = (max(head_array) if head_array else int(value("attention.head_count", 1))) or 1
     hidden = int(value("embedding_length"))
-    kv_heads = int(value("attention.head_count_kv", heads)) or heads
+    kv_array = tuple(int(n) for n in _per_layer(header.metadata.get(f"{arch}.attention.head_count_kv"), layers))
+    kv_heads = (max(kv_array) if kv_array else int(value("attention.head_count_kv", heads))) or heads
     key_length = int(value("attention.key_length", hidden // heads))
     window = int(value("attention.sliding_window")) or None
+    swa_pattern = header.metadata.get(f"{arch}.attention.sliding_window_pattern")
+    pattern = tuple(bool(v) for v in _per_layer(swa_pattern, layers))
     sliding_layers = 0
-    if window:
-        pattern = {"gemma3": 6, "gemma3n": 5, "gpt-oss": 2, "cohere2": 4}.get(arch, 1)
-        sliding_layers = layers - layers // pattern if pattern > 1 else layers
+    if window and pattern:
+        sliding_layers = sum(pattern)
+    elif window:
+        every = {"gemma3": 6, "gemma3n": 5, "gpt-oss": 2, "cohere2": 4}.get(arch, 1)
+        sliding_layers = layers - layers // every if every > 1 else layers
     total = sum(t.nbytes for t in header.tensors)
     return ModelFacts(
         name=name,
@@ -81,6 +99,11 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         if value("attention.kv_lora_rank")
         else key_length,
         gguf_value_length=int(value("attention.value_length", key_length)),
+        kv_heads_per_layer=kv_array if len(set(kv_array)) > 1 else (),
+        sliding_per_layer=pattern if window else (),
+        gguf_key_length_swa=int(value("attention.key_length_swa")),
+        gguf_value_length_swa=int(value("attention.value_length_swa")),
+        shared_kv_layers=int(value("attention.shared_kv_layers")),
     )
 
 
@@ -117,16 +140,42 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
         dense = int(cfg.get("first_k_dense_replace") or 0)
         experts_per_block *= (facts.num_layers - dense) / facts.num_layers
     layer = int(block_params * per_weight)
+    global_head = int(cfg.get("global_head_dim") or facts.head_dim)
     return replace(
-        facts,
+        _per_layer_attention(facts, cfg),
         layer_bytes=(layer,) * facts.num_layers,
         expert_layer_bytes=(int(experts_per_block * per_weight),) * facts.num_layers,
         embedding_bytes=int(embeddings * per_weight),
         output_bytes=int(embeddings * 6.56 / 8),  # llama.cpp quantizes the output matrix to Q6_K
         weight_bytes=int(layer * facts.num_layers + embeddings * per_weight + embeddings * 6.56 / 8),
         weight_bytes_source=f"estimated at {bits} bits/weight",
-        gguf_key_length=(facts.kv_lora_rank + facts.qk_rope_head_dim) if facts.is_mla else facts.head_dim,
-        gguf_value_length=facts.head_dim,
+        gguf_key_length=(facts.kv_lora_rank + facts.qk_rope_head_dim) if facts.is_mla else global_head,
+        gguf_value_length=global_head,
         quantization=f"gguf ~{bits} bpw",
-        notes=(*facts.notes, f"GGUF not available locally: layer sizes estimated at {bits} bits/weight"),
+        # the config's own weight estimate (if any) is replaced by this one: the GGUF's size is what counts
+        notes=(f"GGUF size estimated at {bits} bits/weight from the architecture (the file is not local yet)",),
+    )
+
+
+def _per_layer_attention(facts: ModelFacts, cfg: dict[str, Any]) -> ModelFacts:
+    """What convert_hf_to_gguf.py would write per layer (its Gemma 4 converter): the sliding pattern
+    from ``layer_types``; with ``num_global_key_value_heads``, KV heads per layer (full layers take the
+    global count) and the sliding layers' head size ``head_dim`` beside the full ones'
+    ``global_head_dim``; ``num_kv_shared_layers`` layers without a cache of their own."""
+    layer_types = cfg.get("layer_types")
+    if not isinstance(layer_types, list) or len(layer_types) != facts.num_layers or not facts.sliding_window:
+        return facts
+    pattern = tuple(str(kind) == "sliding_attention" for kind in layer_types)
+    global_heads = cfg.get("num_global_key_value_heads")
+    per_layer: tuple[int, ...] = ()
+    if global_heads:
+        per_layer = tuple(facts.num_kv_heads if swa else int(global_heads) for swa in pattern)
+    swa_head = facts.head_dim if cfg.get("global_head_dim") else 0
+    return replace(
+        facts,
+        sliding_per_layer=pattern,
+        kv_heads_per_layer=per_layer,
+        gguf_key_length_swa=swa_head,
+        gguf_value_length_swa=swa_head,
+        shared_kv_layers=int(cfg.get("num_kv_shared_layers") or 0),
     )

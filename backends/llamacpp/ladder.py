@@ -1,5 +1,11 @@
 """llama.cpp's ladder: the longest context with f16 KV, then q8_0 KV, then shorter contexts (not below
-the minimum), each placed as well as the devices allow; host RAM decides whether it fits."""
+the minimum), each placed as well as the devices allow; host RAM decides whether it fits.
+
+Speed is part of fit: a layer in RAM makes every token wait for host memory (a 70B Q4_K_M on 2×24 GB
+with 35 of its 81 layers in RAM decodes several times slower than with all on the GPUs at q8_0 KV).
+So :func:`best` prefers, among the fitting candidates, the longest context that keeps every layer
+on the GPUs; only when none does, the fastest (by :mod:`backends.llamacpp.speed`'s estimate), then
+the longer context. A pinned context (the user asked for it) is the only context evaluated."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
+from backends.llamacpp.speed import tokens_per_second
 from gateway.hardware import GIB, MIB, Gpu
 from gateway.modelfacts import ModelFacts
 from gateway.policy import FALLBACK_CONTEXT
@@ -18,6 +25,10 @@ def _mib(value: int) -> float:
     return round(value / MIB, 1)
 
 
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 10 else f"{tokens_per_s:.1f}"
+
+
 @dataclass
 class LlamaCppCandidate:
     checkpoint: str
@@ -27,10 +38,12 @@ class LlamaCppCandidate:
     placement: Placement
     fits: bool
     reason: str
-    level: int
+    level: int  # concessions: 0 all layers on the GPUs, 1 experts in RAM, 2 layers in RAM; +4 q8_0 KV
+    tokens_per_s: float = 0.0  # estimated decode speed of one request (backends.llamacpp.speed)
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     engine: str = ENGINE
+    rpc: tuple[str, ...] = ()  # other nodes' ggml-rpc-servers, the first devices of the split (issue 13)
 
     @property
     def label(self) -> str:
@@ -43,6 +56,11 @@ class LlamaCppCandidate:
     @property
     def kv_tokens(self) -> int:
         return self.n_ctx  # one unified cache of n_ctx cells
+
+    @property
+    def all_on_gpus(self) -> bool:
+        """Every block and the output layer on a GPU, no experts in RAM: nothing waits for the host."""
+        return self.level % 4 == 0
 
     def memory_terms(self) -> list[tuple[int, str, int]]:
         p = self.placement
@@ -79,9 +97,11 @@ class LlamaCppCandidate:
             "tensor_split": list(p.tensor_split),
             "n_ctx": self.n_ctx,
             "kv_type": self.kv_type,
+            "tokens_per_s_estimate": round(self.tokens_per_s, 1),
             "memory_mib": memory,
             "argv": self.argv,
             "env": self.env,
+            "rpc": list(self.rpc),
         }
 
 
@@ -106,7 +126,7 @@ def candidates(
             {c for c in (model_max, 131072, 65536, min_context) if c <= model_max} or {model_max}, reverse=True
         )
     out: list[LlamaCppCandidate] = []
-    for ctx_index, n_ctx in enumerate(contexts):
+    for n_ctx in contexts:
         for kv_index, kv_type in enumerate(("f16", "q8_0")):
             placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher)
             host_need = placement.host_total + HOST_MARGIN_BYTES
@@ -133,16 +153,14 @@ def candidates(
             ram = placement.host_total / GIB
             summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
             level = (
-                (
-                    0
-                    if placement.n_gpu_layers > facts.num_layers and not placement.n_cpu_moe
-                    else 1
-                    if placement.n_cpu_moe
-                    else 2
-                )
-                + 4 * kv_index
-                + 8 * ctx_index
-            )
+                0
+                if placement.n_gpu_layers > facts.num_layers and not placement.n_cpu_moe
+                else 1
+                if placement.n_cpu_moe
+                else 2
+            ) + 4 * kv_index
+            speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx)
+            summary += f", ~{_rate(speed)} tokens/s"
             out.append(
                 LlamaCppCandidate(
                     checkpoint,
@@ -153,12 +171,28 @@ def candidates(
                     not problems,
                     summary + ("; " + "; ".join(problems) if problems else ""),
                     level,
+                    speed,
                 )
             )
     return out
 
 
+NEAR_FASTEST = 0.9  # without an all-GPU candidate, speeds within 10 % of the fastest count as equal
+
+
 def best(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
-    """The fitting candidate with the fewest concessions, then the longest context."""
+    """The longest context that keeps every layer on the GPUs (f16 KV before q8_0 at equal context);
+    when no fitting candidate does, the fastest, then the longer context, then the fewer concessions
+    (on a CPU alone: the fewer concessions, then the longer context). Candidates below the minimum
+    context do not fit, so the minimum is always met."""
     fitting = [c for c in candidates if c.fits]
-    return min(fitting, key=lambda c: (c.level, -c.n_ctx)) if fitting else None
+    if not fitting:
+        return None
+    on_gpus = [c for c in fitting if c.all_on_gpus]
+    if on_gpus:
+        return min(on_gpus, key=lambda c: (-c.n_ctx, c.level))
+    if not any(c.placement.n_gpu_layers for c in fitting):  # CPU only: every candidate waits for RAM alike
+        return min(fitting, key=lambda c: (c.level, -c.n_ctx))
+    fastest = max(c.tokens_per_s for c in fitting)
+    near = [c for c in fitting if c.tokens_per_s >= NEAR_FASTEST * fastest]
+    return min(near, key=lambda c: (-c.n_ctx, c.level, -c.tokens_per_s))

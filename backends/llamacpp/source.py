@@ -113,4 +113,6 @@ def read(entry: ModelEntry) -> LlamaCppModel:
         model.gguf = f"{source.gguf_repo}/{source.gguf_file}"
     if model.facts is None and not model.notes:
         model.notes.append("llama.cpp not planned: the GGUF is not local and its size cannot be estimated")
+    if model.facts is not None:  # what was estimated rather than read reaches the plan's notes
+        model.notes += [f"llama.cpp: {note}" for note in model.facts.notes if note not in model.notes]
     return model

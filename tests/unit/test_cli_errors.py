@@ -74,3 +74,34 @@ def test_an_unexpected_error_is_still_one_line(
     monkeypatch.setattr(cli, "plan_command", broken)
     code, errors = _run(capsys, "plan")
     assert code == 1 and "unexpected KeyError" in errors[0] and "rerun with -v" in errors[0]
+
+
+BAD_PLAN_INPUT = {
+    "GPUs without a unit": (["--gpus", "2x32"], "size '32' has no unit: write it like 32GiB"),
+    "RAM without a unit": (["--gpus", "2x32GiB", "--ram", "64"], "size '64' has no unit"),
+    "an unknown flag": (["--bogus"], "unrecognized arguments: --bogus"),
+    "a bad choice": (["--engine", "foo"], "invalid choice: 'foo'"),
+    "a bad number": (["--min-context", "abc"], "invalid int value: 'abc'"),
+    "a flag without its value": (["--gpus"], "expected one argument"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PLAN_INPUT))
+def test_bad_input_to_plan_exits_1_not_2(case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """2 means "nothing fits"; argparse's own errors used to exit 2 too."""
+    argv, expected = BAD_PLAN_INPUT[case]
+    try:
+        code = main(["plan", "--model", "glm-4.7-flash", *argv])
+    except SystemExit as exited:  # argparse's errors end the process here
+        code = int(exited.code or 0)
+    err = capsys.readouterr().err
+    assert code == 1 and expected in err, err
+
+
+def test_no_command_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 1
+
+
+def test_gpus_with_ram_without_a_unit_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code, errors = _run(capsys, "gpus", "--gpus", "2x24GiB", "--ram", "64")
+    assert code == 1 and "size '64' has no unit" in errors[0]

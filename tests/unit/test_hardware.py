@@ -13,7 +13,6 @@ def test_sizes_in_every_unit() -> None:
     assert parse_size("24 GB") == 24 * 10**9
     assert parse_size("512MiB") == 512 * MIB
     assert parse_size("1.5TiB") == int(1.5 * 1024**4)
-    assert parse_size("4096") == 4096
     with pytest.raises(ConfigError, match="write it like 32GiB"):
         parse_size("lots")
 
@@ -45,3 +44,19 @@ def test_no_driver_means_a_cpu_inventory_with_a_note() -> None:
 def test_ram_override() -> None:
     machine = inventory("2x24GiB", "256GiB")
     assert machine.ram_available_bytes == 256 * GIB and machine.source == "simulated"
+
+
+@pytest.mark.parametrize("text", ["4096", "64", " 32 "])
+def test_a_size_without_a_unit_is_an_error_naming_the_forms(text: str) -> None:
+    """`--ram 64` was 64 bytes and `--gpus 2x32` two 32-byte GPUs (a CPU plan, exit 0)."""
+    with pytest.raises(ConfigError, match="has no unit: write it like 32GiB, 24GB, 512MiB, 1.5TiB or 64G"):
+        parse_size(text)
+
+
+def test_gpu_specs_and_ram_without_units_are_refused() -> None:
+    with pytest.raises(ConfigError, match="'32' has no unit"):
+        parse_gpu_spec("2x32")
+    with pytest.raises(ConfigError, match="'20' has no unit"):
+        parse_gpu_spec("1x24GiB:free=20")
+    with pytest.raises(ConfigError, match="'64' has no unit"):
+        inventory("2x24GiB", "64")

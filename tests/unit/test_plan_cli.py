@@ -47,7 +47,52 @@ def test_human_output_shows_terms_decision_and_command(capsys: pytest.CaptureFix
     assert code == 0
     assert "weights" in out and "KV/GPU" in out
     assert "decision: vllm" in out
-    assert "command: vllm serve zai-org/GLM-4.7-Flash" in out
+    assert "command (the engine alone on port 8000, its key from $GATEWAY_API_KEY):" in out
+    assert "  PYTORCH_ALLOC_CONF=expandable_segments:True" in out and " vllm serve zai-org/GLM-4.7-Flash " in out
+
+
+def test_the_printed_command_can_be_pasted(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 15 (9): no PORT/KEY placeholders; the real port, the key from the environment."""
+    args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123")
+    code, out, _ = _plan(capsys, *args)
+    command = out.splitlines()[-1].strip()
+    assert code == 0 and command.startswith('LLAMA_API_KEY="$GATEWAY_API_KEY" llama-server ')
+    assert command.endswith("--port 9123") and " PORT" not in command and "KEY " not in command.split("llama-server")[1]
+    code, out, _ = _plan(capsys, *args, "--json")
+    plan = json.loads(out)
+    assert plan["command"] == command
+    chosen = plan["candidates"][plan["decision"]["candidate"]]
+    assert chosen["argv"][-1] == "PORT" and chosen["env"] == {"LLAMA_API_KEY": "KEY"}  # placeholders stay in argv
+
+
+def test_what_was_estimated_reaches_the_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 15 (9): the GGUF of the catalog entry is not local, so its size is estimated; say so."""
+    code, out, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--json")
+    notes = json.loads(out)["notes"]
+    assert code == 0 and any("GGUF size estimated at 4.85 bits/weight" in note for note in notes), notes
+    code, out, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB")
+    assert "note: llama.cpp: GGUF size estimated at 4.85 bits/weight" in out
+
+
+def test_nothing_fits_without_a_gguf_says_so_and_suggests_a_quantized_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 15 (9): a checkpoint directory too big for the GPUs: every vLLM rung fails alike, and
+    llama.cpp was never planned (no GGUF): the answer says both, once, and what to try."""
+    config = {
+        "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, _ = _plan(capsys, "--model", str(tmp_path), "--gpus", "2x24GiB", "--ram", "64GiB", "--json")
+    plan = json.loads(out)
+    reason = plan["decision"]["reason"]
+    assert code == 2 and reason.startswith("nothing fits")
+    assert "llama.cpp not planned: no GGUF for this model: pass --model FILE.gguf" in reason
+    assert "a quantized checkpoint" in reason and reason.count("bfloat16 TP") == 1
+    assert any(note.startswith("llama.cpp not planned: no GGUF") for note in plan["notes"])
+    assert plan["command"] is None
 
 
 def test_nothing_fits_exits_2_with_reasons(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
+from backends.llamacpp.placement import is_sliding, kv_bytes_per_token_layer
 from gateway.hardware import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.modelfacts import ModelFacts, facts_from_config
 from gateway.modelinfo import read_gguf_header
@@ -150,3 +151,117 @@ def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
     assert chosen.placement.n_gpu_layers == 0 and chosen.n_ctx == 32768 and chosen.kv_type == "f16"
     assert "--chat_format" in chosen.argv
+
+
+@pytest.fixture(scope="module")
+def shape_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelFacts]:
+    """Gemma 4 31B and Llama 3 70B in Q4_K_M, header and tensor table only (sparse files, no disk)."""
+    from benchmarks.synthetic_gguf import make_gemma4_31b_shapes, make_llama_70b_shapes
+
+    folder = tmp_path_factory.mktemp("shapes")
+    return {
+        "gemma4": facts_from_gguf(read_gguf_header(make_gemma4_31b_shapes(folder / "g4.gguf")), "gemma-4-31b"),
+        "llama70b": facts_from_gguf(read_gguf_header(make_llama_70b_shapes(folder / "l70.gguf")), "llama-70b"),
+    }
+
+
+def test_gemma4_gguf_per_layer_kv_heads_and_sliding_pattern(shape_ggufs: dict[str, ModelFacts]) -> None:
+    """convert_hf_to_gguf.py writes Gemma 4's head_count_kv and sliding_window_pattern as per-layer
+    arrays; read as scalars they fell back to 32 KV heads on every layer, all 60 sliding."""
+    facts = shape_ggufs["gemma4"]
+    assert facts.sliding_layers == 50 and facts.sliding_window == 1024
+    assert [is_sliding(facts, layer) for layer in range(6)] == [True] * 5 + [False]
+    assert facts.kv_heads_per_layer[:6] == (16, 16, 16, 16, 16, 4)
+    sliding, full = (kv_bytes_per_token_layer(facts, "f16", layer) for layer in (0, 5))
+    assert sliding == 16 * (256 + 256) * 2 and full == 4 * (512 + 512) * 2
+
+
+def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, ModelFacts]) -> None:
+    """Issue 15 (6): read as 32 KV heads × 512 on every layer, all sliding, the cache left room for 21
+    of 61 slots with llama-cpp-python (32k, q8_0) and 51 natively (32k, f16)."""
+    from dataclasses import replace
+
+    facts = shape_ggufs["gemma4"]
+    gpus = parse_gpu_spec("2x16GiB")
+    found = llamacpp.candidates(
+        facts, "g4.gguf", gpus, 64 * GIB, min_context=32768, max_context=None, launcher="native"
+    )
+    chosen = llamacpp.best(found)
+    assert chosen is not None and chosen.placement.n_gpu_layers == 61 and not chosen.placement.overflow()
+    assert chosen.n_ctx == 131072 and chosen.kv_type == "q8_0"
+    uniform = replace(
+        facts, kv_heads_per_layer=(), sliding_per_layer=(), sliding_layers=60, num_kv_heads=32, gguf_key_length_swa=0
+    )  # the old reading
+    layers = {
+        (launcher, name): llamacpp.best_placement(f, gpus, 32768, kv, launcher)[0].n_gpu_layers
+        for launcher, kv in (("native", "f16"), ("python", "q8_0"))
+        for name, f in (("old", uniform), ("new", facts))
+    }
+    assert layers == {("native", "old"): 51, ("native", "new"): 61, ("python", "old"): 21, ("python", "new"): 55}
+    # llama-cpp-python keeps a full-size cache for the 50 sliding layers (13 GiB at 32k q8_0): not all fit
+
+
+def test_70b_q4_k_m_on_two_24gb_cards_keeps_every_layer_on_the_gpus(shape_ggufs: dict[str, ModelFacts]) -> None:
+    """Issue 15 (10): the ladder used to take 131k context with 46 of 81 layers on the GPUs and 35 GiB
+    in RAM (~1.7 tokens/s) over every layer on the GPUs at 32k with q8_0 KV (~15 tokens/s)."""
+    facts = shape_ggufs["llama70b"]
+    found = llamacpp.candidates(
+        facts, "l70.gguf", parse_gpu_spec("2x24GiB"), 128 * GIB, min_context=32768, max_context=None, launcher="native"
+    )
+    longest = found[0]
+    assert (longest.n_ctx, longest.kv_type, longest.placement.n_gpu_layers) == (131072, "f16", 46) and longest.fits
+    assert longest.placement.host_total > 34 * GIB
+    chosen = llamacpp.best(found)
+    assert chosen is not None and chosen.placement.n_gpu_layers == 81
+    assert (chosen.n_ctx, chosen.kv_type) == (32768, "q8_0")
+    assert chosen.tokens_per_s > 5 * longest.tokens_per_s
+    assert 10 < chosen.tokens_per_s < 25  # 2 × 1008 GB/s (cc 8.9) at 70 % over ~42 GB
+    assert "tokens/s" in chosen.reason and chosen.to_json()["tokens_per_s_estimate"] == round(chosen.tokens_per_s, 1)
+
+
+def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str, ModelFacts]) -> None:
+    """The user asked for more context: the speed rule does not take it away."""
+    facts = shape_ggufs["llama70b"]
+    found = llamacpp.candidates(
+        facts, "l70.gguf", parse_gpu_spec("2x24GiB"), 128 * GIB, min_context=131072, max_context=None,
+        launcher="native", pinned_ctx=131072,
+    )  # fmt: skip
+    chosen = llamacpp.best(found)
+    assert chosen is not None and chosen.n_ctx == 131072 and chosen.placement.n_gpu_layers < 81
+    assert chosen.kv_type == "q8_0"  # the faster of the two: more layers on the GPUs
+
+
+def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggufs: dict[str, ModelFacts]) -> None:
+    from backends.llamacpp import speed
+    from gateway.hardware import Gpu
+
+    h100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * GIB, 80 * GIB, (9, 0))
+    assert speed.gpu_bandwidth(h100) == 3350e9
+    assert speed.gpu_bandwidth(Gpu(0, "NVIDIA GeForce RTX 4070 Ti SUPER", GIB, GIB, (8, 9))) == 504e9
+    assert speed.gpu_bandwidth(parse_gpu_spec("1x32GiB@12.0")[0]) == 1792e9  # simulated: by capability
+    assert speed.gpu_bandwidth(parse_gpu_spec("1x32GiB@6.1")[0]) == speed.DEFAULT_GPU_BANDWIDTH_GBPS * 1e9
+    facts = shape_ggufs["llama70b"]
+    on_h100 = llamacpp.place(facts, (h100,), 32768, "f16", "native", 81)
+    gpu_bytes, host_bytes = speed.bytes_read_per_token(facts, on_h100, "f16", 32768, 1)
+    assert host_bytes == 0 and gpu_bytes[0] == pytest.approx(sum(facts.layer_bytes) + facts.output_bytes, rel=0.3)
+    fast = speed.tokens_per_second(facts, on_h100, (h100,), "f16", 32768)
+    half = speed.tokens_per_second(
+        facts, llamacpp.place(facts, (h100,), 32768, "f16", "native", 41), (h100,), "f16", 32768
+    )
+    assert fast > 35 and half < fast / 10  # 40 of 80 blocks from RAM at 60 GB/s dominate
+
+
+def test_an_estimated_gemma4_gguf_has_the_same_per_layer_kv_as_the_file(shape_ggufs: dict[str, ModelFacts]) -> None:
+    """A GGUF not downloaded yet is estimated from config.json the way convert_hf_to_gguf.py writes it."""
+    config = {
+        "model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60, "num_attention_heads": 32,
+        "num_key_value_heads": 16, "num_global_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
+        "intermediate_size": 21504, "vocab_size": 262144, "sliding_window": 1024, "tie_word_embeddings": True,
+        "max_position_embeddings": 262144, "num_kv_shared_layers": 0,
+        "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(60)],
+    }  # fmt: skip
+    estimated = estimate_gguf_facts(facts_from_config(config, "gemma-4-31b"), config, 4.85)
+    read = shape_ggufs["gemma4"]
+    per_layer = [kv_bytes_per_token_layer(estimated, "q8_0", layer) for layer in range(60)]
+    assert per_layer == [kv_bytes_per_token_layer(read, "q8_0", layer) for layer in range(60)]
+    assert estimated.weight_bytes == pytest.approx(read.weight_bytes, rel=0.1)

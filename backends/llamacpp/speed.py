@@ -1,0 +1,104 @@
+"""Decode speed of a llama.cpp placement, estimated: generating one token reads every weight it uses
+and the cached keys and values once, so decode is memory-bandwidth bound. Each device's bytes read
+per token over its bandwidth, summed along the pipeline (the layers run one device after another),
+gives seconds per token.
+
+What a device reads per token: its blocks' weights (MoE: the shared part plus the routed experts'
+share, ``experts_per_token / num_experts``), the output matrix where it sits, and its layers' KV for
+:data:`ESTIMATE_CONTEXT` cached tokens (sliding layers: at most their window). The token embedding is
+a row lookup, not a read of the matrix. Bandwidths are datasheet peaks, found by the GPU's name, else
+by its compute capability (simulated GPUs), else :data:`DEFAULT_GPU_BANDWIDTH_GBPS`; layers in RAM
+run at :data:`HOST_BANDWIDTH_GBPS`. :data:`EFFICIENCY` is the share of the peak that decode reaches.
+The figure ranks placements and tells people what to expect; it is not a benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
+from gateway.hardware import Gpu
+from gateway.modelfacts import ModelFacts
+
+# Peak memory bandwidth in GB/s (vendor datasheets), matched as a substring of the NVML name, longest first.
+GPU_BANDWIDTH_GBPS = {
+    "B200": 8000, "B100": 8000, "H200": 4800, "GH200": 4000, "H100 PCIe": 2000, "H100": 3350, "H800": 3350,
+    "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "A800": 1555, "A40": 696, "A30": 933,
+    "A10G": 600, "A10": 600, "L40S": 864, "L40": 864, "L4": 300, "T4": 320, "V100": 900,
+    "RTX PRO 6000": 1792, "RTX 6000 Ada": 960, "RTX A6000": 768, "RTX A5000": 768, "RTX A4000": 448,
+    "RTX 5090": 1792, "RTX 5080": 960, "RTX 5070 Ti": 896, "RTX 5070": 672, "RTX 5060 Ti": 448,
+    "RTX 4090": 1008, "RTX 4080": 717, "RTX 4070 Ti": 504, "RTX 4070": 504, "RTX 4060 Ti": 288,
+    "RTX 3090 Ti": 1008, "RTX 3090": 936, "RTX 3080 Ti": 912, "RTX 3080": 760, "RTX 3070": 448,
+    "RTX 3060": 360, "RTX 2080 Ti": 616, "TITAN RTX": 672,
+}  # fmt: skip
+# A typical card of each generation, for GPUs known only by compute capability (simulated inventories).
+CAPABILITY_BANDWIDTH_GBPS = {
+    (7, 0): 900, (7, 5): 448, (8, 0): 1555, (8, 6): 936, (8, 7): 205, (8, 9): 1008, (9, 0): 3350,
+    (10, 0): 8000, (12, 0): 1792, (12, 1): 273,
+}  # fmt: skip
+DEFAULT_GPU_BANDWIDTH_GBPS = 500.0  # neither the name nor the compute capability is known
+HOST_BANDWIDTH_GBPS = 60.0  # dual-channel DDR5 as measured by STREAM-like copies; servers have more
+EFFICIENCY = 0.7  # share of the peak bandwidth that llama.cpp's decode reaches
+ESTIMATE_CONTEXT = 32768  # tokens in the cache while decoding (an agent's typical prompt), at most n_ctx
+
+
+def gpu_bandwidth(gpu: Gpu) -> float:
+    """Peak bandwidth in bytes/s: by name, else by compute capability, else the default."""
+    for name in sorted(GPU_BANDWIDTH_GBPS, key=len, reverse=True):
+        if name.lower() in gpu.name.lower():
+            return GPU_BANDWIDTH_GBPS[name] * 1e9
+    return CAPABILITY_BANDWIDTH_GBPS.get(gpu.compute_capability, DEFAULT_GPU_BANDWIDTH_GBPS) * 1e9
+
+
+def _slot_devices(facts: ModelFacts, placement: Placement) -> list[int | None]:
+    """The device of each slot (blocks, then the output layer); None: the CPU. Mirrors
+    :func:`backends.llamacpp.placement.place`: the last ``n_gpu_layers`` slots by cumulative split."""
+    slots = facts.num_layers + 1
+    on_gpu = placement.n_gpu_layers
+    split = placement.tensor_split
+    total = sum(split)
+    cumulative = [sum(split[: i + 1]) / total for i in range(len(split))] if total else []
+    devices: list[int | None] = []
+    for slot in range(slots):
+        first = slots - on_gpu
+        if slot < first or not cumulative:
+            devices.append(None)
+            continue
+        position = (slot - first) / on_gpu
+        devices.append(next((i for i, edge in enumerate(cumulative) if position < edge - 1e-9), len(split) - 1))
+    return devices
+
+
+def bytes_read_per_token(
+    facts: ModelFacts, placement: Placement, kv_type: str, n_ctx: int, devices: int
+) -> tuple[list[float], float]:
+    """(bytes each GPU reads per generated token, bytes the CPU reads)."""
+    cached = min(n_ctx, ESTIMATE_CONTEXT)
+    routed = facts.experts_per_token / facts.num_experts if facts.is_moe and facts.num_experts else 1.0
+    gpu = [0.0] * devices
+    host = 0.0
+    for slot, device in enumerate(_slot_devices(facts, placement)):
+        if slot == facts.num_layers:
+            read, experts_in_ram = float(facts.output_bytes), 0.0
+        else:
+            size = facts.layer_bytes[slot] if facts.layer_bytes else facts.weight_bytes / facts.num_layers
+            experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes else 0
+            in_ram = experts if slot < placement.n_cpu_moe else 0
+            window = facts.sliding_window if facts.sliding_window and is_sliding(facts, slot) else cached
+            kv = kv_bytes_per_token_layer(facts, kv_type, slot) * min(cached, window)
+            read = size - in_ram - experts * (1 - routed) + kv
+            experts_in_ram = in_ram * routed
+        host += experts_in_ram
+        if device is None:
+            host += read
+        else:
+            gpu[device] += read
+    return gpu, host
+
+
+def tokens_per_second(facts: ModelFacts, placement: Placement, gpus: Sequence[Gpu], kv_type: str, n_ctx: int) -> float:
+    """Estimated decode tokens/s of one request: 1 / Σ (bytes read on a device / its bandwidth)."""
+    gpu_bytes, host_bytes = bytes_read_per_token(facts, placement, kv_type, n_ctx, len(gpus))
+    seconds = sum(read / (gpu_bandwidth(g) * EFFICIENCY) for read, g in zip(gpu_bytes, gpus, strict=True))
+    seconds += host_bytes / (HOST_BANDWIDTH_GBPS * 1e9 * EFFICIENCY)
+    return 1 / seconds if seconds > 0 else 0.0
