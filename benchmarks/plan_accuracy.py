@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends import llamacpp, vllm  # noqa: E402
+from backends.vllm.memory import cuda_total  # noqa: E402
 from gateway.hardware import GIB, MIB, Gpu  # noqa: E402
 from gateway.modelfacts import facts_from_config  # noqa: E402
+from gateway.policy import Policy  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 
@@ -75,7 +78,10 @@ def replay_vllm(case: dict[str, Any], inputs: dict[str, Any]) -> list[Row]:
     gpu = Gpu(0, inputs.get("name", "GPU"), int(inputs["total_gib"] * GIB), int(inputs["total_gib"] * GIB), (8, 9))
     tokens, seqs = vllm.batch_defaults(gpu)
     flags = vllm.VllmFlags(inputs["tp"], inputs["util"], inputs["len"], seqs, tokens)
-    m = vllm.memory(vllm.Checkpoint(case["model_id"], facts), gpu, flags, inputs["version"])
+    reported_total = int(inputs["total_gib"] * GIB)  # the CUDA total the log printed (NVML's is larger)
+    m = vllm.memory(
+        vllm.Checkpoint(case["model_id"], facts), gpu, flags, inputs["version"], reported_total=reported_total
+    )
     reported = case["reported"]
     rows = [Row(case["id"], "verdict: starts (1) / refuses (0)", float(m.max_fitting_model_len >= inputs["len"]), 1.0)]
     for term, predicted, key in (
@@ -109,6 +115,42 @@ def replay_max_len(case: dict[str, Any], inputs: dict[str, Any]) -> list[Row]:
         estimated = int(error["available_gib"] * GIB) // per_token
         rows.append(Row(case["id"], "estimated max length", estimated, error["estimated_max_len"]))
     return rows
+
+
+# NVML totals of the named cards (MiB) whose CUDA-reported totals the cases or logs print
+NVML_TOTALS = {
+    "vllm-02": (46068, "total_memory_gib"),  # L40S
+    "vllm-20": (81559, "total_gpu_memory_gib"),  # H100 80GB HBM3
+}
+SEED_003 = "logs/vllm-0.21.0-gpu-fail-oom-loading-nvfp4-tp2.log"  # 2 × 16 GB (NVML 16303 MiB), cc 12.0
+
+
+def replay_totals(cases: list[dict[str, Any]]) -> list[Row]:
+    """The CUDA total vLLM budgets from, derived from NVML's, against what the logs printed."""
+    rows = []
+    for case in cases:
+        if case["id"] in NVML_TOTALS:
+            mib, key = NVML_TOTALS[case["id"]]
+            gpu = Gpu(0, case["id"], mib * MIB, mib * MIB, (8, 9))
+            rows.append(Row(case["id"], "CUDA total GiB", cuda_total(gpu) / GIB, float(case["reported"][key])))
+    log = (DATA / SEED_003).read_text()
+    found = re.search(r"total capacity of ([0-9.]+) GiB", log)
+    if found:
+        gpu = Gpu(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0))
+        rows.append(Row("seed-003", "CUDA total GiB", cuda_total(gpu) / GIB, float(found.group(1))))
+    return rows
+
+
+def replay_seed_003() -> list[Row]:
+    """nvidia/Gemma-4-31B-IT-NVFP4, TP2 on 2 × 16 GB, vLLM 0.21.0 with the log's flags: it ran out of
+    memory loading the weights (its hf_quant_config.json keeps self_attn, lm_head, vision in BF16)."""
+    config = json.loads((DATA / "configs" / "gemma-4-31B-it.json").read_text())
+    quant = json.loads((DATA / "configs" / "gemma-4-31B-it-nvfp4.hf_quant_config.json").read_text())
+    facts = facts_from_config(config, "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
+    gpus = (Gpu(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)), Gpu(1, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)))
+    flags = vllm.VllmFlags(2, 0.9, 1024, 1, 1024, "fp8", language_model_only=True)
+    candidate = vllm.evaluate(vllm.Checkpoint(facts.name, facts), gpus, flags, "0.21.0", Policy(min_context=1024))
+    return [Row("seed-003", "verdict: starts (1) / refuses (0)", float(candidate.fits), 0.0)]
 
 
 def replay_llamacpp() -> list[Row]:
@@ -147,6 +189,7 @@ def replay_all() -> tuple[list[Row], list[str], list[str], set[str]]:
         elif case["engine"] == "vllm":
             why = "no usable config.json" if _config(case) is None else "GPU size or flags not stated"
             skipped.append(f"{case['id']} ({case['model_id']}): {why}")
+    rows += replay_totals(cases) + replay_seed_003()
     rows += replay_llamacpp()
     excluded = {case_id for case_id, inputs in REPLAY.items() if "excluded" in inputs}
     return rows, caveats, skipped, excluded
@@ -173,6 +216,9 @@ def main() -> int:
     print(f"exact KV arithmetic (max-length errors, llama.cpp KV) within ±1%: {exact}/{len(exact_rows)}")
     right = sum(r.predicted == r.reported for r in verdicts)
     print(f"fit / no-fit verdict right: {right}/{len(verdicts)}")
+    totals = [r for r in rows if r.term == "CUDA total GiB"]
+    close = sum(abs(r.predicted - r.reported) <= 0.07 for r in totals)
+    print(f"CUDA total from NVML's within 0.07 GiB of the logged one: {close}/{len(totals)}")
     for caveat in caveats:
         print(f"caveat {caveat}")
     for skip in skipped:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from gateway.settings import Settings
+from gateway.settings import Settings, parse_count, parse_count_or_auto
 
 
 def _extra(info: FieldInfo) -> dict[str, Any]:
@@ -68,6 +68,8 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> 
             else:
                 converter: Callable[[str], list[str]] = shlex.split if parse == "shlex" else _csv
                 options["type"] = converter
+        elif extra.get("parse") in ("count", "count_or_auto"):  # vLLM's forms: 32k, 4G, auto
+            options["type"] = parse_count_or_auto if extra["parse"] == "count_or_auto" else parse_count
         else:
             options["type"] = kind if kind in (int, float, Path) else str
         if "choices" in extra:

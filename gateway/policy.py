@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gateway.errors import ConfigError
+from gateway.settings import AUTO as AUTO_CONTEXT  # context_length auto / -1
 
 DEFAULT_MIN_CONTEXT = 32768
 # Without a GPU, serve at most this much context: long prompts are slow on a CPU anyway.
@@ -31,11 +32,16 @@ class Pins:
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool | None = None
     cpu_offload_gb: float | None = None
+    context_auto: bool | None = None  # --max-model-len auto / -1: the longest that fits, as vLLM fits it
 
     @classmethod
     def from_values(cls, values: Any) -> Pins:
-        """The pins among ``values``' attributes (a Settings object)."""
-        return cls(**{f.name: getattr(values, f.name, None) for f in fields(cls)})
+        """The pins among ``values``' attributes (a Settings object); a context length of -1 (auto)
+        pins no length: every engine sizes the longest that fits."""
+        pins = {f.name: getattr(values, f.name, None) for f in fields(cls)}
+        if pins["context_length"] == AUTO_CONTEXT:
+            pins["context_length"], pins["context_auto"] = None, True
+        return cls(**pins)
 
     def given(self) -> dict[str, Any]:
         """Only the pinned flags, by name (for warnings and JSON)."""

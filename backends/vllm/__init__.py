@@ -1,6 +1,7 @@
-"""vLLM: memory term by term (``memory``), the tuned ladder (``ladder``), argv (``argv``), its log
-lines (``logs``), the startable option (``option``), finding it (``install``), the catalog table and
-model facts (``source``), and the seam the gateway talks to (``backend``)."""
+"""vLLM: what each release can load and how it stores KV (``releases``), memory term by term
+(``memory``), the tuned ladder (``ladder``), TP×PP across nodes, planned only (``multinode``), argv
+(``argv``), its log lines (``logs``), the startable option (``option``), finding it (``install``), the
+catalog table and model facts (``source``), and the seam the gateway talks to (``backend``)."""
 
 from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
 from backends.vllm.backend import VllmBackend

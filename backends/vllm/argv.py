@@ -16,14 +16,18 @@ def build_argv(
     reasoning_parser: str | None,
     port: int | None = None,
     command: list[str] | None = None,
+    pipeline_parallel_size: int = 1,
 ) -> list[str]:
-    """argv for one configuration; PORT stands in for the port when none is given yet."""
+    """argv for one configuration; PORT stands in for the port when none is given yet. Pipeline
+    stages over nodes run on Ray (``--distributed-executor-backend ray``)."""
     prefix = command or ["vllm", "serve"]
     if prefix[-1] == "serve":  # `vllm serve MODEL`; the api_server module takes `--model MODEL`
         argv = [*prefix, checkpoint, "--served-model-name", served_name]
     else:
         argv = [*prefix, "--model", checkpoint, "--served-model-name", served_name]
     argv += ["--tensor-parallel-size", str(flags.tensor_parallel_size)]
+    if pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(pipeline_parallel_size), "--distributed-executor-backend", "ray"]
     if flags.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(flags.kv_cache_memory_bytes)]
     else:
@@ -36,6 +40,8 @@ def build_argv(
         argv.append("--enforce-eager")
     if flags.cpu_offload_gb:
         argv += ["--cpu-offload-gb", f"{flags.cpu_offload_gb:g}"]
+    if flags.language_model_only:  # text only: the vision/audio towers are neither loaded nor profiled
+        argv.append("--language-model-only")
     if tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     if reasoning_parser:

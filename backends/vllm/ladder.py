@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from backends.vllm import releases
 from backends.vllm.memory import (
     CUDA_CONTEXT_BYTES,
     MIN_CAPABILITY,
@@ -19,6 +20,7 @@ from backends.vllm.memory import (
     VllmFlags,
     VllmMemory,
     batch_defaults,
+    cuda_total,
     kv_bytes_per_token,
     memory,
 )
@@ -60,10 +62,24 @@ class VllmCandidate:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     engine: str = ENGINE
+    # across nodes (backends/vllm/multinode.py): the worker nodes, the pipeline stages, what to run
+    nodes: tuple[str, ...] = ()
+    pipeline_parallel_size: int = 1
+    steps: list[str] = field(default_factory=list)
+
+    @property
+    def planned_only(self) -> bool:
+        """Spans other nodes: shown with its steps, never started by the gateway."""
+        return bool(self.nodes)
 
     @property
     def label(self) -> str:
         return f"vLLM {self.rung}"
+
+    @property
+    def startable(self) -> bool:
+        """False where this release or these GPUs cannot run the checkpoint: no command is printed."""
+        return self.concessions != NOT_STARTABLE
 
     @property
     def context(self) -> int:
@@ -96,8 +112,11 @@ class VllmCandidate:
             "kv_cache_dtype": self.flags.kv_cache_dtype,
             "enforce_eager": self.flags.enforce_eager,
             "cpu_offload_gb": self.flags.cpu_offload_gb,
+            "language_model_only": self.flags.language_model_only,
+            "kv_cache_memory_bytes": self.flags.kv_cache_memory_bytes,
+            "weights_estimated": self.checkpoint.facts.weight_bytes_source.startswith("estimated"),
             "memory_gib": {
-                "total_per_gpu": _gib(m.total),
+                "total_per_gpu": _gib(m.total),  # CUDA-reported, as vLLM budgets
                 "budget_per_gpu": _gib(m.budget),
                 "weights_per_gpu": _gib(m.weights),
                 "activation_peak": _gib(m.activation),
@@ -112,6 +131,11 @@ class VllmCandidate:
             "max_concurrency": round(m.kv_tokens / self.flags.max_model_len, 2) if self.flags.max_model_len else 0.0,
             "argv": self.argv,
             "env": self.env,
+            **(
+                {"pipeline_parallel_size": self.pipeline_parallel_size, "nodes": list(self.nodes), "steps": self.steps}
+                if self.planned_only
+                else {}
+            ),
         }
 
 
@@ -155,18 +179,35 @@ def evaluate(
     facts = checkpoint.facts
     head = f"{checkpoint.quantization or facts.dtype} TP{flags.tensor_parallel_size}"
     problems: list[str] = []
-    free_needed = m.budget + CUDA_CONTEXT_BYTES
-    if gpu.free_bytes < free_needed and flags.kv_cache_memory_bytes is None:
+    # 0.21.0 v1/worker/gpu_worker.py init_device calls request_memory whatever the KV pin:
+    #     if init_snapshot.free_memory < requested_memory: raise ValueError(f"Free memory on device ...")
+    # v1/worker/cpu_worker.py checks only without one:
+    #     if (vllm_config.cache_config.kv_cache_memory_bytes is None and self.requested_cpu_memory > ...
+    free = _cuda_free(gpu) - CUDA_CONTEXT_BYTES
+    on_host = gpu.compute_capability == (0, 0)
+    if free < m.budget and not (on_host and flags.kv_cache_memory_bytes is not None):
         problems.append(
-            f"free {_fmt(gpu.free_bytes)} < {_fmt(free_needed)} (util {flags.gpu_memory_utilization} × "
-            f"{_fmt(gpu.total_bytes)} + CUDA context): vLLM refuses to start"
+            f"free {_fmt(free)} after the CUDA context < util {flags.gpu_memory_utilization} × "
+            f"{_fmt(m.total)} = {_fmt(m.budget)}: vLLM refuses to start"
         )
     load_spike = (2 if facts.is_moe else 1) * GIB if checkpoint.quantization else 0
-    if m.weights + load_spike > gpu.total_bytes - CUDA_CONTEXT_BYTES:
+    if m.weights + load_spike > m.total - CUDA_CONTEXT_BYTES:
         spike = f" + {_fmt(load_spike)} load spike" if load_spike else ""
-        problems.append(f"weights {_fmt(m.weights)}/GPU{spike} exceed the {_fmt(gpu.total_bytes)} card")
-    if not m.cudagraph_reserved and m.cudagraph > gpu.total_bytes - m.budget - CUDA_CONTEXT_BYTES:
+        problems.append(f"weights {_fmt(m.weights)}/GPU{spike} exceed the {_fmt(m.total)} card")
+    if not m.cudagraph_reserved and m.cudagraph > m.total - m.budget - CUDA_CONTEXT_BYTES:
         problems.append(f"CUDA graphs ({_fmt(m.cudagraph)}) are captured on top of the budget and do not fit the slack")
+    if flags.kv_cache_memory_bytes is not None and not on_host:  # the host's RAM: cpu_candidate checks
+        # With --kv-cache-memory-bytes vLLM skips profiling ("reserved ... as specified by
+        # kv_cache_memory_bytes config and skipped memory profiling", 0.21.0 gpu_worker.py) and
+        # allocates the pinned bytes beside weights, activation and graphs: past free memory the
+        # allocation runs out of memory.
+        used = m.weights + m.activation + m.non_torch + m.cudagraph + flags.kv_cache_memory_bytes
+        if used > free:
+            problems.append(
+                f"pinned KV {_fmt(flags.kv_cache_memory_bytes)} + {_fmt(m.weights)} weights + "
+                f"{_fmt(m.activation + m.non_torch + m.cudagraph)} activation, non-torch and graphs = {_fmt(used)} "
+                f"> {_fmt(free)} free: vLLM runs out of memory allocating the KV cache"
+            )
     if m.kv_cache <= 0:
         problems.append(
             f"{_fmt(m.weights)} weights/GPU + {_fmt(m.activation)} activation + {_fmt(m.non_torch)} non-torch"
@@ -179,10 +220,12 @@ def evaluate(
         )
     if flags.max_model_len < policy.min_context:
         problems.append(f"context {flags.max_model_len:,} < the {policy.min_context:,} required")
-    summary = (
-        f"{head}: {_fmt(m.weights)} weights/GPU leave {_fmt(max(m.kv_cache, 0))} KV at util "
-        f"{flags.gpu_memory_utilization} → {m.kv_tokens:,} tokens"
+    kv_how = (
+        f"with KV pinned at {_fmt(m.kv_cache)}"
+        if flags.kv_cache_memory_bytes is not None
+        else f"leave {_fmt(max(m.kv_cache, 0))} KV at util {flags.gpu_memory_utilization}"
     )
+    summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
     fits = not problems
     reason = (
         f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs"
@@ -192,9 +235,25 @@ def evaluate(
     return VllmCandidate(checkpoint, flags, m, fits, reason, concessions, rung)
 
 
+def _estimated(facts: ModelFacts) -> str:
+    """Marks a weights figure that is an estimate, and what it assumed kept in 16 bits."""
+    if not facts.weight_bytes_source.startswith("estimated"):
+        return ""
+    if facts.quant_kept and facts.quantization:
+        kept = ", ".join(facts.quant_kept)
+        how = "a known list, estimated" if facts.quant_kept_source.startswith("estimate") else facts.quant_kept_source
+        return f" (estimated from config.json; {facts.quantization} with {kept} in BF16: {how})"
+    return " (estimated from config.json)"
+
+
+def _cuda_free(gpu: Gpu) -> int:
+    """Free memory as CUDA will report it: NVML's free less what the driver reserves."""
+    return gpu.free_bytes - (gpu.total_bytes - cuda_total(gpu))
+
+
 def _utilizations(gpu: Gpu) -> list[float]:
     """The default, then higher shares up to what free memory allows (two decimals, floored)."""
-    ceiling = math.floor((gpu.free_bytes - CUDA_CONTEXT_BYTES) / gpu.total_bytes * 100) / 100
+    ceiling = math.floor((_cuda_free(gpu) - CUDA_CONTEXT_BYTES) / cuda_total(gpu) * 100) / 100
     steps = [DEFAULT_UTILIZATION, 0.95, MAX_UTILIZATION]
     allowed = sorted({min(step, ceiling) for step in steps if ceiling > 0})
     return allowed or [DEFAULT_UTILIZATION]
@@ -210,10 +269,11 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
     pins = policy.pins
     out: list[VllmCandidate] = []
     for ck_index, checkpoint in enumerate(checkpoints):
-        if why := supported(checkpoint, gpus):
+        if why := supported(checkpoint, gpus) or releases.cannot_load(checkpoint.facts, version):
             out.append(_not_startable(checkpoint, gpus, version, f"{checkpoint.name}: {why}", "unsupported checkpoint"))
             continue
         facts = checkpoint.facts
+        text_only = releases.language_model_only(facts, version)
         model_max = min(facts.max_position or 1 << 20, policy.max_context or 1 << 30)
         sizes = [pins.tensor_parallel_size] if pins.tensor_parallel_size else valid_tp_sizes(facts, len(gpus))
         for tp in sizes:
@@ -226,7 +286,15 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
             offload = [pins.cpu_offload_gb or 0.0]
             if policy.allow_cpu_offload and pins.cpu_offload_gb is None:
                 offload.append(float(max(1, math.ceil(facts.weight_bytes / tp / GIB / 4))))
-            fp8_ok = all(g.compute_capability >= FP8_KV_MIN_CAPABILITY for g in chosen)
+            fp8_ok = all(
+                g.compute_capability >= FP8_KV_MIN_CAPABILITY
+                and releases.fp8_kv_supported(facts, g.compute_capability, version)
+                for g in chosen
+            )
+            if pins.kv_cache_dtype and pins.kv_cache_dtype != "auto" and not fp8_ok:
+                why = _no_fp8_kv(facts, chosen, version)
+                out.append(_not_startable(checkpoint, chosen, version, f"{checkpoint.name}: {why}", f"TP{tp}", tp))
+                continue
             rungs = itertools.product(
                 _choices(pins.gpu_memory_utilization, _utilizations(smallest)),
                 _choices(pins.enforce_eager, [False, True]),
@@ -248,9 +316,20 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
                     eager,
                     off,
                     pins.kv_cache_memory_bytes,
+                    text_only,
                 )
                 out.append(_sized(checkpoint, chosen, flags, version, policy, concessions, model_max))
     return out
+
+
+def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Gpu, ...], version: str) -> str:
+    have = min(g.compute_capability for g in gpus)
+    if have < FP8_KV_MIN_CAPABILITY:
+        return f"--kv-cache-dtype fp8 needs compute capability 8.9+, these GPUs have {have[0]}.{have[1]}"
+    return (
+        f"vLLM {version} has only TRITON_MLA on compute capability {have[0]}.{have[1]}, without fp8 KV "
+        f"(fp8 MLA KV there since {releases.MLA_FP8_KV_ON_CC12_SINCE})"
+    )
 
 
 def _rung_name(flags: VllmFlags, checkpoint: Checkpoint) -> str:
@@ -288,6 +367,10 @@ def _sized(
     longest = min(model_max, probe.memory.max_fitting_model_len)
     if longest >= model_max or longest <= 0:
         return probe
+    if policy.pins.context_auto:
+        # --max-model-len auto: 0.21.0 v1/core/kv_cache_utils.py _auto_fit_max_model_len takes the
+        # binary search's result as it is ("Auto-fit max_model_len: reduced from %d to %d")
+        return at(longest)
     return at(max(longest // 1024 * 1024, min(longest, 1024)))  # round down to whole k tokens
 
 
@@ -311,8 +394,8 @@ def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Gpu, ...], tp: int, version:
 
 def ranked(candidates: list[VllmCandidate]) -> list[VllmCandidate]:
     """Fitting candidates, best first: fewest concessions; then longer context (in 8k steps); then
-    more sequences; then more tensor parallelism."""
-    fitting = [c for c in candidates if c.fits]
+    more sequences; then more tensor parallelism. Plans across nodes are never started: not here."""
+    fitting = [c for c in candidates if c.fits and not c.planned_only]
     return sorted(
         fitting,
         key=lambda c: (c.concessions, -(c.context // 8192), -c.flags.max_num_seqs, -c.flags.tensor_parallel_size),

@@ -12,26 +12,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
-
+from backends.vllm.releases import CUDAGRAPH_RESERVED_SINCE, at_least, uses_mla
+from backends.vllm.releases import DEFAULT_VERSION as DEFAULT_VERSION  # re-exported: where callers look
 from gateway.hardware import GIB, Gpu
 from gateway.modelfacts import ModelFacts
 
-DEFAULT_VERSION = "0.32.0"  # assumed when vLLM is not installed beside the gateway
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # exists before vLLM's free-memory snapshot
 BLOCK_TOKENS = 16
 # compute capability each quantization needs on NVIDIA GPUs (vLLM's kernels)
 MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0), "mxfp4": (8, 0), "awq": (7, 5), "gptq": (7, 0), "int8": (7, 5)}
-# Architectures vLLM runs with MLA, and the release since which it does (PR #32759 for glm4_moe_lite).
-MLA_SINCE = {"deepseek_v2": "0.7.0", "deepseek_v3": "0.7.0", "kimi_k2": "0.9.0", "glm4_moe_lite": "0.15.0"}
-CUDAGRAPH_RESERVED_SINCE = Version("0.21.0")  # earlier releases captured graphs on top of the KV budget
+
+# The total vLLM budgets from is CUDA's, not NVML's. 0.21.0 vllm/utils/mem_utils.py MemorySnapshot:
+#     self.free_memory, self.total_memory = current_platform.mem_get_info(device)
+# and vllm/v1/worker/utils.py request_memory:
+#     requested_memory = math.ceil(init_snapshot.total_memory * cache_config.gpu_memory_utilization)
+# CUDA's total leaves out what the driver reserves. Measured (NVML → CUDA-reported, GiB):
+#   16 GB Blackwell, cc 12.0: 15.92 → 15.47 (tests/data/logs/vllm-0.21.0-gpu-fail-oom-loading-nvfp4-tp2.log)
+#   RTX 5090, cc 12.0: 31.84 → 31.36; 24 GB Ada/Ampere: 23.99 → 23.53 (vllm-08)
+#   L40S, cc 8.9: 44.99 → 44.42 (vllm-02); H100 80GB HBM3, cc 9.0: 79.65 → 79.10 (vllm-20)
+# One line fits every family within 0.07 GiB: 0.42 GiB + 0.19 % of the card.
+DRIVER_RESERVED_BASE = 0.42 * GIB
+DRIVER_RESERVED_SHARE = 0.0019
 
 
-def parse_version(text: str) -> Version:
-    try:
-        return Version(text.split("+")[0])
-    except InvalidVersion:
-        return Version(DEFAULT_VERSION)
+def cuda_total(gpu: Gpu) -> int:
+    """What ``torch.cuda.mem_get_info`` reports as the total for a card NVML reports as ``gpu``."""
+    if gpu.compute_capability == (0, 0):  # the host standing in for vLLM's CPU build
+        return gpu.total_bytes
+    return gpu.total_bytes - int(DRIVER_RESERVED_BASE + DRIVER_RESERVED_SHARE * gpu.total_bytes)
 
 
 @dataclass(frozen=True)
@@ -57,13 +65,14 @@ class VllmFlags:
     enforce_eager: bool = False
     cpu_offload_gb: float = 0.0
     kv_cache_memory_bytes: int | None = None
+    language_model_only: bool = False  # multimodal checkpoint served as text: towers neither loaded nor profiled
 
 
 @dataclass(frozen=True)
 class VllmMemory:
     """Per-GPU terms in bytes; the KV figures are what vLLM would log at start-up."""
 
-    total: int
+    total: int  # CUDA-reported, what the budget is a share of
     budget: int
     weights: int
     activation: int
@@ -82,54 +91,75 @@ def batch_defaults(gpu: Gpu) -> tuple[int, int]:
     return (8192, 1024) if big else (2048, 256)
 
 
-def uses_mla(facts: ModelFacts, version: str) -> bool:
-    since = MLA_SINCE.get(facts.model_type)
-    return facts.is_mla and since is not None and parse_version(version) >= Version(since)
+@dataclass(frozen=True)
+class KvLayers:
+    """Layers that store the same KV bytes per token on each GPU; ``windowed``: sliding-window layers."""
+
+    count: int
+    bytes_per_token: int
+    windowed: bool = False
+
+
+def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str) -> list[KvLayers]:
+    """The KV cache specs ``kv_cache_interface`` builds, grouped by layer kind.
+
+    MLA (``is_deepseek_mla`` of this release): ``kv_lora_rank + qk_rope_head_dim`` per layer, one
+    latent for all heads, not split by TP. An MLA model the release does not run as MLA stores full
+    K and V heads, V padded to the K head size: ``2 × heads × qk_head_dim``. Otherwise
+    ``2 × max(1, kv_heads // TP) × head_dim``; Gemma 4's full layers have their own KV heads and
+    head size (4 × 512, K = V but both slots kept: 0.21.0 models/gemma4.py loads K into V).
+    """
+    element = 1 if kv_cache_dtype.startswith("fp8") else facts.dtype_bytes
+    layers = facts.num_layers
+    if uses_mla(facts, version):
+        return [KvLayers(layers, (facts.kv_lora_rank + facts.qk_rope_head_dim) * element)]
+    if facts.is_mla:
+        heads = max(1, facts.num_heads // tp)
+        qk_head = facts.qk_nope_head_dim + facts.qk_rope_head_dim
+        return [KvLayers(layers, 2 * heads * max(qk_head, facts.v_head_dim) * element)]
+    per_layer = 2 * max(1, facts.num_kv_heads // tp) * facts.head_dim * element
+    sliding = facts.sliding_layers if facts.sliding_window else 0
+    full_heads = facts.global_kv_heads or facts.num_kv_heads
+    full_dim = facts.global_head_dim or facts.head_dim
+    full_layer = 2 * max(1, full_heads // tp) * full_dim * element
+    kinds = [KvLayers(sliding, per_layer, windowed=True), KvLayers(layers - sliding, full_layer)]
+    return [kind for kind in kinds if kind.count]
 
 
 def kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str) -> int:
     """KV bytes one token costs on each GPU, over all layers."""
-    element = 1 if kv_cache_dtype.startswith("fp8") else facts.dtype_bytes
-    if uses_mla(facts, version):
-        return facts.num_layers * (facts.kv_lora_rank + facts.qk_rope_head_dim) * element
-    if facts.is_mla:  # MLA model run without MLA: full K (nope + rope) and V heads
-        heads = max(1, facts.num_heads // tp)
-        v_head = facts.v_head_dim or facts.head_dim
-        per_layer = heads * (facts.qk_nope_head_dim + facts.qk_rope_head_dim + v_head) * element
-        return facts.num_layers * per_layer
-    kv_heads = max(1, facts.num_kv_heads // tp)
-    return facts.num_layers * 2 * kv_heads * facts.head_dim * element
+    return sum(kind.count * kind.bytes_per_token for kind in kv_layers(facts, tp, kv_cache_dtype, version))
 
 
-def _one_request_bytes(facts: ModelFacts, per_token: int, length: int, batched_tokens: int) -> int:
+def _one_request_bytes(facts: ModelFacts, kinds: list[KvLayers], length: int, batched_tokens: int) -> int:
     """KV for one request of ``length`` tokens; sliding-window layers keep only their window."""
-    if not facts.sliding_window or not facts.sliding_layers:
-        return per_token * length
-    per_layer = per_token // facts.num_layers
-    window = min(facts.sliding_window - 1 + batched_tokens, length)
-    full_layers = facts.num_layers - facts.sliding_layers
-    return per_layer * (full_layers * length + facts.sliding_layers * window)
+    window = min((facts.sliding_window or length) - 1 + batched_tokens, length)
+    return sum(kind.count * kind.bytes_per_token * (window if kind.windowed else length) for kind in kinds)
 
 
-def max_fitting_len(facts: ModelFacts, per_token: int, available: int, batched_tokens: int, cap: int) -> int:
-    """Largest length one request can have in ``available`` bytes (vLLM binary-searches the same)."""
-    if available <= 0 or per_token <= 0:
+def max_fitting_len(facts: ModelFacts, kinds: list[KvLayers], available: int, batched_tokens: int, cap: int) -> int:
+    """Largest length one request can have in ``available`` bytes: vLLM's own binary search
+    (0.21.0 v1/core/kv_cache_utils.py ``_estimate_max_model_len_from_groups``, which
+    ``--max-model-len auto`` uses through ``_auto_fit_max_model_len``)."""
+    if available <= 0 or not kinds:
         return 0
     low, high = 0, cap
     while low < high:
         middle = (low + high + 1) // 2
-        if _one_request_bytes(facts, per_token, middle, batched_tokens) <= available:
+        if _one_request_bytes(facts, kinds, middle, batched_tokens) <= available:
             low = middle
         else:
             high = middle - 1
     return low
 
 
-def weights_per_gpu(facts: ModelFacts, tp: int, cpu_offload_gb: float) -> int:
-    """Sharded parts split over TP; norms replicated; ``--cpu-offload-gb`` moves weights to host."""
+def weights_per_gpu(facts: ModelFacts, tp: int, cpu_offload_gb: float, language_model_only: bool = False) -> int:
+    """Sharded parts split over TP; norms and the vision tower replicated on every GPU (none of the
+    tower with ``--language-model-only``); ``--cpu-offload-gb`` moves weights to host."""
     replicated = (facts.num_layers * 2 + 1) * facts.hidden_size * facts.dtype_bytes
-    sharded = facts.weight_bytes - replicated
-    return max(0, sharded // tp + replicated - int(cpu_offload_gb * GIB))
+    tower = 0 if language_model_only else facts.vision_bytes
+    sharded = facts.weight_bytes - facts.vision_bytes - replicated
+    return max(0, sharded // tp + replicated + tower - int(cpu_offload_gb * GIB))
 
 
 def peak_activation(facts: ModelFacts, tp: int, batched_tokens: int, seqs: int) -> int:
@@ -151,32 +181,66 @@ def non_torch_bytes(tp: int) -> int:
     return int(0.06 * GIB) if tp == 1 else int(0.25 * GIB)
 
 
-def cudagraph_bytes(facts: ModelFacts, enforce_eager: bool) -> int:
-    """Published: 0.48–0.72 GiB on one dense GPU, 3.45 GiB per GPU for a 94-layer MoE at TP4."""
-    if enforce_eager:
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """Batch sizes vLLM captures a CUDA graph for (0.21.0 config/vllm.py ``_set_cudagraph_sizes``):
+
+        max_cudagraph_capture_size = min(self.scheduler_config.max_num_seqs * decode_query_len * 2, 512)
+        max_cudagraph_capture_size = min(max_num_tokens, max_cudagraph_capture_size)
+        cudagraph_capture_sizes = [i for i in [1, 2, 4] if i <= max_cudagraph_capture_size]
+        ... range(8, min(max + 1, 256), 8) ... range(256, max + 1, 16); max_num_tokens if within
+
+    One sequence: [1, 2] (the 0.21.0 log of seed 003 shows exactly that)."""
+    cap = min(2 * max_num_seqs, 512, max_num_batched_tokens)
+    sizes = [size for size in (1, 2, 4) if size <= cap] + list(range(8, min(cap + 1, 256), 8))
+    sizes += list(range(256, cap + 1, 16))
+    if max_num_batched_tokens <= cap:
+        sizes.append(max_num_batched_tokens)
+    return sorted(set(sizes))
+
+
+FULL_LADDER_GRAPHS = len(capture_sizes(256, 2048))  # 51: what the published figures were captured with
+FIRST_CAPTURE_SHARE = 0.1
+
+
+def cudagraph_bytes(facts: ModelFacts, flags: VllmFlags) -> int:
+    """vLLM profiles the first capture plus a per-graph cost × the other graphs (0.21.0
+    v1/worker/gpu_model_runner.py ``profile_cudagraph_memory``: ``first_capture + per_graph ×
+    (len(descs) - 1)``). Published at 256 sequences (51 graphs): 0.48–0.72 GiB on one dense GPU,
+    3.45 GiB per GPU for a 94-layer MoE at TP4; fewer sequences capture fewer graphs."""
+    if flags.enforce_eager:
         return 0
     per_layer = 0.035 if facts.is_moe else 0.012
-    return int((0.2 + facts.num_layers * per_layer) * GIB)
+    full = (0.2 + facts.num_layers * per_layer) * GIB
+    graphs = len(capture_sizes(flags.max_num_seqs, flags.max_num_batched_tokens))
+    share = FIRST_CAPTURE_SHARE + (1 - FIRST_CAPTURE_SHARE) * (graphs - 1) / (FULL_LADDER_GRAPHS - 1)
+    return int(full * share)
 
 
-def memory(checkpoint: Checkpoint, gpu: Gpu, flags: VllmFlags, version: str) -> VllmMemory:
+def memory(
+    checkpoint: Checkpoint, gpu: Gpu, flags: VllmFlags, version: str, *, reported_total: int | None = None
+) -> VllmMemory:
+    """The terms for one GPU. ``reported_total``: the CUDA total a log printed (replays), else
+    derived from NVML's."""
     facts = checkpoint.facts
-    budget = int(gpu.total_bytes * flags.gpu_memory_utilization)
-    weights = weights_per_gpu(facts, flags.tensor_parallel_size, flags.cpu_offload_gb)
-    activation = peak_activation(facts, flags.tensor_parallel_size, flags.max_num_batched_tokens, flags.max_num_seqs)
-    non_torch = non_torch_bytes(flags.tensor_parallel_size)
-    graphs = cudagraph_bytes(facts, flags.enforce_eager)
-    reserved = parse_version(version) >= CUDAGRAPH_RESERVED_SINCE
+    total = reported_total or cuda_total(gpu)
+    budget = int(total * flags.gpu_memory_utilization)
+    tp = flags.tensor_parallel_size
+    weights = weights_per_gpu(facts, tp, flags.cpu_offload_gb, flags.language_model_only)
+    activation = peak_activation(facts, tp, flags.max_num_batched_tokens, flags.max_num_seqs)
+    non_torch = non_torch_bytes(tp)
+    graphs = cudagraph_bytes(facts, flags)
+    reserved = at_least(version, CUDAGRAPH_RESERVED_SINCE)
     if flags.kv_cache_memory_bytes is not None:
         available = flags.kv_cache_memory_bytes
     else:
         available = budget - weights - activation - non_torch - (graphs if reserved else 0)
-    per_token = kv_bytes_per_token(facts, flags.tensor_parallel_size, flags.kv_cache_dtype, version)
+    kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version)
+    per_token = sum(kind.count * kind.bytes_per_token for kind in kinds)
     tokens = max(0, available // per_token // BLOCK_TOKENS * BLOCK_TOKENS) if per_token else 0
     cap = facts.max_position or 1 << 22
-    fitting = max_fitting_len(facts, per_token, available, flags.max_num_batched_tokens, cap)
+    fitting = max_fitting_len(facts, kinds, available, flags.max_num_batched_tokens, cap)
     return VllmMemory(
-        total=gpu.total_bytes,
+        total=total,
         budget=budget,
         weights=weights,
         activation=activation,

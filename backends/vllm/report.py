@@ -6,6 +6,7 @@ from backends.vllm.ladder import VllmCandidate
 from gateway.hardware import GIB
 
 MAX_ROWS = 14
+ACROSS_ROWS = 6
 
 
 def _rank(c: VllmCandidate) -> tuple[bool, int]:
@@ -15,13 +16,16 @@ def _rank(c: VllmCandidate) -> tuple[bool, int]:
 def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:
     """One row per rung group: the best sequence count of each (TP, util, eager, KV, checkpoint)."""
     groups: dict[tuple[object, ...], VllmCandidate] = {}
-    for c in candidates:
+    across = [c for c in candidates if c.planned_only]
+    for c in (c for c in candidates if not c.planned_only):
         f = c.flags
         key = (c.checkpoint.name, f.tensor_parallel_size, f.gpu_memory_utilization, f.enforce_eager, f.kv_cache_dtype)
         current = groups.get(key)
         if current is None or c is chosen or (current is not chosen and _rank(c) > _rank(current)):
             groups[key] = c
-    lines = ["vLLM candidates (per GPU, GiB):"]
+    totals = sorted({c.memory.total for c in candidates if c.startable})
+    total = f"; util × {totals[0] / GIB:.2f} GiB, the total CUDA reports" if totals else ""
+    lines = [f"vLLM candidates (per GPU, GiB{total}):"]
     lines.append(
         f"  {'':2}{'rung':<52} {'weights':>8} {'act':>6} {'graphs':>6} {'KV/GPU':>7} {'tokens':>9} {'context':>8}"
     )
@@ -36,4 +40,23 @@ def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:
             lines.append(f"      {c.reason}")
     if len(groups) > MAX_ROWS:
         lines.append(f"  … {len(groups) - MAX_ROWS} more rung groups in --json")
+    return lines + _across_nodes(across)
+
+
+def _across_nodes(candidates: list[VllmCandidate]) -> list[str]:
+    """The TP×PP rungs over several nodes, and the steps of the best fitting one (never started)."""
+    if not candidates:
+        return []
+    lines = ["", "vLLM across nodes (planned only, never started: needs Ray and the same vLLM on every node):"]
+    shown = sorted(candidates, key=lambda c: (not c.fits, c.flags.enforce_eager, -c.context))[:ACROSS_ROWS]
+    for c in shown:
+        m = c.memory
+        lines.append(
+            f"  {'ok' if c.fits else '--':2}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f}"
+            f" {m.cudagraph / GIB:6.2f} {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context:8,}"
+        )
+    fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.flags.enforce_eager, -c.context))
+    if fitting:
+        lines.append("  steps (HEAD: this machine's address as the workers reach it):")
+        lines += [f"    {number}. {step}" for number, step in enumerate(fitting[0].steps, 1)]
     return lines

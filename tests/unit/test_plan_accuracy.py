@@ -22,3 +22,9 @@ def test_exact_kv_arithmetic_matches_to_one_percent() -> None:
     rows, _, _, _ = replay_all()
     exact = [r for r in rows if r.term.startswith(("KV for one", "estimated max", "KV cache MiB"))]
     assert len(exact) == 5 and all(abs(r.error) <= 0.01 for r in exact)
+
+
+def test_cuda_totals_derived_from_nvml_match_the_logged_totals() -> None:
+    rows, _, _, _ = replay_all()
+    totals = [r for r in rows if r.term == "CUDA total GiB"]
+    assert len(totals) >= 3 and all(abs(r.predicted - r.reported) <= 0.07 for r in totals)

@@ -88,7 +88,7 @@ def test_glm_on_two_5090s_tries_vllm_rungs_then_falls_back_to_llamacpp(tmp_path:
     engines = [option.engine for option in decision.options]
     assert engines[:4] == ["vllm"] * 4 and engines[-1] == "llamacpp"
     first = decision.options[0]
-    assert isinstance(first, vllm.VllmOption) and first.flags.enforce_eager
+    assert isinstance(first, vllm.VllmOption) and first.flags.max_num_seqs <= 32  # few seqs: few CUDA graphs
     launch = first.launch(4321, "secret")
     argv = launch.argv
     assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]

@@ -1,0 +1,80 @@
+"""vLLM across nodes, planned only (issue 13): TP inside each node, pipeline stages across nodes."""
+
+from __future__ import annotations
+
+from backends import vllm
+from backends.base import Installation
+from backends.vllm import multinode
+from gateway.catalog import builtin_catalog
+from gateway.hardware import GIB, Gpu, Inventory
+from gateway.plan_report import render
+from gateway.planner import Plan, decide
+from gateway.policy import Policy
+from gateway.settings import Settings
+from tests.unit.plan_helpers import engine_plans
+
+
+def _gpus(count: int, node: str = "", gib: int = 24) -> tuple[Gpu, ...]:
+    endpoint = f"{node}.lan:5005" if node else ""
+    return tuple(
+        Gpu(i, f"RTX 4090 {node or 'here'}", gib * GIB, gib * GIB, (8, 9), node=node, endpoint=endpoint)
+        for i in range(count)
+    )
+
+
+def _inventory(local: int, *remote: tuple[str, int]) -> Inventory:
+    others = tuple(gpu for node, count in remote for gpu in _gpus(count, node))
+    return Inventory(_gpus(local), 128 * GIB, 128 * GIB, source="simulated", remote=others)
+
+
+def _plan(inventory: Inventory) -> Plan:
+    checkpoints = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints
+    engines = engine_plans("glm-4.7-flash", checkpoints=checkpoints, parsers=("glm47", "glm45"))
+    return decide("glm-4.7-flash", engines, inventory, Policy())
+
+
+def _across(plan: Plan) -> list[vllm.VllmCandidate]:
+    return [c for c in plan.candidates_of("vllm") if c.planned_only]
+
+
+def test_tp_inside_each_node_and_pipeline_stages_across_nodes_hold_what_one_node_cannot() -> None:
+    plan = _plan(_inventory(2, ("node2", 2)))
+    single = [c for c in plan.candidates_of("vllm") if not c.planned_only]
+    assert single and not any(c.fits for c in single)  # 27.9 GiB of BF16 weights per GPU at TP2
+    across = [c for c in _across(plan) if c.fits]
+    assert across and all(c.flags.tensor_parallel_size == 2 and c.pipeline_parallel_size == 2 for c in across)
+    best = max(across, key=lambda c: c.context)
+    assert 13 * GIB < best.memory.weights < 16 * GIB  # a quarter of the weights plus one vocabulary matrix
+    assert best.context >= 32768 and best.nodes == ("node2",)
+
+
+def test_the_argv_and_steps_are_exact_and_nothing_is_started() -> None:
+    plan = _plan(_inventory(2, ("node2", 2), ("node3", 2)))
+    best = next(c for c in _across(plan) if c.fits)
+    argv = best.argv
+    assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "3"
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    assert best.steps == [
+        "on this machine (HEAD): ray start --head --port 6379",
+        "on node2: ray start --address HEAD:6379",
+        "on node3: ray start --address HEAD:6379",
+        "on this machine (HEAD): " + " ".join(argv),
+    ]
+    assert "planned only" in best.reason and best.to_json()["steps"] == best.steps
+    assert plan.chosen is not best and best not in vllm.BACKEND.ranked(plan.candidates_of("vllm"))
+    text = render(plan)
+    assert "vLLM across nodes (planned only" in text and "ray start --address HEAD:6379" in text
+    installed = Installation(("vllm", "serve"), "0.32.0", "given")
+    model = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash"))
+    options = vllm.BACKEND.options(model, plan.candidates_of("vllm"), Policy(), installed, Settings())
+    assert options == []  # serve never starts it
+
+
+def test_no_plan_across_nodes_with_unequal_gpu_counts_or_when_one_node_suffices() -> None:
+    assert multinode.node_layout(_inventory(2, ("node2", 1))) is None
+    assert not _across(_plan(_inventory(2, ("node2", 1))))
+    assert multinode.node_layout(_inventory(2)) is None
+    roomy = Inventory(_gpus(2, gib=80), 128 * GIB, 128 * GIB, source="simulated", remote=_gpus(2, "node2", 80))
+    assert not _across(_plan(roomy))
