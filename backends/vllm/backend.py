@@ -83,7 +83,7 @@ class VllmBackend:
                 tool_call_parser=model.tool_call_parser,
                 reasoning_parser=model.reasoning_parser,
             )
-            candidate.env = build_env()
+            candidate.env = build_env(api_key="KEY")  # the placeholder `plan` prints as "$GATEWAY_API_KEY"
         return found
 
     def _across_nodes(
