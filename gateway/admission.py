@@ -16,7 +16,7 @@ import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from gateway.openai_errors import ApiError
+from gateway.openai_errors import ApiError, unavailable
 
 RETRY_AFTER_FULL_S = 2
 
@@ -48,6 +48,7 @@ class Admission:
         self.wait_s = wait_s
         self.active = 0
         self.rejected = 0
+        self.closed: str | None = None  # why nothing more is admitted (the gateway is stopping)
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     @property
@@ -67,8 +68,18 @@ class Admission:
         if not ticket.handed_over:
             ticket.release()
 
+    def close(self, why: str) -> None:
+        """Admit nothing more: every queued request, and every later one, gets 503 + Retry-After."""
+        self.closed = why
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(unavailable(why))
+
     async def enter(self) -> Ticket:
         """A slot now, or a place in the queue until one frees; the caller must release the ticket."""
+        if self.closed:
+            raise unavailable(self.closed)
         if self.active < max(1, self.capacity()) and not self._waiters:
             self.active += 1
             return Ticket(self)
@@ -80,14 +91,14 @@ class Admission:
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout=self.wait_s)
         except TimeoutError:
-            if waiter.done() and not waiter.cancelled():  # admitted at the last moment: give it back
+            if _admitted(waiter):  # admitted at the last moment: give it back
                 self._leave()
-            else:
+            elif waiter in self._waiters:
                 self._waiters.remove(waiter)
             self.rejected += 1
             raise _full(f"the request waited {self.wait_s:.0f} s for the engine") from None
         except asyncio.CancelledError:  # the client went away while queued
-            if waiter.done() and not waiter.cancelled():
+            if _admitted(waiter):
                 self._leave()
             elif waiter in self._waiters:
                 self._waiters.remove(waiter)
@@ -102,6 +113,11 @@ class Admission:
                 waiter.set_result(None)  # the slot passes on; active stays the same
                 return
         self.active -= 1
+
+
+def _admitted(waiter: asyncio.Future[None]) -> bool:
+    """The waiter was given a slot (not cancelled, not refused because the gateway is stopping)."""
+    return waiter.done() and not waiter.cancelled() and waiter.exception() is None
 
 
 def _full(message: str) -> ApiError:

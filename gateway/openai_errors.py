@@ -102,6 +102,12 @@ class ErrorShape:
     body: Callable[[ApiError], dict[str, object]]
     bad_key_message: str  # what a request without a valid API key is told
     relays_engine_errors: bool  # the engine's own (OpenAI-shaped) errors are already in this shape
+    event_name: bytes | None = None  # streams: the error event's name (Anthropic's), or an unnamed event
+
+    def sse_event(self, error: ApiError) -> bytes:
+        """The error as the last event of a stream that cannot go on."""
+        named = b"event: " + self.event_name + b"\n" if self.event_name else b""
+        return named + b"data: " + json.dumps(self.body(error)).encode() + b"\n\n"
 
     def response(self, error: ApiError) -> Response:
         body = json.dumps(self.body(error)).encode()
@@ -129,6 +135,7 @@ _ANTHROPIC_TYPES = {
     429: "rate_limit_error",
     500: "api_error",
     503: "overloaded_error",
+    504: "timeout_error",
 }
 _OVERFLOW = re.compile(
     r"maximum context length is (\d+) tokens\. However, (?:you requested|your messages resulted in) (\d+) tokens"
@@ -153,7 +160,7 @@ OPENAI = ErrorShape(
     "Incorrect API key provided: pass it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
     relays_engine_errors=True,
 )
-ANTHROPIC = ErrorShape(_anthropic_body, "invalid x-api-key", relays_engine_errors=False)
+ANTHROPIC = ErrorShape(_anthropic_body, "invalid x-api-key", relays_engine_errors=False, event_name=b"error")
 
 
 def shape_for(path: str) -> ErrorShape:

@@ -8,10 +8,11 @@ with its help text, so the CLI, the environment and the TOML file all speak the 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -43,10 +44,9 @@ class Settings(BaseSettings):
     )
     context_length: int | None = Field(
         None,
-        ge=256,
         description="Context length to serve (pinned: vLLM --max-model-len, llama.cpp -c); unset: the model's "
         "maximum, capped at 32768 without a GPU.",
-        json_schema_extra={"flags": ["--context-length", "--max-model-len"]},
+        json_schema_extra={"flags": ["--context-length", "--max-model-len"], "parse": "count_or_auto"},
     )
     state_dir: Path = Field(
         default_factory=_default_state_dir,
@@ -61,22 +61,42 @@ class Settings(BaseSettings):
         json_schema_extra={"flags": ["--startup-timeout"]},
     )
     request_timeout_s: float = Field(
-        3600.0,
+        1800.0,
         gt=0,
-        description="Longest silence tolerated from the backend within one request.",
+        description="Longest wait for a non-streamed answer (it comes whole, once generated); 504 beyond.",
         json_schema_extra={"flags": ["--request-timeout"]},
     )
+    first_byte_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest wait for a stream's first byte (the prefill of a long prompt); 504 or an error "
+        "event beyond.",
+        json_schema_extra={"flags": ["--first-byte-timeout"]},
+    )
+    stream_idle_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Longest silence between two chunks of a stream before it is ended with an error event.",
+        json_schema_extra={"flags": ["--stream-idle-timeout"]},
+    )
     connect_timeout_s: float = Field(
-        5.0, gt=0, description="Connecting to the backend.", json_schema_extra={"flags": ["--connect-timeout"]}
+        10.0, gt=0, description="Connecting to the backend.", json_schema_extra={"flags": ["--connect-timeout"]}
     )
     shutdown_grace_s: float = Field(
         15.0,
         ge=0,
-        description="On stop, time requests in flight get to finish; then the engine's process group gets "
-        "SIGTERM and, 5 s later, SIGKILL.",
+        description="On stop, time requests in flight get to finish (queued ones get 503 at once); then open "
+        "streams end with an error event, and the engine's process group gets SIGTERM and, 5 s later, SIGKILL.",
         json_schema_extra={"flags": ["--shutdown-grace"]},
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it).")
+    max_answer_bytes: int = Field(
+        32 * 1024 * 1024, gt=0, description="Largest non-streamed backend answer the gateway holds (502 beyond it)."
+    )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest request line and headers accepted, before the key (431 beyond)."
+    )
+    max_headers: int = Field(100, ge=8, description="Most request headers accepted (431 beyond).")
     threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
     llama_cpp_python_command: list[str] | None = Field(
         None,
@@ -116,7 +136,9 @@ class Settings(BaseSettings):
     )
     allow_cpu_offload: bool = Field(False, description="vLLM: let the ladder use --cpu-offload-gb (slow).")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM: pin this share.")
-    kv_cache_memory_bytes: int | None = Field(None, gt=0, description="vLLM: pin the KV cache size in bytes.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, gt=0, description="vLLM: pin the KV cache size in bytes.", json_schema_extra={"parse": "count"}
+    )
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM: pin the number of sequences.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM: pin the tokens per batch.")
     tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM: pin the TP size.")
@@ -162,6 +184,29 @@ class Settings(BaseSettings):
         json_schema_extra={"choices": ["text", "json"]},
     )
     replan: bool = Field(False, description="Ignore the remembered configuration and plan afresh.")
+    workers: list[str] = Field(
+        default_factory=list,
+        description="Other nodes' `gateway worker` addresses (host:port, comma list): llama.cpp pools their "
+        "devices over RPC; one that does not answer is planned without.",
+        json_schema_extra={"parse": "csv"},
+    )
+    worker_api_key: str | None = Field(
+        None, description="Key sent to the workers (one of their api_keys); unset: the first of api_keys."
+    )
+
+    @field_validator("context_length", mode="before")
+    @classmethod
+    def _context_forms(cls, value: Any) -> Any:
+        """vLLM's forms: 32k, 32K, and auto / -1 (the longest that fits, kept as -1)."""
+        number = parse_count_or_auto(value) if isinstance(value, str) else value
+        if isinstance(number, int) and number != AUTO and number < 256:
+            raise ValueError(f"context_length {number} is below 256: give 256 or more, or auto")
+        return number
+
+    @field_validator("kv_cache_memory_bytes", mode="before")
+    @classmethod
+    def _byte_forms(cls, value: Any) -> Any:
+        return parse_count(value) if isinstance(value, str) else value
 
     @property
     def backend_log_dir(self) -> Path:
@@ -189,6 +234,37 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_file = settings_cls.model_config.get("toml_file") or DEFAULT_CONFIG_FILE
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+
+
+AUTO = -1  # context_length "auto" / -1: vLLM's own --max-model-len auto
+
+
+def parse_count(text: str) -> int:
+    """An integer the way vLLM's flags read it (0.21.0 vllm/utils/argparse_utils.py
+    ``human_readable_int``): ``1k`` = 1,000 and ``1K`` = 1,024 (k/m/g/t decimal, K/M/G/T binary,
+    no decimals with a binary suffix), else a plain integer; ``4GiB`` / ``4GB`` are read too."""
+    value = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+        if "." not in number:
+            return int(number) * int(1024 ** ("KMGT".index(suffix) + 1))
+        raise ValueError(f"{text!r}: no decimals with a binary suffix like {suffix} (did you mean {text.lower()}?)")
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT])(i?)[bB]", value)
+    if match:
+        number, suffix, binary = match.groups()
+        return int(float(number) * (1024 if binary else 1000) ** ("kmgt".index(suffix.lower()) + 1))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r}: write it like 32768, 32k (32,000), 32K (32,768) or 4G") from None
+
+
+def parse_count_or_auto(text: str) -> int:
+    """``parse_count``, plus vLLM's ``-1`` / ``auto`` (``human_readable_int_or_auto``)."""
+    return AUTO if text.strip() in ("-1", "auto", "AUTO", "Auto") else parse_count(text)
 
 
 def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from backends.base import Launch
 from gateway.edge import ASGIApp
 from gateway.lifecycle import State
-from gateway.proxy import Upstream
+from gateway.proxy import Timeouts, Upstream
 from gateway.routing import ModelRoute
 from gateway.runtime import Runtime
 
@@ -203,7 +203,7 @@ def make_runtime(
     return Runtime(
         route=ModelRoute(fronted=FRONTED, served=SERVED, context_length=ROUTE_CONTEXT, aliases=("alias",)),
         backend=FakeBackend(launch, ready=ready, restarts=restarts),
-        upstream=Upstream(connect_timeout_s=5, read_timeout_s=30),
+        upstream=Upstream(Timeouts(connect_s=5, answer_s=30)),
         max_body_bytes=max_body_bytes,
         queue_limit=queue_limit,
         queue_wait_s=queue_wait_s,

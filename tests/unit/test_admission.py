@@ -218,3 +218,22 @@ def test_a_slot_block_waits_in_the_queue_like_enter() -> None:
         assert (gate.active, gate.rejected) == (0, 1)
 
     _run(scenario)
+
+
+def test_closing_refuses_the_queue_and_newcomers_with_503_while_admitted_requests_keep_their_slots() -> None:
+    async def scenario() -> None:
+        gate = _gate(capacity=1)
+        running = await gate.enter()
+        waiting = await _queued(gate)
+        gate.close("the gateway is shutting down; retry shortly")
+        with pytest.raises(ApiError) as refused:
+            await waiting
+        assert refused.value.status == 503 and refused.value.retry_after_s and "shutting down" in refused.value.message
+        with pytest.raises(ApiError) as late:
+            await gate.enter()
+        assert late.value.status == 503
+        assert (gate.active, gate.queued) == (1, 0)
+        running.release()
+        assert (gate.active, gate.queued) == (0, 0)
+
+    _run(scenario)

@@ -4,7 +4,9 @@ and the admission slot held and freed on every path (errors, finished streams, c
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
+from gateway.external import ExternalBackend
 from gateway.handlers import Inference
 from gateway.runtime import Runtime
 from tests.unit.http_harness import (
@@ -457,3 +460,24 @@ def test_a_backend_that_served_and_stopped_answering_is_not_called_starting(
     message = chat.json()["error"]["message"]
     assert chat.status_code == 503 and "stopped answering" in message and "ConnectError" in message
     assert "still starting" not in message
+
+
+def test_an_external_backend_that_never_answered_is_unreachable_not_starting() -> None:
+    """A server the user runs (--backend-url) is not started by the gateway: while it does not answer,
+    the 503 says so, with the reason from the last poll."""
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    runtime = make_runtime(f"http://127.0.0.1:{dead.getsockname()[1]}")
+    launch = runtime.backend.launch
+    assert launch is not None
+    backend = ExternalBackend(dataclasses.replace(launch, engine="external"))
+    runtime.backend = backend
+    try:
+        with _gateway(runtime) as client:
+            wait_until(lambda: backend.reason is not None and "does not answer" in backend.reason, what="a poll")
+            chat = client.post("/v1/chat/completions", json=CHAT)
+    finally:
+        dead.close()
+    message = chat.json()["error"]["message"]
+    assert chat.status_code == 503 and "is unreachable" in message and "does not answer" in message, message
+    assert "starting" not in message

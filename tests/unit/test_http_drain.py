@@ -1,0 +1,87 @@
+"""Stopping drains: queued requests get 503 + Retry-After at once, requests in flight get the grace
+period, then a stream ends with an error event and a waiting request gets a 503, each in its dialect.
+
+The gateway runs under uvicorn (its shutdown is what is tested) in front of the stand-in engine: a
+"HANG" stream sends one chunk then nothing, a "SLOW" answer takes 30 s; neither finishes in time.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import uvicorn
+
+from gateway.app import create_app
+from gateway.drain import DrainingServer
+from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events, wait_until
+
+GRACE_S = 0.5
+
+
+def _in_thread(call: Callable[[], httpx.Response], into: dict[str, Any], name: str) -> threading.Thread:
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            into[name] = call()
+        except httpx.HTTPError as exc:
+            into[name] = exc
+        into[name + "_s"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_stopping_answers_the_queue_at_once_and_cuts_what_outlives_the_grace() -> None:
+    engine = FakeEngine()
+    upstream_server = Served(engine.app, lifespan="off")
+    runtime = make_runtime(upstream_server.url, max_concurrency=2)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = uvicorn.Config(create_app(runtime), log_level="warning", lifespan="on", ws="none")
+    server = DrainingServer(config, runtime, GRACE_S)
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    serving.start()
+    wait_until(lambda: server.started, what="the gateway to start")
+    results: dict[str, Any] = {}
+    stream = {"model": FRONTED, "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "HANG"}]}
+    slow = {"model": FRONTED, "messages": [{"role": "user", "content": "SLOW"}]}
+    queued = {"model": FRONTED, "input": "hi"}
+    try:
+        threads = [
+            _in_thread(lambda: httpx.post(url + "/v1/messages", json=stream, timeout=20), results, "stream"),
+            _in_thread(lambda: httpx.post(url + "/v1/chat/completions", json=slow, timeout=20), results, "slow"),
+        ]
+        wait_until(lambda: runtime.admission.active == 2, what="two requests in flight")
+        threads.append(
+            _in_thread(lambda: httpx.post(url + "/v1/responses", json=queued, timeout=20), results, "queued")
+        )
+        wait_until(lambda: runtime.admission.queued == 1, what="a queued request")
+        server.should_exit = True
+        for thread in threads:
+            thread.join(timeout=15)
+        serving.join(timeout=15)
+    finally:
+        server.should_exit = True
+        sock.close()
+        upstream_server.stop()
+
+    waited = results["queued"]
+    assert waited.status_code == 503 and waited.headers["retry-after"] == "5", waited.text
+    assert "shutting down" in waited.json()["error"]["message"] and results["queued_s"] < GRACE_S
+
+    slow_answer = results["slow"]
+    assert slow_answer.status_code == 503 and "shutting down" in slow_answer.json()["error"]["message"]
+    assert results["slow_s"] >= GRACE_S
+
+    assert isinstance(results["stream"], httpx.Response), repr(results["stream"])
+    name, last = sse_events(results["stream"].text)[-1]
+    assert name == "error" and last["type"] == "error" and "shutting down" in last["error"]["message"]
+    assert not serving.is_alive(), "the gateway did not finish stopping"
+    assert engine.disconnected.is_set(), "the engine was not told to stop generating"
