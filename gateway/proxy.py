@@ -225,8 +225,14 @@ class Upstream:
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
             chunks = self._chunks(upstream, deadline, chunk_filter)
-            return StreamingResponse(
-                _ending_in(chunks, errors.sse_event, on_close), status_code=200, media_type=content_type,
+
+            def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
+                on_close()
+                if upstream in self._reading:
+                    self._finish(upstream, False)
+
+            return ClosingStream(
+                _ending_in(chunks, errors.sse_event, on_close), cleanup, status_code=200, media_type=content_type,
                 headers=SSE_HEADERS,
             )  # fmt: skip
         try:
@@ -358,4 +364,24 @@ def translated_stream(
         finally:
             on_close()
 
-    return StreamingResponse(guarded(), status_code=200, media_type="text/event-stream", headers=SSE_HEADERS)
+    return ClosingStream(guarded(), on_close, status_code=200, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class ClosingStream(StreamingResponse):
+    """A stream whose ``cleanup`` (freeing the engine slot, closing the upstream) runs however the
+    response ends. A body generator's own ``finally`` is not enough: when the client leaves before the
+    first chunk is asked for (the response start fails, or the request is cancelled), the generator
+    never starts, so its ``finally`` never runs and the slot would be held for good."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()  # a started body runs its own finally now, not when collected
+            self._cleanup()

@@ -115,3 +115,29 @@ def test_a_streamed_request_gets_its_own_upstream_connection(served: tuple[FakeE
     streamed, plain = engine.requests_to("/v1/chat/completions")[-2:]
     assert streamed["headers"].get("connection") == "close"
     assert plain["headers"].get("connection") != "close"
+
+
+def test_a_stream_whose_client_left_before_its_first_chunk_still_frees_its_slot() -> None:
+    """The response start fails (the client is gone): the body generator never starts, so only the
+    response's own cleanup can free the slot and close the upstream."""
+    from starlette.requests import ClientDisconnect
+
+    from gateway.proxy import ClosingStream
+
+    cleaned: list[str] = []
+    started: list[bool] = []
+
+    async def body() -> Any:
+        started.append(True)
+        yield b"data: {}\n\n"
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(_message: dict[str, Any]) -> None:
+        raise OSError("the client hung up")
+
+    response = ClosingStream(body(), lambda: cleaned.append("slot freed"), media_type="text/event-stream")
+    with pytest.raises(ClientDisconnect):
+        asyncio.run(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send))
+    assert cleaned == ["slot freed"] and not started
