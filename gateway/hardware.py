@@ -19,7 +19,6 @@ log = logging.getLogger("gateway.hardware")
 GIB = 1024**3
 MIB = 1024**2
 _UNITS = {
-    "": 1,
     "b": 1,
     "k": 1000,
     "kb": 1000,
@@ -77,25 +76,32 @@ class Inventory:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the GPU set for remembering configurations: names and sizes, not free memory."""
-        return (
-            ",".join(
-                f"{g.name}:{g.total_bytes // MIB}MiB@{g.compute_capability[0]}.{g.compute_capability[1]}"
-                for g in self.gpus
-            )
-            or "cpu"
+        """Identifies the GPU set for remembering configurations: names and sizes, not free memory;
+        other nodes' devices (with their node) after this machine's."""
+        local = ",".join(
+            f"{g.name}:{g.total_bytes // MIB}MiB@{g.compute_capability[0]}.{g.compute_capability[1]}" for g in self.gpus
         )
+        remote = ",".join(f"{g.node}/{g.name}:{g.total_bytes // MIB}MiB" for g in self.remote)
+        return (local or "cpu") + (f"+{remote}" if remote else "")
 
     def with_ram(self, ram_bytes: int) -> Inventory:
         return replace(self, ram_total_bytes=ram_bytes, ram_available_bytes=ram_bytes)
 
 
+SIZE_FORMS = "32GiB, 24GB, 512MiB, 1.5TiB or 64G"
+
+
 def parse_size(text: str) -> int:
-    """'32GiB', '24 GB', '512MiB', '1.5TiB', '64G' → bytes. Bare numbers are bytes."""
+    """'32GiB', '24 GB', '512MiB', '1.5TiB', '64G' → bytes. A bare number is refused: people write
+    `--gpus 2x32` or `--ram 64` meaning GiB, and reading them as bytes planned a machine without GPUs.
+    (No caller passes byte counts as text; programs hand over ints.)"""
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ConfigError(f"cannot read size {text!r}: write it like 32GiB, 24GB or 512MiB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    unit = match.group(2).lower() if match else ""
+    if not match or (unit and unit not in _UNITS):
+        raise ConfigError(f"cannot read size {text!r}: write it like {SIZE_FORMS}")
+    if not unit:
+        raise ConfigError(f"size {text!r} has no unit: write it like {SIZE_FORMS}")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def parse_gpu_spec(spec: str) -> tuple[Gpu, ...]:
@@ -119,6 +125,20 @@ def parse_gpu_spec(spec: str) -> tuple[Gpu, ...]:
             gpus.append(Gpu(len(gpus), f"simulated {total / GIB:g}GiB", total, free, capability))
     if not gpus:
         raise ConfigError("empty GPU spec: write it like 2x32GiB")
+    return tuple(gpus)
+
+
+def parse_remote_gpus(spec: str) -> tuple[Gpu, ...]:
+    """'node2=2x24GiB;node3=1x12GiB' → other nodes' GPUs, simulated (for planning without the nodes):
+    each node's part is a GPU spec as for ``--gpus``; endpoints are left empty."""
+    gpus: list[Gpu] = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        node, sep, gpu_spec = part.partition("=")
+        if not sep or not node.strip():
+            raise ConfigError(f"cannot read remote GPU spec {part!r}: write it like node2=2x24GiB;node3=1x12GiB")
+        gpus += [replace(g, node=node.strip(), link="simulated") for g in parse_gpu_spec(gpu_spec)]
+    if not gpus:
+        raise ConfigError("empty remote GPU spec: write it like node2=2x24GiB")
     return tuple(gpus)
 
 

@@ -64,6 +64,28 @@ class StateCollector(Collector):
             for term, mib in terms.items():
                 reported.add_metric([device, term], float(mib) * 2**20)
         yield reported
+        yield from _node_metrics(backend.snapshot())
+
+
+def _node_metrics(snapshot: dict[str, Any]) -> Iterator[Any]:
+    """Per worker node (``serve --workers``): whether it is in use, and how often it was lost."""
+    nodes = [node for node in snapshot.get("nodes") or [] if node.get("address")]
+    if not nodes:
+        return
+    up = GaugeMetricFamily(
+        "gateway_node_up", "1 while a worker node answers and its devices are in the plan", labels=["node"]
+    )
+    lost = GaugeMetricFamily(
+        "gateway_node_lost", "Times a worker node disappeared while its devices were in use", labels=["node"]
+    )
+    for node in nodes:
+        up.add_metric([node["name"]], 1.0 if node.get("state") == "in use" else 0.0)
+        lost.add_metric([node["name"]], float(node.get("lost", 0)))
+    yield up
+    yield lost
+    yield GaugeMetricFamily(
+        "gateway_replans", "Plans made again over the nodes", value=len(snapshot.get("replans") or [])
+    )
 
 
 def live_gpu_memory() -> list[tuple[int, int, int]]:

@@ -58,16 +58,36 @@ class Stop:
         return f"stopped: a configuration error ({self.fix})"
 
 
-Move = Retry | NextOption | Stop
+@dataclass(frozen=True)
+class Replan:
+    """A device on another node is gone: ask the workers again and plan over what answers (more
+    layers in RAM); after a death while serving, restart ``number`` after ``delay_s``."""
+
+    reason: str
+    delay_s: float = 0.0
+    number: int = 0
+
+    @property
+    def queue(self) -> tuple[Option, ...]:
+        return ()
+
+    def describe(self, failed: Option) -> str:
+        return f"re-planning over the nodes that answer ({self.reason})"
 
 
-def next_move(option: Option, failure: Failure | None, queue: Sequence[Option]) -> Move:
+Move = Retry | NextOption | Stop | Replan
+
+
+def next_move(option: Option, failure: Failure | None, queue: Sequence[Option], *, can_replan: bool = False) -> Move:
     """The move after ``option`` failed to start with ``failure`` (None: no line said why), ``queue``
-    being the options still to try; the move carries the queue that follows."""
+    being the options still to try; the move carries the queue that follows. ``can_replan``: the plan
+    pools other nodes' devices and can be made again without the one that does not answer."""
     rest = tuple(queue)
     if failure is None:
         return NextOption(rest)
     kind = failure.kind
+    if kind is FailureKind.DEVICE_UNREACHABLE and can_replan:
+        return Replan(kind.value)
     if kind.is_configuration:
         return Stop(reason=f"{option.label}: {kind.value}; fix: {failure.fix}", fix=failure.fix)
     if kind.is_memory:
@@ -105,14 +125,26 @@ class GiveUp:
 
 
 def restart_move(
-    live: Option, failure: Failure | None, options: Sequence[Option], restarts: int, backoff_s: Sequence[float]
-) -> Restart | GiveUp:
+    live: Option,
+    failure: Failure | None,
+    options: Sequence[Option],
+    restarts: int,
+    backoff_s: Sequence[float],
+    *,
+    can_replan: bool = False,
+) -> Restart | GiveUp | Replan:
     """After the serving engine (``live``, one of ``options``) died with ``failure`` and ``restarts``
     restarts so far: the same option again, or the next one when it ran out of memory (it would
-    again), after the backoff for this restart; give up after ``MAX_RESTARTS``."""
+    again), after the backoff for this restart; give up after ``MAX_RESTARTS``. When the plan pools
+    other nodes (``can_replan``) any other death re-plans over the nodes that answer now: one that is
+    gone is left out (more layers in RAM), one that came back is used again."""
     if restarts >= MAX_RESTARTS:
         return GiveUp(f"engine kept failing after {restarts} restarts")
+    delay = backoff_s[min(restarts, len(backoff_s) - 1)]
+    if can_replan and not (failure is not None and failure.kind.is_memory):
+        why = failure.kind.value if failure is not None else "the engine exited"
+        return Replan(why, delay, restarts + 1)
     index = next((i for i, other in enumerate(options) if other is live), None)
     following = list(options[index + 1 :]) if index is not None else []
     option = following[0] if failure is not None and failure.kind.is_memory and following else live
-    return Restart(option, backoff_s[min(restarts, len(backoff_s) - 1)], restarts + 1)
+    return Restart(option, delay, restarts + 1)

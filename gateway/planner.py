@@ -90,6 +90,18 @@ class Plan:
                     for g in self.inventory.gpus
                 ],
                 "ram_available_gib": round(self.inventory.ram_available_bytes / 1024**3, 2),
+                "remote": [  # other nodes' devices (llama.cpp RPC), in the order given
+                    {
+                        "node": g.node,
+                        "index": g.index,
+                        "name": g.name,
+                        "endpoint": g.endpoint,
+                        "total_gib": round(g.total_bytes / 1024**3, 2),
+                        "free_gib": round(g.free_bytes / 1024**3, 2),
+                        "link": g.link,
+                    }
+                    for g in self.inventory.remote
+                ],
             },
             "policy": {"min_context": self.policy.min_context, "max_context": self.policy.max_context},
             "candidates": [c.to_json() for c in self.candidates],
@@ -118,7 +130,10 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
     for engine in engines:
         if engine.model is not None and policy.plans(engine.backend.name):
             engine.candidates = engine.backend.candidates(engine.model, inventory, policy, engine.installation)
-        notes += engine.model.notes if engine.model is not None else []
+        if engine.model is not None:
+            notes += [note for note in engine.model.notes if note not in notes]
+        elif policy.plans(engine.backend.name):
+            notes.append(f"{engine.backend.title} not planned: {_needs(engine.backend)}")
     passed_over: list[str] = []
     offset = 0
     for engine in engines:
@@ -129,6 +144,21 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
         title = engine.backend.title
         passed_over.append(f"no {title} rung fits" if engine.candidates else f"{title} not planned")
         offset += len(engine.candidates)
-    reasons = [c.reason for engine in engines for c in engine.candidates[:2]]
+    # one reason per engine: its ladder's rungs fail alike, and the notes say what was not planned
+    reasons = [engine.candidates[0].reason for engine in engines if engine.candidates]
+    reasons += [note for note in notes if " not planned: " in note]
+    if any(engine.candidates for engine in engines):
+        reasons.append(QUANTIZED_HINT)
     reason = "nothing fits: " + ("; ".join(reasons) or "no engine could be planned")
     return Plan(name, inventory, policy, engines, None, None, reason, notes)
+
+
+QUANTIZED_HINT = (
+    "a quantized checkpoint (4-bit weights take about a third of BF16's memory) may fit: pass one with "
+    "--model (a GGUF file, or a pre-quantized hub repo) or add it to the catalog"
+)
+
+
+def _needs(backend: Backend[Any, Any]) -> str:
+    """What the engine needs to be planned, in its own words when it says (``needs``)."""
+    return str(getattr(backend, "needs", None) or f"the model has no [{backend.name}] source in the catalog")

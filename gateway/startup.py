@@ -9,15 +9,17 @@ tried first (the user asked), with a warning, and the engine's own numbers decid
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends import registry
 from backends.base import Option
 from gateway.catalog import DEFAULT_MODEL, Catalog, ModelEntry, catalog_with
 from gateway.errors import BackendError, ConfigError
-from gateway.hardware import Inventory, inventory
+from gateway.hardware import Inventory, inventory, parse_remote_gpus
 from gateway.known_good import KnownGood
+from gateway.nodes import Nodes
 from gateway.planner import EnginePlan, Plan, read_engines
 from gateway.planner import decide as plan_decide
 from gateway.policy import policy_for
@@ -35,6 +37,14 @@ class Decision:
     options: list[Option]
     plan: Plan
     remember: Remember
+    nodes: Nodes | None = None  # the workers (--workers), when there are any
+    # the plan made again over the workers that answer now: its options and summary (for the supervisor)
+    replan: Callable[[], tuple[list[Option], dict[str, Any]]] | None = field(default=None, compare=False)
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """What /status shows of a plan: the decision, the engine versions, the notes."""
+    return {"decision": plan.decision_reason, "engine_version": plan.versions(), "notes": plan.notes}
 
 
 def choose_model(settings: Settings, catalog: Catalog, gpu_count: int) -> ModelEntry:
@@ -75,9 +85,31 @@ def options_of(plan: Plan, settings: Settings) -> list[Option]:
     return options
 
 
+def worker_key(settings: Settings) -> str | None:
+    """What the head sends its workers: worker_api_key, else its own first key."""
+    keys = settings.all_api_keys()
+    return settings.worker_api_key or (keys[0] if keys else None)
+
+
+def with_other_nodes(
+    machine: Inventory, settings: Settings, remote_spec: str | None = None, nodes: Nodes | None = None
+) -> Inventory:
+    """This machine plus the other nodes' devices: simulated (``--remote-gpus``), else what the workers
+    report now (``--workers``; one that does not answer is left out, and the notes say so)."""
+    if remote_spec:
+        remote = parse_remote_gpus(remote_spec)
+        names = sorted({g.node for g in remote})
+        return replace(machine, remote=remote, notes=(*machine.notes, f"simulated devices on {', '.join(names)}"))
+    if nodes is None and settings.workers:
+        nodes = Nodes(settings.workers, worker_key(settings))
+    return nodes.survey(machine) if nodes is not None else machine
+
+
 def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventory | None = None) -> Decision:
     catalog = catalog or catalog_with(settings.catalog_dir)
-    machine = machine or inventory()
+    local = machine or inventory()
+    nodes = Nodes(settings.workers, worker_key(settings)) if settings.workers else None
+    machine = with_other_nodes(local, settings, nodes=nodes)
     entry = choose_model(settings, catalog, len(machine.gpus))
     plan = plan_for(settings, entry, machine, serving=True)
     for note in plan.notes:
@@ -97,7 +129,22 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     route = ModelRoute(
         fronted=entry.name, served=entry.name, context_length=options[0].context_length, aliases=entry.aliases
     )
-    return Decision(entry=entry, route=route, options=options, plan=plan, remember=remember)
+
+    def replan() -> tuple[list[Option], dict[str, Any]]:
+        """Ask the workers again and plan over what answers (blocking: run it off the loop)."""
+        assert nodes is not None
+        fresh = plan_for(settings, entry, nodes.survey(local), serving=True)
+        return options_of(fresh, settings), plan_summary(fresh)
+
+    return Decision(
+        entry=entry,
+        route=route,
+        options=options,
+        plan=plan,
+        remember=remember,
+        nodes=nodes,
+        replan=replan if nodes is not None else None,
+    )
 
 
 def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:

@@ -23,6 +23,27 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _node_rows(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per device (a node without devices: one row with its state and why)."""
+    rows: list[dict[str, Any]] = []
+    for node in nodes:
+        label = f"{node.get('name')} {node.get('address') or ''}".strip()
+        state = node.get("state") if not node.get("error") else f"{node.get('state')}: {node['error']}"
+        devices = node.get("devices") or []
+        if node.get("placed_mib"):  # this machine: the engine's own device names
+            rows.append({"node": label, "state": state, "device": "(engine's names)", **_placed(node)})
+        for device in devices:
+            where = f"{device.get('name')} {device.get('endpoint') or ''} ({device.get('total_gib')} GiB)"
+            rows.append({"node": label, "state": state, "device": where, "link": device.get("link"), **_placed(device)})
+        if not devices and not node.get("placed_mib"):
+            rows.append({"node": label, "state": state})
+    return rows
+
+
+def _placed(item: dict[str, Any]) -> dict[str, Any]:
+    return {"placed_mib": item.get("placed_mib")}
+
+
 def render(status: dict[str, Any]) -> str:
     plan = status.get("plan") or {}
     backend = status.get("backend") or {}
@@ -70,5 +91,9 @@ def render(status: dict[str, Any]) -> str:
             parts.append("<h3>Last log lines</h3><pre>" + html.escape("\n".join(backend["last_lines"])) + "</pre>")
     if gpus:
         parts.append("<h2>GPU memory now</h2>" + _table(gpus, ["index", "used_gib", "total_gib"]))
+    if nodes := status.get("nodes"):
+        parts.append("<h2>Nodes</h2>" + _table(_node_rows(nodes), ["node", "state", "device", "link", "placed_mib"]))
+    if replans := status.get("replans"):
+        parts.append("<h3>Re-plans</h3>" + _table(replans, ["at", "why", "decision", "error"]))
     parts.append("<p><a href='/status?format=json'>JSON</a> · <a href='/metrics'>metrics</a></p></body></html>")
     return "".join(parts)

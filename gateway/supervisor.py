@@ -8,7 +8,9 @@ start the engine's failure line decides the next move:
 - a configuration failure (unknown parser, bad flag, broken file) → stop at once with the fix;
 - any other failure → the next option; when one engine has no option left, the other engine's.
 What started is remembered; a serving engine that dies is restarted with backoff (a bounded number
-of times), and repeated memory failures at run time move down the options.
+of times), and repeated memory failures at run time move down the options. When the plan pools
+other nodes' devices (``serve --workers``), a device that cannot be reached, or any death while
+serving, makes the plan again over the nodes that answer now (``replan``) and starts its options.
 
 The moves are decided by two pure functions, :func:`next_move` (after a failed start) and
 :func:`restart_move` (after a death while serving); the :class:`Supervisor` only carries them out,
@@ -32,13 +34,19 @@ from gateway.engine_run import EngineRun, Run, RunFactory, RunState
 from gateway.errors import GatewayError
 from gateway.known_good import KnownGood
 from gateway.lifecycle import State
-from gateway.moves import GiveUp, Stop, next_move, restart_move
+from gateway.moves import GiveUp, Replan, Stop, next_move, restart_move
+from gateway.nodes import Nodes
 from gateway.process import free_port
 
 log = logging.getLogger("gateway.supervisor")
 
 MAX_ATTEMPTS = 8
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are still there
+STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
+# Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
+# the plan's summary for /status.
+Replanner = Callable[[], tuple[list[Option], dict[str, Any]]]
 
 
 @dataclass
@@ -84,9 +92,13 @@ class Supervisor:
         restart_backoff_s: Sequence[float] = RESTART_BACKOFF_S,
         run_factory: RunFactory = EngineRun,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        replan: Replanner | None = None,
+        nodes: Nodes | None = None,
+        node_check_s: float = NODE_CHECK_S,
     ) -> None:
         """``run_factory`` makes each attempt's run and ``sleep`` waits out the restart backoff: the
-        real engine and clock by default, stand-ins in tests."""
+        real engine and clock by default, stand-ins in tests. ``replan`` makes the plan again when a
+        device on another node is gone; ``nodes`` are those nodes, shown in /status."""
         self.options = list(options)
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
@@ -96,6 +108,10 @@ class Supervisor:
         self.restart_backoff_s = tuple(restart_backoff_s)
         self.run_factory = run_factory
         self.sleep = sleep
+        self.replan = replan
+        self.nodes = nodes
+        self.node_check_s = node_check_s
+        self.replans: list[dict[str, Any]] = []
         self.state = State.STARTING
         self.reason: str | None = None
         self.live: Run | None = None
@@ -137,15 +153,22 @@ class Supervisor:
         self._settled.set()
 
     def snapshot(self) -> dict[str, Any]:
-        return {
+        backend = self.live.snapshot() if self.live else None
+        data = {
             "state": self.state.value,
             "reason": self.reason,
             "plan": self.plan_summary,
             "options": [option.label for option in self.options],
             "attempts": [attempt.__dict__ for attempt in self.attempts],
             "restarts": self.restarts,
-            "backend": self.live.snapshot() if self.live else None,
+            "backend": backend,
         }
+        if self.nodes is not None:
+            live = backend if backend and backend.get("state") == "ready" else {}
+            data["nodes"] = self.nodes.snapshot(live.get("memory_mib"))
+        if self.replan is not None:
+            data["replans"] = self.replans
+        return data
 
     def report(self) -> str:
         lines = [self.reason or self.state.value, "attempts:"]
@@ -162,12 +185,39 @@ class Supervisor:
         self._settled.set()
         while not self._stopping:
             assert self.live is not None
-            code = await self.live.wait_exit()
+            code = await self._serving()
             if self._stopping:
                 return
             await self._restart(code)
             if self.state is State.FAILED:
                 return
+
+    async def _serving(self) -> int:
+        """Until the live engine exits; with other nodes in the plan, also until one of them is gone
+        (then the engine is stopped, so that the restart re-plans without it)."""
+        assert self.live is not None
+        exited = asyncio.ensure_future(self.live.wait_exit())
+        if self.nodes is None or self.replan is None:
+            return await exited
+        watch = asyncio.create_task(self._watch_nodes(self.nodes), name="node watch")
+        try:
+            await asyncio.wait({exited, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done() and not exited.done():
+                log.error("node(s) %s stopped answering while serving: stopping the engine to re-plan", watch.result())
+                await self.live.stop()  # its exit watcher is cancelled with it: do not wait on that
+                exited.cancel()
+                return STOPPED_FOR_NODES
+            return await exited
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def _watch_nodes(self, nodes: Nodes) -> str:
+        while True:
+            await self.sleep(self.node_check_s)
+            if lost := await asyncio.to_thread(nodes.check):
+                return ", ".join(lost)
 
     async def _climb(self, options: list[Option]) -> bool:
         """Try options in order until one serves; True when one does."""
@@ -192,14 +242,14 @@ class Supervisor:
                 self.ever_ready = True
                 self._remember(option)
                 return True
-            move = next_move(option, run.failure, queue)
+            move = next_move(option, run.failure, queue, can_replan=self.replan is not None)
             attempt.action = move.describe(option)
             if isinstance(move, Stop):
                 self.reason = move.reason
                 log.error("%s", attempt.line())
                 return False
-            queue = list(move.queue)
             log.warning("%s", attempt.line())
+            queue = await self._replanned(move.reason) if isinstance(move, Replan) else list(move.queue)
         tried = [f"{a.outcome}: {a.label}" for a in self.attempts[-3:]]
         self.reason = "no option started: " + "; ".join(tried + unprepared)
         return False
@@ -239,19 +289,48 @@ class Supervisor:
         run time move down the options."""
         assert self.live is not None and self.live_option is not None
         failure = self.live.failure
-        log.error("engine exited with status %s while serving; restarting", code)
+        what = "a node it used is gone" if code == STOPPED_FOR_NODES else f"engine exited with status {code}"
+        log.error("%s while serving; restarting", what)
         self.state = State.RESTARTING
-        self.reason = f"engine exited with status {code}; restarting"
+        self.reason = f"{what}; restarting"
         while not self._stopping:
-            move = restart_move(self.live_option, failure, self.options, self.restarts, self.restart_backoff_s)
+            move = restart_move(
+                self.live_option,
+                failure,
+                self.options,
+                self.restarts,
+                self.restart_backoff_s,
+                can_replan=self.replan is not None,
+            )
             if isinstance(move, GiveUp):
                 self._give_up(move.reason)
                 return
             self.restarts = move.number
             await self.sleep(move.delay_s)
-            if await self._climb([move.option]):
+            options = await self._replanned(move.reason) if isinstance(move, Replan) else [move.option]
+            if await self._climb(options):
                 self.reason = None
                 return
+
+    async def _replanned(self, why: str) -> list[Option]:
+        """The plan made again over the nodes that answer now; its options replace the old ones."""
+        assert self.replan is not None
+        log.warning("re-planning: %s", why)
+        try:
+            options, summary = await asyncio.to_thread(self.replan)
+        except GatewayError as exc:
+            log.error("re-planning failed: %s", exc)
+            self.replans.append({"at": time.strftime("%H:%M:%S"), "why": why, "error": str(exc)})
+            return []
+        self.options, self.plan_summary = list(options), summary
+        self.remember = None  # what starts now is not what the remembered key (the node set) describes
+        self.replans.append(
+            {"at": time.strftime("%H:%M:%S"), "why": why, "decision": summary.get("decision"),
+             "options": [o.label for o in options]}
+        )  # fmt: skip
+        for number, option in enumerate(options, 1):
+            log.info("re-planned option %d of %d: %s", number, len(options), option.label)
+        return list(options)
 
     def _remember(self, option: Option) -> None:
         if self.remember is None:

@@ -13,14 +13,20 @@ from typing import TYPE_CHECKING, Any
 from backends.base import Installation, Option
 from backends.llamacpp import source
 from backends.llamacpp.ladder import LlamaCppCandidate, best, candidates
-from backends.llamacpp.launchers import LlamaCppConfig, installed_version, plan_argv, python_command
+from backends.llamacpp.launchers import (
+    KEY_VARIABLE,
+    LlamaCppConfig,
+    installed_version,
+    plan_argv,
+    python_command,
+)
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from gateway.errors import BackendError
 
 if TYPE_CHECKING:
     from gateway.catalog import ModelEntry
-    from gateway.hardware import Inventory
+    from gateway.hardware import Gpu, Inventory
     from gateway.policy import Policy
     from gateway.settings import Settings
 
@@ -65,9 +71,42 @@ def _native_version(command: list[str]) -> str | None:
     return None
 
 
+def ordered_devices(inventory: Inventory, launcher: str) -> tuple[Gpu, ...]:
+    """The devices in llama.cpp's order, which ``-ts`` follows: other nodes' RPC devices first (in
+    ``--rpc`` order), then the local GPUs (see :mod:`backends.llamacpp.rpc`). llama-cpp-python is
+    planned on the local GPUs alone (the gateway starts RPC only with llama-server)."""
+    if launcher != "native" or not inventory.remote:
+        return inventory.gpus
+    return (*inventory.remote, *inventory.gpus)
+
+
+def rpc_endpoints(devices: tuple[Gpu, ...]) -> tuple[str, ...]:
+    """``--rpc``'s list: the remote devices' ggml-rpc-servers, in device order; a simulated device
+    (``--remote-gpus``) where a worker on that host would put it with its default ports."""
+    from backends.llamacpp.rpc import DEFAULT_PORT
+
+    return tuple(g.endpoint or f"{g.node}:{DEFAULT_PORT + g.index}" for g in devices if g.is_remote)
+
+
+def remote_phrase(devices: tuple[Gpu, ...], split: tuple[float, ...]) -> str:
+    """The reason's account of where each device is and the slowest link: "; devices GPU0 = node2
+    RPC0 (10.0.0.2:50052) …; slowest link …"."""
+    from gateway.nodes import slowest_link
+
+    named = []
+    for i, gpu in enumerate(devices):
+        where = f"{gpu.node} {gpu.endpoint or gpu.name}" if gpu.is_remote else f"local GPU{gpu.index}"
+        share = f" ×{split[i]:g}" if i < len(split) and len(split) > 1 else ""
+        named.append(f"GPU{i} = {where}{share}")
+    link = slowest_link(devices)
+    return f"; devices in llama.cpp's order: {', '.join(named)}" + (f"; slowest link: {link}" if link else "")
+
+
 class LlamaCppBackend:
     name = "llamacpp"
     title = "llama.cpp"
+    # what planning needs, said when the model has none (the planner's "not planned" note)
+    needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
         return source.section_for(spec)
@@ -95,20 +134,30 @@ class LlamaCppBackend:
     ) -> list[LlamaCppCandidate]:
         if model.facts is None:
             return []
+        devices = ordered_devices(inventory, installation.variant)
         found = candidates(
             model.facts,
             model.gguf or model.name,
-            inventory.gpus,
+            devices,
             inventory.ram_available_bytes,
             min_context=policy.min_context,
             max_context=policy.max_context,
             launcher=installation.variant,
             pinned_ctx=policy.pins.context_length,
         )
+        endpoints = rpc_endpoints(devices)
         for candidate in found:
+            candidate.rpc = endpoints
             candidate.argv = plan_argv(
-                candidate, served_name=model.name, gguf=model.gguf or "", chat_format=model.source.chat_format
+                candidate,
+                served_name=model.name,
+                gguf=model.gguf or "",
+                chat_format=model.source.chat_format,
+                rpc=endpoints,
             )
+            candidate.env = {KEY_VARIABLE[candidate.launcher]: "KEY"}  # the placeholder `plan` prints
+            if devices != inventory.gpus:
+                candidate.reason += remote_phrase(devices, candidate.placement.tensor_split)
         return found
 
     def ranked(self, candidates: list[LlamaCppCandidate]) -> list[LlamaCppCandidate]:
@@ -157,6 +206,7 @@ class LlamaCppBackend:
             threads=settings.threads or os.cpu_count(),
             launcher=chosen.launcher,
             n_cpu_moe=chosen.placement.n_cpu_moe,
+            rpc=chosen.rpc,
         )
         fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
         return [LlamaCppOption(config=config, command=installation.command, fetch=fetch)]

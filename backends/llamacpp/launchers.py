@@ -17,6 +17,7 @@ from backends.base import Launch
 from backends.llamacpp.ladder import LlamaCppCandidate
 from backends.llamacpp.logs import memory_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
+from backends.llamacpp.rpc import rpc_arguments
 from gateway.errors import BackendError
 
 ENGINE = "llamacpp"
@@ -48,6 +49,7 @@ class LlamaCppConfig:
     threads: int | None = None
     launcher: str = "python"  # "python": llama-cpp-python's server; "native": llama-server
     n_cpu_moe: int = 0  # native only: blocks whose MoE experts stay in RAM
+    rpc: tuple[str, ...] = ()  # native only: other nodes' ggml-rpc-servers ("host:port"), first in -ts order
 
 
 def installed_version() -> str | None:
@@ -100,7 +102,7 @@ def server_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
 def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> list[str]:
     """llama-server's argv: placement given explicitly, so its own --fit stands aside."""
     argv = [*command, "-m", str(config.gguf), "--alias", config.served_name, "-c", str(config.context_length)]
-    argv += ["-ngl", str(config.gpu_layers)]
+    argv += ["-ngl", str(config.gpu_layers), *rpc_arguments(config.rpc)]
     if len(config.tensor_split) > 1:
         argv += ["-ts", ",".join(f"{share:g}" for share in config.tensor_split)]
     if config.n_cpu_moe:
@@ -118,15 +120,17 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
 
 
-def split_phrase(tensor_split: tuple[float, ...]) -> str:
-    """The summary's ", split 10,11" when layers are split over several devices."""
-    return f", split {','.join(f'{share:g}' for share in tensor_split)}" if len(tensor_split) > 1 else ""
+def split_phrase(tensor_split: tuple[float, ...], rpc: tuple[str, ...] = ()) -> str:
+    """The summary's ", split 10,11" when layers are split over several devices (", 2 over RPC"
+    when the first of them are other nodes' devices)."""
+    split = f", split {','.join(f'{share:g}' for share in tensor_split)}" if len(tensor_split) > 1 else ""
+    return split + (f" ({len(rpc)} over RPC: {','.join(rpc)})" if rpc else "")
 
 
 def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
     if config.launcher == "native":
         argv = native_argv(config, command=command, port=str(port))
-        split = split_phrase(config.tensor_split)
+        split = split_phrase(config.tensor_split, config.rpc)
         experts = f", experts of {config.n_cpu_moe} layers in RAM" if config.n_cpu_moe else ""
         summary = (
             f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
@@ -178,6 +182,7 @@ def plan_argv(
     gguf: str,
     command: list[str] | None = None,
     chat_format: str | None = None,
+    rpc: tuple[str, ...] = (),
 ) -> list[str]:
     """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
     p = candidate.placement
@@ -191,6 +196,7 @@ def plan_argv(
         kv_type=candidate.kv_type,
         launcher=candidate.launcher,
         n_cpu_moe=p.n_cpu_moe,
+        rpc=rpc if candidate.launcher == "native" else (),
     )
     if candidate.launcher == "native":
         return native_argv(config, command=command or ["llama-server"], port="PORT")

@@ -30,7 +30,11 @@ _PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
         "the backend's port was taken by another process: start again",
     ),
     (
-        re.compile(r"ggml-rpc\.cpp:\d+: Failed to connect to \S+|Failed to connect to RPC server"),
+        # at start (the device is down), or while serving (it died; llama-server aborts on its next use)
+        re.compile(
+            r"ggml-rpc\.cpp:\d+: Failed to connect to \S+|Failed to connect to RPC server"
+            r"|Remote RPC server crashed or returned malformed response"
+        ),
         FailureKind.DEVICE_UNREACHABLE,
         "an RPC device (ggml-rpc-server) does not answer: start it again, or plan without it",
     ),

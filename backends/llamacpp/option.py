@@ -29,7 +29,7 @@ class LlamaCppOption:
     @property
     def label(self) -> str:
         c = self.config
-        split = split_phrase(c.tensor_split)
+        split = split_phrase(c.tensor_split, c.rpc)
         server = "llama-server" if c.launcher == "native" else "llama-cpp-python"
         return (
             f"llama.cpp ({server}) {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, "
@@ -42,7 +42,7 @@ class LlamaCppOption:
 
     @property
     def weights_key(self) -> tuple[object, ...]:
-        return (str(self.config.gguf), self.config.gpu_layers, self.config.tensor_split)
+        return (str(self.config.gguf), self.config.gpu_layers, self.config.tensor_split, self.config.rpc)
 
     def launch(self, port: int, api_key: str) -> Launch:
         return build_launch(self.config, port=port, api_key=api_key, command=list(self.command))

@@ -38,20 +38,31 @@ SWA_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma3n": 5, "gpt-oss": 2, "gpt_o
 _F32 = 4
 
 
-def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str) -> float:
-    """K and V of one token in one layer (MLA: the 576-element latent only, recent builds)."""
+def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str, layer: int) -> float:
+    """K and V of one token in ``layer`` (MLA: the 576-element latent only, recent builds). Layers
+    differ where the GGUF says so (llama.cpp's ``n_embd_k_gqa(il)``): per-layer KV head counts and,
+    for sliding layers, their own head sizes (Gemma 4: 16 × (256 + 256) sliding, 4 × (512 + 512)
+    full); layers that reuse an earlier layer's cache (``shared_kv_layers``) store nothing."""
     size = KV_TYPES[kv_type][0]
     if facts.is_mla:
         return (facts.kv_lora_rank + facts.qk_rope_head_dim) * size
+    if facts.shared_kv_layers and layer >= facts.num_layers - facts.shared_kv_layers:
+        return 0.0
+    heads = facts.kv_heads_per_layer[layer] if facts.kv_heads_per_layer else facts.num_kv_heads
     key = facts.gguf_key_length or facts.head_dim
     value = facts.gguf_value_length or facts.head_dim
-    return facts.num_kv_heads * (key + value) * size
+    if facts.gguf_key_length_swa and is_sliding(facts, layer):
+        key, value = facts.gguf_key_length_swa, facts.gguf_value_length_swa or facts.gguf_key_length_swa
+    return heads * (key + value) * size
 
 
 def is_sliding(facts: ModelFacts, layer: int) -> bool:
-    """Whether block ``layer`` uses the sliding window (llama.cpp's per-architecture pattern)."""
+    """Whether block ``layer`` uses the sliding window: the GGUF's per-layer pattern when it has one
+    (Gemma 4), else llama.cpp's per-architecture pattern."""
     if not facts.sliding_window:
         return False
+    if facts.sliding_per_layer:
+        return facts.sliding_per_layer[layer]
     pattern = SWA_PATTERN.get(facts.model_type)
     if pattern is None:
         return layer < facts.sliding_layers
@@ -71,7 +82,7 @@ def kv_cells(facts: ModelFacts, layer: int, n_ctx: int, launcher: str) -> int:
 
 def kv_layer_bytes(facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, launcher: str) -> int:
     """One layer's KV cache."""
-    return int(kv_cells(facts, layer, n_ctx, launcher) * kv_bytes_per_token_layer(facts, kv_type))
+    return int(kv_cells(facts, layer, n_ctx, launcher) * kv_bytes_per_token_layer(facts, kv_type, layer))
 
 
 def uses_flash_attention(launcher: str, gpus: tuple[Gpu, ...]) -> bool:
@@ -263,7 +274,8 @@ def place(
     """Memory per device for one placement (pure arithmetic; see :func:`best_placement`).
 
     ``split`` defaults to llama.cpp's own rule: proportional to each GPU's usable memory.
-    ``op_offload`` False: devices that do not run host-resident weights' products (RPC)."""
+    ``op_offload`` False: devices that do not run host-resident weights' products (RPC; a remote
+    ``Gpu`` never does)."""
     layers = facts.num_layers
     slots = min(n_gpu_layers, layers + 1) if gpus else 0
     first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
@@ -313,8 +325,10 @@ def place(
         for i in range(len(gpus))
     ]
     host_blocks = min(first_gpu_slot, layers)
-    if gpus and op_offload and (host_blocks or n_cpu_moe):
-        compute[0] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
+    # the scheduler offloads to the first device that can: a local GPU (RPC devices never do)
+    offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
+    if offload_to is not None and op_offload and (host_blocks or n_cpu_moe):
+        compute[offload_to] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
     host_compute = host_compute_bytes(facts, n_ctx, launcher, flash, output_device is None, copies)
     return Placement(
         n_gpu_layers=slots,
