@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 
 from backends.vllm.argv import build_argv
 from backends.vllm.ladder import DEFAULT_UTILIZATION, MAX_UTILIZATION, VllmCandidate, evaluate
@@ -52,11 +53,21 @@ def stage_facts(facts: ModelFacts, pp: int) -> ModelFacts:
     )
 
 
+VLLM_PORT = 8001  # vLLM's own port on the head; the gateway fronts it on its usual one
+
+
 def steps(argv: list[str], workers: list[str]) -> list[str]:
-    """What to run, in order: Ray's head here, each worker joining it, then vLLM on the head."""
+    """What to run, in order, as lines a person can paste: Ray's head here, each worker joining it,
+    vLLM on the head (its key from ``$GATEWAY_API_KEY``), and the gateway in front of it."""
+    serve = [str(VLLM_PORT) if word == "PORT" else shlex.quote(word) for word in argv]
     lines = [f"on this machine ({HEAD}): ray start --head --port {RAY_PORT}"]
     lines += [f"on {worker}: ray start --address {HEAD}:{RAY_PORT}" for worker in workers]
-    lines.append(f"on this machine ({HEAD}): " + " ".join(argv))
+    lines.append(f'on this machine ({HEAD}): VLLM_API_KEY="$GATEWAY_API_KEY" ' + " ".join(serve))
+    lines.append(
+        f"on this machine ({HEAD}): gateway serve --backend-url http://127.0.0.1:{VLLM_PORT} "
+        '--backend-api-key "$GATEWAY_API_KEY" --backend-native-apis responses,messages,include_usage,'
+        "max_completion_tokens"
+    )
     return lines
 
 

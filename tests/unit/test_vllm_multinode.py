@@ -60,7 +60,11 @@ def test_the_argv_and_steps_are_exact_and_nothing_is_started() -> None:
         "on this machine (HEAD): ray start --head --port 6379",
         "on node2: ray start --address HEAD:6379",
         "on node3: ray start --address HEAD:6379",
-        "on this machine (HEAD): " + " ".join(argv),
+        'on this machine (HEAD): VLLM_API_KEY="$GATEWAY_API_KEY" '
+        + " ".join("8001" if word == "PORT" else word for word in argv),
+        "on this machine (HEAD): gateway serve --backend-url http://127.0.0.1:8001 "
+        '--backend-api-key "$GATEWAY_API_KEY" --backend-native-apis '
+        "responses,messages,include_usage,max_completion_tokens",
     ]
     assert "planned only" in best.reason and best.to_json()["steps"] == best.steps
     assert plan.chosen is not best and best not in vllm.BACKEND.ranked(plan.candidates_of("vllm"))
