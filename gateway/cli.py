@@ -235,6 +235,7 @@ def serve(args: argparse.Namespace) -> int:
         for number, option in enumerate(decision.options, 1):
             log.info("option %d of %d: %s", number, len(decision.options), option.label)
         runtime = _runtime(settings, decision.route, supervisor, upstream, **_plan_figures(plan))
+        decision.replanned.append(lambda fresh: _show_plan(runtime, fresh))
         fronted = decision.route.fronted
     sock = _bind(settings.host, settings.port)
     config = uvicorn.Config(
@@ -286,6 +287,12 @@ def _plan_figures(plan: Plan) -> dict[str, Any]:
     if plan.inventory.gpus:
         figures["gpu_memory"] = live_gpu_memory
     return figures
+
+
+def _show_plan(runtime: Any, plan: Plan) -> None:
+    """A plan made again (a node lost or back) replaces the first one on /status and /metrics."""
+    for name, value in _plan_figures(plan).items():
+        setattr(runtime, name, value)
 
 
 def _json_logging() -> None:

@@ -40,6 +40,8 @@ class Decision:
     nodes: Nodes | None = None  # the workers (--workers), when there are any
     # the plan made again over the workers that answer now: its options and summary (for the supervisor)
     replan: Callable[[], tuple[list[Option], dict[str, Any]]] | None = field(default=None, compare=False)
+    # told of every plan made again, so /status and /metrics show the plan being served, not the first
+    replanned: list[Callable[[Plan], None]] = field(default_factory=list, compare=False)
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
@@ -134,9 +136,11 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
         """Ask the workers again and plan over what answers (blocking: run it off the loop)."""
         assert nodes is not None
         fresh = plan_for(settings, entry, nodes.survey(local), serving=True)
+        for listener in decision.replanned:
+            listener(fresh)
         return options_of(fresh, settings), plan_summary(fresh)
 
-    return Decision(
+    decision = Decision(
         entry=entry,
         route=route,
         options=options,
@@ -145,6 +149,7 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
         nodes=nodes,
         replan=replan if nodes is not None else None,
     )
+    return decision
 
 
 def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:

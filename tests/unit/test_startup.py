@@ -136,3 +136,21 @@ def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, mon
     assert option.command == ("/pkg/bin/llama-server",)
     forced = decide(_settings(tmp_path, model="gemma-3-270m", llama_launcher="python"), machine=CPU).options[0]
     assert isinstance(forced, llamacpp.LlamaCppOption) and forced.config.launcher == "python"
+
+
+def test_a_plan_made_again_replaces_the_first_on_status_and_metrics(tmp_path: Path) -> None:
+    """After a node is lost the supervisor re-plans; /status and /metrics must show that plan."""
+    from gateway.cli import _show_plan
+    from gateway.runtime import Runtime
+    from tests.unit.http_harness import make_runtime
+
+    settings = _settings(tmp_path, model="gemma-3-270m", workers=["127.0.0.1:1"])  # a worker that never answers
+    decision = decide(settings, machine=CPU)
+    assert decision.replan is not None
+    runtime: Runtime = make_runtime("http://127.0.0.1:1")
+    runtime.plan_details = {"candidates": ["the first plan"]}
+    decision.replanned.append(lambda fresh: _show_plan(runtime, fresh))
+    options, summary = decision.replan()
+    assert options and summary["decision"]
+    candidates = runtime.plan_details["candidates"]
+    assert candidates != ["the first plan"] and candidates[0]["backend"] == "llamacpp"
