@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,7 +46,8 @@ class Gpu:
     compute_capability: tuple[int, int]
     node: str = ""  # "" for this machine; else the worker node's name (issue 13)
     endpoint: str = ""  # a remote device's ggml-rpc-server "host:port"
-    link: str = ""  # how the head reaches it, e.g. "10 Gbit/s" or "unknown"; shown in the plan's reasons
+    link: str = ""  # how the head reaches it, as the plan's reasons say it ("TCP to node2:50100, 0.40 ms round trip")
+    rtt_ms: float | None = None  # that link's measured round trip; None: not measured (simulated, unknown)
 
     @property
     def is_remote(self) -> bool:
@@ -126,6 +128,16 @@ def parse_gpu_spec(spec: str) -> tuple[Gpu, ...]:
     if not gpus:
         raise ConfigError("empty GPU spec: write it like 2x32GiB")
     return tuple(gpus)
+
+
+def slowest_link(gpus: Sequence[Gpu]) -> str | None:
+    """The reasons' "slowest link": the remote device whose worker answered slowest (unmeasured ones
+    count as slowest)."""
+    remote = [g for g in gpus if g.is_remote]
+    if not remote:
+        return None
+    slowest = max(remote, key=lambda g: float("inf") if g.rtt_ms is None else g.rtt_ms)
+    return f"{slowest.node} ({slowest.link})"
 
 
 def parse_remote_gpus(spec: str) -> tuple[Gpu, ...]:

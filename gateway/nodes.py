@@ -87,6 +87,7 @@ def report_from(address: str, data: Mapping[str, Any], rtt_ms: float | None) -> 
                 node=name,
                 endpoint=_endpoint(str(raw["endpoint"]), address),
                 link=link,
+                rtt_ms=rtt_ms,
             )
         )
     error = None if devices else "no running ggml-rpc-server"
@@ -154,20 +155,6 @@ def merge(machine: Inventory, reports: Sequence[NodeReport]) -> Inventory:
         sizes = ", ".join(f"{g.total_bytes / GIB:.1f} GiB" for g in report.devices)
         notes.append(f"worker {report.name} ({report.address}): {len(report.devices)} device(s) over RPC ({sizes})")
     return replace(machine, remote=tuple(remote), notes=tuple(notes))
-
-
-def slowest_link(gpus: Sequence[Gpu]) -> str | None:
-    """The reasons' "slowest link": the remote device whose worker answered slowest."""
-    remote = [g for g in gpus if g.is_remote]
-    if not remote:
-        return None
-
-    def rtt(gpu: Gpu) -> float:
-        match = re.search(r"([0-9.]+) ms", gpu.link)
-        return float(match.group(1)) if match else float("inf")
-
-    slowest = max(remote, key=rtt)
-    return f"{slowest.node} ({slowest.link})"
 
 
 @dataclass

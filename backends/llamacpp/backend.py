@@ -23,6 +23,7 @@ from backends.llamacpp.launchers import (
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from gateway.errors import BackendError
+from gateway.hardware import slowest_link
 
 if TYPE_CHECKING:
     from gateway.catalog import ModelEntry
@@ -91,8 +92,6 @@ def rpc_endpoints(devices: tuple[Gpu, ...]) -> tuple[str, ...]:
 def remote_phrase(devices: tuple[Gpu, ...], split: tuple[float, ...]) -> str:
     """The reason's account of where each device is and the slowest link: "; devices GPU0 = node2
     RPC0 (10.0.0.2:50052) …; slowest link …"."""
-    from gateway.nodes import slowest_link
-
     named = []
     for i, gpu in enumerate(devices):
         where = f"{gpu.node} {gpu.endpoint or gpu.name}" if gpu.is_remote else f"local GPU{gpu.index}"

@@ -141,8 +141,10 @@ def test_rpc_devices_come_first_in_llamacpps_device_order_then_local_gpus() -> N
 
 
 def test_the_plan_pools_two_nodes_and_leaves_in_ram_what_one_node_cannot_hold() -> None:
-    a = Gpu(0, "rpc", 1170 * MIB, 1170 * MIB, (0, 0), node="a", endpoint="10.0.1.2:50052", link="TCP, 0.3 ms")
-    b = replace(a, node="b", endpoint="10.0.2.2:50052", link="TCP, 1.5 ms")
+    a = Gpu(
+        0, "rpc", 1170 * MIB, 1170 * MIB, (0, 0), node="a", endpoint="10.0.1.2:50052", link="TCP, 0.3 ms", rtt_ms=0.3
+    )
+    b = replace(a, node="b", endpoint="10.0.2.2:50052", link="TCP, 1.5 ms", rtt_ms=1.5)
     both = llamacpp.best(_plan(replace(_cpu_head(), remote=(a, b))))
     one = llamacpp.best(_plan(replace(_cpu_head(), remote=(a,))))
     assert both is not None and one is not None
