@@ -40,10 +40,5 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> Itera
         "--model", "gemma-3-270m", "--context-length", str(SERVED_CONTEXT), "--llama-launcher", "python",
         env={"GATEWAY_MAX_BODY_BYTES": str(BODY_LIMIT)},
     )  # fmt: skip
-    process.start()
-    try:
-        process.wait_ready()
+    with process.serving():
         yield process
-    finally:
-        process.stop()
-        process.kill()

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,18 @@ class GatewayProcess:
                 return
             time.sleep(0.1)
         raise AssertionError(f"gateway not ready after {timeout_s} s:\n{self.log()}")
+
+    @contextlib.contextmanager
+    def serving(self, headers: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
+        """Started and ready for the block; afterwards stopped with SIGTERM and everything it started
+        killed, also when the block fails."""
+        self.start()
+        try:
+            self.wait_ready_with(headers=headers)
+            yield self
+        finally:
+            self.stop()
+            self.kill()
 
     def status(self) -> dict[str, Any]:
         return dict(httpx.get(self.url + "/status", timeout=5).json())

@@ -41,13 +41,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         tmp_path_factory.mktemp("native-tools"),
         "--model", str(gguf), "--llama-launcher", "native", "--context-length", "4096",
     )  # fmt: skip
-    process.start()
-    try:
-        process.wait_ready()
+    with process.serving():
         yield process
-    finally:
-        process.stop()
-        process.kill()
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +139,33 @@ def _is_paris(arguments: str) -> bool:
     return bool(json.loads(arguments) == {"city": "Paris"})
 
 
+# The same greedy "auto" request in each API, so every call below differs only in what it is about.
+CHAT_REQUEST: dict[str, Any] = {
+    "model": MODEL,
+    "tools": CHAT_TOOLS,
+    "tool_choice": "auto",
+    "temperature": 0,
+    "seed": 1,
+    "max_tokens": 64,
+}
+RESPONSES_REQUEST: dict[str, Any] = {
+    "model": MODEL,
+    "instructions": SYSTEM,
+    "tools": RESPONSES_TOOLS,
+    "tool_choice": "auto",
+    "temperature": 0,
+    "max_output_tokens": 64,
+}
+MESSAGES_REQUEST: dict[str, Any] = {
+    "model": MODEL,
+    "system": SYSTEM,
+    "tools": ANTHROPIC_TOOLS,
+    "tool_choice": {"type": "auto"},
+    "max_tokens": 64,
+    "extra_body": {"temperature": 0},  # this SDK has no temperature argument
+}
+
+
 # --- chat completions ---
 
 
@@ -163,13 +185,8 @@ def test_the_engine_reads_tool_support_from_the_gguf_template(gateway: GatewayPr
 @pytest.mark.parametrize("attempt", range(REPEATS))
 def test_an_auto_tool_call_is_structured_chat(client: openai.OpenAI, attempt: int) -> None:
     reply = client.chat.completions.create(
-        model=MODEL,
         messages=chat_messages(),
-        tools=CHAT_TOOLS,
-        tool_choice="auto",
-        temperature=0,
-        seed=1,
-        max_tokens=64,
+        **CHAT_REQUEST,
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice
@@ -182,13 +199,8 @@ def test_an_auto_tool_call_is_structured_chat(client: openai.OpenAI, attempt: in
 
 def test_an_auto_tool_call_is_structured_in_a_chat_stream(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model=MODEL,
         messages=chat_messages(),
-        tools=CHAT_TOOLS,
-        tool_choice="auto",
-        temperature=0,
-        seed=1,
-        max_tokens=64,
+        **CHAT_REQUEST,
         stream=True,
     )
     ids, name, arguments, text, finish = [], "", "", "", None
@@ -209,13 +221,8 @@ def test_an_auto_tool_call_is_structured_in_a_chat_stream(client: openai.OpenAI)
 
 def test_the_result_sent_back_gets_a_final_answer_chat(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
-        model=MODEL,
         messages=chat_messages(paris_result="18 C, rainy"),
-        tools=CHAT_TOOLS,
-        tool_choice="auto",
-        temperature=0,
-        seed=1,
-        max_tokens=64,
+        **CHAT_REQUEST,
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "stop" and not choice.message.tool_calls
@@ -227,13 +234,8 @@ def test_the_result_sent_back_gets_a_final_answer_chat(client: openai.OpenAI) ->
 
 def test_an_auto_tool_call_is_a_function_call_item(client: openai.OpenAI) -> None:
     response = client.responses.create(
-        model=MODEL,
-        instructions=SYSTEM,
         input=responses_input(),
-        tools=RESPONSES_TOOLS,
-        tool_choice="auto",
-        temperature=0,
-        max_output_tokens=64,
+        **RESPONSES_REQUEST,
     )
     assert response.status == "completed"
     calls = [item for item in response.output if item.type == "function_call"]
@@ -246,13 +248,8 @@ def test_an_auto_tool_call_is_a_function_call_item(client: openai.OpenAI) -> Non
 def test_an_auto_tool_call_in_a_responses_stream(client: openai.OpenAI) -> None:
     events = list(
         client.responses.create(
-            model=MODEL,
-            instructions=SYSTEM,
             input=responses_input(),
-            tools=RESPONSES_TOOLS,
-            tool_choice="auto",
-            temperature=0,
-            max_output_tokens=64,
+            **RESPONSES_REQUEST,
             stream=True,
         )
     )
@@ -265,13 +262,8 @@ def test_an_auto_tool_call_in_a_responses_stream(client: openai.OpenAI) -> None:
 
 def test_the_result_sent_back_gets_a_final_answer_responses(client: openai.OpenAI) -> None:
     response = client.responses.create(
-        model=MODEL,
-        instructions=SYSTEM,
         input=responses_input(paris_result="18 C, rainy"),
-        tools=RESPONSES_TOOLS,
-        tool_choice="auto",
-        temperature=0,
-        max_output_tokens=64,
+        **RESPONSES_REQUEST,
     )
     assert not [item for item in response.output if item.type == "function_call"]
     assert "18" in response.output_text, response.output
@@ -282,13 +274,8 @@ def test_the_result_sent_back_gets_a_final_answer_responses(client: openai.OpenA
 
 def test_an_auto_tool_call_is_a_tool_use_block(claude: anthropic.Anthropic) -> None:
     message = claude.messages.create(
-        model=MODEL,
-        system=SYSTEM,
         messages=anthropic_messages(),
-        tools=ANTHROPIC_TOOLS,
-        tool_choice={"type": "auto"},
-        max_tokens=64,
-        extra_body={"temperature": 0},  # this SDK has no temperature argument
+        **MESSAGES_REQUEST,
     )
     assert message.stop_reason == "tool_use", message
     uses = [block for block in message.content if block.type == "tool_use"]
@@ -298,13 +285,8 @@ def test_an_auto_tool_call_is_a_tool_use_block(claude: anthropic.Anthropic) -> N
 
 def test_an_auto_tool_call_in_a_messages_stream(claude: anthropic.Anthropic) -> None:
     with claude.messages.stream(
-        model=MODEL,
-        system=SYSTEM,
         messages=anthropic_messages(),
-        tools=ANTHROPIC_TOOLS,
-        tool_choice={"type": "auto"},
-        max_tokens=64,
-        extra_body={"temperature": 0},  # this SDK has no temperature argument
+        **MESSAGES_REQUEST,
     ) as stream:
         kinds = [event.type for event in stream]
         message = stream.get_final_message()
@@ -317,13 +299,8 @@ def test_an_auto_tool_call_in_a_messages_stream(claude: anthropic.Anthropic) -> 
 
 def test_the_result_sent_back_gets_a_final_answer_messages(claude: anthropic.Anthropic) -> None:
     message = claude.messages.create(
-        model=MODEL,
-        system=SYSTEM,
         messages=anthropic_messages(paris_result="18 C, rainy"),
-        tools=ANTHROPIC_TOOLS,
-        tool_choice={"type": "auto"},
-        max_tokens=64,
-        extra_body={"temperature": 0},  # this SDK has no temperature argument
+        **MESSAGES_REQUEST,
     )
     assert message.stop_reason == "end_turn", message
     assert [block.type for block in message.content] == ["text"]

