@@ -303,15 +303,21 @@ def test_plan_json_lists_the_other_nodes_devices_and_a_worker_without_a_key_does
     assert "needs an API key" in capsys.readouterr().err
 
 
-def test_a_node_that_stops_answering_while_idle_is_counted_gone_after_two_missed_checks() -> None:
-    alive = {"a:1": True, "b:1": True}
+def _workers_answering_while(alive: dict[str, bool]) -> Nodes:
+    """Workers a and b, surveyed once; each answers (inventory and health) while ``alive`` says so."""
     nodes = Nodes(
-        ["a:1", "b:1"],
+        list(alive),
         "key",
         fetcher=lambda address, key: _answer_if(alive[address], address),
         prober=lambda address: alive[address],
     )
     nodes.survey(_cpu_head())
+    return nodes
+
+
+def test_a_node_that_stops_answering_while_idle_is_counted_gone_after_two_missed_checks() -> None:
+    alive = {"a:1": True, "b:1": True}
+    nodes = _workers_answering_while(alive)
     assert nodes.check() == []
     alive["b:1"] = False
     assert nodes.check() == []  # one miss may be a hiccup
@@ -321,13 +327,7 @@ def test_a_node_that_stops_answering_while_idle_is_counted_gone_after_two_missed
 def test_the_supervisor_stops_an_engine_whose_node_is_gone_and_re_plans_without_it(tmp_path: Path) -> None:
     """A machine that loses power sends no reset: llama-server would wait on it; the node watch does not."""
     alive = {"a:1": True, "b:1": True}
-    nodes = Nodes(
-        ["a:1", "b:1"],
-        "key",
-        fetcher=lambda address, key: _answer_if(alive[address], address),
-        prober=lambda address: alive[address],
-    )
-    nodes.survey(_cpu_head())
+    nodes = _workers_answering_while(alive)
     pooled = _llama(rpc=("a:50052", "b:50052"), launcher="native")
     left = _llama(rpc=("a:50052",), launcher="native")
 
