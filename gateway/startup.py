@@ -132,15 +132,17 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
         fronted=entry.name, served=entry.name, context_length=options[0].context_length, aliases=entry.aliases
     )
 
+    replanned: list[Callable[[Plan], None]] = []
+
     def replan() -> tuple[list[Option], dict[str, Any]]:
         """Ask the workers again and plan over what answers (blocking: run it off the loop)."""
         assert nodes is not None
         fresh = plan_for(settings, entry, nodes.survey(local), serving=True)
-        for listener in decision.replanned:
+        for listener in replanned:
             listener(fresh)
         return options_of(fresh, settings), plan_summary(fresh)
 
-    decision = Decision(
+    return Decision(
         entry=entry,
         route=route,
         options=options,
@@ -148,8 +150,8 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
         remember=remember,
         nodes=nodes,
         replan=replan if nodes is not None else None,
+        replanned=replanned,
     )
-    return decision
 
 
 def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:
