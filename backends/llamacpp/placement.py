@@ -228,6 +228,7 @@ class Placement:
     host_model: int
     host_kv: int
     host_compute: int
+    slot_devices: tuple[int | None, ...]  # each slot's device (blocks, then the output layer); None: host RAM
 
     @property
     def host_total(self) -> int:
@@ -294,13 +295,16 @@ def place(
     blocks: list[list[int]] = [[] for _ in gpus]
     host_model, host_kv = facts.embedding_bytes, 0
     output_device: int | None = None
+    where: list[int | None] = []
     for slot, (on_gpu, in_ram, cache) in enumerate(_slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe)):
         if slot < first_gpu_slot:
             host_model += on_gpu + in_ram
             host_kv += cache
+            where.append(None)
             continue
         position = (slot - first_gpu_slot) / slots
         device = next((i for i, edge in enumerate(cumulative) if position < edge - 1e-9), len(gpus) - 1)
+        where.append(device)
         model[device] += on_gpu
         kv[device] += cache
         host_model += in_ram
@@ -341,6 +345,7 @@ def place(
         host_model=host_model,
         host_kv=host_kv,
         host_compute=host_compute,
+        slot_devices=tuple(where),
     )
 
 

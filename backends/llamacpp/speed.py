@@ -50,25 +50,6 @@ def gpu_bandwidth(gpu: Gpu) -> float:
     return CAPABILITY_BANDWIDTH_GBPS.get(gpu.compute_capability, DEFAULT_GPU_BANDWIDTH_GBPS) * 1e9
 
 
-def _slot_devices(facts: ModelFacts, placement: Placement) -> list[int | None]:
-    """The device of each slot (blocks, then the output layer); None: the CPU. Mirrors
-    :func:`backends.llamacpp.placement.place`: the last ``n_gpu_layers`` slots by cumulative split."""
-    slots = facts.num_layers + 1
-    on_gpu = placement.n_gpu_layers
-    split = placement.tensor_split
-    total = sum(split)
-    cumulative = [sum(split[: i + 1]) / total for i in range(len(split))] if total else []
-    devices: list[int | None] = []
-    for slot in range(slots):
-        first = slots - on_gpu
-        if slot < first or not cumulative:
-            devices.append(None)
-            continue
-        position = (slot - first) / on_gpu
-        devices.append(next((i for i, edge in enumerate(cumulative) if position < edge - 1e-9), len(split) - 1))
-    return devices
-
-
 def bytes_read_per_token(
     facts: ModelFacts, placement: Placement, kv_type: str, n_ctx: int, devices: int
 ) -> tuple[list[float], float]:
@@ -77,7 +58,7 @@ def bytes_read_per_token(
     routed = facts.experts_per_token / facts.num_experts if facts.is_moe and facts.num_experts else 1.0
     gpu = [0.0] * devices
     host = 0.0
-    for slot, device in enumerate(_slot_devices(facts, placement)):
+    for slot, device in enumerate(placement.slot_devices):
         if slot == facts.num_layers:
             read, experts_in_ram = float(facts.output_bytes), 0.0
         else:
