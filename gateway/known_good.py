@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from gateway.files import replace_atomically
 
 log = logging.getLogger("gateway.state")
 
@@ -49,12 +49,4 @@ class KnownGood:
             "memo": memo,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".known-good-", suffix=".json")
-        try:
-            with os.fdopen(handle, "w") as out:
-                json.dump(data, out, indent=2)
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        replace_atomically(self.path, json.dumps(data, indent=2))

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import shutil
 import sys
-import tempfile
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]  # PyYAML comes with u
 
 from gateway.agents.configs import AgentConfig, Doc, Target
 from gateway.errors import ConfigError
+from gateway.files import replace_atomically
 
 
 def parse(text: str, format: str, path: Path) -> Doc:
@@ -89,21 +88,10 @@ def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` in one step, keeping the old version as ``<file>.bak`` and the old mode."""
     if path.is_symlink():  # a dotfile kept elsewhere and linked: write the file, not over the link
         path = path.resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o600  # these files may hold a key
     if path.exists():
         shutil.copy2(path, path.with_name(path.name + ".bak"))
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_atomically(path, text, mode)
 
 
 def _ask_on_tty(question: str) -> bool:
