@@ -353,7 +353,8 @@ class Supervisor:
 def remembered_first(
     options: list[Option], remember: Remember | None, rebuild: Callable[[dict[str, Any]], Option | None]
 ) -> list[Option]:
-    """Put the remembered configuration first when the engine version still matches."""
+    """Put the remembered configuration first when the engine version still matches; an option of the
+    plan that is the same configuration is not tried a second time after it."""
     if remember is None:
         return options
     entry = remember.store.get(remember.model, remember.fingerprint)
@@ -363,4 +364,4 @@ def remembered_first(
     if option is None:
         return options
     log.info("using the configuration remembered on %s: %s", entry.get("when"), option.label)
-    return [option, *options]
+    return [option, *(o for o in options if (o.engine, o.memo()) != (option.engine, option.memo()))]

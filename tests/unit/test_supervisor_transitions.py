@@ -369,6 +369,17 @@ def test_what_started_is_remembered_with_the_engine_version(tmp_path: Path) -> N
     assert entry["memo"]["flags"]["max_model_len"] == 256  # what actually started, not the plan's rung
 
 
+def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: Path) -> None:
+    from gateway.supervisor import remembered_first
+
+    store = KnownGood(tmp_path / "state")
+    remember = Remember(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
+    planned, other = _llama(), _llama(context_length=1024)
+    store.put("org/tiny", "gpu-fingerprint", "llamacpp", "0.3.36", planned.memo())
+    options = remembered_first([planned, other], remember, lambda entry: planned.from_memo(entry["memo"]))
+    assert [o.memo() for o in options] == [planned.memo(), other.memo()]
+
+
 def test_nothing_is_remembered_when_nothing_starts(tmp_path: Path) -> None:
     store = KnownGood(tmp_path / "state")
     remember = Remember(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
