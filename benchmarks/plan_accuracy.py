@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 from backends import llamacpp, vllm  # noqa: E402
 from backends.vllm.memory import cuda_total  # noqa: E402
-from gateway.hardware import GIB, MIB, Gpu  # noqa: E402
-from gateway.modelfacts import facts_from_config  # noqa: E402
-from gateway.policy import Policy  # noqa: E402
+from gateway.core.devices import GIB, MIB, Gpu  # noqa: E402
+from gateway.core.model_facts import facts_from_config  # noqa: E402
+from gateway.core.policy import Policy  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 

@@ -22,14 +22,14 @@ from backends.llamacpp.launchers import (
 )
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
-from gateway.errors import BackendError
-from gateway.hardware import slowest_link
+from gateway.core.devices import slowest_link
+from gateway.core.errors import BackendError
 
 if TYPE_CHECKING:
-    from gateway.catalog import ModelEntry
-    from gateway.hardware import Gpu, Inventory
-    from gateway.policy import Policy
-    from gateway.settings import Settings
+    from gateway.core.devices import Gpu, Inventory
+    from gateway.core.policy import Policy
+    from gateway.core.settings import Settings
+    from gateway.planning.catalog import ModelEntry
 
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 

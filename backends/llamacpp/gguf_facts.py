@@ -7,9 +7,9 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from gateway.errors import ModelError
-from gateway.modelfacts import ModelFacts, estimate_weight_bytes, text_config
-from gateway.modelinfo import GgufHeader
+from backends.llamacpp.gguf_reader import GgufHeader
+from gateway.core.errors import ModelError
+from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, text_config
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"ffn_(up|down|gate|gate_up)_(ch)?exps")

@@ -14,9 +14,9 @@ from typing import Any
 
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
 from backends.llamacpp.speed import tokens_per_second
-from gateway.hardware import GIB, MIB, Gpu
-from gateway.modelfacts import ModelFacts
-from gateway.policy import FALLBACK_CONTEXT
+from gateway.core.devices import GIB, MIB, Gpu
+from gateway.core.model_facts import ModelFacts
+from gateway.core.policy import FALLBACK_CONTEXT
 
 ENGINE = "llamacpp"
 

@@ -18,7 +18,7 @@ from backends.llamacpp.ladder import LlamaCppCandidate
 from backends.llamacpp.logs import memory_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from backends.llamacpp.rpc import rpc_arguments
-from gateway.errors import BackendError
+from gateway.core.errors import BackendError
 
 ENGINE = "llamacpp"
 DISTRIBUTION = "llama-cpp-python"

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.hardware import GIB, MIB, Gpu
-from gateway.modelfacts import ModelFacts
+from gateway.core.devices import GIB, MIB, Gpu
+from gateway.core.model_facts import ModelFacts
 
 KV_TYPES = {"f16": (2.0, 1), "q8_0": (34 / 32, 8), "q4_0": (18 / 32, 2)}  # bytes/element, ggml type id
 GPU_MARGIN_BYTES = 1024 * MIB  # kept free per GPU, like llama.cpp's --fit-target

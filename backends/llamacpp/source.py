@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from backends.llamacpp.artifacts import from_hub, from_package, from_wheel
 from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
-from gateway.artifacts import from_hub, from_package, from_wheel
-from gateway.errors import ModelError
-from gateway.modelfacts import ModelFacts, facts_from_config
-from gateway.modelinfo import read_gguf_header
+from backends.llamacpp.gguf_reader import read_gguf_header
+from gateway.core.errors import ModelError
+from gateway.core.model_facts import ModelFacts, facts_from_config
 
 if TYPE_CHECKING:
-    from gateway.catalog import ModelEntry
+    from gateway.planning.catalog import ModelEntry
 
 
 class LlamaCppSource(BaseModel):

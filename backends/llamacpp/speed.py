@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
-from gateway.hardware import Gpu
-from gateway.modelfacts import ModelFacts
+from gateway.core.devices import Gpu
+from gateway.core.model_facts import ModelFacts
 
 # Peak memory bandwidth in GB/s (vendor datasheets), matched as a substring of the NVML name, longest first.
 GPU_BANDWIDTH_GBPS = {

@@ -24,9 +24,9 @@ from backends.vllm.memory import (
     kv_bytes_per_token,
     memory,
 )
-from gateway.hardware import GIB, Gpu
-from gateway.modelfacts import ModelFacts
-from gateway.policy import Policy
+from gateway.core.devices import GIB, Gpu
+from gateway.core.model_facts import ModelFacts
+from gateway.core.policy import Policy
 
 ENGINE = "vllm"
 DEFAULT_UTILIZATION = 0.92

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from backends.base import Failure, FailureKind, first_failure
 from backends.vllm.memory import CUDA_CONTEXT_BYTES, VllmFlags
-from gateway.hardware import GIB
+from gateway.core.devices import GIB
 
 _NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 _FAILURES: list[tuple[re.Pattern[str], FailureKind, str]] = [

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from backends.vllm.releases import CUDAGRAPH_RESERVED_SINCE, at_least, uses_mla
 from backends.vllm.releases import DEFAULT_VERSION as DEFAULT_VERSION  # re-exported: where callers look
-from gateway.hardware import GIB, Gpu
-from gateway.modelfacts import ModelFacts
+from gateway.core.devices import GIB, Gpu
+from gateway.core.model_facts import ModelFacts
 
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # exists before vLLM's free-memory snapshot
 BLOCK_TOKENS = 16

@@ -18,9 +18,9 @@ from backends.vllm.argv import build_argv
 from backends.vllm.ladder import DEFAULT_UTILIZATION, MAX_UTILIZATION, VllmCandidate, evaluate
 from backends.vllm.memory import Checkpoint, VllmFlags, batch_defaults
 from backends.vllm.releases import language_model_only
-from gateway.hardware import Gpu, Inventory
-from gateway.modelfacts import ModelFacts
-from gateway.policy import Policy
+from gateway.core.devices import Gpu, Inventory
+from gateway.core.model_facts import ModelFacts
+from gateway.core.policy import Policy
 
 RAY_PORT = 6379
 HEAD = "HEAD"  # this machine's address as the workers reach it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from gateway.modelfacts import ModelFacts
+from gateway.core.model_facts import ModelFacts
 
 DEFAULT_VERSION = "0.32.0"  # assumed when vLLM is not installed beside the gateway
 

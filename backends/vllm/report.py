@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backends.vllm.ladder import VllmCandidate
-from gateway.hardware import GIB
+from gateway.core.devices import GIB
 
 MAX_ROWS = 14
 ACROSS_ROWS = 6

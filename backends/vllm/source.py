@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from backends.vllm.memory import Checkpoint
-from gateway.errors import ModelError
-from gateway.modelfacts import facts_from_config, facts_from_dir, facts_from_hub
+from gateway.core.errors import ModelError
+from gateway.core.model_facts import facts_from_config, facts_from_dir, facts_from_hub
 
 if TYPE_CHECKING:
-    from gateway.catalog import ModelEntry
+    from gateway.planning.catalog import ModelEntry
 
 
 class _Strict(BaseModel):

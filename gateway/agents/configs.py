@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import tomli_w
 
-from gateway.errors import ConfigError
+from gateway.core.errors import ConfigError
 
 COMPACT_AT = 0.85  # share of the window at which agents that can be told should compact
 KEY_VARIABLE = "GATEWAY_API_KEY"

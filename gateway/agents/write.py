@@ -21,8 +21,8 @@ import tomli_w
 import yaml  # type: ignore[import-untyped,unused-ignore]  # PyYAML comes with uvicorn[standard] and huggingface_hub
 
 from gateway.agents.configs import AgentConfig, Doc, Target
-from gateway.errors import ConfigError
-from gateway.files import replace_atomically
+from gateway.core.errors import ConfigError
+from gateway.core.files import replace_atomically
 
 
 def parse(text: str, format: str, path: Path) -> Doc:

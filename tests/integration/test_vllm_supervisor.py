@@ -143,7 +143,7 @@ def test_a_gpu_weights_oom_replayed_by_a_stand_in_moves_on_to_llamacpp(tmp_path:
     import asyncio
 
     from backends import llamacpp, vllm
-    from gateway.supervisor import Supervisor
+    from gateway.supervision.supervisor import Supervisor
 
     log_file = ROOT / "tests" / "data" / "logs" / "vllm-0.21.0-gpu-fail-oom-loading-nvfp4-tp2.log"
     stand_in = (sys.executable, str(TOOLS / "replay_engine.py"), str(log_file))
@@ -180,7 +180,7 @@ def test_a_memory_failure_at_run_time_moves_down_the_options(tmp_path: Path, gem
     import asyncio
 
     from backends import llamacpp, vllm
-    from gateway.supervisor import Supervisor
+    from gateway.supervision.supervisor import Supervisor
 
     stand_in = (sys.executable, str(TOOLS / "flaky_engine.py"))
     flaky = vllm.VllmOption("org/model", vllm.VllmFlags(1, 0.92, 4096, 8, 2048), "m", stand_in, min_context=2048)

@@ -22,11 +22,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from backends.base import Launch
-from gateway.edge import ASGIApp
-from gateway.lifecycle import State
-from gateway.proxy import Timeouts, Upstream
-from gateway.routing import ModelRoute
-from gateway.runtime import Runtime
+from gateway.serving.edge import ASGIApp
+from gateway.serving.model_names import ModelRoute
+from gateway.serving.proxy import Timeouts, Upstream
+from gateway.serving.runtime import Runtime
+from gateway.supervision.lifecycle import State
 
 FRONTED = "front-model"
 SERVED = "engine-model"  # the engine answers to another name, so responses are renamed

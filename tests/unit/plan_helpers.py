@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from backends import llamacpp, vllm
 from backends.base import Installation
-from gateway.modelfacts import ModelFacts
-from gateway.planner import EnginePlan
+from gateway.core.model_facts import ModelFacts
+from gateway.planning.planner import EnginePlan
 
 
 def engine_plans(

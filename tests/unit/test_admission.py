@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.admission import RETRY_AFTER_FULL_S, Admission, Ticket
-from gateway.openai_errors import ApiError
+from gateway.serving.admission import RETRY_AFTER_FULL_S, Admission, Ticket
+from gateway.serving.error_shapes import ApiError
 
 
 def _run(scenario: Callable[[], Awaitable[Any]]) -> Any:

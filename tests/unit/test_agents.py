@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.agents import AGENTS, AgentConfig, ask, write
-from gateway.cli import main
+from gateway.cli.commands import main
 from tests.unit.http_harness import Served
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.catalog import Catalog, ModelEntry, builtin_catalog, parse_entry
-from gateway.errors import ModelError
+from gateway.core.errors import ModelError
+from gateway.planning.catalog import Catalog, ModelEntry, builtin_catalog, parse_entry
 
 
 def test_ships_glm_with_its_vllm_parsers_and_a_gguf() -> None:

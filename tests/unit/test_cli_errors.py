@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from gateway.cli.commands import main
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
@@ -66,7 +66,7 @@ def test_a_bad_gpu_spec(capsys: pytest.CaptureFixture[str]) -> None:
 def test_an_unexpected_error_is_still_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gateway import cli
+    from gateway.cli import commands as cli
 
     def broken(_args: object) -> int:
         raise KeyError("surprise")

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from gateway.cli import PLAN_SETTINGS, SERVE_SETTINGS, build_parser
-from gateway.cli_flags import add_setting_flags, given
-from gateway.settings import Settings
+from gateway.cli.commands import PLAN_SETTINGS, SERVE_SETTINGS, build_parser
+from gateway.cli.flags import add_setting_flags, given
+from gateway.core.settings import Settings
 
 
 def _parse(*argv: str) -> argparse.Namespace:

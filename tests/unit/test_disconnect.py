@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gateway.app import create_app
-from gateway.disconnect import CancelOnDisconnect
-from gateway.runtime import Runtime
+from gateway.serving.app import create_app
+from gateway.serving.disconnect import CancelOnDisconnect
+from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, wait_until
 
 
@@ -122,7 +122,7 @@ def test_a_stream_whose_client_left_before_its_first_chunk_still_frees_its_slot(
     response's own cleanup can free the slot and close the upstream."""
     from starlette.requests import ClientDisconnect
 
-    from gateway.proxy import ClosingStream
+    from gateway.serving.proxy import ClosingStream
 
     cleaned: list[str] = []
     started: list[bool] = []

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.cli_flags import settings_table
-from gateway.settings import Settings
+from gateway.cli.flags import settings_table
+from gateway.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -20,7 +20,7 @@ def _fenced_after(heading: str) -> str:
 
 
 def test_the_configuration_table_is_the_one_generated_from_the_settings() -> None:
-    assert settings_table() in README, "README's table is stale: paste `python -m gateway.cli_flags`"
+    assert settings_table() in README, "README's table is stale: paste `python -m gateway.cli.flags`"
     assert all(f"| `{name}` |" in settings_table() for name in Settings.model_fields)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import ConfigError
-from gateway.hardware import GIB, MIB, inventory, parse_gpu_spec, parse_size
+from gateway.core.devices import GIB, MIB, inventory, parse_gpu_spec, parse_size
+from gateway.core.errors import ConfigError
 
 
 def test_sizes_in_every_unit() -> None:

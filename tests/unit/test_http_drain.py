@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from gateway.app import create_app
-from gateway.drain import DrainingServer
+from gateway.serving.app import create_app
+from gateway.serving.drain import DrainingServer
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events, wait_until
 
 GRACE_S = 0.5

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
-from gateway.edge import ApiKeys, Message, Receive, RequestMetrics, Scope, Send, request_id
+from gateway.serving.edge import ApiKeys, Message, Receive, RequestMetrics, Scope, Send, request_id
 
 KEY = "sk-right"
 OPENAI_401 = {

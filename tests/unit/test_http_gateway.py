@@ -16,10 +16,10 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.external import ExternalBackend
-from gateway.handlers import Inference
-from gateway.runtime import Runtime
+from gateway.serving.app import create_app
+from gateway.serving.external import ExternalBackend
+from gateway.serving.handlers import Inference
+from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import (
     ENGINE_CONTEXT,
     ENGINE_REFUSAL,

@@ -22,9 +22,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.proxy import Timeouts, Upstream
-from gateway.runtime import Runtime
+from gateway.serving.app import create_app
+from gateway.serving.proxy import Timeouts, Upstream
+from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
 
 CLOCK_S = 0.3

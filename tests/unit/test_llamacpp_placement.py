@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp
+from backends.llamacpp.gguf_reader import GgufHeader
 from backends.llamacpp.placement import (
     SCHED_COPIES,
     UBATCH,
@@ -36,9 +37,8 @@ from benchmarks.llamacpp_placement import (
     misses,
     table_name,
 )
-from gateway.hardware import MIB, parse_gpu_spec
-from gateway.modelfacts import ModelFacts
-from gateway.modelinfo import GgufHeader
+from gateway.core.devices import MIB, parse_gpu_spec
+from gateway.core.model_facts import ModelFacts
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 

@@ -19,13 +19,13 @@ from backends.base import Failure, FailureKind, Installation
 from backends.llamacpp.backend import ordered_devices
 from backends.llamacpp.rpc import server_argv
 from benchmarks.llamacpp_placement import header_from_table, table_name
-from gateway.errors import ConfigError
-from gateway.hardware import GIB, MIB, Gpu, Inventory, parse_gpu_spec, parse_remote_gpus
-from gateway.lifecycle import State
-from gateway.moves import GiveUp, NextOption, Replan, Restart, next_move, restart_move
-from gateway.nodes import NodeReport, Nodes, merge, report_from
-from gateway.policy import Pins, Policy
-from gateway.worker import Worker, WorkerConfig, create_app, devices
+from gateway.core.devices import GIB, MIB, Gpu, Inventory, parse_gpu_spec, parse_remote_gpus
+from gateway.core.errors import ConfigError
+from gateway.core.policy import Pins, Policy
+from gateway.nodes.survey import NodeReport, Nodes, merge, report_from
+from gateway.nodes.worker import Worker, WorkerConfig, create_app, devices
+from gateway.supervision.lifecycle import State
+from gateway.supervision.moves import GiveUp, NextOption, Replan, Restart, next_move, restart_move
 from tests.unit.test_supervisor_transitions import Engines, _llama, _run, _supervisor, _until, fails, serves
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -292,7 +292,7 @@ def serves_then_dies_lost() -> Any:
 def test_plan_json_lists_the_other_nodes_devices_and_a_worker_without_a_key_does_not_start(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from gateway.cli import main
+    from gateway.cli.commands import main
 
     assert main(["plan", "--remote-gpus", "node2=1x2GiB", "--ram", "8GiB", "--context-length", "4096", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -351,7 +351,7 @@ def test_the_supervisor_stops_an_engine_whose_node_is_gone_and_re_plans_without_
 
 
 def test_the_status_page_shows_each_node_its_devices_and_what_was_placed_there() -> None:
-    from gateway.status_page import render
+    from gateway.serving.status_page import render
 
     nodes = Nodes(["a:1", "b:1"], "key", fetcher=lambda address, key: _answer_if(address == "a:1", address))
     nodes.survey(_cpu_head())
@@ -363,7 +363,7 @@ def test_the_status_page_shows_each_node_its_devices_and_what_was_placed_there()
 def test_a_worker_that_does_not_answer_is_planned_without_and_the_plan_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from gateway.cli import main
+    from gateway.cli.commands import main
     from tests.integration.gatewayproc import free_port
 
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there

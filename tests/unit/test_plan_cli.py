@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.modelfacts import facts_from_dir
+from gateway.cli.commands import main
+from gateway.core.model_facts import facts_from_dir
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 

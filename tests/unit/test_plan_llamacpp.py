@@ -9,12 +9,12 @@ import pytest
 
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
+from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.placement import is_sliding, kv_bytes_per_token_layer
-from gateway.hardware import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.modelfacts import ModelFacts, facts_from_config
-from gateway.modelinfo import read_gguf_header
-from gateway.planner import EnginePlan, decide
-from gateway.policy import Policy
+from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
+from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.policy import Policy
+from gateway.planning.planner import EnginePlan, decide
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -233,7 +233,7 @@ def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str,
 
 def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggufs: dict[str, ModelFacts]) -> None:
     from backends.llamacpp import speed
-    from gateway.hardware import Gpu
+    from gateway.core.devices import Gpu
 
     h100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * GIB, 80 * GIB, (9, 0))
     assert speed.gpu_bandwidth(h100) == 3350e9

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from backends import vllm
-from gateway.catalog import builtin_catalog
-from gateway.hardware import GIB, Inventory, parse_gpu_spec
-from gateway.modelfacts import facts_from_config
-from gateway.planner import Plan, decide
-from gateway.policy import Pins, Policy
+from gateway.core.devices import GIB, Inventory, parse_gpu_spec
+from gateway.core.model_facts import facts_from_config
+from gateway.core.policy import Pins, Policy
+from gateway.planning.catalog import builtin_catalog
+from gateway.planning.planner import Plan, decide
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import ConfigError
-from gateway.settings import load_settings
+from gateway.core.errors import ConfigError
+from gateway.core.settings import load_settings
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp, vllm
-from gateway.catalog import ModelEntry, builtin_catalog
-from gateway.errors import BackendError, ConfigError, ModelError
-from gateway.hardware import GIB, Inventory, parse_gpu_spec
-from gateway.policy import Pins, policy_for
-from gateway.settings import Settings
-from gateway.startup import choose_model, decide, model_limit
+from gateway.cli.startup import choose_model, decide, model_limit
+from gateway.core.devices import GIB, Inventory, parse_gpu_spec
+from gateway.core.errors import BackendError, ConfigError, ModelError
+from gateway.core.policy import Pins, policy_for
+from gateway.core.settings import Settings
+from gateway.planning.catalog import ModelEntry, builtin_catalog
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
 
@@ -140,8 +140,8 @@ def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, mon
 
 def test_a_plan_made_again_replaces_the_first_on_status_and_metrics(tmp_path: Path) -> None:
     """After a node is lost the supervisor re-plans; /status and /metrics must show that plan."""
-    from gateway.cli import _show_plan
-    from gateway.runtime import Runtime
+    from gateway.cli.commands import _show_plan
+    from gateway.serving.runtime import Runtime
     from tests.unit.http_harness import make_runtime
 
     settings = _settings(tmp_path, model="gemma-3-270m", workers=["127.0.0.1:1"])  # a worker that never answers

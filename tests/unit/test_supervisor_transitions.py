@@ -18,11 +18,11 @@ import pytest
 
 from backends import llamacpp, vllm
 from backends.base import Failure, FailureKind, Launch, Option
-from gateway.engine_run import RunState
-from gateway.known_good import KnownGood
-from gateway.lifecycle import State
-from gateway.moves import MAX_RESTARTS
-from gateway.supervisor import MAX_ATTEMPTS, Remember, Supervisor
+from gateway.supervision.engine_run import RunState
+from gateway.supervision.known_good import KnownGood
+from gateway.supervision.lifecycle import State
+from gateway.supervision.moves import MAX_RESTARTS
+from gateway.supervision.supervisor import MAX_ATTEMPTS, Remember, Supervisor
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 TIMEOUT_S = 2.0  # no scenario here takes more than a few milliseconds; this only bounds a broken one
@@ -370,7 +370,7 @@ def test_what_started_is_remembered_with_the_engine_version(tmp_path: Path) -> N
 
 
 def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: Path) -> None:
-    from gateway.supervisor import remembered_first
+    from gateway.supervision.supervisor import remembered_first
 
     store = KnownGood(tmp_path / "state")
     remember = Remember(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway import messages_api, responses_api
-from gateway.fidelity import ChatStreamFixer, clamp_output, complete_chat_shape, map_max_completion_tokens
-from gateway.openai_errors import ApiError
-from gateway.sse import DONE, chat_chunks
+from gateway.serving import messages_api, responses_api
+from gateway.serving.error_shapes import ApiError
+from gateway.serving.fidelity import ChatStreamFixer, clamp_output, complete_chat_shape, map_max_completion_tokens
+from gateway.serving.sse import DONE, chat_chunks
 
 
 def test_responses_input_becomes_chat_messages_with_tools_flattened() -> None:

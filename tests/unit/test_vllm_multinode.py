@@ -5,12 +5,12 @@ from __future__ import annotations
 from backends import vllm
 from backends.base import Installation
 from backends.vllm import multinode
-from gateway.catalog import builtin_catalog
-from gateway.hardware import GIB, Gpu, Inventory
-from gateway.plan_report import render
-from gateway.planner import Plan, decide
-from gateway.policy import Policy
-from gateway.settings import Settings
+from gateway.core.devices import GIB, Gpu, Inventory
+from gateway.core.policy import Policy
+from gateway.core.settings import Settings
+from gateway.planning.catalog import builtin_catalog
+from gateway.planning.plan_report import render
+from gateway.planning.planner import Plan, decide
 from tests.unit.plan_helpers import engine_plans
 
 

@@ -15,14 +15,14 @@ import pytest
 from backends import vllm
 from backends.vllm import releases
 from backends.vllm.memory import capture_sizes, cuda_total, cudagraph_bytes
-from gateway.catalog import builtin_catalog
-from gateway.cli import build_parser
-from gateway.hardware import GIB, MIB, Gpu, Inventory, parse_gpu_spec
-from gateway.modelfacts import ModelFacts, facts_from_config
-from gateway.plan_report import render
-from gateway.planner import Plan, decide
-from gateway.policy import Pins, Policy
-from gateway.settings import load_settings
+from gateway.cli.commands import build_parser
+from gateway.core.devices import GIB, MIB, Gpu, Inventory, parse_gpu_spec
+from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.policy import Pins, Policy
+from gateway.core.settings import load_settings
+from gateway.planning.catalog import builtin_catalog
+from gateway.planning.plan_report import render
+from gateway.planning.planner import Plan, decide
 from tests.unit.plan_helpers import engine_plans
 
 DATA = Path(__file__).resolve().parents[1] / "data"

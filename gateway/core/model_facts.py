@@ -1,0 +1,377 @@
+"""What the planner needs to know about a model, from whichever source has it.
+
+Sources, in order: the catalog entry (a bundled config.json and, when known, the checkpoint's bytes);
+a local directory (config.json + safetensors index or shard headers; weights need not be present);
+the hub (config.json and the safetensors index, cached by huggingface_hub, no weights); a GGUF file
+(header and tensor table). When no source gives the weight bytes they are estimated from the
+architecture, and the facts say so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.core.errors import ModelError
+
+# bytes per weight for linear layers by checkpoint quantization (scales and zero points included)
+_LINEAR_BYTES = {
+    None: 2.0,
+    "fp8": 1.0 + 4 / (128 * 128),  # block-wise scales
+    "awq": 0.5 + 2.5 / 128,  # int4 + fp16 scale + int4 zero per group of 128
+    "gptq": 0.5 + 2.5 / 128,
+    "mxfp4": 0.5 + 1 / 32,  # e8m0 scale per 32
+    "nvfp4": 0.5 + 1 / 16 + 0.0,  # fp8 scale per 16
+    "int8": 1.0 + 2 / 128,
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position: int | None
+    dtype: str  # of the unquantized parts: bfloat16 | float16 | float32
+    quantization: str | None
+    weight_bytes: int
+    weight_bytes_source: str
+    kv_lora_rank: int = 0  # MLA latent size (0: not an MLA model)
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0  # MLA run without MLA stores full K (nope + rope) and V heads
+    v_head_dim: int = 0
+    sliding_window: int | None = None
+    sliding_layers: int = 0  # how many layers use the sliding window
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    vision_bytes: int = 0  # part of weight_bytes that is a vision/audio tower
+    # GGUF only: per-block bytes, expert bytes per block, token embedding and output bytes
+    layer_bytes: tuple[int, ...] = ()
+    expert_layer_bytes: tuple[int, ...] = ()
+    embedding_bytes: int = 0
+    output_bytes: int = 0
+    gguf_key_length: int = 0
+    gguf_value_length: int = 0
+    # per-layer attention where layers differ (Gemma 4: sliding 16 KV heads × 256, full 4 × 512);
+    # empty: every layer has num_kv_heads and the sliding layers follow sliding_layers
+    kv_heads_per_layer: tuple[int, ...] = ()
+    sliding_per_layer: tuple[bool, ...] = ()
+    gguf_key_length_swa: int = 0  # K and V head sizes of the sliding layers (0: as the full ones)
+    gguf_value_length_swa: int = 0
+    shared_kv_layers: int = 0  # the last N layers reuse earlier layers' cache (Gemma 3n / 4 E2B, E4B)
+    # config.json only (vLLM): the architecture vLLM's registry is asked for, the head size of the
+    # full-attention layers where it differs (Gemma 4: global_head_dim 512), and which parts a
+    # quantized checkpoint keeps in 16 bits ("attention", "mlp", "lm_head", "vision") with where
+    # that list came from (hf_quant_config.json, config.json, or a known list: an estimate)
+    architecture: str = ""
+    global_head_dim: int = 0
+    global_kv_heads: int = 0  # KV heads of the full-attention layers where they differ (0: num_kv_heads)
+    quant_kept: tuple[str, ...] = ()
+    quant_kept_source: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal configs nest the language model; its fields win, the outer ones fill gaps."""
+    inner = config.get("text_config") or config.get("llm_config") or {}
+    return {**config, **inner} if isinstance(inner, dict) else config
+
+
+def _quantization(config: dict[str, Any], override: str | None) -> str | None:
+    if override:
+        return override.lower()
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    if method in ("modelopt", "modelopt_fp4") or "fp4" in str(qc.get("quant_algo", "")).lower():
+        return "nvfp4"
+    if method == "compressed-tensors":
+        text = json.dumps(qc).lower()
+        return (
+            "nvfp4"
+            if "nvfp4" in text or '"num_bits": 4, "type": "float"' in text
+            else "fp8"
+            if "float" in text
+            else "int8"
+        )
+    return method or None
+
+
+def _sliding(cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
+    window = cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list):
+        count = sum(1 for kind in layer_types if "sliding" in str(kind))
+        return (int(window) if window else None), count
+    if not window or cfg.get("use_sliding_window") is False:
+        return None, 0
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 1:  # e.g. gemma3: every pattern-th layer is global
+        return int(window), layers - layers // pattern
+    return int(window), layers
+
+
+def _attention_params(cfg: dict[str, Any], hidden: int, layers: int, heads: int) -> int:
+    """Attention weights of all layers; Gemma 4's full layers have their own head size and KV heads
+    and, with ``attention_k_eq_v``, no v_proj (K is loaded into both slots)."""
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    if cfg.get("kv_lora_rank"):
+        q_rank = cfg.get("q_lora_rank")
+        qk_head = int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0))
+        v_head = int(cfg.get("v_head_dim", head_dim))
+        q = hidden * int(q_rank) + int(q_rank) * heads * qk_head if q_rank else hidden * heads * qk_head
+        kv = hidden * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0)))
+        kv += int(cfg["kv_lora_rank"]) * heads * (int(cfg.get("qk_nope_head_dim", 0)) + v_head)
+        return layers * (q + kv + heads * v_head * hidden)
+    uniform = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    global_dim = int(cfg.get("global_head_dim") or 0)
+    full_layers = layers - _sliding(cfg, layers)[1] if global_dim else 0
+    if not full_layers:
+        return layers * uniform
+    global_kv = int(cfg.get("num_global_key_value_heads") or kv_heads)
+    kv_projections = 1 if cfg.get("attention_k_eq_v") else 2
+    full = hidden * global_dim * (2 * heads + kv_projections * global_kv)
+    return (layers - full_layers) * uniform + full_layers * full
+
+
+def estimate_weight_bytes(cfg: dict[str, Any], quantization: str | None, kept: tuple[str, ...] = ()) -> int:
+    """Parameter count from the architecture × bytes per parameter; embeddings stay 16-bit, and so do
+    the parts a quantized checkpoint keeps (``kept``: "attention", "mlp")."""
+    hidden = int(cfg["hidden_size"])
+    layers = int(cfg["num_hidden_layers"])
+    heads = int(cfg["num_attention_heads"])
+    vocab = int(cfg.get("vocab_size") or 0)
+    attention = _attention_params(cfg, hidden, layers, heads)
+    experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    dense_mlp = 3 * hidden * int(cfg.get("intermediate_size") or 0)
+    if experts:
+        moe_inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+        shared = int(cfg.get("n_shared_experts") or 0) * 3 * hidden * moe_inter
+        shared += 3 * hidden * int(cfg.get("shared_expert_intermediate_size") or 0)
+        moe_mlp = experts * 3 * hidden * moe_inter + shared + hidden * experts
+        dense_layers = int(cfg.get("first_k_dense_replace") or 0)
+        mlp = dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp
+    else:
+        mlp = layers * dense_mlp
+    quantized = _LINEAR_BYTES.get(quantization, 2.0)
+    linear = attention * (2.0 if "attention" in kept else quantized) + mlp * (2.0 if "mlp" in kept else quantized)
+    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    norms = layers * 2 * hidden + hidden
+    return int(linear + (embeddings + norms) * 2)
+
+
+def estimate_vision_bytes(config: dict[str, Any]) -> int:
+    """A vision tower's 16-bit weights from ``vision_config`` (ViT blocks: 4 h² attention + 2 h ×
+    intermediate MLP), or 0 for a text-only model. An estimate: towers differ in their extras."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return 0
+    hidden = int(vision.get("hidden_size") or 0)
+    layers = int(vision.get("num_hidden_layers") or vision.get("depth") or 0)
+    inter = int(vision.get("intermediate_size") or 4 * hidden)
+    return layers * (4 * hidden * hidden + 2 * hidden * inter) * 2
+
+
+# Parts that published quantized checkpoints keep in 16 bits, for when only config.json is at hand
+# (no hf_quant_config.json, no ignore list): ModelOpt NVFP4 Gemma 4 (nvidia/Gemma-4-31B-IT-NVFP4)
+# excludes every self_attn, lm_head and the vision tower; ModelOpt keeps lm_head otherwise too.
+KNOWN_KEPT = {("nvfp4", "gemma4"): ("attention", "lm_head", "vision"), ("nvfp4", ""): ("lm_head",)}
+
+
+def kept_parts(patterns: list[str]) -> tuple[str, ...]:
+    """Which parts an ignore/exclude list keeps unquantized. A router gate alone is not the MLP."""
+    parts: set[str] = set()
+    for pattern in (str(p).lower() for p in patterns):
+        if "attn" in pattern or "attention" in pattern:
+            parts.add("attention")
+        if "lm_head" in pattern:
+            parts.add("lm_head")
+        if any(word in pattern for word in ("vision", "visual", "image", "audio", "multi_modal", "mm_")):
+            parts.add("vision")
+        if ("mlp" in pattern or "expert" in pattern) and not re.search(r"(gate\$?|router)$", pattern):
+            parts.add("mlp")
+    return tuple(sorted(parts))
+
+
+def _exclusions(
+    config: dict[str, Any], quant_file: dict[str, Any] | None, quant: str | None
+) -> tuple[tuple[str, ...], str]:
+    """(kept parts, where the list came from): hf_quant_config.json, config.json, else a known list."""
+    if isinstance(quant_file, dict):
+        section = quant_file.get("quantization") or quant_file
+        patterns = section.get("exclude_modules") or section.get("ignore")
+        if isinstance(patterns, list):
+            return kept_parts(patterns), "hf_quant_config.json"
+    qc = config.get("quantization_config")
+    if isinstance(qc, dict):
+        for key in ("ignore", "exclude_modules", "modules_to_not_convert", "ignored_layers"):
+            if isinstance(qc.get(key), list):
+                return kept_parts(qc[key]), "config.json quantization_config"
+    if not quant:
+        return (), ""
+    family = "gemma4" if str(config.get("model_type") or "").startswith("gemma4") else ""
+    known = KNOWN_KEPT.get((quant, family)) or KNOWN_KEPT.get((quant, ""))
+    if known:
+        return known, f"estimate: the parts {quant} checkpoints of {family or 'this kind'} are known to keep"
+    return (), ""
+
+
+def facts_from_config(
+    config: dict[str, Any],
+    name: str,
+    *,
+    weight_bytes: int | None = None,
+    weight_source: str = "",
+    quantization: str | None = None,
+    quant_file: dict[str, Any] | None = None,
+) -> ModelFacts:
+    """Facts from a Hugging Face config.json (as a dict); missing essentials raise ModelError.
+    ``quant_file``: the checkpoint's hf_quant_config.json (ModelOpt), whose exclude list says which
+    layers stay in 16 bits."""
+    cfg = text_config(config)
+    try:
+        hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"{name}: config.json lacks {exc} (need hidden_size, num_hidden_layers, heads)") from exc
+    quant = _quantization(cfg, quantization) or _quantization_of_file(quant_file)
+    kept, kept_source = _exclusions(cfg, quant_file, quant)
+    vision = estimate_vision_bytes(config)
+    notes: list[str] = []
+    if weight_bytes is None:
+        weight_bytes = estimate_weight_bytes(cfg, quant, kept) + vision
+        weight_source = "estimated from the architecture"
+        notes.append(f"weights estimated from config.json ({quant or 'unquantized'}): no safetensors index available")
+        if kept_source.startswith("estimate") and set(kept) - {"lm_head"}:  # lm_head is 16-bit here anyway
+            notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
+    window, sliding_layers = _sliding(cfg, layers)
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    return ModelFacts(
+        name=name,
+        model_type=str(cfg.get("model_type") or ""),
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        intermediate_size=int(cfg.get("intermediate_size") or 0),
+        vocab_size=int(cfg.get("vocab_size") or 0),
+        max_position=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
+        dtype=dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16",
+        quantization=quant,
+        weight_bytes=int(weight_bytes),
+        weight_bytes_source=weight_source,
+        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+        qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
+        v_head_dim=int(cfg.get("v_head_dim") or 0),
+        sliding_window=window,
+        sliding_layers=sliding_layers,
+        num_experts=int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+        experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        vision_bytes=vision,
+        architecture=str((config.get("architectures") or [""])[0]),
+        global_head_dim=int(cfg.get("global_head_dim") or 0),
+        global_kv_heads=int(cfg.get("num_global_key_value_heads") or 0),
+        quant_kept=kept,
+        quant_kept_source=kept_source,
+        notes=tuple(notes),
+    )
+
+
+def _quantization_of_file(quant_file: dict[str, Any] | None) -> str | None:
+    """hf_quant_config.json's ``quant_algo`` (NVFP4, FP8) when config.json names no method."""
+    if not isinstance(quant_file, dict):
+        return None
+    algo = str((quant_file.get("quantization") or quant_file).get("quant_algo") or "").lower()
+    return "nvfp4" if "fp4" in algo else "fp8" if "fp8" in algo else None
+
+
+def _safetensors_header_bytes(path: Path) -> int:
+    """Sum of tensor sizes declared in one shard's header (the weights themselves are not read)."""
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return sum(
+        end - start for key, value in header.items() if key != "__metadata__" for start, end in [value["data_offsets"]]
+    )
+
+
+def facts_from_dir(directory: Path, name: str | None = None) -> ModelFacts:
+    config_path = directory / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read {config_path}: {exc}") from exc
+    index = directory / "model.safetensors.index.json"
+    weight_bytes: int | None = None
+    source = ""
+    if index.is_file():
+        weight_bytes = int(json.loads(index.read_text()).get("metadata", {}).get("total_size") or 0) or None
+        source = "safetensors index"
+    shards = sorted(directory.glob("*.safetensors"))
+    if weight_bytes is None and shards:
+        weight_bytes, source = sum(_safetensors_header_bytes(shard) for shard in shards), "safetensors headers"
+    quant_file = directory / "hf_quant_config.json"
+    try:
+        quant = json.loads(quant_file.read_text()) if quant_file.is_file() else None
+    except (OSError, ValueError):
+        quant = None
+    return facts_from_config(
+        config, name or directory.name, weight_bytes=weight_bytes, weight_source=source, quant_file=quant
+    )
+
+
+def facts_from_hub(repo: str) -> ModelFacts:
+    """config.json and the safetensors index (or header metadata) from the hub; never the weights."""
+    from huggingface_hub import get_safetensors_metadata, hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        config = json.loads(Path(hf_hub_download(repo, "config.json")).read_text())
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot read config.json of {repo} from the hub ({type(exc).__name__}): check the network "
+            "or HF_TOKEN, or pass a local checkpoint directory"
+        ) from exc
+    try:
+        metadata = get_safetensors_metadata(repo)
+        weight_bytes: int | None = sum(
+            sum(info.data_offsets[1] - info.data_offsets[0] for info in shard.tensors.values())
+            for shard in metadata.files_metadata.values()
+        )
+        source = "hub safetensors metadata"
+    except Exception:  # no safetensors on the hub: estimate from the architecture instead
+        weight_bytes, source = None, ""
+    try:  # ModelOpt checkpoints name their 16-bit layers here
+        quant: dict[str, Any] | None = json.loads(Path(hf_hub_download(repo, "hf_quant_config.json")).read_text())
+    except Exception:  # most checkpoints have none
+        quant = None
+    return facts_from_config(config, repo, weight_bytes=weight_bytes, weight_source=source, quant_file=quant)

@@ -1,0 +1,293 @@
+"""One settings object for the whole gateway.
+
+Precedence, highest first: CLI flags (passed in as keyword arguments) > environment variables
+(``GATEWAY_*``) > a ``gateway.toml`` file > the defaults declared here. Each field is declared once,
+with its help text, so the CLI, the environment and the TOML file all speak the same names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from gateway.core.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("gateway.toml")
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gateway"
+
+
+class Settings(BaseSettings):
+    """Everything a user can set. Field names are the TOML keys; ``GATEWAY_<NAME>`` the env vars."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Address the gateway listens on (0.0.0.0 in containers).")
+    port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
+    model: str | None = Field(
+        None,
+        description="Catalog name or alias, hub repo id, .gguf file or checkpoint directory. "
+        "Unset on a machine without GPUs: the embedded default model.",
+    )
+    context_length: int | None = Field(
+        None,
+        description="Context length to serve (pinned: vLLM --max-model-len, llama.cpp -c); unset: the model's "
+        "maximum, capped at 32768 without a GPU.",
+        json_schema_extra={"flags": ["--context-length", "--max-model-len"], "parse": "count_or_auto"},
+    )
+    state_dir: Path = Field(
+        default_factory=_default_state_dir,
+        description="Where state is kept (remembered configurations, engine logs).",
+        json_schema_extra={"shown_default": "~/.local/state/gateway"},
+    )
+    log_dir: Path | None = Field(None, description="Backend logs; unset: <state_dir>/logs.")
+    startup_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="How long a backend may take to load before it counts as failed.",
+        json_schema_extra={"flags": ["--startup-timeout"]},
+    )
+    request_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Longest wait for a non-streamed answer (it comes whole, once generated); 504 beyond.",
+        json_schema_extra={"flags": ["--request-timeout"]},
+    )
+    first_byte_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest wait for a stream's first byte (the prefill of a long prompt); 504 or an error "
+        "event beyond.",
+        json_schema_extra={"flags": ["--first-byte-timeout"]},
+    )
+    stream_idle_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Longest silence between two chunks of a stream before it is ended with an error event.",
+        json_schema_extra={"flags": ["--stream-idle-timeout"]},
+    )
+    connect_timeout_s: float = Field(
+        10.0, gt=0, description="Connecting to the backend.", json_schema_extra={"flags": ["--connect-timeout"]}
+    )
+    shutdown_grace_s: float = Field(
+        15.0,
+        ge=0,
+        description="On stop, time requests in flight get to finish (queued ones get 503 at once); then open "
+        "streams end with an error event, and the engine's process group gets SIGTERM and, 5 s later, SIGKILL.",
+        json_schema_extra={"flags": ["--shutdown-grace"]},
+    )
+    max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it).")
+    max_answer_bytes: int = Field(
+        32 * 1024 * 1024, gt=0, description="Largest non-streamed backend answer the gateway holds (502 beyond it)."
+    )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest request line and headers accepted, before the key (431 beyond)."
+    )
+    max_headers: int = Field(100, ge=8, description="Most request headers accepted (431 beyond).")
+    threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
+    llama_cpp_python_command: list[str] | None = Field(
+        None,
+        description="argv prefix that runs llama-cpp-python's server; unset: this Python with `-m llama_cpp.server`.",
+        json_schema_extra={"parse": "shlex"},
+    )
+    llama_server_command: list[str] | None = Field(
+        None,
+        description="argv prefix of the native llama-server; unset: `llama-server` if on PATH.",
+        json_schema_extra={"parse": "shlex"},
+    )
+    llama_launcher: str | None = Field(
+        None,
+        pattern="^(python|native)$",
+        description="llama.cpp's server: native (llama-server) or python (llama-cpp-python); unset: native "
+        "when llama-server is found, else python.",
+        json_schema_extra={"flags": ["--llama-launcher", "--launcher"], "choices": ["python", "native"]},
+    )
+    vllm_command: list[str] | None = Field(
+        None,
+        description="argv prefix that starts vLLM's OpenAI server (`[vllm, serve]` or "
+        "`[python, -m, vllm.entrypoints.openai.api_server]`); unset: vLLM beside the gateway, if any.",
+        json_schema_extra={"parse": "shlex"},
+    )
+    vllm_version: str | None = Field(None, description="vLLM version to plan for; unset: read from vllm_command.")
+    min_context: int = Field(
+        32768,
+        ge=1,
+        description="Smallest context worth serving; shorter plans are rejected (default: 32768, or the pinned "
+        "context_length, or the model's limit when smaller).",
+    )
+    max_context: int | None = Field(None, ge=1, description="Longest context worth reserving; unset: the model's.")
+    engine: str | None = Field(
+        None,
+        description="Plan and serve only this engine (vllm, llamacpp); unset: the first that fits.",
+        json_schema_extra={"flags": ["--engine", "--backend"], "choices": ["vllm", "llamacpp"]},
+    )
+    allow_cpu_offload: bool = Field(False, description="vLLM: let the ladder use --cpu-offload-gb (slow).")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM: pin this share.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, gt=0, description="vLLM: pin the KV cache size in bytes.", json_schema_extra={"parse": "count"}
+    )
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM: pin the number of sequences.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM: pin the tokens per batch.")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM: pin the TP size.")
+    enforce_eager: bool | None = Field(None, description="vLLM: pin eager mode on.")
+    kv_cache_dtype: str | None = Field(
+        None,
+        pattern="^(auto|fp8)$",
+        description="vLLM: pin the KV cache dtype.",
+        json_schema_extra={"choices": ["auto", "fp8"]},
+    )
+    cpu_offload_gb: float | None = Field(None, ge=0, description="vLLM: pin --cpu-offload-gb.")
+    catalog_dir: Path | None = Field(None, description="Extra model catalog entries (*.toml); they win over built-ins.")
+    backend_url: str | None = Field(
+        None, description="Front an OpenAI-compatible server you run yourself; nothing is planned or started."
+    )
+    backend_api_key: str | None = Field(None, description="Bearer key the backend_url server expects.")
+    backend_native_apis: list[str] = Field(
+        default_factory=list,
+        description="What the backend_url server does itself (comma list): responses, messages, include_usage, "
+        "max_completion_tokens; the gateway translates or adds the rest.",
+        json_schema_extra={"parse": "csv"},
+    )
+    backend_max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Requests forwarded at once to a backend_url server (more wait in the queue); unset: the "
+        "server's own slots where it says (llama-server's /props), else no queueing at all.",
+    )
+    queue_limit: int = Field(64, ge=0, description="Requests allowed to wait for a free engine slot (429 beyond).")
+    queue_wait_s: float = Field(
+        600.0, gt=0, description="Longest wait for a slot before 429.", json_schema_extra={"flags": ["--queue-wait"]}
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Keys clients must send (Bearer or x-api-key; the flag repeats); none: the gateway is open.",
+        json_schema_extra={"flags": ["--api-key"], "parse": "append"},
+    )
+    api_key_file: Path | None = Field(None, description="A file with one accepted key per line (added to api_keys).")
+    log_format: str = Field(
+        "text",
+        pattern="^(text|json)$",
+        description="text, or json: one object per line.",
+        json_schema_extra={"choices": ["text", "json"]},
+    )
+    replan: bool = Field(False, description="Ignore the remembered configuration and plan afresh.")
+    workers: list[str] = Field(
+        default_factory=list,
+        description="Other nodes' `gateway worker` addresses (host:port, comma list): llama.cpp pools their "
+        "devices over RPC; one that does not answer is planned without.",
+        json_schema_extra={"parse": "csv"},
+    )
+    worker_api_key: str | None = Field(
+        None, description="Key sent to the workers (one of their api_keys); unset: the first of api_keys."
+    )
+
+    @field_validator("context_length", mode="before")
+    @classmethod
+    def _context_forms(cls, value: Any) -> Any:
+        """vLLM's forms: 32k, 32K, and auto / -1 (the longest that fits, kept as -1)."""
+        number = parse_count_or_auto(value) if isinstance(value, str) else value
+        if isinstance(number, int) and number != AUTO and number < 256:
+            raise ValueError(f"context_length {number} is below 256: give 256 or more, or auto")
+        return number
+
+    @field_validator("kv_cache_memory_bytes", mode="before")
+    @classmethod
+    def _byte_forms(cls, value: Any) -> Any:
+        return parse_count(value) if isinstance(value, str) else value
+
+    @property
+    def backend_log_dir(self) -> Path:
+        return self.log_dir or self.state_dir / "logs"
+
+    def all_api_keys(self) -> tuple[str, ...]:
+        """api_keys plus the key file's lines (blank lines and # comments skipped)."""
+        keys = list(self.api_keys)
+        if self.api_key_file is not None:
+            try:
+                lines = self.api_key_file.read_text().splitlines()
+            except OSError as exc:
+                raise ConfigError(f"cannot read api_key_file {self.api_key_file}: {exc.strerror}") from exc
+            keys += [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        return tuple(keys)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = settings_cls.model_config.get("toml_file") or DEFAULT_CONFIG_FILE
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+
+
+AUTO = -1  # context_length "auto" / -1: vLLM's own --max-model-len auto
+
+
+def parse_count(text: str) -> int:
+    """An integer the way vLLM's flags read it (0.21.0 vllm/utils/argparse_utils.py
+    ``human_readable_int``): ``1k`` = 1,000 and ``1K`` = 1,024 (k/m/g/t decimal, K/M/G/T binary,
+    no decimals with a binary suffix), else a plain integer; ``4GiB`` / ``4GB`` are read too."""
+    value = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+        if "." not in number:
+            return int(number) * int(1024 ** ("KMGT".index(suffix) + 1))
+        raise ValueError(f"{text!r}: no decimals with a binary suffix like {suffix} (did you mean {text.lower()}?)")
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT])(i?)[bB]", value)
+    if match:
+        number, suffix, binary = match.groups()
+        return int(float(number) * (1024 if binary else 1000) ** ("kmgt".index(suffix.lower()) + 1))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r}: write it like 32768, 32k (32,000), 32K (32,768) or 4G") from None
+
+
+def parse_count_or_auto(text: str) -> int:
+    """``parse_count``, plus vLLM's ``-1`` / ``auto`` (``human_readable_int_or_auto``)."""
+    return AUTO if text.strip() in ("-1", "auto", "AUTO", "Auto") else parse_count(text)
+
+
+def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Build the settings; ``overrides`` are CLI flags (None values mean "not given").
+
+    The config file is ``config_file``, else ``$GATEWAY_CONFIG``, else ``./gateway.toml`` if present.
+    An explicitly named file that does not exist is an error rather than silently ignored.
+    """
+    explicit = config_file or (Path(os.environ["GATEWAY_CONFIG"]) if os.environ.get("GATEWAY_CONFIG") else None)
+    if explicit is not None and not explicit.is_file():
+        raise ConfigError(f"config file {explicit} does not exist: create it or drop --config/GATEWAY_CONFIG")
+    toml_file = explicit or DEFAULT_CONFIG_FILE
+
+    class _FileSettings(Settings):
+        model_config = SettingsConfigDict(toml_file=toml_file)
+
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    try:
+        loaded = _FileSettings(**given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        raise ConfigError(f"invalid setting {where}: {first['msg']} (from {toml_file}, GATEWAY_* or a flag)") from exc
+    except ValueError as exc:  # a malformed TOML file
+        raise ConfigError(f"cannot read {toml_file}: {exc}") from exc
+    return loaded

@@ -1,0 +1,298 @@
+"""Other nodes as the head sees them: each ``gateway worker``'s inventory, merged into one Inventory.
+
+A survey asks every worker (``GET /inventory`` with the key, in parallel); a worker that does not
+answer is planned without, and the plan's notes say so. Parsing a worker's answer and merging are
+pure; :class:`Nodes` remembers what each survey found, so /status and /metrics can show a node that
+was lost while serving and one that came back (used again at the next re-plan).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from gateway.core.devices import GIB, Gpu, Inventory
+from gateway.core.errors import ConfigError
+
+log = logging.getLogger("gateway.nodes")
+
+SURVEY_TIMEOUT_S = 5.0
+CHECK_TIMEOUT_S = 3.0
+MISSES_TO_LOSE = 2  # consecutive unanswered checks before a node in use counts as gone
+INVENTORY_PATH = "/inventory"
+_ADDRESS = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):\d{1,5}$")
+_ANY = ("0.0.0.0", "::", "[::]")
+
+
+def parse_workers(addresses: Sequence[str]) -> list[str]:
+    """``host:port`` of each worker's HTTP side (its ``--port``), in the order given."""
+    out = []
+    for address in (a.strip() for a in addresses):
+        if not address:
+            continue
+        if not _ADDRESS.match(address):
+            raise ConfigError(f"cannot read worker address {address!r}: write it like node2:50100 or 10.0.0.2:50100")
+        out.append(address)
+    return out
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One worker at one survey: its devices (``Gpu.node`` set) or why it cannot be used."""
+
+    address: str
+    name: str
+    devices: tuple[Gpu, ...] = ()
+    ram_total_bytes: int = 0
+    ram_available_bytes: int = 0
+    build: str = ""
+    rtt_ms: float | None = None
+    error: str | None = None
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None
+
+
+def _endpoint(endpoint: str, address: str) -> str:
+    """A server bound to every interface is reached at the address the head used for the worker."""
+    host, _, port = endpoint.rpartition(":")
+    return f"{address.rpartition(':')[0]}:{port}" if host in _ANY else endpoint
+
+
+def report_from(address: str, data: Mapping[str, Any], rtt_ms: float | None) -> NodeReport:
+    """A worker's ``/inventory`` answer as a report (pure): running devices only."""
+    name = str(data.get("node") or address)
+    link = f"TCP to {address}, {rtt_ms:.2f} ms round trip" if rtt_ms is not None else "unknown"
+    devices = []
+    for raw in data.get("devices", []):
+        if not raw.get("running", True) or not raw.get("endpoint"):
+            continue
+        major, _, minor = str(raw.get("compute_capability") or "0.0").partition(".")
+        devices.append(
+            Gpu(
+                index=int(raw["index"]),
+                name=str(raw.get("name") or "rpc device"),
+                total_bytes=int(raw["total_bytes"]),
+                free_bytes=int(raw["free_bytes"]),
+                compute_capability=(int(major or 0), int(minor or 0)),
+                node=name,
+                endpoint=_endpoint(str(raw["endpoint"]), address),
+                link=link,
+                rtt_ms=rtt_ms,
+            )
+        )
+    error = None if devices else "no running ggml-rpc-server"
+    return NodeReport(
+        address,
+        name,
+        tuple(devices),
+        int(data.get("ram_total_bytes", 0)),
+        int(data.get("ram_available_bytes", 0)),
+        str(data.get("build", "")),
+        rtt_ms,
+        error,
+    )
+
+
+def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S) -> NodeReport:
+    """Ask one worker for its inventory (I/O); an unreachable or refusing worker is a report with an error."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        rtt_ms = _connect_ms(address, timeout_s)
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            answer = client.get(f"http://{address}{INVENTORY_PATH}", headers=headers)
+    except (OSError, httpx.HTTPError) as exc:
+        return NodeReport(address, address, error=f"unreachable ({type(exc).__name__}: {exc})")
+    if answer.status_code in (401, 403):
+        return NodeReport(address, address, error="refused the key: give the worker's key with --worker-api-key")
+    if answer.status_code != 200:
+        return NodeReport(address, address, error=f"answered {answer.status_code} to {INVENTORY_PATH}")
+    try:
+        return report_from(address, answer.json(), rtt_ms)
+    except (ValueError, KeyError, TypeError) as exc:
+        return NodeReport(address, address, error=f"sent an inventory that cannot be read ({exc})")
+
+
+def _connect_ms(address: str, timeout_s: float) -> float:
+    """One TCP handshake with the worker, in ms: the round trip the reasons call the link."""
+    host, _, port = address.rpartition(":")
+    started = time.monotonic()
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+        return (time.monotonic() - started) * 1000
+
+
+def _unique(reports: list[NodeReport]) -> list[NodeReport]:
+    """Two workers reporting the same name (same hostname) are told apart by their address."""
+    names = [r.name for r in reports]
+    out = []
+    for report in reports:
+        if names.count(report.name) > 1:
+            name = f"{report.name}@{report.address}"
+            report = replace(report, name=name, devices=tuple(replace(g, node=name) for g in report.devices))
+        out.append(report)
+    return out
+
+
+def merge(machine: Inventory, reports: Sequence[NodeReport]) -> Inventory:
+    """This machine plus every reachable worker's devices (in the order the workers were given, which
+    is llama.cpp's device order for ``--rpc``); the plan's notes name every worker left out."""
+    notes = list(machine.notes)
+    remote: list[Gpu] = []
+    for report in reports:
+        if not report.reachable:
+            notes.append(f"worker {report.name} ({report.address}) {report.error}: planning without it")
+            continue
+        remote += report.devices
+        sizes = ", ".join(f"{g.total_bytes / GIB:.1f} GiB" for g in report.devices)
+        notes.append(f"worker {report.name} ({report.address}): {len(report.devices)} device(s) over RPC ({sizes})")
+    return replace(machine, remote=tuple(remote), notes=tuple(notes))
+
+
+@dataclass
+class NodeState:
+    """What the head knows of one worker across surveys."""
+
+    address: str
+    report: NodeReport | None = None
+    in_use: bool = False  # its devices are in the live plan
+    lost: int = 0  # times it disappeared while its devices were in use
+    misses: int = 0  # consecutive health checks it did not answer while in use
+    history: list[str] = field(default_factory=list)
+
+
+def gone(states: Sequence[NodeState]) -> list[str]:
+    """The nodes in use that missed enough checks in a row to count as gone (pure): a machine that
+    lost power or its link sends no reset, and llama-server would wait on it for minutes."""
+    return [s.report.name if s.report else s.address for s in states if s.in_use and s.misses >= MISSES_TO_LOSE]
+
+
+def answers(address: str, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
+    """Whether a worker's HTTP side answers ``/health`` now (I/O)."""
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            return client.get(f"http://{address}/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Nodes:
+    """The workers given to ``serve``/``plan`` and what each survey found; ``fetcher`` is the I/O."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        api_key: str | None,
+        fetcher: Callable[[str, str | None], NodeReport] = fetch,
+        prober: Callable[[str], bool] = answers,
+    ) -> None:
+        self.states = [NodeState(address) for address in parse_workers(addresses)]
+        self.api_key = api_key
+        self.fetcher = fetcher
+        self.prober = prober
+        self.local: tuple[Gpu, ...] = ()  # this machine's GPUs at the last survey
+
+    def survey(self, machine: Inventory) -> Inventory:
+        """Ask every worker now and return ``machine`` with the reachable ones' devices; a worker in use
+        that no longer answers counts as lost, one that answers again is used again."""
+        with ThreadPoolExecutor(max_workers=max(1, len(self.states))) as pool:
+            reports = _unique(list(pool.map(lambda s: self.fetcher(s.address, self.api_key), self.states)))
+        stamp = time.strftime("%H:%M:%S")
+        self.local = machine.gpus
+        for state, report in zip(self.states, reports, strict=True):
+            before = state.report
+            if before is not None and not report.reachable:
+                report = replace(report, name=before.name)  # the name it last reported
+            if state.in_use and not report.reachable:
+                state.lost += 1
+                state.history.append(f"{stamp} lost: {report.error}")
+                log.warning("worker %s (%s) lost: %s", report.name, report.address, report.error)
+            elif before is not None and not before.reachable and report.reachable:
+                state.history.append(f"{stamp} back with {len(report.devices)} device(s)")
+                log.info("worker %s (%s) is back", report.name, report.address)
+            elif not report.reachable:
+                log.warning("worker %s (%s) %s: planning without it", report.name, report.address, report.error)
+            state.report = report
+            state.in_use = report.reachable
+            state.misses = 0
+        return merge(machine, reports)
+
+    def check(self) -> list[str]:
+        """Ask every node in use whether it is still there (I/O, in parallel); the ones now gone."""
+        in_use = [s for s in self.states if s.in_use]
+        if in_use:
+            with ThreadPoolExecutor(max_workers=len(in_use)) as pool:
+                for state, alive in zip(in_use, pool.map(lambda s: self.prober(s.address), in_use), strict=True):
+                    state.misses = 0 if alive else state.misses + 1
+        return gone(self.states)
+
+    def snapshot(self, memory_mib: Mapping[str, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
+        """Each node (this machine first) with its devices and what the live engine placed on each
+        (the engine's buffer lines, whose device names carry the RPC endpoint)."""
+        memory = dict(memory_mib or {})
+        placed_remote: set[str] = set()
+        nodes: list[dict[str, Any]] = []
+        for state in self.states:
+            report = state.report
+            devices = []
+            for gpu in report.devices if report else ():
+                keys = [key for key in memory if gpu.endpoint and gpu.endpoint in key]
+                placed_remote.update(keys)
+                devices.append(_device(gpu, {k: v for key in keys for k, v in memory[key].items()}))
+            nodes.append(
+                {
+                    "name": report.name if report else state.address,
+                    "address": state.address,
+                    "state": _state(state),
+                    "error": report.error if report else None,
+                    "build": report.build if report else "",
+                    "ram_available_gib": round((report.ram_available_bytes if report else 0) / GIB, 2),
+                    "devices": devices,
+                    "lost": state.lost,
+                    "history": state.history[-10:],
+                }
+            )
+        head_memory = {key: terms for key, terms in memory.items() if key not in placed_remote}
+        head = {
+            "name": "head (this machine)",
+            "address": "",
+            "state": "head",
+            "devices": [_device(g, {}) for g in self.local],
+            "placed_mib": head_memory,  # the engine's own names: CUDA0…, CPU
+        }
+        return [head, *nodes]
+
+    def states_by_name(self) -> dict[str, tuple[bool, int]]:
+        """{node: (reachable at the last survey, times lost)} for /metrics."""
+        return {
+            (s.report.name if s.report else s.address): (bool(s.report and s.report.reachable), s.lost)
+            for s in self.states
+        }
+
+
+def _state(state: NodeState) -> str:
+    if state.report is None:
+        return "not surveyed"
+    if state.report.reachable:
+        return "in use" if state.in_use else "available"
+    return "lost" if state.lost else "unreachable"
+
+
+def _device(gpu: Gpu, placed: Mapping[str, float]) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "name": gpu.name,
+        "endpoint": gpu.endpoint,
+        "total_gib": round(gpu.total_bytes / GIB, 2),
+        "free_gib": round(gpu.free_bytes / GIB, 2),
+        "link": gpu.link,
+        "placed_mib": dict(placed),
+    }

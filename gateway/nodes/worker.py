@@ -1,0 +1,298 @@
+"""``gateway worker``: lend this node's devices to a head over llama.cpp RPC.
+
+It reads the GPUs (NVML, or a simulated ``--gpus`` spec), starts one ``ggml-rpc-server`` per GPU (one
+for the CPU on a machine without GPUs), each bound to ``--host`` only, and answers the head's
+``GET /inventory`` (API key required) with its devices, their memory and RPC endpoints, its RAM and
+the engine build. The servers run under :mod:`gateway.supervision.reaper`, so they die with the worker even
+when it is SIGKILLed; a server that exits is started again (and reported as not running meanwhile).
+
+``ggml-rpc-server`` has no authentication: anyone who reaches its port can use the device and read
+what is loaded on it. Bind ``--host`` to an address on a private network between the nodes.
+
+A simulated GPU is served by a CPU ``ggml-rpc-server`` and reported with the simulated size (the
+head plans with that size; the server itself has no limit): what the tests and ``plan`` use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from backends.llamacpp import rpc
+from gateway.core.devices import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
+from gateway.core.errors import ConfigError, GatewayError
+from gateway.supervision.process import ChildProcess
+
+log = logging.getLogger("gateway.worker")
+
+DEFAULT_PORT = 50100  # the worker's HTTP side; its servers take rpc_port, rpc_port + 1, …
+SERVER_START_S = 15.0
+RESTART_DELAY_S = 2.0
+STOP_GRACE_S = 3.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    rpc_port: int = rpc.DEFAULT_PORT
+    name: str = ""  # unset: the host name
+    gpus: str | None = None  # simulated spec ("2x24GiB"): CPU servers reported with these sizes
+    cpu_memory: str | None = None  # without GPUs: the size to report for the CPU device (default: RAM available)
+    threads: int | None = None
+    api_keys: tuple[str, ...] = ()
+    rpc_command: tuple[str, ...] | None = None
+    log_dir: Path = Path(".")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device this worker serves: as the head will plan it, and how its server is started."""
+
+    gpu: Gpu
+    device: str | None  # ggml-rpc-server's -d (None: the CPU)
+    port: int
+    simulated: bool
+
+
+def devices(config: WorkerConfig, machine: Inventory) -> list[Device]:
+    """The devices to serve (pure): each GPU (simulated ones on the CPU), else one CPU device."""
+    if machine.gpus:
+        simulated = machine.source == "simulated"
+        return [
+            Device(gpu, None if simulated else rpc.device_name(gpu.index), config.rpc_port + i, simulated)
+            for i, gpu in enumerate(machine.gpus)
+        ]
+    size = parse_size(config.cpu_memory) if config.cpu_memory else machine.ram_available_bytes
+    cpu = Gpu(0, "CPU", size, size, (0, 0))
+    return [Device(cpu, None, config.rpc_port, config.cpu_memory is not None)]
+
+
+class Server:
+    """One ``ggml-rpc-server``, kept running until the worker stops."""
+
+    def __init__(self, device: Device, argv: list[str], log_path: Path) -> None:
+        self.device = device
+        self.argv = argv
+        self.log_path = log_path
+        self.child: ChildProcess | None = None
+        self.exited: asyncio.Task[int] | None = None
+        self.running = False
+        self.protocol: str | None = None
+        self.starts = 0
+
+    def _on_line(self, line: str) -> None:
+        self.protocol = self.protocol or rpc.protocol_version(line)
+
+    async def start(self, host: str) -> None:
+        self.child = ChildProcess(self.argv, self.log_path, env=dict(rpc.SERVER_ENV), on_line=self._on_line)
+        self.starts += 1
+        await self.child.start()
+        self.exited = asyncio.create_task(self.child.wait(), name=f"ggml-rpc-server {self.device.port}")
+        deadline = time.monotonic() + SERVER_START_S
+        while time.monotonic() < deadline:
+            if self.exited.done():
+                break
+            if await _accepts(host, self.device.port):
+                self.running = True
+                log.info("ggml-rpc-server for %s listening on %s:%d", self.device.gpu.name, host, self.device.port)
+                return
+            await asyncio.sleep(0.1)
+        tail = " | ".join(list(self.child.tail)[-3:])
+        await self.child.stop(STOP_GRACE_S)
+        raise GatewayError(f"ggml-rpc-server on {host}:{self.device.port} did not start: {tail or 'no output'}")
+
+    async def stop(self) -> None:
+        self.running = False
+        if self.child is not None:
+            await self.child.stop(STOP_GRACE_S)
+        if self.exited is not None:
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await self.exited
+
+
+async def _accepts(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=1)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+class Worker:
+    """This node's servers and its inventory; one task watches the servers and restarts the dead."""
+
+    def __init__(self, config: WorkerConfig, machine: Inventory, command: list[str]) -> None:
+        self.config = config
+        self.machine = machine
+        self.name = config.name or socket.gethostname()
+        self.servers = [
+            Server(
+                device,
+                rpc.server_argv(
+                    command, host=config.host, port=device.port, device=device.device, threads=config.threads
+                ),
+                config.log_dir / f"ggml-rpc-server-{device.port}.log",
+            )
+            for device in devices(config, machine)
+        ]
+        self.build = rpc.engine_build()
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        try:
+            for server in self.servers:
+                await server.start(self.config.host)
+        except BaseException:
+            await self.stop()
+            raise
+        self._watch = asyncio.create_task(self._keep_running(), name="rpc servers")
+
+    async def _keep_running(self) -> None:
+        while not self._stopping:
+            for server in self.servers:
+                if server.child is not None and server.exited is not None and server.exited.done():
+                    server.running = False
+                    code = server.exited.result()
+                    log.error("ggml-rpc-server on port %d exited (%s): starting it again", server.device.port, code)
+                    await server.child.stop(STOP_GRACE_S)
+                    await asyncio.sleep(RESTART_DELAY_S)
+                    with contextlib.suppress(GatewayError, OSError):
+                        await server.start(self.config.host)
+            await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for server in self.servers:
+            await server.stop()
+
+    def inventory(self) -> dict[str, Any]:
+        """What the head plans with: devices (free memory read now for real GPUs), RAM, build."""
+        free = {}
+        if self.machine.source == "nvml":
+            free = {gpu.index: gpu.free_bytes for gpu in probe_nvml()[0]}
+        ram_total, ram_available = host_ram()
+        return {
+            "node": self.name,
+            "build": self.build,
+            "rpc_protocol": next((s.protocol for s in self.servers if s.protocol), None),
+            "source": self.machine.source,
+            "ram_total_bytes": ram_total,
+            "ram_available_bytes": ram_available,
+            "devices": [
+                {
+                    "index": server.device.gpu.index,
+                    "name": server.device.gpu.name,
+                    "total_bytes": server.device.gpu.total_bytes,
+                    "free_bytes": free.get(server.device.gpu.index, server.device.gpu.free_bytes),
+                    "compute_capability": "{}.{}".format(*server.device.gpu.compute_capability),
+                    "simulated": server.device.simulated,
+                    "endpoint": f"{_host_for_url(self.config.host)}:{server.device.port}",
+                    "running": server.running,
+                    "starts": server.starts,
+                }
+                for server in self.servers
+            ],
+        }
+
+
+def _host_for_url(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def authorized(request: Request, keys: tuple[str, ...]) -> bool:
+    """The same key forms as the gateway's API: ``Authorization: Bearer KEY`` or ``x-api-key``."""
+    auth = request.headers.get("authorization", "")
+    given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+    return bool(given) and any(secrets.compare_digest(given.encode(), key.encode()) for key in keys)
+
+
+def create_app(worker: Worker, keys: tuple[str, ...]) -> Starlette:
+    async def health(_request: Request) -> Response:
+        return JSONResponse({"status": "ok", "node": worker.name})
+
+    async def inventory_route(request: Request) -> Response:
+        if not authorized(request, keys):
+            return JSONResponse({"error": {"message": "a valid API key is required", "type": "auth"}}, status_code=401)
+        return JSONResponse(worker.inventory())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        await worker.start()
+        try:
+            yield
+        finally:
+            await worker.stop()
+
+    return Starlette(
+        routes=[Route("/health", health), Route("/inventory", inventory_route)],
+        lifespan=lifespan,
+    )
+
+
+def run(config: WorkerConfig) -> int:
+    """Serve until SIGINT/SIGTERM; the servers stop with the worker."""
+    import uvicorn
+
+    if not config.api_keys:
+        raise ConfigError("a worker needs an API key (--api-key KEY or --api-key-file): the head sends it")
+    if config.host in ("0.0.0.0", "::"):
+        log.warning(
+            "ggml-rpc-server will listen on every interface with no authentication: anyone who reaches "
+            "ports %d+ can use these devices; prefer the address of a private network between the nodes",
+            config.rpc_port,
+        )
+    command = rpc.rpc_command(config.rpc_command)
+    if command is None:
+        raise ConfigError(
+            "ggml-rpc-server not found: install llama.cpp with RPC (pip install 'gateway[llamacpp-native]', "
+            "built with -DGGML_RPC=ON) or give --rpc-server-command"
+        )
+    machine = inventory(config.gpus)
+    if machine.source == "simulated":
+        machine = replace(
+            machine, gpus=tuple(replace(g, name=f"simulated {g.total_bytes / MIB:.0f} MiB (CPU)") for g in machine.gpus)
+        )
+    worker = Worker(config, machine, command)
+    for rpc_server in worker.servers:
+        gpu = rpc_server.device.gpu
+        log.info("device %d: %s, %.1f GiB → %s", gpu.index, gpu.name, gpu.total_bytes / GIB, " ".join(rpc_server.argv))
+    app = create_app(worker, config.api_keys)
+    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", log_config=None, lifespan="on")
+    server = uvicorn.Server(uv)
+
+    def stop_requested(_signum: int, _frame: object) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop_requested) for sig in (signal.SIGINT, signal.SIGTERM)}
+    log.info("worker %s answering the head on http://%s:%d%s", worker.name, config.host, config.port, "/inventory")
+    try:
+        with asyncio.Runner(loop_factory=uv.get_loop_factory()) as runner:
+            runner.run(server.serve())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else 1

@@ -1,0 +1,161 @@
+"""The model catalog: ``config/models/*.toml`` loaded into typed entries, and name resolution.
+
+A user names a model four ways: a catalog name or alias, a local ``.gguf`` file, a local checkpoint
+directory (with ``config.json``), or a hub repo id (``org/name``). All of them resolve here, in one
+place, to a :class:`ModelEntry`; anything else raises :class:`~gateway.core.errors.ModelError` listing the
+names that would have worked.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backends import registry
+from gateway.core.errors import ModelError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelEntry(_Strict):
+    """One model as the gateway fronts it."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    max_context: int | None = None  # the model's own limit when known without reading weights
+    hf_config: str | None = None  # a config.json shipped beside the entry (relative to its file), for planning offline
+    # one table per engine that can serve it ([vllm], [llamacpp]…), typed by that engine's backend
+    engines: dict[str, Any] = Field(default_factory=dict)
+    base_dir: Path | None = Field(default=None, exclude=True)  # the entry file's directory: relative paths start here
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    def source(self, engine: str) -> Any:
+        """This engine's table (its backend's typed source), or None."""
+        return self.engines.get(engine)
+
+    def bundled_config(self) -> dict[str, Any] | None:
+        """The config.json the entry ships (``hf_config``), read relative to the entry's own file."""
+        if not self.hf_config:
+            return None
+        path = (self.base_dir or builtin_catalog_dir()) / self.hf_config
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ModelError(
+                f"{self.name}: cannot read hf_config {path}: {exc}; fix the path in its catalog entry"
+            ) from exc
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as its TOML file says it (engine tables at the top level)."""
+        data = self.model_dump(mode="json", exclude={"engines"})
+        return data | {name: source.model_dump(mode="json") for name, source in self.engines.items()}
+
+
+def builtin_catalog_dir() -> Path:
+    """``config/models`` from a source checkout, or its copy inside an installed wheel."""
+    package_dir = Path(__file__).resolve().parents[1]  # gateway/
+    for candidate in (package_dir / "_config" / "models", package_dir.parent / "config" / "models"):
+        if candidate.is_dir():
+            return candidate
+    raise ModelError(f"model catalog not found next to {package_dir}: reinstall the gateway package")
+
+
+def _key_error(source: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> ModelError:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in (*prefix, *first["loc"])) or "(top level)"
+    return ModelError(f"{source}: {where}: {first['msg']}")
+
+
+def parse_entry(text: str, source: str, base_dir: Path | None = None) -> ModelEntry:
+    """Parse one catalog file; errors name the file and the key path. Each engine's table is parsed
+    by that engine's backend; a table no engine claims is an error naming the known ones."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ModelError(f"{source}: not valid TOML: {exc}") from exc
+    engines: dict[str, Any] = {}
+    for key in [k for k in data if k not in ModelEntry.model_fields]:
+        if key not in registry.names():
+            known = ", ".join(registry.names())
+            raise ModelError(f"{source}: {key}: unknown key (engine tables are {known})")
+        table = data.pop(key)
+        try:
+            engines[key] = registry.get(key).parse_section(table)
+        except ValidationError as exc:
+            raise _key_error(source, exc, (key,)) from exc
+    try:
+        return ModelEntry.model_validate({**data, "engines": engines, "base_dir": base_dir})
+    except ValidationError as exc:
+        raise _key_error(source, exc) from exc
+
+
+class Catalog:
+    """Catalog entries indexed by every name and alias (case-insensitive)."""
+
+    def __init__(self, entries: Iterable[ModelEntry]) -> None:
+        self.entries = tuple(entries)
+        self._by_name: dict[str, ModelEntry] = {}
+        for entry in self.entries:
+            for name in entry.names:
+                key = name.lower()
+                if self._by_name.get(key, entry) is not entry:
+                    raise ModelError(f"catalog: name {name!r} is used by two models")
+                self._by_name[key] = entry
+
+    @classmethod
+    def from_dir(cls, directory: Path) -> Catalog:
+        files = sorted(directory.glob("*.toml"))
+        return cls(parse_entry(path.read_text(), str(path), path.parent) for path in files)
+
+    def get(self, name: str) -> ModelEntry | None:
+        return self._by_name.get(name.lower())
+
+    def resolve(self, spec: str) -> ModelEntry:
+        """Turn what the user typed into an entry (see the module docstring for the forms)."""
+        if entry := self.get(spec):
+            return entry
+        path = Path(spec).expanduser()
+        for backend in registry.BACKENDS:  # a file, a directory or a hub id that an engine can load
+            if (table := backend.section_for(spec)) is not None:
+                name = (path.resolve().stem if path.is_file() else path.resolve().name) if path.exists() else spec
+                return ModelEntry(name=name, engines={backend.name: backend.parse_section(table)})
+        if path.is_dir():
+            raise ModelError(f"{path} has no config.json: point --model at a checkpoint directory or a .gguf file")
+        if path.exists() or path.suffix == ".gguf" or spec.startswith(("/", "./", "../", "~")):
+            raise ModelError(f"{spec}: no such file or directory" if not path.exists() else f"{spec}: not a model")
+        known = ", ".join(entry.name for entry in self.entries)
+        raise ModelError(
+            f"unknown model {spec!r}: use a catalog name ({known}), a hub repo id like org/name, "
+            "a .gguf file or a checkpoint directory"
+        )
+
+
+@cache
+def builtin_catalog() -> Catalog:
+    return Catalog.from_dir(builtin_catalog_dir())
+
+
+def catalog_with(extra_dir: Path | None) -> Catalog:
+    """The built-in catalog plus the user's entries; a user entry replaces a built-in of the same name."""
+    if extra_dir is None:
+        return builtin_catalog()
+    if not extra_dir.is_dir():
+        raise ModelError(f"catalog_dir {extra_dir} is not a directory: create it or unset catalog_dir")
+    user = Catalog.from_dir(extra_dir)
+    taken = {name.lower() for entry in user.entries for name in entry.names}
+    kept = [entry for entry in builtin_catalog().entries if not taken & {name.lower() for name in entry.names}]
+    return Catalog([*user.entries, *kept])

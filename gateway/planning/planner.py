@@ -1,0 +1,164 @@
+"""The fit planner: model + machine + policy in, every engine's candidates with reasons out, one chosen.
+
+Each registered backend reads the model its own way and evaluates its ladder; the first engine (in
+the registry's order of preference) with a fitting candidate is chosen, its best candidate first.
+Pure apart from :func:`read_engines`, which reads the model's facts (catalog, local files, hub).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends import registry
+from backends.base import Backend, Candidate, Installation, ModelFiles
+from gateway.core.devices import Inventory
+from gateway.core.errors import GatewayError
+from gateway.core.policy import Policy
+from gateway.planning.catalog import ModelEntry
+
+log = logging.getLogger("gateway.planner")
+
+
+@dataclass
+class EnginePlan:
+    """One engine's view of the model, its installation, and its candidates (fitting or not)."""
+
+    backend: Backend[Any, Any]
+    installation: Installation
+    model: ModelFiles | None  # None: the catalog entry has no table for this engine
+    candidates: list[Any] = field(default_factory=list)
+
+    @property
+    def best(self) -> Candidate | None:
+        ranked = self.backend.ranked(self.candidates)
+        return ranked[0] if ranked else None
+
+
+@dataclass
+class Plan:
+    model: str
+    inventory: Inventory
+    policy: Policy
+    engines: list[EnginePlan]
+    decision_backend: str | None
+    decision_index: int | None
+    decision_reason: str
+    notes: list[str]
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        return [c for engine in self.engines for c in engine.candidates]
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return None if self.decision_index is None else self.candidates[self.decision_index]
+
+    def engine(self, name: str) -> EnginePlan | None:
+        return next((e for e in self.engines if e.backend.name == name), None)
+
+    def candidates_of(self, name: str) -> list[Any]:
+        engine = self.engine(name)
+        return engine.candidates if engine else []
+
+    def versions(self) -> str:
+        """The engine versions the plan was made for ("vllm 0.32.0 (installed)")."""
+        return "; ".join(
+            f"{e.backend.name} {e.installation.version} ({e.installation.version_source})" for e in self.engines
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "decision": {
+                "backend": self.decision_backend,
+                "candidate": self.decision_index,
+                "reason": self.decision_reason,
+            },
+            "engine_version": self.versions(),
+            "inventory": {
+                "source": self.inventory.source,
+                "gpus": [
+                    {
+                        "index": g.index,
+                        "name": g.name,
+                        "total_gib": round(g.total_bytes / 1024**3, 2),
+                        "free_gib": round(g.free_bytes / 1024**3, 2),
+                        "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+                    }
+                    for g in self.inventory.gpus
+                ],
+                "ram_available_gib": round(self.inventory.ram_available_bytes / 1024**3, 2),
+                "remote": [  # other nodes' devices (llama.cpp RPC), in the order given
+                    {
+                        "node": g.node,
+                        "index": g.index,
+                        "name": g.name,
+                        "endpoint": g.endpoint,
+                        "total_gib": round(g.total_bytes / 1024**3, 2),
+                        "free_gib": round(g.free_bytes / 1024**3, 2),
+                        "link": g.link,
+                    }
+                    for g in self.inventory.remote
+                ],
+            },
+            "policy": {"min_context": self.policy.min_context, "max_context": self.policy.max_context},
+            "candidates": [c.to_json() for c in self.candidates],
+            "notes": self.notes,
+        }
+
+
+def read_engines(entry: ModelEntry, installations: dict[str, Installation]) -> list[EnginePlan]:
+    """Every registered engine, in order; those with a table in the entry read the model (I/O: files,
+    a package, the hub)."""
+    engines = []
+    for backend in registry.BACKENDS:
+        model = None
+        if entry.source(backend.name) is not None:
+            try:
+                model = backend.read(entry)
+            except (OSError, ValueError) as exc:
+                raise GatewayError(f"cannot read the facts of {entry.name}: {exc}") from exc
+        engines.append(EnginePlan(backend, installations[backend.name], model))
+    return engines
+
+
+def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: Policy) -> Plan:
+    """Evaluate every engine's ladder and choose the first engine's best fitting candidate (pure)."""
+    notes = list(inventory.notes)
+    for engine in engines:
+        if engine.model is not None and policy.plans(engine.backend.name):
+            engine.candidates = engine.backend.candidates(engine.model, inventory, policy, engine.installation)
+        if engine.model is not None:
+            notes += [note for note in engine.model.notes if note not in notes]
+        elif policy.plans(engine.backend.name):
+            notes.append(f"{engine.backend.title} not planned: {_needs(engine.backend)}")
+    passed_over: list[str] = []
+    offset = 0
+    for engine in engines:
+        if (best := engine.best) is not None:
+            reason = "; ".join([*passed_over, f"{best.label}: {best.reason}"])
+            index = offset + engine.candidates.index(best)
+            return Plan(name, inventory, policy, engines, engine.backend.name, index, reason, notes)
+        title = engine.backend.title
+        passed_over.append(f"no {title} rung fits" if engine.candidates else f"{title} not planned")
+        offset += len(engine.candidates)
+    # one reason per engine: its ladder's rungs fail alike, and the notes say what was not planned
+    reasons = [engine.candidates[0].reason for engine in engines if engine.candidates]
+    reasons += [note for note in notes if " not planned: " in note]
+    if any(engine.candidates for engine in engines):
+        reasons.append(QUANTIZED_HINT)
+    reason = "nothing fits: " + ("; ".join(reasons) or "no engine could be planned")
+    return Plan(name, inventory, policy, engines, None, None, reason, notes)
+
+
+QUANTIZED_HINT = (
+    "a quantized checkpoint (4-bit weights take about a third of BF16's memory) may fit: pass one with "
+    "--model (a GGUF file, or a pre-quantized hub repo) or add it to the catalog"
+)
+
+
+def _needs(backend: Backend[Any, Any]) -> str:
+    """What the engine needs to be planned, in its own words when it says (``needs``)."""
+    return str(getattr(backend, "needs", None) or f"the model has no [{backend.name}] source in the catalog")

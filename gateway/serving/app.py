@@ -1,0 +1,146 @@
+"""The HTTP surface agents talk to: the API routes, health, readiness, status, metrics; every error
+written in the route's dialect (:mod:`gateway.serving.error_shapes`).
+
+Request bodies are parsed once, only to validate them and to map the model name; when no rename is
+needed the original bytes are forwarded as they came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.serving import status_page
+from gateway.serving.disconnect import CancelOnDisconnect
+from gateway.serving.edge import ApiKeys, ASGIApp, RequestMetrics
+from gateway.serving.error_shapes import RETRY_AFTER_S, ApiError, as_api_error, shape_for
+from gateway.serving.handlers import Inference
+from gateway.serving.metrics import StateCollector
+from gateway.serving.metrics import endpoint as metrics_endpoint
+from gateway.serving.runtime import Runtime
+from gateway.supervision.lifecycle import State
+
+log = logging.getLogger("gateway.app")
+
+
+class Gateway:
+    """Route handlers bound to one :class:`Runtime`."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    async def health(self, _request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, _request: Request) -> Response:
+        backend = self.rt.backend
+        if backend.ready:
+            return JSONResponse({"status": "ready", "model": self.rt.route.fronted})
+        body = {"status": backend.state.value, "reason": backend.reason}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    def status_data(self) -> dict[str, Any]:
+        route = self.rt.route
+        data: dict[str, Any] = {
+            "model": route.fronted,
+            "aliases": list(route.aliases),
+            "context_length": self.rt.context_length(),
+            **self.rt.backend.snapshot(),
+        }
+        data["plan"] = {**(data.get("plan") or {}), **self.rt.plan_details}
+        data["gpus"] = [
+            {"index": index, "used_gib": round(used / 1024**3, 2), "total_gib": round(total / 1024**3, 2)}
+            for index, used, total in self.rt.gpu_memory()
+        ]
+        return data
+
+    async def status(self, request: Request) -> Response:
+        wants = request.query_params.get("format") or (
+            "html" if "text/html" in request.headers.get("accept", "") else "json"
+        )
+        data = self.status_data()
+        if wants == "html":
+            return HTMLResponse(status_page.render(data))
+        return JSONResponse(data)
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        route = self.rt.route
+        context = self.rt.context_length()
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.rt.created,
+            "owned_by": "gateway",
+            "root": route.fronted,
+            "context_length": context,
+            "max_model_len": context,  # vLLM's name for the same figure
+        }
+
+    async def list_models(self, _request: Request) -> Response:
+        route = self.rt.route
+        return JSONResponse({"object": "list", "data": [self._model_card(n) for n in (route.fronted, *route.aliases)]})
+
+    async def get_model(self, request: Request) -> Response:
+        requested = request.path_params["model"]
+        if not self.rt.route.accepts(requested):
+            raise Inference(self.rt).unknown_model(requested)
+        return JSONResponse(self._model_card(requested))
+
+
+async def _error(request: Request, exc: Exception) -> Response:
+    """Every exception a route raises, as an error in the route's dialect."""
+    if not isinstance(exc, ApiError | HTTPException):
+        log.exception("unhandled error", exc_info=exc)
+    path = request.url.path
+    return shape_for(path).response(as_api_error(exc, request.method, path))
+
+
+def create_app(runtime: Runtime) -> ASGIApp:
+    gateway = Gateway(runtime)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        await runtime.backend.start()
+
+        async def stop_if_start_fails() -> None:
+            state = await runtime.backend.wait_settled()
+            if state is State.FAILED and not runtime.backend.ever_ready:
+                runtime.on_startup_failure()
+
+        watcher = asyncio.create_task(stop_if_start_fails())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await runtime.backend.stop()
+            await runtime.upstream.aclose()
+
+    inference = Inference(runtime)
+    routes = [
+        Route("/health", gateway.health, methods=["GET"]),
+        Route("/ready", gateway.ready, methods=["GET"]),
+        Route("/status", gateway.status, methods=["GET"]),
+        Route("/v1/models", gateway.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", gateway.get_model, methods=["GET"]),
+        Route("/v1/chat/completions", inference.chat_completions, methods=["POST"]),
+        Route("/v1/completions", inference.completions, methods=["POST"]),
+        Route("/v1/responses", inference.responses, methods=["POST"]),
+        Route("/v1/messages", inference.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", inference.count_tokens, methods=["POST"]),
+    ]
+    registry = CollectorRegistry()
+    registry.register(StateCollector(runtime, runtime.gpu_memory))
+    routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
+    handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    return CancelOnDisconnect(RequestMetrics(ApiKeys(app, runtime.api_keys), registry))

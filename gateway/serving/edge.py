@@ -1,0 +1,139 @@
+"""Pure ASGI layers at the edge of the app: API keys, request ids, and Prometheus request metrics.
+
+Pure ASGI (not BaseHTTPMiddleware) so streamed responses pass through unbuffered; the per-chunk
+work is two substring checks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from gateway.serving.error_shapes import shape_for
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/health"})
+# the current request's id: forwarded to the engine and written into JSON log lines
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+ROUTES = frozenset(
+    {
+        "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+        "/v1/models", "/health", "/ready", "/status", "/metrics",
+    }
+)  # fmt: skip
+_USAGE = re.compile(rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)":\s*(\d+)')
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or []:
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def _usable_request_id(offered: str | None) -> str | None:
+    """A client's X-Request-Id when it is a plain token (it goes back out and on to the engine as a
+    header and into log lines); anything else is replaced by a fresh id rather than mangled."""
+    return offered if offered and _REQUEST_ID.fullmatch(offered) else None
+
+
+class ApiKeys:
+    """Closes every route but /health unless the request carries one of the keys (Bearer or x-api-key);
+    the 401 is written in the route's dialect."""
+
+    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+        self.app = app
+        self.keys = [key.encode() for key in keys if key]
+
+    def allowed(self, scope: Scope) -> bool:
+        """Either header may carry the key (SDKs send both, one of them a placeholder)."""
+        offered = [_header(scope, b"x-api-key") or ""]
+        bearer = _header(scope, b"authorization") or ""
+        if bearer.lower().startswith("bearer "):
+            offered.append(bearer[7:].strip())
+        # every offered value against every key, in constant time
+        matches = [hmac.compare_digest(value.encode(), key) for value in offered for key in self.keys]
+        return any(matches)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS or self.allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        await shape_for(scope["path"]).unauthorized()(scope, receive, send)
+
+
+class RequestMetrics:
+    """Counts requests by route and status, times them (and the first streamed byte), sums tokens
+    from the usage figures the responses carry, and tags each response with an X-Request-Id."""
+
+    def __init__(self, app: ASGIApp, registry: CollectorRegistry) -> None:
+        self.app = app
+        self.requests = Counter(
+            "gateway_requests", "Requests by route and status", ["route", "status"], registry=registry
+        )
+        self.latency = Histogram(
+            "gateway_request_seconds", "Time to the response's first byte", ["route"], registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds", "Streams: time to the first event after the headers", ["route"],
+            registry=registry, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+        )  # fmt: skip
+        self.tokens = Counter("gateway_tokens", "Tokens from response usage", ["direction"], registry=registry)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        rid = _usable_request_id(_header(scope, b"x-request-id")) or uuid.uuid4().hex
+        token = request_id.set(rid)
+        started = time.perf_counter()
+        status = {"code": 500, "streaming": False, "first": True}
+
+        async def tapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                headers = list(message.get("headers") or [])
+                headers.append((b"x-request-id", rid.encode()))
+                message["headers"] = headers
+                status["streaming"] = any(
+                    k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
+                )
+                self.latency.labels(route).observe(time.perf_counter() - started)
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if status["streaming"] and status["first"] and body:
+                    status["first"] = False
+                    self.ttft.labels(route).observe(time.perf_counter() - started)
+                if b"_tokens" in body and (b'"usage"' in body or b'"message_delta"' in body):
+                    self._count_tokens(body)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tapped)
+        finally:
+            self.requests.labels(route, str(status["code"])).inc()
+            request_id.reset(token)
+
+    def _count_tokens(self, body: bytes) -> None:
+        delta_only = b'"message_delta"' in body  # repeats message_start's input count: outputs only
+        for name, value in _USAGE.findall(body):
+            direction = "in" if name in (b"prompt_tokens", b"input_tokens") else "out"
+            if int(value) and not (delta_only and direction == "in"):
+                self.tokens.labels(direction).inc(int(value))

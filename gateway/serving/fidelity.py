@@ -1,0 +1,151 @@
+"""What agents expect of chat completions that some engines do not do, done by the gateway only then.
+
+- `max_completion_tokens` becomes `max_tokens` for engines that ignore it (llama-cpp-python).
+- A requested output length that cannot fit beside the prompt is clamped to what fits; a prompt that
+  alone overflows the context is refused with OpenAI's `context_length_exceeded` error.
+- `stream_options.include_usage` gets its final usage chunk (`"choices": []`) when the engine ignores
+  the option; token counts then come from the engine's tokenizer (prompt) and the chunks (output).
+- Engines emit one of `reasoning` / `reasoning_content`; agents read one or the other: add the twin.
+Streams that need none of this are forwarded byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from gateway.serving.error_shapes import ApiError
+
+PER_MESSAGE_OVERHEAD = 8  # chat-template tokens around each message, roughly
+
+
+def flatten_prompt(payload: dict[str, Any]) -> tuple[str, int]:
+    """(text of every message and tool schema, number of messages) for counting prompt tokens."""
+    parts: list[str] = []
+    messages = payload.get("messages") or []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [str(p.get("text", "")) for p in content if isinstance(p, dict)]
+        for call in (message.get("tool_calls") or []) if isinstance(message, dict) else []:
+            parts.append(json.dumps(call))
+    parts += [json.dumps(tool) for tool in payload.get("tools") or []]
+    if isinstance(payload.get("prompt"), str):
+        parts.append(payload["prompt"])
+    return "\n".join(parts), len(messages)
+
+
+def overflow_error(prompt_tokens: int, context: int) -> ApiError:
+    return ApiError(
+        400,
+        f"This model's maximum context length is {context} tokens. However, your messages resulted in "
+        f"{prompt_tokens} tokens. Please reduce the length of the messages.",
+        code="context_length_exceeded",
+        param="messages",
+    )
+
+
+def clamp_output(payload: dict[str, Any], prompt_tokens: int, context: int) -> bool:
+    """Fit `max_tokens` beside the prompt; True when the payload changed."""
+    if prompt_tokens >= context:
+        raise overflow_error(prompt_tokens, context)
+    requested = payload.get("max_tokens")
+    room = context - prompt_tokens
+    if isinstance(requested, int) and requested > room:
+        payload["max_tokens"] = room
+        return True
+    return False
+
+
+def map_max_completion_tokens(payload: dict[str, Any]) -> bool:
+    if "max_completion_tokens" not in payload:
+        return False
+    value = payload.pop("max_completion_tokens")
+    payload.setdefault("max_tokens", value)
+    return True
+
+
+class ChatStreamFixer:
+    """Rewrites a chat-completions SSE stream event by event (only built when something is needed)."""
+
+    def __init__(self, *, mirror: str | None, usage_prompt_tokens: int | None) -> None:
+        self.mirror = mirror  # the reasoning field the engine emits, whose twin to add
+        self.twin = {"reasoning": "reasoning_content", "reasoning_content": "reasoning"}.get(mirror or "")
+        self.usage_prompt_tokens = usage_prompt_tokens  # not None: synthesize the usage chunk
+        self.completion_tokens = 0
+        self.last: dict[str, Any] = {}
+        self.saw_usage = False
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._pending += chunk
+        out: list[bytes] = []
+        while (cut := self._pending.find(b"\n\n")) >= 0:
+            event, self._pending = self._pending[: cut + 2], self._pending[cut + 2 :]
+            out.append(self._event(event))
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return self._event(rest) if rest else b""
+
+    def _event(self, event: bytes) -> bytes:
+        body = event.strip()
+        if body == b"data: [DONE]":
+            return self._usage_chunk() + event
+        if not body.startswith(b"data: {"):
+            return event
+        needs_twin = self.mirror is not None and self.mirror.encode() in body
+        if not needs_twin and self.usage_prompt_tokens is None:
+            return event
+        try:
+            payload = json.loads(body[6:])
+        except ValueError:
+            return event
+        self.last = payload
+        if payload.get("usage"):
+            self.saw_usage = True
+        changed = False
+        for choice in payload.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("tool_calls") or delta.get(self.mirror or "", None):
+                self.completion_tokens += 1
+            if needs_twin and self.twin and self.mirror in delta and self.twin not in delta:
+                delta[self.twin] = delta[self.mirror]
+                changed = True
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n" if changed else event
+
+    def _usage_chunk(self) -> bytes:
+        if self.usage_prompt_tokens is None or self.saw_usage:
+            return b""
+        prompt, completion = self.usage_prompt_tokens, self.completion_tokens
+        chunk = {
+            "id": self.last.get("id", "chatcmpl-usage"),
+            "object": "chat.completion.chunk",
+            "created": self.last.get("created", int(time.time())),
+            "model": self.last.get("model", ""),
+            "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def complete_chat_shape(body: bytes) -> bytes:
+    """Fill the fields OpenAI's schema requires that some engines leave out of a chat completion
+    (`message.refusal`, `message.annotations`, `choice.logprobs`); other bodies pass unchanged."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(payload, dict) or payload.get("object") != "chat.completion":
+        return body
+    for choice in payload.get("choices") or []:
+        choice.setdefault("logprobs", None)
+        message = choice.get("message")
+        if isinstance(message, dict):
+            message.setdefault("refusal", None)
+            message.setdefault("annotations", [])
+    return json.dumps(payload).encode()

@@ -1,0 +1,286 @@
+"""The inference routes: chat and text completions, Responses, Messages (and count_tokens).
+
+Each request is parsed once, checked, mapped to the served model, admitted, then either passed
+through (the engine speaks the API itself) or translated to chat completions and back. Responses
+and Messages share one translate path; a :class:`Dialect` says what differs between them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from backends.base import Launch
+from gateway.serving import messages_api, responses_api
+from gateway.serving import request_shapes as shapes
+from gateway.serving.error_shapes import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
+from gateway.serving.fidelity import (
+    PER_MESSAGE_OVERHEAD,
+    ChatStreamFixer,
+    clamp_output,
+    complete_chat_shape,
+    flatten_prompt,
+    map_max_completion_tokens,
+)
+from gateway.serving.proxy import ChunkFilter, chained, translated_stream
+from gateway.serving.runtime import Runtime
+from gateway.supervision.lifecycle import ServedBackend, State
+
+log = logging.getLogger("gateway.handlers")
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python accepts them, then refuses to write them back)."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes (max_body_bytes)")
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes (max_body_bytes)")
+        parts.append(part)
+    body = b"".join(parts)
+    if not body.strip():
+        raise ApiError(400, "request body is empty: send a JSON object")
+    try:
+        payload = json.loads(body, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, f"request body must be a JSON object, not a JSON {type(payload).__name__}")
+    return body, payload
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """An agent API served by translation to chat completions when the engine does not speak it."""
+
+    native: str  # the engine's capability (Launch.native) and its route, /v1/<native>
+    shape: type[BaseModel]  # the request fields the gateway reads (gateway.serving.request_shapes)
+    to_chat: Callable[[dict[str, Any], str], dict[str, Any]]  # (request, served name) → chat request
+    reply: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]  # (chat answer, request, fronted name)
+    events: Callable[[AsyncIterator[Any], dict[str, Any], str, int], AsyncIterator[bytes]]  # + prompt tokens
+    errors: ErrorShape
+
+    @property
+    def path(self) -> str:
+        return f"/v1/{self.native}"
+
+
+RESPONSES = Dialect(
+    "responses",
+    shapes.ResponsesRequest,
+    responses_api.to_chat,
+    responses_api.from_chat,
+    lambda chunks, request, model, _prompt: responses_api.stream_from_chat(chunks, request, model),
+    OPENAI,
+)
+MESSAGES = Dialect(
+    "messages",
+    shapes.MessagesRequest,
+    messages_api.to_chat,
+    lambda answer, _request, model: messages_api.from_chat(answer, model),
+    lambda chunks, _request, model, prompt: messages_api.stream_from_chat(chunks, model, prompt),
+    ANTHROPIC,
+)
+
+
+def _not_ready(backend: ServedBackend) -> str:
+    """Why requests cannot go through, as the 503 says it: a server the user runs (``--backend-url``)
+    is never "starting" here, and one that served and went quiet has stopped answering."""
+    why = backend.reason or "no reason given"
+    if backend.state is State.STARTING and backend.ever_ready:
+        return f"stopped answering ({why})"
+    if backend.state is State.STARTING and backend.launch is not None and backend.launch.engine == "external":
+        return f"is unreachable ({why})"
+    return {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(backend.state, "is not running")
+
+
+class Inference:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    # -- shared steps ---------------------------------------------------------------------------
+    def unknown_model(self, requested: str) -> ApiError:
+        route = self.rt.route
+        also = f" (aliases: {', '.join(route.aliases)})" if route.aliases else ""
+        return ApiError(
+            404,
+            f"The model '{requested}' does not exist: this gateway serves '{route.fronted}'{also}",
+            param="model",
+            code="model_not_found",
+        )
+
+    def _route_model(self, payload: dict[str, Any]) -> bool:
+        """Check the requested model and name the served one; True when the payload changed."""
+        route = self.rt.route
+        if payload.get("model") is None:
+            raise ApiError(
+                400, f"missing required parameter: 'model' (this gateway serves '{route.fronted}')", param="model",
+                code="missing_required_parameter",
+            )  # fmt: skip
+        requested = payload["model"]
+        if not route.accepts(requested):
+            raise self.unknown_model(requested)
+        if requested != route.served:
+            payload["model"] = route.served
+            return True
+        return False
+
+    def _target(self) -> Launch:
+        backend = self.rt.backend
+        target = backend.launch
+        if not backend.ready or target is None:
+            raise unavailable(f"the backend for '{self.rt.route.fronted}' {_not_ready(backend)}; retry shortly")
+        return target
+
+    async def _prompt_tokens(self, target: Launch, payload: dict[str, Any]) -> int | None:
+        text, messages = flatten_prompt(payload)
+        counted = await self.rt.upstream.count_tokens(target, text)
+        return None if counted is None else counted + PER_MESSAGE_OVERHEAD * messages
+
+    async def _fit_chat(self, target: Launch, payload: dict[str, Any]) -> tuple[bool, int | None]:
+        """Engine-specific fixes to a chat request: (payload changed, prompt tokens if counted)."""
+        changed = False
+        if "max_completion_tokens" not in target.native:
+            changed |= map_max_completion_tokens(payload)
+        prompt: int | None = None
+        requested = payload.get("max_tokens")
+        if isinstance(requested, int) and requested > target.context_length // 4:
+            prompt = await self._prompt_tokens(target, payload)
+            if prompt is not None:
+                changed |= clamp_output(payload, prompt, target.context_length)
+        return changed, prompt
+
+    # -- chat and text completions -----------------------------------------------------------------
+    async def chat_completions(self, request: Request) -> Response:
+        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        shapes.check(shapes.ChatCompletionRequest, payload)
+        return await self._completion(payload, body, "/v1/chat/completions")
+
+    async def completions(self, request: Request) -> Response:
+        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        shapes.check(shapes.CompletionRequest, payload)
+        return await self._completion(payload, body, "/v1/completions")
+
+    async def _completion(self, payload: dict[str, Any], body: bytes, path: str) -> Response:
+        changed = self._route_model(payload)
+        target = self._target()
+        fixed, prompt = await self._fit_chat(target, payload)
+        stream = payload.get("stream") is True
+        filters: list[ChunkFilter] = []
+        if stream:
+            wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+            synth = wants_usage and "include_usage" not in target.native
+            if synth and prompt is None:
+                prompt = await self._prompt_tokens(target, payload) or 0
+            if synth or target.reasoning_field:
+                filters.append(
+                    ChatStreamFixer(mirror=target.reasoning_field, usage_prompt_tokens=prompt if synth else None)
+                )
+            if rewriter := self.rt.route.stream_rewriter():
+                filters.append(rewriter)
+        if changed or fixed:
+            body = json.dumps(payload).encode()
+        route_rewrite = self.rt.route.rewrite_body
+        complete = "openai_shapes" not in target.native
+
+        def rewrite(data: bytes) -> bytes:
+            return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
+
+        async with self.rt.admission.slot() as ticket:
+            return await self.rt.upstream.relay(
+                target,
+                path,
+                body,
+                stream=stream,
+                rewrite_body=rewrite,
+                chunk_filter=chained(filters),
+                on_close=ticket.hand_over(),
+            )
+
+    async def _passthrough(
+        self, dialect: Dialect, target: Launch, payload: dict[str, Any], body: bytes | None
+    ) -> Response:
+        """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
+        async with self.rt.admission.slot() as ticket:
+            return await self.rt.upstream.relay(
+                target,
+                dialect.path,
+                body if body is not None else json.dumps(payload).encode(),
+                stream=payload.get("stream") is True,
+                rewrite_body=self.rt.route.rewrite_body,
+                on_close=ticket.hand_over(),
+                errors=dialect.errors,
+            )
+
+    # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
+    async def responses(self, request: Request) -> Response:
+        return await self._agent_api(RESPONSES, request)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._agent_api(MESSAGES, request)
+
+    async def _agent_api(self, dialect: Dialect, request: Request) -> Response:
+        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        shapes.check(dialect.shape, payload)
+        changed = self._route_model(payload)
+        target = self._target()
+        if dialect.native in target.native:
+            return await self._passthrough(dialect, target, payload, body if not changed else None)
+        return await self._translate(dialect, target, payload)
+
+    async def _translate(self, dialect: Dialect, target: Launch, payload: dict[str, Any]) -> Response:
+        """Ask the engine in chat completions and answer in the dialect: one reply, or a stream of its
+        events (usage synthesized when the engine ignores include_usage). An engine's refusal comes
+        back in the dialect's error shape."""
+        fronted = self.rt.route.fronted
+        chat = dialect.to_chat(payload, self.rt.route.served)
+        _, prompt = await self._fit_chat(target, chat)
+        async with self.rt.admission.slot() as ticket:
+            if not chat["stream"]:
+                status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
+                if status == 200 and not (isinstance(answer, dict) and isinstance(answer.get("choices"), list)):
+                    status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
+                if status != 200:
+                    return dialect.errors.engine_error(status, answer)
+                return JSONResponse(dialect.reply(answer, payload, fronted))
+            usage: ChunkFilter | None = None
+            if "include_usage" not in target.native:
+                counted = await self._prompt_tokens(target, chat) or 0
+                usage = ChatStreamFixer(mirror=None, usage_prompt_tokens=counted)
+            failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
+            if failed is not None:
+                return dialect.errors.engine_error(*failed)
+            events = dialect.events(chunks, payload, fronted, prompt or 0)
+            return translated_stream(events, ticket.hand_over(), dialect.errors)
+
+    async def count_tokens(self, request: Request) -> Response:
+        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        shapes.check(shapes.CountTokensRequest, payload)
+        changed = self._route_model(payload)
+        target = self._target()
+        if "messages" in target.native:
+            body = json.dumps(payload).encode() if changed else body
+            return await self.rt.upstream.relay(
+                target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
+            )
+        text = messages_api.prompt_text(payload)
+        counted = await self.rt.upstream.count_tokens(target, text)
+        tokens = counted + PER_MESSAGE_OVERHEAD * len(payload["messages"]) if counted is not None else len(text) // 4
+        return JSONResponse({"input_tokens": tokens})

@@ -1,0 +1,299 @@
+"""Anthropic Messages API (what Claude Code speaks) translated to and from chat completions.
+
+Used when the live backend has no `/v1/messages` of its own (llama-cpp-python). Errors on these
+routes are Anthropic-shaped (written by ``gateway.serving.error_shapes.ANTHROPIC``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.serving.error_shapes import ApiError
+from gateway.serving.error_shapes import anthropic_message as anthropic_message  # the overflow wording, re-exported
+from gateway.serving.sse import DONE, event
+
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [block for block in content if isinstance(block, dict)]
+    raise ApiError(400, "message content must be a string or an array of content blocks", param="messages")
+
+
+def _result_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return json.dumps(content)
+
+
+def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
+    """A chat-completions request carrying the same conversation, tools and limits."""
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system:
+        text = system if isinstance(system, str) else "".join(b.get("text", "") for b in _blocks(system))
+        messages.append({"role": "system", "content": text})
+    for message in body["messages"]:
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise ApiError(400, "each message needs role 'user' or 'assistant'", param="messages")
+        blocks = _blocks(message.get("content"))
+        if message["role"] == "assistant":
+            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            calls = [
+                {
+                    "id": b.get("id"),
+                    "type": "function",
+                    "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})},
+                }
+                for b in blocks
+                if b.get("type") == "tool_use"
+            ]
+            entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                entry["tool_calls"] = calls
+            messages.append(entry)
+            continue
+        text_parts: list[str] = []
+        for block in blocks:
+            if block.get("type") == "tool_result":
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.get("tool_use_id"),
+                        "content": _result_text(block.get("content")),
+                    }
+                )
+            elif block.get("type") == "text":
+                text_parts.append(str(block.get("text", "")))
+        if text_parts:
+            messages.append({"role": "user", "content": "".join(text_parts)})
+    chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}
+    chat["max_tokens"] = body.get("max_tokens")
+    for key, target in (("temperature", "temperature"), ("top_p", "top_p"), ("stop_sequences", "stop")):
+        if body.get(key) is not None:
+            chat[target] = body[key]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]},
+        }
+        for t in body.get("tools") or []
+        if isinstance(t, dict) and "name" in t and "input_schema" in t  # server tools (web_search…) dropped
+    ]
+    if tools:
+        chat["tools"] = tools
+        choice = body.get("tool_choice") or {}
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
+        if kind == "tool":
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        elif mapped:
+            chat["tool_choice"] = mapped
+    if chat["stream"]:
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def usage_block(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """Anthropic's usage object: the counts we have, and zeros for caches and server tools we do not run."""
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
+        "output_tokens_details": {"thinking_tokens": 0},
+        "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
+        "inference_geo": None,
+        "service_tier": "standard",
+    }
+
+
+def stop_reason(finish_reason: str | None, *, has_tool_use: bool) -> str:
+    """Anthropic's stop reason. Tool calls decide it whatever the engine's finish reason says: some
+    engines end a tool call with "stop", and Claude Code runs tools only on "tool_use"."""
+    if has_tool_use and finish_reason != "length":
+        return "tool_use"
+    return _STOP_REASONS.get(finish_reason or "stop", "end_turn")
+
+
+def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
+    choice = (chat.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    if thought := message.get("reasoning_content") or message.get("reasoning"):
+        content.append({"type": "thinking", "thinking": thought, "signature": ""})
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"], "citations": None})
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        content.append(
+            {
+                "caller": {"type": "direct"},
+                "type": "tool_use",
+                "id": call.get("id") or f"toolu_{uuid.uuid4().hex}",
+                "name": function.get("name"),
+                "input": _parse_arguments(function.get("arguments")),
+            }
+        )
+    usage = chat.get("usage") or {}
+    return {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(choice.get("finish_reason"), has_tool_use=bool(message.get("tool_calls"))),
+        "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+        "usage": usage_block(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
+    }
+
+
+def _parse_arguments(arguments: Any) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError:
+        return {"_raw": arguments}
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+async def stream_from_chat(
+    chunks: AsyncIterator[dict[str, Any] | object], model: str, input_tokens: int = 0
+) -> AsyncIterator[bytes]:
+    """message_start, content_block_* per block, message_delta with the stop reason, message_stop."""
+    message_id = f"msg_{uuid.uuid4().hex}"
+    start: dict[str, Any] = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+        "usage": usage_block(input_tokens, 0),
+    }
+    yield event("message_start", {"type": "message_start", "message": start})
+    index = -1
+    open_kind: str | None = None  # "thinking" | "text" | "tool"
+    tool_slots: dict[int, int] = {}
+    finish: str | None = None
+    usage: dict[str, Any] = {}
+
+    def close() -> list[bytes]:
+        nonlocal open_kind
+        if open_kind is None:
+            return []
+        open_kind = None
+        return [event("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def open_block(kind: str, block: dict[str, Any]) -> list[bytes]:
+        nonlocal index, open_kind
+        out = close()
+        index += 1
+        open_kind = kind
+        out.append(
+            event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+        )
+        return out
+
+    async for chunk in chunks:
+        if chunk is DONE or not isinstance(chunk, dict):
+            continue
+        if chunk.get("error"):
+            message = str(chunk["error"].get("message", chunk["error"]))
+            yield event("error", {"type": "error", "error": {"type": "api_error", "message": message}})
+            return
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            finish = choice.get("finish_reason") or finish
+            if thought := delta.get("reasoning_content") or delta.get("reasoning"):
+                if open_kind != "thinking":
+                    for block in open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
+                        yield block
+                yield event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "thinking_delta", "thinking": thought},
+                    },
+                )
+            if delta.get("content"):
+                if open_kind != "text":
+                    for block in open_block("text", {"type": "text", "text": "", "citations": None}):
+                        yield block
+                yield event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "text_delta", "text": delta["content"]},
+                    },
+                )
+            for call in delta.get("tool_calls") or []:
+                slot = int(call.get("index", 0))
+                function = call.get("function") or {}
+                if slot not in tool_slots:
+                    tool_block: dict[str, Any] = {
+                        "caller": {"type": "direct"},
+                        "type": "tool_use",
+                        "id": call.get("id") or f"toolu_{uuid.uuid4().hex}",
+                        "name": function.get("name") or "",
+                        "input": {},
+                    }
+                    for out in open_block("tool", tool_block):
+                        yield out
+                    tool_slots[slot] = index
+                if function.get("arguments"):
+                    yield event(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": tool_slots[slot],
+                            "delta": {"type": "input_json_delta", "partial_json": function["arguments"]},
+                        },
+                    )
+    for block in close():
+        yield block
+    stop = stop_reason(finish, has_tool_use=bool(tool_slots))
+    output_tokens = int(usage.get("completion_tokens") or 0)
+    yield event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens_details": {"thinking_tokens": 0},
+                "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
+            },
+        },
+    )
+    yield event("message_stop", {"type": "message_stop"})
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """Everything count_tokens should count, flattened (tool schemas included)."""
+    chat = to_chat({**body, "stream": False}, "")
+    parts = [str(m.get("content") or "") for m in chat["messages"]]
+    parts += [json.dumps(call) for m in chat["messages"] for call in m.get("tool_calls", [])]
+    parts += [json.dumps(tool) for tool in chat.get("tools", [])]
+    return "\n".join(parts)

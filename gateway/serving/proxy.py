@@ -1,0 +1,387 @@
+"""Forwarding requests to the live backend: one pooled client, bytes passed through untouched.
+
+Streams are relayed chunk by chunk as they arrive (no buffering, no compression); the upstream
+response is closed when the client goes away or the stream ends, and the admission ticket with it.
+Transport failures become 503s before the response starts, or a final error event once it has.
+
+Three clocks, so that a silent engine is noticed without cutting a long prompt short (:class:`Timeouts`):
+connecting, the first byte of a stream (prefill of a long prompt takes minutes), and the silence
+between two chunks of a stream; a non-streamed answer arrives whole at the end, so it has one bound
+for all of it. Answers the gateway holds in memory (non-streamed ones) are capped in size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+from starlette.responses import Response, StreamingResponse
+
+from backends.base import Launch
+from gateway.serving.edge import request_id
+from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, unavailable
+from gateway.serving.sse import chat_chunks
+
+log = logging.getLogger("gateway.proxy")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ChunkFilter(Protocol):
+    def feed(self, chunk: bytes) -> bytes: ...
+    def flush(self) -> bytes: ...
+
+
+class _Chain:
+    """Filters applied in order; a filter's flushed tail still passes through the ones after it."""
+
+    def __init__(self, filters: list[ChunkFilter]) -> None:
+        self.filters = filters
+
+    def feed(self, chunk: bytes) -> bytes:
+        for f in self.filters:
+            chunk = f.feed(chunk)
+        return chunk
+
+    def flush(self) -> bytes:
+        out = b""
+        for index, f in enumerate(self.filters):
+            tail = f.flush()
+            for later in self.filters[index + 1 :]:
+                tail = later.feed(tail)
+            out += tail
+        return out
+
+
+def chained(filters: list[ChunkFilter]) -> ChunkFilter | None:
+    """One filter for a stream: none, the only one, or all of them in order."""
+    return None if not filters else filters[0] if len(filters) == 1 else _Chain(filters)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the gateway waits on the backend, by phase (settings: *_timeout_s)."""
+
+    connect_s: float = 10.0
+    first_byte_s: float = 600.0  # a stream's headers and first chunk: the prompt's prefill
+    stream_idle_s: float = 120.0  # between two chunks of a stream
+    answer_s: float = 1800.0  # a non-streamed answer, whole (it comes at the end of the generation)
+
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+
+
+class Upstream:
+    """One pooled HTTP client for whichever backend is live (its URL and key change on restarts).
+
+    aiohttp's client rather than httpx on this path: measured in benchmarks/proxy_overhead.py, the
+    same passthrough costs 3-10x less CPU per request with it (httpx's pool dominates the profile)."""
+
+    def __init__(self, timeouts: Timeouts | None = None, *, max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
+        self.timeouts = timeouts or Timeouts()
+        self.max_answer_bytes = max_answer_bytes
+        self.stopping: str | None = None  # why every request is being cut (the gateway shuts down)
+        self._session: aiohttp.ClientSession | None = None
+        # answers whose bodies are being read (weak: a stream whose client left before it began is dropped)
+        self._reading: weakref.WeakSet[aiohttp.ClientResponse] = weakref.WeakSet()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created inside the running loop, on first use
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s, sock_read=None),
+                auto_decompress=False,
+                trust_env=False,  # the backend is on loopback: never route it through an HTTP proxy
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def cut_all(self, why: str) -> None:
+        """End every request to the backend now (the shutdown grace is over): each answers or ends its
+        stream with ``why`` in its dialect, and new ones are refused with it."""
+        self.stopping = why
+        for upstream in list(self._reading):  # closing a connection does not wake a pending body read
+            upstream.content.set_exception(aiohttp.ClientConnectionError(why))
+        await self.aclose()  # requests still waiting for their headers
+
+    def _failure(self, what: str, exc: BaseException) -> ApiError:
+        return unavailable(self.stopping or f"the backend {what} ({type(exc).__name__}); retry shortly")
+
+    async def open(
+        self, target: Launch, path: str, body: bytes, *, stream: bool = False, deadline: float | None = None
+    ) -> aiohttp.ClientResponse:
+        """Send the request and return the response with its body still unread (its headers came by
+        ``deadline``, a loop time; default: the first-byte or the whole-answer bound).
+
+        A streamed request asks for its own connection (``Connection: close``): llama-server closes the
+        socket after the last chunk of a stream without saying so, and a pooled connection reused after
+        that fails the next request (measured: 30 of 30 non-streamed requests after a stream)."""
+        if self.stopping:
+            raise unavailable(self.stopping)
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if stream:
+            headers["Connection"] = "close"
+        if rid := request_id.get():
+            headers["X-Request-Id"] = rid
+        if target.api_key:
+            headers["Authorization"] = f"Bearer {target.api_key}"
+        if deadline is None:
+            deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
+        try:
+            async with asyncio.timeout_at(deadline):
+                upstream = await self._client().post(target.base_url + path, data=body, headers=headers)
+        except TimeoutError as exc:
+            if isinstance(exc, aiohttp.ClientError):  # connecting took longer than connect_timeout_s
+                raise self._failure("did not accept the connection in time", exc) from exc
+            raise self._silent(stream) from None
+        except aiohttp.ClientError as exc:
+            raise self._failure("did not answer", exc) from exc
+        self._reading.add(upstream)
+        return upstream
+
+    def _silent(self, stream: bool) -> ApiError:
+        """The backend said nothing in time: 504, naming the limit that ran out."""
+        limit = self.timeouts.first_byte_s if stream else self.timeouts.answer_s
+        setting = "first_byte_timeout_s" if stream else "request_timeout_s"
+        return ApiError(
+            504,
+            f"the backend sent nothing for {limit:g} s ({setting}); retry, or raise the limit for long prompts",
+            code="backend_timeout",
+        )
+
+    async def read(self, upstream: aiohttp.ClientResponse, deadline: float | None = None) -> bytes:
+        """The whole answer by ``deadline`` (default: the whole-answer bound from now), at most
+        ``max_answer_bytes`` (a bigger one is a 502: the gateway would have to hold it in memory)."""
+        limit = self.max_answer_bytes
+        parts: list[bytes] = []
+        size = 0
+        finished = False
+        try:
+            async with asyncio.timeout_at(deadline or _after(self.timeouts.answer_s)):
+                if (upstream.content_length or 0) > limit:
+                    raise _too_big(limit)
+                async for part in upstream.content.iter_any():
+                    size += len(part)
+                    if size > limit:
+                        raise _too_big(limit)
+                    parts.append(part)
+            finished = True
+        except TimeoutError as exc:
+            if isinstance(exc, aiohttp.ClientError):
+                raise self._failure("failed while answering", exc) from exc
+            raise self._silent(False) from None
+        except aiohttp.ClientError as exc:
+            raise self._failure("failed while answering", exc) from exc
+        finally:
+            self._finish(upstream, finished)
+        return b"".join(parts)
+
+    async def post_json(self, target: Launch, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
+        deadline = _after(self.timeouts.answer_s)
+        upstream = await self.open(target, path, json.dumps(payload).encode(), deadline=deadline)
+        return upstream.status, _json_or_error(await self.read(upstream, deadline))
+
+    async def count_tokens(self, target: Launch, text: str) -> int | None:
+        """The engine's own token count for ``text`` (None when it has no tokenizer endpoint)."""
+        if not target.tokenize_path:
+            return None
+        payload = {target.tokenize_key: text, "model": target.served_name}
+        status, body = await self.post_json(target, target.tokenize_path, payload)
+        if status != 200 or not isinstance(body, dict):
+            return None
+        count = body.get("count")
+        return int(count) if isinstance(count, int) else len(body.get("tokens") or [])
+
+    async def relay(
+        self,
+        target: Launch,
+        path: str,
+        body: bytes,
+        *,
+        stream: bool,
+        rewrite_body: Callable[[bytes], bytes],
+        chunk_filter: ChunkFilter | None = None,
+        on_close: Callable[[], None] = lambda: None,
+        errors: ErrorShape = OPENAI,
+    ) -> Response:
+        """Pass the request through; the response comes back as it came (filtered only if asked). A
+        stream that breaks or goes silent ends with an error event in ``errors``' dialect."""
+        deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
+        try:
+            upstream = await self.open(target, path, body, stream=stream, deadline=deadline)
+        except ApiError:
+            on_close()
+            raise
+        content_type = upstream.headers.get("Content-Type", "application/json")
+        if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
+            chunks = self._chunks(upstream, deadline, chunk_filter)
+
+            def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
+                on_close()
+                if upstream in self._reading:
+                    self._finish(upstream, False)
+
+            return ClosingStream(
+                _ending_in(chunks, errors.sse_event, on_close), cleanup, status_code=200, media_type=content_type,
+                headers=SSE_HEADERS,
+            )  # fmt: skip
+        try:
+            data = await self.read(upstream, None if stream else deadline)
+        finally:
+            on_close()
+        kept = {name: upstream.headers[name] for name in ("Retry-After", "retry-after-ms") if name in upstream.headers}
+        return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
+
+    async def chat_stream(
+        self, target: Launch, body: bytes, chunk_filter: ChunkFilter | None = None
+    ) -> tuple[tuple[int, Any] | None, AsyncIterator[Any]]:
+        """Open a streamed chat completion for a translator: ((status, parsed error) or None, parsed chunks).
+        A broken or silent stream ends with an ``{"error": …}`` chunk the translator words in its dialect."""
+        deadline = _after(self.timeouts.first_byte_s)
+        upstream = await self.open(target, "/v1/chat/completions", body, stream=True, deadline=deadline)
+        if upstream.status != 200:
+            return (upstream.status, _json_or_error(await self.read(upstream))), _empty()
+        chunks = self._chunks(upstream, deadline, chunk_filter)
+        return None, chat_chunks(_ending_in(chunks, _error_chunk, lambda: None))
+
+    async def _chunks(
+        self, upstream: aiohttp.ClientResponse, first_deadline: float, chunk_filter: ChunkFilter | None
+    ) -> AsyncGenerator[bytes]:
+        """The upstream's bytes as they arrive, the first by ``first_deadline``, each next within the idle
+        bound; a broken or silent stream raises an :class:`ApiError` to end it with."""
+        finished, first = False, True
+        deadline = first_deadline
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await upstream.content.readany()
+                except TimeoutError as exc:
+                    if isinstance(exc, aiohttp.ClientError):
+                        raise self._failure("stopped in the middle of this stream", exc) from exc
+                    raise self._stalled(first) from None
+                except aiohttp.ClientError as exc:
+                    log.warning("backend stream broke: %s", type(exc).__name__)
+                    raise self._failure("stopped in the middle of this stream", exc) from exc
+                if not chunk:
+                    break
+                first, deadline = False, _after(self.timeouts.stream_idle_s)
+                yield chunk_filter.feed(chunk) if chunk_filter else chunk
+            if chunk_filter:
+                yield chunk_filter.flush()
+            finished = True
+        finally:
+            self._finish(upstream, finished)
+
+    def _finish(self, upstream: aiohttp.ClientResponse, finished: bool) -> None:
+        """A body read to its end returns its connection to the pool; one cut short (the client left)
+        closes it, which is how the engine learns to stop generating."""
+        self._reading.discard(upstream)
+        if finished:
+            upstream.release()
+        else:
+            upstream.close()
+
+    def _stalled(self, first: bool) -> ApiError:
+        if first:
+            limit, setting = self.timeouts.first_byte_s, "first_byte_timeout_s"
+        else:
+            limit, setting = self.timeouts.stream_idle_s, "stream_idle_timeout_s"
+        log.warning("backend stream silent for %g s (%s): ended", limit, setting)
+        return ApiError(
+            504, f"the backend sent nothing for {limit:g} s in this stream ({setting}); retry the request",
+            code="backend_timeout",
+        )  # fmt: skip
+
+
+def _after(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+def _too_big(limit: int) -> ApiError:
+    return ApiError(
+        502, f"the backend's answer exceeds {limit} bytes (max_answer_bytes)", code="backend_answer_too_large"
+    )
+
+
+def _error_chunk(error: ApiError) -> bytes:
+    """An error as a chat-completions chunk, for the translators (they word it in their dialect)."""
+    return b"data: " + json.dumps({"error": {"message": error.message}}).encode() + b"\n\n"
+
+
+async def _ending_in(
+    chunks: AsyncGenerator[bytes], error_event: Callable[[ApiError], bytes], on_close: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """The chunks; a stream that fails ends with the error as its last event; ``on_close`` runs however
+    it ends (the client leaving included)."""
+    try:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except ApiError as error:
+            yield error_event(error)
+    finally:
+        on_close()
+        await chunks.aclose()
+
+
+def _json_or_error(data: bytes) -> Any:
+    """An engine's JSON answer; anything else (a proxy's HTML page) as an OpenAI-shaped error."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"error": {"message": data.decode(errors="replace")[:500]}}
+
+
+async def _empty() -> AsyncIterator[Any]:
+    return
+    yield  # pragma: no cover
+
+
+def translated_stream(
+    events: AsyncIterator[bytes], on_close: Callable[[], None], errors: ErrorShape = OPENAI
+) -> StreamingResponse:
+    """A translator's events as a stream; a bug in it ends the stream with an error event in the
+    dialect rather than a cut connection."""
+
+    async def guarded() -> AsyncIterator[bytes]:
+        try:
+            async for block in events:
+                yield block
+        except Exception as exc:  # whatever broke, the client reads an error event
+            log.exception("translating a stream failed", exc_info=exc)
+            yield errors.sse_event(ApiError(500, f"internal gateway error ({type(exc).__name__}); see the gateway log"))
+        finally:
+            on_close()
+
+    return ClosingStream(guarded(), on_close, status_code=200, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class ClosingStream(StreamingResponse):
+    """A stream whose ``cleanup`` (freeing the engine slot, closing the upstream) runs however the
+    response ends. A body generator's own ``finally`` is not enough: when the client leaves before the
+    first chunk is asked for (the response start fails, or the request is cancelled), the generator
+    never starts, so its ``finally`` never runs and the slot would be held for good."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()  # a started body runs its own finally now, not when collected
+            self._cleanup()

@@ -1,0 +1,377 @@
+"""OpenAI Responses API (what Codex speaks) translated to and from chat completions.
+
+Used when the live backend has no `/v1/responses` of its own (llama-cpp-python). Stateless, as the
+agents use it (`store: false`): every request carries its whole conversation in `input`.
+Codex's `namespace` tools are flattened into function tools; tool types no backend runs
+(`web_search`, `file_search`, …) are dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.serving.error_shapes import ApiError
+from gateway.serving.sse import DONE, event
+
+log = logging.getLogger("gateway.responses")
+
+_PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "stop")
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part)
+    return ""
+
+
+def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        kind = tool.get("type")
+        if kind == "function":
+            function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+            out.append({"type": "function", "function": function})
+        elif kind == "namespace":
+            out += _tools([{**inner, "type": inner.get("type", "function")} for inner in tool.get("tools", [])])
+        else:
+            log.warning("dropping a %r tool: no backend runs it", kind)
+    return out
+
+
+def _echo_tool(function: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response object lists it (every field the schema requires)."""
+    return {
+        "type": "function",
+        "name": function.get("name", ""),
+        "description": function.get("description"),
+        "parameters": function.get("parameters"),
+        "strict": bool(function.get("strict", False)),
+    }
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice if choice in ("auto", "none", "required") else None
+
+
+def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
+    """A chat-completions request carrying the same conversation, tools and limits."""
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": str(body["instructions"])})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise ApiError(400, "'input' must be a string or an array of items", param="input")
+    for item in items:
+        if not isinstance(item, dict):
+            raise ApiError(400, "every 'input' item must be an object", param="input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = {"developer": "system"}.get(str(item.get("role")), str(item.get("role", "user")))
+            messages.append({"role": role, "content": _text_of(item.get("content"))})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function"}
+            call["function"] = {"name": item.get("name"), "arguments": item.get("arguments", "")}
+            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text_of(output) or json.dumps(output)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        # reasoning items and other history types carry nothing a chat backend can use
+    chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if tools := _tools(body.get("tools") or []):
+        chat["tools"] = tools
+        if (choice := _tool_choice(body.get("tool_choice"))) is not None:
+            chat["tool_choice"] = choice
+    chat |= {key: body[key] for key in _PASSED if body.get(key) is not None}
+    if chat["stream"]:
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+    usage = usage or {}
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+@dataclass
+class _Shell:
+    """The response object's fields that echo the request."""
+
+    request: dict[str, Any]
+    model: str
+    id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def build(
+        self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None, reason: str | None
+    ) -> dict[str, Any]:
+        r = self.request
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "completed_at": int(time.time()) if status != "in_progress" else None,
+            "error": None,
+            "incomplete_details": {"reason": reason} if reason else None,
+            "instructions": r.get("instructions"),
+            "max_output_tokens": r.get("max_output_tokens"),
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": bool(r.get("parallel_tool_calls", True)),
+            "previous_response_id": None,
+            "reasoning": r.get("reasoning"),
+            "store": False,
+            "temperature": r.get("temperature") if r.get("temperature") is not None else 1.0,
+            "text": r.get("text") or {"format": {"type": "text"}},
+            "tool_choice": r.get("tool_choice") or "auto",
+            "tools": [_echo_tool(t["function"]) for t in _tools(r.get("tools") or [])],
+            "top_p": r.get("top_p") if r.get("top_p") is not None else 1.0,
+            "presence_penalty": r.get("presence_penalty") or 0.0,
+            "frequency_penalty": r.get("frequency_penalty") or 0.0,
+            "top_logprobs": r.get("top_logprobs") or 0,
+            "max_tool_calls": r.get("max_tool_calls"),
+            "background": False,
+            "service_tier": "default",
+            "safety_identifier": r.get("safety_identifier"),
+            "prompt_cache_key": r.get("prompt_cache_key"),
+            "truncation": "disabled",
+            "usage": usage,
+            "metadata": r.get("metadata") or {},
+        }
+
+
+def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = (
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    )
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict[str, Any]:
+    """A complete Responses object from a complete chat completion."""
+    choice = (chat.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    output: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        output.append(_reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning))
+    if message.get("content"):
+        output.append(_message_item(f"msg_{uuid.uuid4().hex}", message["content"]))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        output.append(
+            _call_item(
+                f"fc_{uuid.uuid4().hex}",
+                call.get("id") or f"call_{uuid.uuid4().hex}",
+                function.get("name", ""),
+                function.get("arguments") or "",
+            )
+        )
+    truncated = choice.get("finish_reason") == "length"
+    shell = _Shell(request, model)
+    return shell.build(
+        "incomplete" if truncated else "completed",
+        output,
+        _usage(chat.get("usage")),
+        "max_output_tokens" if truncated else None,
+    )
+
+
+class _Writer:
+    """Numbers the events of one Responses stream."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def __call__(self, name: str, **payload: Any) -> bytes:
+        self.sequence += 1
+        return event(name, {"type": name, "sequence_number": self.sequence - 1, **payload})
+
+
+async def stream_from_chat(
+    chunks: AsyncIterator[dict[str, Any] | object], request: dict[str, Any], model: str
+) -> AsyncIterator[bytes]:
+    """The Responses event sequence for a streamed chat completion, ending with response.completed."""
+    shell = _Shell(request, model)
+    emit = _Writer()
+    yield emit("response.created", response=shell.build("in_progress", [], None, None))
+    yield emit("response.in_progress", response=shell.build("in_progress", [], None, None))
+    output: list[dict[str, Any]] = []
+    text_item: dict[str, Any] | None = None
+    text = ""
+    reasoning_item: dict[str, Any] | None = None
+    reasoning = ""
+    calls: dict[int, dict[str, Any]] = {}  # chat tool-call index → output item
+    usage: dict[str, Any] | None = None
+    finish: str | None = None
+
+    def close_reasoning() -> list[bytes]:
+        nonlocal reasoning_item
+        if reasoning_item is None:
+            return []
+        index = output.index(reasoning_item)
+        done = _reasoning_item(reasoning_item["id"], reasoning)
+        output[index] = done
+        reasoning_item = None
+        return [
+            emit(
+                "response.reasoning_text.done", item_id=done["id"], output_index=index, content_index=0, text=reasoning
+            ),
+            emit("response.output_item.done", output_index=index, item=done),
+        ]
+
+    def close_text() -> list[bytes]:
+        nonlocal text_item
+        if text_item is None:
+            return []
+        index = output.index(text_item)
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        done = _message_item(text_item["id"], text)
+        output[index] = done
+        text_item = None
+        return [
+            emit(
+                "response.output_text.done",
+                item_id=done["id"],
+                output_index=index,
+                content_index=0,
+                text=text,
+                logprobs=[],
+            ),
+            emit("response.content_part.done", item_id=done["id"], output_index=index, content_index=0, part=part),
+            emit("response.output_item.done", output_index=index, item=done),
+        ]
+
+    async for chunk in chunks:
+        if chunk is DONE or not isinstance(chunk, dict):
+            continue
+        if chunk.get("error"):
+            failed = shell.build("failed", output, None, None) | {
+                "error": {"code": "server_error", "message": str(chunk["error"].get("message", chunk["error"]))}
+            }
+            yield emit("response.failed", response=failed)
+            return
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            finish = choice.get("finish_reason") or finish
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if thought:
+                if reasoning_item is None:
+                    reasoning_item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": []}
+                    output.append(reasoning_item)
+                    yield emit("response.output_item.added", output_index=len(output) - 1, item=reasoning_item)
+                reasoning += thought
+                yield emit(
+                    "response.reasoning_text.delta",
+                    item_id=reasoning_item["id"],
+                    output_index=output.index(reasoning_item),
+                    content_index=0,
+                    delta=thought,
+                )
+            if delta.get("content"):
+                for block in close_reasoning():
+                    yield block
+                if text_item is None:
+                    text_item = _message_item(f"msg_{uuid.uuid4().hex}", "", status="in_progress")
+                    output.append(text_item)
+                    index = len(output) - 1
+                    yield emit("response.output_item.added", output_index=index, item=text_item)
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                    yield emit(
+                        "response.content_part.added",
+                        item_id=text_item["id"],
+                        output_index=index,
+                        content_index=0,
+                        part=part,
+                    )
+                text += delta["content"]
+                yield emit(
+                    "response.output_text.delta",
+                    item_id=text_item["id"],
+                    output_index=output.index(text_item),
+                    content_index=0,
+                    delta=delta["content"],
+                    logprobs=[],
+                )
+            for call in delta.get("tool_calls") or []:
+                for block in close_reasoning() + close_text():
+                    yield block
+                slot = int(call.get("index", 0))
+                function = call.get("function") or {}
+                if slot not in calls:
+                    item = _call_item(
+                        f"fc_{uuid.uuid4().hex}",
+                        call.get("id") or f"call_{uuid.uuid4().hex}",
+                        function.get("name") or "",
+                        "",
+                        status="in_progress",
+                    )
+                    calls[slot] = item
+                    output.append(item)
+                    yield emit("response.output_item.added", output_index=len(output) - 1, item=dict(item))
+                item = calls[slot]
+                if function.get("arguments"):
+                    item["arguments"] += function["arguments"]
+                    yield emit(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=output.index(item),
+                        delta=function["arguments"],
+                    )
+    for block in close_reasoning() + close_text():
+        yield block
+    for item in calls.values():
+        index = output.index(item)
+        item["status"] = "completed"
+        yield emit(
+            "response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=item["arguments"]
+        )
+        yield emit("response.output_item.done", output_index=index, item=item)
+    truncated = finish == "length"
+    final = shell.build(
+        "incomplete" if truncated else "completed", output, _usage(usage), "max_output_tokens" if truncated else None
+    )
+    yield emit("response.incomplete" if truncated else "response.completed", response=final)

@@ -1,0 +1,367 @@
+"""Makes the plan true: start the best option, read how it fails, step down, fall back, stay up.
+
+The options come from the planner, best first (vLLM rungs, then the llama.cpp placement). For each
+start the engine's failure line decides the next move:
+- a memory failure with the engine's numbers → the same option adjusted to them (vLLM's estimated
+  maximum length, the utilization that is actually free); without usable numbers → the next option
+  (a weights OOM also skips every option that would load the same weights per GPU);
+- a configuration failure (unknown parser, bad flag, broken file) → stop at once with the fix;
+- any other failure → the next option; when one engine has no option left, the other engine's.
+What started is remembered; a serving engine that dies is restarted with backoff (a bounded number
+of times), and repeated memory failures at run time move down the options. When the plan pools
+other nodes' devices (``serve --workers``), a device that cannot be reached, or any death while
+serving, makes the plan again over the nodes that answer now (``replan``) and starts its options.
+
+The moves are decided by two pure functions, :func:`next_move` (after a failed start) and
+:func:`restart_move` (after a death while serving); the :class:`Supervisor` only carries them out,
+with an injected run factory and clock, so each transition has a fast test without an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.base import Launch, Option
+from gateway.core.errors import GatewayError
+from gateway.nodes.survey import Nodes
+from gateway.supervision.engine_run import EngineRun, Run, RunFactory, RunState
+from gateway.supervision.known_good import KnownGood
+from gateway.supervision.lifecycle import State
+from gateway.supervision.moves import GiveUp, Replan, Stop, next_move, restart_move
+from gateway.supervision.process import free_port
+
+log = logging.getLogger("gateway.supervisor")
+
+MAX_ATTEMPTS = 8
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are still there
+STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
+# Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
+# the plan's summary for /status.
+Replanner = Callable[[], tuple[list[Option], dict[str, Any]]]
+
+
+@dataclass
+class Attempt:
+    number: int
+    engine: str
+    label: str
+    argv: list[str]
+    log_path: str
+    started: str
+    elapsed_s: float = 0.0
+    outcome: str = "running"
+    failure: dict[str, Any] | None = None
+    action: str = ""
+
+    def line(self) -> str:
+        what = f"attempt {self.number}: {self.label} → {self.outcome} after {self.elapsed_s:.1f} s"
+        if self.failure:
+            what += f"; {self.failure['kind']}: {self.failure['line'][:300]}"
+        return what + (f"; {self.action}" if self.action else "")
+
+
+@dataclass(frozen=True)
+class Remember:
+    """Where and under which key to remember what worked."""
+
+    store: KnownGood
+    model: str
+    fingerprint: str
+    versions: dict[str, str]  # engine → version string
+
+
+class Supervisor:
+    def __init__(
+        self,
+        options: Sequence[Option],
+        *,
+        log_dir: Path,
+        startup_timeout_s: float,
+        shutdown_grace_s: float,
+        remember: Remember | None = None,
+        plan_summary: dict[str, Any] | None = None,
+        restart_backoff_s: Sequence[float] = RESTART_BACKOFF_S,
+        run_factory: RunFactory = EngineRun,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        replan: Replanner | None = None,
+        nodes: Nodes | None = None,
+        node_check_s: float = NODE_CHECK_S,
+    ) -> None:
+        """``run_factory`` makes each attempt's run and ``sleep`` waits out the restart backoff: the
+        real engine and clock by default, stand-ins in tests. ``replan`` makes the plan again when a
+        device on another node is gone; ``nodes`` are those nodes, shown in /status."""
+        self.options = list(options)
+        self.log_dir = log_dir
+        self.startup_timeout_s = startup_timeout_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.remember = remember
+        self.plan_summary = plan_summary or {}
+        self.restart_backoff_s = tuple(restart_backoff_s)
+        self.run_factory = run_factory
+        self.sleep = sleep
+        self.replan = replan
+        self.nodes = nodes
+        self.node_check_s = node_check_s
+        self.replans: list[dict[str, Any]] = []
+        self.state = State.STARTING
+        self.reason: str | None = None
+        self.live: Run | None = None
+        self.live_option: Option | None = None
+        self.attempts: list[Attempt] = []
+        self.restarts = 0
+        self.ever_ready = False
+        self._settled = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # -- public surface -------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY and self.live is not None and self.live.ready
+
+    @property
+    def launch(self) -> Launch | None:
+        return self.live.launch if self.live else None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="supervisor")
+
+    async def wait_settled(self) -> State:
+        """Until the first start succeeded or every option failed."""
+        await self._settled.wait()
+        return self.state
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.live:
+            await self.live.stop()
+        if self.state is not State.FAILED:
+            self.state = State.STOPPED
+        self._settled.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        backend = self.live.snapshot() if self.live else None
+        data = {
+            "state": self.state.value,
+            "reason": self.reason,
+            "plan": self.plan_summary,
+            "options": [option.label for option in self.options],
+            "attempts": [attempt.__dict__ for attempt in self.attempts],
+            "restarts": self.restarts,
+            "backend": backend,
+        }
+        if self.nodes is not None:
+            live = backend if backend and backend.get("state") == "ready" else {}
+            data["nodes"] = self.nodes.snapshot(live.get("memory_mib"))
+        if self.replan is not None:
+            data["replans"] = self.replans
+        return data
+
+    def report(self) -> str:
+        lines = [self.reason or self.state.value, "attempts:"]
+        lines += [f"  {attempt.line()}" for attempt in self.attempts]
+        if self.live and self.live.state is not RunState.READY:
+            lines.append(self.live.report())
+        return "\n".join(lines)
+
+    # -- the owner task -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        if not await self._climb(self.options):
+            self._give_up()
+            return
+        self._settled.set()
+        while not self._stopping:
+            assert self.live is not None
+            code = await self._serving()
+            if self._stopping:
+                return
+            await self._restart(code)
+            if self.state is State.FAILED:
+                return
+
+    async def _serving(self) -> int:
+        """Until the live engine exits; with other nodes in the plan, also until one of them is gone
+        (then the engine is stopped, so that the restart re-plans without it)."""
+        assert self.live is not None
+        exited = asyncio.ensure_future(self.live.wait_exit())
+        if self.nodes is None or self.replan is None:
+            return await exited
+        watch = asyncio.create_task(self._watch_nodes(self.nodes), name="node watch")
+        try:
+            await asyncio.wait({exited, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done() and not exited.done():
+                log.error("node(s) %s stopped answering while serving: stopping the engine to re-plan", watch.result())
+                await self.live.stop()  # its exit watcher is cancelled with it: do not wait on that
+                exited.cancel()
+                return STOPPED_FOR_NODES
+            return await exited
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def _watch_nodes(self, nodes: Nodes) -> str:
+        while True:
+            await self.sleep(self.node_check_s)
+            if lost := await asyncio.to_thread(nodes.check):
+                return ", ".join(lost)
+
+    async def _climb(self, options: list[Option]) -> bool:
+        """Try options in order until one serves; True when one does."""
+        queue = list(options)
+        budget = len(self.attempts) + MAX_ATTEMPTS
+        unprepared: list[str] = []
+        while queue:
+            if len(self.attempts) >= budget:
+                self.reason = f"gave up after {MAX_ATTEMPTS} attempts"
+                return False
+            option = queue.pop(0)
+            try:
+                option = await asyncio.to_thread(option.prepare)  # e.g. download the GGUF, off the loop
+            except GatewayError as exc:
+                log.warning("cannot prepare %s: %s", option.label, exc)
+                unprepared.append(f"{option.label}: {exc}")
+                continue
+            run, attempt = await self._attempt(option, len(self.attempts) + 1, len(self.attempts) + 1 + len(queue))
+            if run.state is RunState.READY:
+                self.live, self.live_option = run, option
+                self.state = State.READY
+                self.ever_ready = True
+                self._remember(option)
+                return True
+            move = next_move(option, run.failure, queue, can_replan=self.replan is not None)
+            attempt.action = move.describe(option)
+            if isinstance(move, Stop):
+                self.reason = move.reason
+                log.error("%s", attempt.line())
+                return False
+            log.warning("%s", attempt.line())
+            queue = await self._replanned(move.reason) if isinstance(move, Replan) else list(move.queue)
+        tried = [f"{a.outcome}: {a.label}" for a in self.attempts[-3:]]
+        self.reason = "no option started: " + "; ".join(tried + unprepared)
+        return False
+
+    async def _attempt(self, option: Option, number: int, of: int) -> tuple[Run, Attempt]:
+        launch = option.launch(free_port(), "gw" + secrets.token_hex(20))  # never starts with "-" (argv)
+        run = self.run_factory(
+            launch,
+            log_dir=self.log_dir,
+            classify=option.classify,
+            startup_timeout_s=self.startup_timeout_s,
+            shutdown_grace_s=self.shutdown_grace_s,
+            label=f"attempt {number} of {of} ({option.engine})",
+        )
+        attempt = Attempt(
+            number=number,
+            engine=option.engine,
+            label=option.label,
+            argv=run.snapshot()["argv"],
+            log_path=str(run.log_path),
+            started=time.strftime("%H:%M:%S"),
+        )
+        self.attempts.append(attempt)
+        self.live = run
+        await run.start()
+        await run.wait_settled()
+        attempt.elapsed_s = round(run.elapsed_s, 1)
+        attempt.outcome = "ready" if run.state is RunState.READY else "failed"
+        if failure := run.failure:
+            attempt.failure = {"kind": failure.kind.name.lower(), "line": failure.line, "numbers": failure.numbers}
+        elif run.state is not RunState.READY:
+            attempt.failure = {"kind": "exit", "line": run.reason or "", "numbers": {}}
+        return run, attempt
+
+    async def _restart(self, code: int) -> None:
+        """The serving engine died: start the same option again, with backoff; memory failures at
+        run time move down the options."""
+        assert self.live is not None and self.live_option is not None
+        failure = self.live.failure
+        what = "a node it used is gone" if code == STOPPED_FOR_NODES else f"engine exited with status {code}"
+        log.error("%s while serving; restarting", what)
+        self.state = State.RESTARTING
+        self.reason = f"{what}; restarting"
+        while not self._stopping:
+            move = restart_move(
+                self.live_option,
+                failure,
+                self.options,
+                self.restarts,
+                self.restart_backoff_s,
+                can_replan=self.replan is not None,
+            )
+            if isinstance(move, GiveUp):
+                self._give_up(move.reason)
+                return
+            self.restarts = move.number
+            await self.sleep(move.delay_s)
+            options = await self._replanned(move.reason) if isinstance(move, Replan) else [move.option]
+            if await self._climb(options):
+                self.reason = None
+                return
+
+    async def _replanned(self, why: str) -> list[Option]:
+        """The plan made again over the nodes that answer now; its options replace the old ones."""
+        assert self.replan is not None
+        log.warning("re-planning: %s", why)
+        try:
+            options, summary = await asyncio.to_thread(self.replan)
+        except GatewayError as exc:
+            log.error("re-planning failed: %s", exc)
+            self.replans.append({"at": time.strftime("%H:%M:%S"), "why": why, "error": str(exc)})
+            return []
+        self.options, self.plan_summary = list(options), summary
+        self.remember = None  # what starts now is not what the remembered key (the node set) describes
+        self.replans.append(
+            {"at": time.strftime("%H:%M:%S"), "why": why, "decision": summary.get("decision"),
+             "options": [o.label for o in options]}
+        )  # fmt: skip
+        for number, option in enumerate(options, 1):
+            log.info("re-planned option %d of %d: %s", number, len(options), option.label)
+        return list(options)
+
+    def _remember(self, option: Option) -> None:
+        if self.remember is None:
+            return
+        version = self.remember.versions.get(option.engine, "unknown")
+        try:
+            self.remember.store.put(
+                self.remember.model, self.remember.fingerprint, option.engine, version, option.memo()
+            )
+        except OSError as exc:
+            log.warning("could not remember the working configuration: %s", exc)
+
+    def _give_up(self, reason: str | None = None) -> None:
+        self.state = State.FAILED
+        self.reason = reason or self.reason or "no option started"
+        self._settled.set()
+        log.error("%s", self.report())
+
+
+def remembered_first(
+    options: list[Option], remember: Remember | None, rebuild: Callable[[dict[str, Any]], Option | None]
+) -> list[Option]:
+    """Put the remembered configuration first when the engine version still matches; an option of the
+    plan that is the same configuration is not tried a second time after it."""
+    if remember is None:
+        return options
+    entry = remember.store.get(remember.model, remember.fingerprint)
+    if not entry or remember.versions.get(entry.get("engine", "")) != entry.get("version"):
+        return options
+    option = rebuild(entry)
+    if option is None:
+        return options
+    log.info("using the configuration remembered on %s: %s", entry.get("when"), option.label)
+    return [option, *(o for o in options if (o.engine, o.memo()) != (option.engine, option.memo()))]
