@@ -41,8 +41,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.llamacpp import LlamaCppConfig, best, candidates, facts_from_gguf, native_argv, place
-from backends.llamacpp.backend import packaged_binary
 from backends.llamacpp.gguf_reader import GgufHeader, GgufTensor, read_gguf_header
+from backends.llamacpp.install import packaged_binary
 from backends.llamacpp.logs import memory_line
 from backends.llamacpp.placement import GPU_MARGIN_BYTES, Placement
 from gateway.core.devices import GIB, MIB, Gpu, parse_gpu_spec

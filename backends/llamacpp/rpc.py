@@ -21,6 +21,8 @@ import re
 import shutil
 from collections.abc import Sequence
 
+from backends.llamacpp.install import packaged_binary
+
 BINARY = "ggml-rpc-server"
 DEFAULT_PORT = 50052  # ggml-rpc-server's own default; a worker's servers take consecutive ports from it
 _PROTOCOL = re.compile(r"Starting RPC server v(\S+)")
@@ -35,8 +37,6 @@ def rpc_command(configured: Sequence[str] | None = None) -> list[str] | None:
         return list(configured)
     if found := shutil.which(BINARY):
         return [found]
-    from backends.llamacpp.backend import packaged_binary  # backend imports the launchers, which import this
-
     packaged = packaged_binary(BINARY)
     return [str(packaged)] if packaged else None
 

@@ -15,7 +15,7 @@ from gateway.core.errors import ModelError
 from gateway.core.model_facts import ModelFacts, facts_from_config
 
 if TYPE_CHECKING:
-    from gateway.planning.catalog import ModelEntry
+    from gateway.core.model_entry import ModelEntry
 
 
 class LlamaCppSource(BaseModel):

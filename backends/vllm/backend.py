@@ -15,9 +15,9 @@ from backends.vllm.source import VllmModel, VllmSource
 
 if TYPE_CHECKING:
     from gateway.core.devices import Inventory
+    from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
     from gateway.core.settings import Settings
-    from gateway.planning.catalog import ModelEntry
 
 log = logging.getLogger("gateway.vllm")
 

@@ -14,7 +14,7 @@ from gateway.core.errors import ModelError
 from gateway.core.model_facts import facts_from_config, facts_from_dir, facts_from_hub
 
 if TYPE_CHECKING:
-    from gateway.planning.catalog import ModelEntry
+    from gateway.core.model_entry import ModelEntry
 
 
 class _Strict(BaseModel):

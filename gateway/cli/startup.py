@@ -17,10 +17,11 @@ from backends import registry
 from backends.base import Option
 from gateway.core.devices import Inventory, inventory, parse_remote_gpus
 from gateway.core.errors import BackendError, ConfigError
+from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import policy_for
 from gateway.core.settings import Settings
 from gateway.nodes.survey import Nodes
-from gateway.planning.catalog import DEFAULT_MODEL, Catalog, ModelEntry, catalog_with
+from gateway.planning.catalog import DEFAULT_MODEL, Catalog, catalog_with
 from gateway.planning.planner import EnginePlan, Plan, read_engines
 from gateway.planning.planner import decide as plan_decide
 from gateway.serving.model_names import ModelRoute

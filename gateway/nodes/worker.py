@@ -3,7 +3,7 @@
 It reads the GPUs (NVML, or a simulated ``--gpus`` spec), starts one ``ggml-rpc-server`` per GPU (one
 for the CPU on a machine without GPUs), each bound to ``--host`` only, and answers the head's
 ``GET /inventory`` (API key required) with its devices, their memory and RPC endpoints, its RAM and
-the engine build. The servers run under :mod:`gateway.supervision.reaper`, so they die with the worker even
+the engine build. The servers run under :mod:`gateway.core.reaper`, so they die with the worker even
 when it is SIGKILLed; a server that exits is started again (and reported as not running meanwhile).
 
 ``ggml-rpc-server`` has no authentication: anyone who reaches its port can use the device and read
@@ -35,7 +35,7 @@ from starlette.routing import Route
 from backends.llamacpp import rpc
 from gateway.core.devices import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
-from gateway.supervision.process import ChildProcess
+from gateway.core.process import ChildProcess
 
 log = logging.getLogger("gateway.worker")
 

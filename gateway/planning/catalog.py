@@ -8,70 +8,19 @@ names that would have worked.
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from backends import registry
 from gateway.core.errors import ModelError
+from gateway.core.model_entry import ModelEntry, builtin_catalog_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelEntry(_Strict):
-    """One model as the gateway fronts it."""
-
-    name: str
-    aliases: tuple[str, ...] = ()
-    description: str = ""
-    max_context: int | None = None  # the model's own limit when known without reading weights
-    hf_config: str | None = None  # a config.json shipped beside the entry (relative to its file), for planning offline
-    # one table per engine that can serve it ([vllm], [llamacpp]…), typed by that engine's backend
-    engines: dict[str, Any] = Field(default_factory=dict)
-    base_dir: Path | None = Field(default=None, exclude=True)  # the entry file's directory: relative paths start here
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.name, *self.aliases)
-
-    def source(self, engine: str) -> Any:
-        """This engine's table (its backend's typed source), or None."""
-        return self.engines.get(engine)
-
-    def bundled_config(self) -> dict[str, Any] | None:
-        """The config.json the entry ships (``hf_config``), read relative to the entry's own file."""
-        if not self.hf_config:
-            return None
-        path = (self.base_dir or builtin_catalog_dir()) / self.hf_config
-        try:
-            return dict(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
-            raise ModelError(
-                f"{self.name}: cannot read hf_config {path}: {exc}; fix the path in its catalog entry"
-            ) from exc
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry as its TOML file says it (engine tables at the top level)."""
-        data = self.model_dump(mode="json", exclude={"engines"})
-        return data | {name: source.model_dump(mode="json") for name, source in self.engines.items()}
-
-
-def builtin_catalog_dir() -> Path:
-    """``config/models`` from a source checkout, or its copy inside an installed wheel."""
-    package_dir = Path(__file__).resolve().parents[1]  # gateway/
-    for candidate in (package_dir / "_config" / "models", package_dir.parent / "config" / "models"):
-        if candidate.is_dir():
-            return candidate
-    raise ModelError(f"model catalog not found next to {package_dir}: reinstall the gateway package")
 
 
 def _key_error(source: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> ModelError:

@@ -15,8 +15,8 @@ from backends import registry
 from backends.base import Backend, Candidate, Installation, ModelFiles
 from gateway.core.devices import Inventory
 from gateway.core.errors import GatewayError
+from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import Policy
-from gateway.planning.catalog import ModelEntry
 
 log = logging.getLogger("gateway.planner")
 

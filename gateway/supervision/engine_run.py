@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import httpx
 
 from backends.base import Failure, FailureKind, Launch
-from gateway.supervision.process import ChildProcess
+from gateway.core.process import ChildProcess
 
 log = logging.getLogger("gateway.engine")
 

