@@ -25,7 +25,9 @@ from backends.llamacpp.placement import (
     kv_cells,
     pipeline_parallel,
 )
-from benchmarks.llamacpp_placement import (
+from gateway.core.devices import MIB, parse_gpu_spec
+from gateway.core.model_facts import ModelFacts
+from tests.replay.llamacpp_placement import (
     CASES,
     Case,
     case_placement,
@@ -37,8 +39,6 @@ from benchmarks.llamacpp_placement import (
     misses,
     table_name,
 )
-from gateway.core.devices import MIB, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 

@@ -18,7 +18,6 @@ from backends import llamacpp
 from backends.base import Failure, FailureKind, Installation
 from backends.llamacpp.backend import ordered_devices
 from backends.llamacpp.rpc import server_argv
-from benchmarks.llamacpp_placement import header_from_table, table_name
 from gateway.core.devices import GIB, MIB, Gpu, Inventory, parse_gpu_spec, parse_remote_gpus
 from gateway.core.errors import ConfigError
 from gateway.core.policy import Pins, Policy
@@ -27,6 +26,7 @@ from gateway.nodes.worker import Worker, WorkerConfig, create_app, devices
 from gateway.supervision.lifecycle import State
 from gateway.supervision.moves import GiveUp, NextOption, Replan, Restart, next_move, restart_move
 from tests.extras import needs_native_llama_server
+from tests.replay.llamacpp_placement import header_from_table, table_name
 from tests.unit.test_supervisor_transitions import Engines, _llama, _run, _supervisor, _until, fails, serves
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"

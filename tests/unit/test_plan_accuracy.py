@@ -1,8 +1,10 @@
-"""The planner against published start-up logs (benchmarks/plan_accuracy.py prints the full table)."""
+"""The planner against published start-up logs (benchmarks/plan_accuracy.py prints the full table).
+
+The replay itself is tests/replay/plan_accuracy.py, shared with that report."""
 
 from __future__ import annotations
 
-from benchmarks.plan_accuracy import replay_all
+from tests.replay.plan_accuracy import replay_all
 
 
 def test_available_kv_and_kv_tokens_within_10_percent_of_the_logs() -> None:

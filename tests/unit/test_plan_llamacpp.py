@@ -160,7 +160,7 @@ def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
 @pytest.fixture(scope="module")
 def shape_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelFacts]:
     """Gemma 4 31B and Llama 3 70B in Q4_K_M, header and tensor table only (sparse files, no disk)."""
-    from benchmarks.synthetic_gguf import make_gemma4_31b_shapes, make_llama_70b_shapes
+    from tests.synthetic_gguf import make_gemma4_31b_shapes, make_llama_70b_shapes
 
     folder = tmp_path_factory.mktemp("shapes")
     return {

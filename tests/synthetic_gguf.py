@@ -1,7 +1,7 @@
 """Synthetic GGUFs that llama-server loads, for placement runs (generated at run time, never committed).
 
-    python benchmarks/synthetic_gguf.py tiny-moe OUT.gguf TOKENIZER.gguf
-    python benchmarks/synthetic_gguf.py wide-llama OUT.gguf TOKENIZER.gguf
+    python tests/synthetic_gguf.py tiny-moe OUT.gguf TOKENIZER.gguf
+    python tests/synthetic_gguf.py wide-llama OUT.gguf TOKENIZER.gguf
 
 - ``tiny-moe``: qwen3moe with random F16 weights: 12 blocks of 16 experts (4 used per token, FFN width
   256), grouped-query attention (8 heads, 2 KV heads of 64), an untied output matrix; about 250 MiB.
@@ -13,8 +13,8 @@
 Both copy the tokenizer and chat template from another GGUF (SmolLM2's, 49,152 tokens). The answers
 are noise; the buffers llama.cpp allocates are real, which is all the placement benchmark needs.
 
-    python benchmarks/synthetic_gguf.py gemma4-31b-shapes OUT.gguf
-    python benchmarks/synthetic_gguf.py llama-70b-shapes OUT.gguf
+    python tests/synthetic_gguf.py gemma4-31b-shapes OUT.gguf
+    python tests/synthetic_gguf.py llama-70b-shapes OUT.gguf
 
 - Shape-only GGUFs for planning tests: a real model's header and tensor table in a Q4_K_M mix, the
   data section a sparse hole (no disk used, nothing llama.cpp can run): Gemma 4 31B (per-layer KV
