@@ -152,6 +152,25 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place() -> None:
     _run(scenario)
 
 
+def test_a_client_that_leaves_as_its_slot_comes_passes_the_slot_on() -> None:
+    """A queued request is cancelled and, before it runs again, the slot is handed to it: the slot must
+    not stay counted for a request that will never release it."""
+
+    async def scenario() -> None:
+        gate = _gate(capacity=1)
+        held = await gate.enter()
+        gone = await _queued(gate)
+        gone.cancel()  # the client goes away...
+        held.release()  # ...and in the same turn of the loop its slot comes
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert (gate.active, gate.queued) == (0, 0)
+        (await asyncio.wait_for(gate.enter(), timeout=1)).release()
+        assert gate.active == 0
+
+    _run(scenario)
+
+
 def test_release_is_idempotent() -> None:
     async def scenario() -> None:
         gate = _gate(capacity=2)

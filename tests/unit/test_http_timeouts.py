@@ -4,7 +4,10 @@ frees the request's slot.
 
 The engine here is scripted by cue (the last user text): "HEADLESS" never sends headers; "MUTE"
 sends a stream's headers and then nothing; "STALL" sends one chunk and then nothing; "HUGE" answers a
-non-streamed request with 2 MiB. Clocks are short (0.3 s) so each case takes well under a second.
+non-streamed request with 2 MiB; "EXACT" with the body of ``EXACT_ANSWER`` (to hold exactly at the
+limit). Clocks are short (0.3 s) so each case takes well under a second; where the test is which clock
+is read, the other clocks are long (``LONG_S``), so reading the wrong one shows as a stream that
+does not end in time.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
 
 CLOCK_S = 0.3
+LONG_S = 8.0
 HUGE = 2 * 1024 * 1024
+EXACT_ANSWER = json.dumps(
+    {"id": "c", "object": "chat.completion", "created": 1, "model": FRONTED,
+     "choices": [{"index": 0, "message": {"role": "assistant", "content": "y" * 1000}, "finish_reason": "stop"}]}
+).encode()  # fmt: skip
 
 
 def _chunk(content: str) -> bytes:
@@ -44,6 +52,8 @@ async def _scripted(request: Request) -> Response:
         await asyncio.sleep(0.05)
     if "HUGE" in cue:
         return JSONResponse({"choices": [{"message": {"content": "x" * HUGE}}]})
+    if "EXACT" in cue:
+        return Response(EXACT_ANSWER, media_type="application/json")
 
     async def stream() -> AsyncIterator[bytes]:
         if "MUTE" in cue:
@@ -64,11 +74,13 @@ def engine_url() -> Iterator[str]:
     server.stop()
 
 
-def _runtime(engine_url: str, **kwargs: Any) -> Runtime:
+def _runtime(
+    engine_url: str, timeouts: Timeouts | None = None, max_answer_bytes: int = HUGE // 2, **kwargs: Any
+) -> Runtime:
     runtime = make_runtime(engine_url, **kwargs)
     runtime.upstream = Upstream(
-        Timeouts(connect_s=CLOCK_S, first_byte_s=CLOCK_S, stream_idle_s=CLOCK_S, answer_s=CLOCK_S),
-        max_answer_bytes=HUGE // 2,
+        timeouts or Timeouts(connect_s=CLOCK_S, first_byte_s=CLOCK_S, stream_idle_s=CLOCK_S, answer_s=CLOCK_S),
+        max_answer_bytes=max_answer_bytes,
     )
     return runtime
 
@@ -135,3 +147,28 @@ def test_an_answer_too_big_to_hold_is_a_502_in_the_dialect(engine_url: str, path
         assert body["type"] == "error" and "max_answer_bytes" in body["error"]["message"]
     else:
         assert "max_answer_bytes" in body["error"]["message"]
+
+
+def test_the_silence_between_chunks_is_timed_by_the_idle_clock_not_the_first_byte_clock(engine_url: str) -> None:
+    timeouts = Timeouts(connect_s=CLOCK_S, first_byte_s=LONG_S, stream_idle_s=CLOCK_S, answer_s=LONG_S)
+    answer, took = _ask(_runtime(engine_url, timeouts), "/v1/chat/completions", "STALL", stream=True)
+    _, last = sse_events(answer.text)[-1]
+    assert "Hello" in answer.text and "stream_idle_timeout_s" in last["error"]["message"]
+    assert took < LONG_S / 2, f"the idle clock ({CLOCK_S} s) was not the one read: {took:.1f} s"
+
+
+def test_the_first_byte_is_timed_by_the_first_byte_clock_not_the_idle_clock(engine_url: str) -> None:
+    timeouts = Timeouts(connect_s=CLOCK_S, first_byte_s=CLOCK_S, stream_idle_s=LONG_S, answer_s=LONG_S)
+    answer, took = _ask(_runtime(engine_url, timeouts), "/v1/chat/completions", "MUTE", stream=True)
+    [(_, data)] = sse_events(answer.text)
+    assert "first_byte_timeout_s" in data["error"]["message"] and took < LONG_S / 2, took
+
+
+def test_an_answer_exactly_at_the_size_limit_is_passed_whole(engine_url: str) -> None:
+    runtime = _runtime(engine_url, max_answer_bytes=len(EXACT_ANSWER))
+    answer, _ = _ask(runtime, "/v1/chat/completions", "EXACT", stream=False)
+    assert answer.status_code == 200, answer.text[:200]
+    assert answer.json()["choices"][0]["message"]["content"] == "y" * 1000
+    one_short, _ = _ask(_runtime(engine_url, max_answer_bytes=len(EXACT_ANSWER) - 1), "/v1/chat/completions",
+                        "EXACT", stream=False)  # fmt: skip
+    assert one_short.status_code == 502 and "max_answer_bytes" in one_short.json()["error"]["message"]

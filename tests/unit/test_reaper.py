@@ -95,3 +95,30 @@ def test_the_engine_exit_status_comes_through_the_reaper(tmp_path: Path) -> None
         [sys.executable, "-m", "gateway.core.reaper", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]
     )
     assert killed.returncode == -signal.SIGKILL
+
+
+def test_an_engine_whose_reaper_is_killed_dies_too_even_while_it_ignores_sigterm() -> None:
+    """The engine's own parent-death signal is SIGKILL: a busy engine ignores SIGTERM, so anything
+    weaker would leave it running once its reaper is gone."""
+    engine = "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True)"
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "gateway.core.reaper", sys.executable, "-c", engine + "; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert reaper.stdout is not None
+    engine_pid = 0
+    try:
+        engine_pid = int(reaper.stdout.readline())
+        os.kill(reaper.pid, signal.SIGKILL)
+        reaper.wait()
+        assert _gone([engine_pid], within_s=5.0), "the engine outlived its reaper"
+    finally:
+        if engine_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine_pid, signal.SIGKILL)
+        reaper.kill()
+        reaper.wait()
+        reaper.stdout.close()
