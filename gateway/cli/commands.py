@@ -321,16 +321,7 @@ def gpus_command(args: argparse.Namespace) -> int:
     if args.json:
         data = {
             "source": machine.source,
-            "gpus": [
-                {
-                    "index": g.index,
-                    "name": g.name,
-                    "total_bytes": g.total_bytes,
-                    "free_bytes": g.free_bytes,
-                    "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
-                }
-                for g in machine.gpus
-            ],
+            "gpus": [g.to_json() for g in machine.gpus],
             "peer_to_peer": machine.peer_to_peer,
             "ram_total_bytes": machine.ram_total_bytes,
             "ram_available_bytes": machine.ram_available_bytes,
@@ -341,8 +332,8 @@ def gpus_command(args: argparse.Namespace) -> int:
     for note in machine.notes:
         print(note)
     for g in machine.gpus:
-        cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
-        print(f"GPU{g.index} {g.name}: {g.total_bytes / GIB:.1f} GiB total, {g.free_bytes / GIB:.1f} GiB free, cc {cc}")
+        sizes = f"{g.total_bytes / GIB:.1f} GiB total, {g.free_bytes / GIB:.1f} GiB free"
+        print(f"GPU{g.index} {g.name}: {sizes}, cc {g.capability}")
     if len(machine.gpus) > 1:
         print(f"peer-to-peer between all GPUs: {'yes' if machine.peer_to_peer else 'no'}")
     print(f"RAM: {machine.ram_total_bytes / GIB:.1f} GiB total, {machine.ram_available_bytes / GIB:.1f} GiB available")

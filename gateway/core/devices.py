@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from gateway.core.errors import ConfigError
 
@@ -39,13 +40,15 @@ DEFAULT_COMPUTE_CAPABILITY = (8, 9)  # an RTX 40xx-class card when a simulated s
 
 @dataclass(frozen=True)
 class Gpu:
+    """One device the planner can place layers on: a local GPU, or one another node lends (``node`` set)."""
+
     index: int
     name: str
     total_bytes: int
     free_bytes: int
     compute_capability: tuple[int, int]
     node: str = ""  # "" for this machine; else the worker node's name (issue 13)
-    endpoint: str = ""  # a remote device's ggml-rpc-server "host:port"
+    endpoint: str = ""  # a remote device's "host:port", where its node serves it to the head
     link: str = ""  # how the head reaches it, as the plan's reasons say it ("TCP to node2:50100, 0.40 ms round trip")
     rtt_ms: float | None = None  # that link's measured round trip; None: not measured (simulated, unknown)
 
@@ -56,6 +59,41 @@ class Gpu:
     @property
     def total_gib(self) -> float:
         return self.total_bytes / GIB
+
+    @property
+    def capability(self) -> str:
+        """The compute capability as NVIDIA writes it ("8.9"), the one way it is shown or sent."""
+        return "{}.{}".format(*self.compute_capability)
+
+    def to_json(self) -> dict[str, Any]:
+        """The device as every JSON of the gateway carries it (plan, ``gpus --json``, a worker's
+        inventory); a remote device adds its node, endpoint and link."""
+        data: dict[str, Any] = {
+            "index": self.index,
+            "name": self.name,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "compute_capability": self.capability,
+        }
+        if self.is_remote:
+            data |= {"node": self.node, "endpoint": self.endpoint, "link": self.link}
+        return data
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], **where: Any) -> Gpu:
+        """The inverse of :meth:`to_json`; ``where`` sets what the reader knows better (node, link...)."""
+        major, _, minor = str(raw.get("compute_capability") or "0.0").partition(".")
+        fields: dict[str, Any] = {
+            "index": int(raw["index"]),
+            "name": str(raw.get("name") or "device"),
+            "total_bytes": int(raw["total_bytes"]),
+            "free_bytes": int(raw["free_bytes"]),
+            "compute_capability": (int(major or 0), int(minor or 0)),
+            "node": str(raw.get("node", "")),
+            "endpoint": str(raw.get("endpoint", "")),
+            "link": str(raw.get("link", "")),
+        }
+        return cls(**(fields | where))
 
 
 @dataclass(frozen=True)
@@ -80,9 +118,7 @@ class Inventory:
     def fingerprint(self) -> str:
         """Identifies the GPU set for remembering configurations: names and sizes, not free memory;
         other nodes' devices (with their node) after this machine's."""
-        local = ",".join(
-            f"{g.name}:{g.total_bytes // MIB}MiB@{g.compute_capability[0]}.{g.compute_capability[1]}" for g in self.gpus
-        )
+        local = ",".join(f"{g.name}:{g.total_bytes // MIB}MiB@{g.capability}" for g in self.gpus)
         remote = ",".join(f"{g.node}/{g.name}:{g.total_bytes // MIB}MiB" for g in self.remote)
         return (local or "cpu") + (f"+{remote}" if remote else "")
 
@@ -228,11 +264,3 @@ def inventory(gpu_spec: str | None = None, ram: str | None = None) -> Inventory:
             log.info("%s", notes[0])
         result = Inventory(gpus, total, available, p2p, source="nvml" if gpus else "none", notes=notes)
     return result.with_ram(parse_size(ram)) if ram else result
-
-
-def nvidia_gpu_count() -> int:
-    """Number of NVIDIA GPUs NVML sees; 0 when there is no driver or NVML fails to start."""
-    gpus, _, why = probe_nvml()
-    if not gpus:
-        log.info("no NVIDIA GPU found (%s): running on CPU", why)
-    return len(gpus)

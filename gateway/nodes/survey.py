@@ -76,19 +76,8 @@ def report_from(address: str, data: Mapping[str, Any], rtt_ms: float | None) -> 
     for raw in data.get("devices", []):
         if not raw.get("running", True) or not raw.get("endpoint"):
             continue
-        major, _, minor = str(raw.get("compute_capability") or "0.0").partition(".")
         devices.append(
-            Gpu(
-                index=int(raw["index"]),
-                name=str(raw.get("name") or "rpc device"),
-                total_bytes=int(raw["total_bytes"]),
-                free_bytes=int(raw["free_bytes"]),
-                compute_capability=(int(major or 0), int(minor or 0)),
-                node=name,
-                endpoint=_endpoint(str(raw["endpoint"]), address),
-                link=link,
-                rtt_ms=rtt_ms,
-            )
+            Gpu.from_json(raw, node=name, endpoint=_endpoint(str(raw["endpoint"]), address), link=link, rtt_ms=rtt_ms)
         )
     error = None if devices else "no running ggml-rpc-server"
     return NodeReport(
@@ -270,13 +259,6 @@ class Nodes:
         }
         return [head, *nodes]
 
-    def states_by_name(self) -> dict[str, tuple[bool, int]]:
-        """{node: (reachable at the last survey, times lost)} for /metrics."""
-        return {
-            (s.report.name if s.report else s.address): (bool(s.report and s.report.reachable), s.lost)
-            for s in self.states
-        }
-
 
 def _state(state: NodeState) -> str:
     if state.report is None:
@@ -287,12 +269,4 @@ def _state(state: NodeState) -> str:
 
 
 def _device(gpu: Gpu, placed: Mapping[str, float]) -> dict[str, Any]:
-    return {
-        "index": gpu.index,
-        "name": gpu.name,
-        "endpoint": gpu.endpoint,
-        "total_gib": round(gpu.total_bytes / GIB, 2),
-        "free_gib": round(gpu.free_bytes / GIB, 2),
-        "link": gpu.link,
-        "placed_mib": dict(placed),
-    }
+    return gpu.to_json() | {"endpoint": gpu.endpoint, "link": gpu.link, "placed_mib": dict(placed)}

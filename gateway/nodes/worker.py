@@ -203,12 +203,9 @@ class Worker:
             "ram_total_bytes": ram_total,
             "ram_available_bytes": ram_available,
             "devices": [
-                {
-                    "index": server.device.gpu.index,
-                    "name": server.device.gpu.name,
-                    "total_bytes": server.device.gpu.total_bytes,
+                server.device.gpu.to_json()
+                | {
                     "free_bytes": free.get(server.device.gpu.index, server.device.gpu.free_bytes),
-                    "compute_capability": "{}.{}".format(*server.device.gpu.compute_capability),
                     "simulated": server.device.simulated,
                     "endpoint": f"{_host_for_url(self.config.host)}:{server.device.port}",
                     "running": server.running,

@@ -45,9 +45,8 @@ def render(plan: Plan, port: int = 8000) -> str:
     lines = [f"model {plan.model}"]
     if inv.gpus:
         for g in inv.gpus:
-            cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
             total, free = g.total_bytes / MIB, g.free_bytes / MIB
-            lines.append(f"GPU{g.index} {g.name}: {total:,.0f} MiB total, {free:,.0f} MiB free, cc {cc}")
+            lines.append(f"GPU{g.index} {g.name}: {total:,.0f} MiB total, {free:,.0f} MiB free, cc {g.capability}")
     else:
         lines.append("no GPUs: CPU plan")
     ram = inv.ram_available_bytes / GIB

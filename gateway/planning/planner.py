@@ -79,29 +79,9 @@ class Plan:
             "engine_version": self.versions(),
             "inventory": {
                 "source": self.inventory.source,
-                "gpus": [
-                    {
-                        "index": g.index,
-                        "name": g.name,
-                        "total_gib": round(g.total_bytes / 1024**3, 2),
-                        "free_gib": round(g.free_bytes / 1024**3, 2),
-                        "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
-                    }
-                    for g in self.inventory.gpus
-                ],
+                "gpus": [g.to_json() for g in self.inventory.gpus],
                 "ram_available_gib": round(self.inventory.ram_available_bytes / 1024**3, 2),
-                "remote": [  # other nodes' devices (llama.cpp RPC), in the order given
-                    {
-                        "node": g.node,
-                        "index": g.index,
-                        "name": g.name,
-                        "endpoint": g.endpoint,
-                        "total_gib": round(g.total_bytes / 1024**3, 2),
-                        "free_gib": round(g.free_bytes / 1024**3, 2),
-                        "link": g.link,
-                    }
-                    for g in self.inventory.remote
-                ],
+                "remote": [g.to_json() for g in self.inventory.remote],  # other nodes' devices, in order
             },
             "policy": {"min_context": self.policy.min_context, "max_context": self.policy.max_context},
             "candidates": [c.to_json() for c in self.candidates],

@@ -33,7 +33,9 @@ def _node_rows(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if node.get("placed_mib"):  # this machine: the engine's own device names
             rows.append({"node": label, "state": state, "device": "(engine's names)", **_placed(node)})
         for device in devices:
-            where = f"{device.get('name')} {device.get('endpoint') or ''} ({device.get('total_gib')} GiB)"
+            where = (
+                f"{device.get('name')} {device.get('endpoint') or ''} ({device.get('total_bytes', 0) / 2**30:.2f} GiB)"
+            )
             rows.append({"node": label, "state": state, "device": where, "link": device.get("link"), **_placed(device)})
         if not devices and not node.get("placed_mib"):
             rows.append({"node": label, "state": state})

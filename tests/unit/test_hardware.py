@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from gateway.core.devices import GIB, MIB, inventory, parse_gpu_spec, parse_size
+from gateway.core.devices import GIB, MIB, Gpu, inventory, parse_gpu_spec, parse_size
 from gateway.core.errors import ConfigError
 
 
@@ -60,3 +62,11 @@ def test_gpu_specs_and_ram_without_units_are_refused() -> None:
         parse_gpu_spec("1x24GiB:free=20")
     with pytest.raises(ConfigError, match="'64' has no unit"):
         inventory("2x24GiB", "64")
+
+
+def test_a_device_reads_back_from_its_json_local_or_remote() -> None:
+    local = parse_gpu_spec("1x24GiB@8.6:free=20GiB")[0]
+    assert local.to_json()["compute_capability"] == "8.6" and "node" not in local.to_json()
+    assert Gpu.from_json(local.to_json()) == local
+    remote = replace(local, node="node2", endpoint="10.0.0.2:50052", link="TCP to 10.0.0.2:8100")
+    assert Gpu.from_json(remote.to_json()) == remote
