@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import tomli_w
 
+from gateway.core.auth import bearer_header
 from gateway.core.errors import ConfigError
 
 COMPACT_AT = 0.85  # share of the window at which agents that can be told should compact
@@ -82,7 +83,7 @@ class AgentConfig:
 def ask(url: str, api_key: str | None) -> Served:
     """The model and context the gateway at ``url`` serves."""
     base = url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer_header(api_key)
     try:
         answer = httpx.get(base + "/v1/models", headers=headers, timeout=10, trust_env=False)
     except httpx.HTTPError as exc:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from gateway.core.auth import bearer_header
 from gateway.core.devices import GIB, Gpu, Inventory
 from gateway.core.errors import ConfigError
 
@@ -94,7 +95,7 @@ def report_from(address: str, data: Mapping[str, Any], rtt_ms: float | None) -> 
 
 def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S) -> NodeReport:
     """Ask one worker for its inventory (I/O); an unreachable or refusing worker is a report with an error."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer_header(api_key)
     try:
         rtt_ms = _connect_ms(address, timeout_s)
         with httpx.Client(timeout=timeout_s, trust_env=False) as client:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import signal
 import socket
 import time
@@ -33,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from backends.llamacpp import rpc
+from gateway.core.auth import key_accepted
 from gateway.core.devices import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess
@@ -221,10 +221,8 @@ def _host_for_url(host: str) -> str:
 
 
 def authorized(request: Request, keys: tuple[str, ...]) -> bool:
-    """The same key forms as the gateway's API: ``Authorization: Bearer KEY`` or ``x-api-key``."""
-    auth = request.headers.get("authorization", "")
-    given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-    return bool(given) and any(secrets.compare_digest(given.encode(), key.encode()) for key in keys)
+    """The same check as the gateway's API (:func:`gateway.core.auth.key_accepted`)."""
+    return key_accepted(request.headers.get("authorization"), request.headers.get("x-api-key"), keys)
 
 
 def create_app(worker: Worker, keys: tuple[str, ...]) -> Starlette:

@@ -6,7 +6,6 @@ work is two substring checks.
 
 from __future__ import annotations
 
-import hmac
 import re
 import time
 import uuid
@@ -16,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from gateway.core.auth import key_accepted
 from gateway.serving.error_shapes import shape_for
 
 Scope = MutableMapping[str, Any]
@@ -58,17 +58,10 @@ class ApiKeys:
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
-        self.keys = [key.encode() for key in keys if key]
+        self.keys = [key for key in keys if key]
 
     def allowed(self, scope: Scope) -> bool:
-        """Either header may carry the key (SDKs send both, one of them a placeholder)."""
-        offered = [_header(scope, b"x-api-key") or ""]
-        bearer = _header(scope, b"authorization") or ""
-        if bearer.lower().startswith("bearer "):
-            offered.append(bearer[7:].strip())
-        # every offered value against every key, in constant time
-        matches = [hmac.compare_digest(value.encode(), key) for value in offered for key in self.keys]
-        return any(matches)
+        return key_accepted(_header(scope, b"authorization"), _header(scope, b"x-api-key"), self.keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS or self.allowed(scope):

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from backends.base import Launch
+from gateway.core.auth import bearer_header
 from gateway.core.errors import ConfigError
 from gateway.supervision.lifecycle import State
 
@@ -66,7 +67,7 @@ class ExternalBackend:
         return self.reason or self.state.value
 
     async def _watch(self) -> None:
-        headers = {"Authorization": f"Bearer {self._target.api_key}"} if self._target.api_key else {}
+        headers = bearer_header(self._target.api_key)
         url = self._target.base_url + self._target.health_path
         async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:
             while True:
@@ -97,7 +98,7 @@ def describe_server(settings: Any) -> tuple[Launch, str]:
     model and its context; its capacity is what it says (llama-server's /props ``total_slots``) or what
     the user configured; otherwise requests are not queued at all (an external vLLM runs 256 at once)."""
     url = settings.backend_url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {settings.backend_api_key}"} if settings.backend_api_key else {}
+    headers = bearer_header(settings.backend_api_key)
     served, context = settings.model, settings.context_length or 0
     try:
         cards = httpx.get(url + "/v1/models", headers=headers, timeout=10, trust_env=False).json().get("data") or []

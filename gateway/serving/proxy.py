@@ -24,6 +24,7 @@ import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from backends.base import Launch
+from gateway.core.auth import bearer_header
 from gateway.serving.edge import request_id
 from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, unavailable
 from gateway.serving.sse import chat_chunks
@@ -133,8 +134,7 @@ class Upstream:
             headers["Connection"] = "close"
         if rid := request_id.get():
             headers["X-Request-Id"] = rid
-        if target.api_key:
-            headers["Authorization"] = f"Bearer {target.api_key}"
+        headers |= bearer_header(target.api_key)
         if deadline is None:
             deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
         try:

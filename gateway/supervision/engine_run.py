@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import httpx
 
 from backends.base import Failure, FailureKind, Launch
+from gateway.core.auth import bearer_header
 from gateway.core.process import ChildProcess
 
 log = logging.getLogger("gateway.engine")
@@ -259,7 +260,7 @@ class EngineRun:
         next_progress = time.monotonic() + PROGRESS_EVERY_S
         generic_deadline: float | None = None
         url = self.launch.base_url + self.launch.health_path
-        headers = {"Authorization": f"Bearer {self.launch.api_key}"}
+        headers = bearer_header(self.launch.api_key)
         specific = asyncio.create_task(self._specific_failure.wait())
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:

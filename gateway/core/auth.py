@@ -1,0 +1,26 @@
+"""API keys on the wire, both directions: the header the gateway sends, and the check of what it is sent.
+
+One check for every server the gateway runs (``serve``'s routes and ``worker``'s inventory), so a key
+that opens one opens the other in the same two forms: ``Authorization: Bearer KEY`` or ``x-api-key``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+
+
+def bearer_header(api_key: str | None) -> dict[str, str]:
+    """The header that presents ``api_key`` to an OpenAI-compatible server (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def key_accepted(authorization: str | None, x_api_key: str | None, keys: Sequence[str]) -> bool:
+    """Either header may carry the key (SDKs send both, one of them a placeholder); every offered value
+    is compared with every key in constant time. No keys accepts nothing: the caller decides whether
+    a server without keys is open."""
+    offered = [x_api_key or ""]
+    if (authorization or "").lower().startswith("bearer "):
+        offered.append((authorization or "")[7:].strip())
+    matches = [hmac.compare_digest(value.encode(), key.encode()) for value in offered if value for key in keys if key]
+    return any(matches)
