@@ -95,6 +95,13 @@ class Failure:
     numbers: dict[str, float] = field(default_factory=dict)
 
 
+def most_telling(failures: Sequence[Failure]) -> Failure | None:
+    """The failure a run reports: the first specific one, else the first generic one."""
+    specific = [f for f in failures if f.kind is not FailureKind.ENGINE_FAILED]
+    ranked = specific or failures
+    return ranked[0] if ranked else None
+
+
 # (pattern, kind, fix): the pattern's groups are the numbers the engine printed, in the order named
 FailurePatterns = Sequence[tuple[re.Pattern[str], FailureKind, str]]
 

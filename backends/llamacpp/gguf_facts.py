@@ -11,6 +11,10 @@ from backends.llamacpp.gguf_reader import GgufHeader
 from gateway.core.errors import ModelError
 from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, text_config
 
+# llama.cpp's sliding-window pattern per architecture, for GGUFs that carry a window but no per-layer
+# pattern: layer il slides unless il % n == n - 1 (the one table; placement reads it too)
+SWA_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma3n": 5, "gpt-oss": 2, "gpt_oss": 2, "cohere2": 4, "gemma2": 2}
+
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"ffn_(up|down|gate|gate_up)_(ch)?exps")
 
@@ -66,7 +70,7 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
     if window and pattern:
         sliding_layers = sum(pattern)
     elif window:
-        every = {"gemma3": 6, "gemma3n": 5, "gpt-oss": 2, "cohere2": 4}.get(arch, 1)
+        every = SWA_PATTERN.get(arch, 1)
         sliding_layers = layers - layers // every if every > 1 else layers
     total = sum(t.nbytes for t in header.tensors)
     return ModelFacts(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.llamacpp.gguf_facts import SWA_PATTERN
 from gateway.core.devices import GIB, MIB, Gpu
 from gateway.core.model_facts import ModelFacts
 
@@ -33,8 +34,6 @@ UBATCH = 512
 NATIVE_PARALLEL = 4  # llama-server's slots (-np), sharing one unified KV cache of n_ctx cells (-kvu)
 SCHED_COPIES = 4  # GGML_SCHED_MAX_COPIES: inputs kept per device with pipeline parallelism
 KV_PAD = 256  # llama.cpp pads cache sizes to 256 cells
-# llama.cpp's swa pattern per architecture: layer il slides unless il % n == n - 1
-SWA_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma3n": 5, "gpt-oss": 2, "gpt_oss": 2, "cohere2": 4, "gemma2": 2}
 _F32 = 4
 
 

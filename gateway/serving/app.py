@@ -143,4 +143,5 @@ def create_app(runtime: Runtime) -> ASGIApp:
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return CancelOnDisconnect(RequestMetrics(ApiKeys(app, runtime.api_keys), registry))
+    paths = [route.path for route in routes if "{" not in route.path]  # one label per route, not per model id
+    return CancelOnDisconnect(RequestMetrics(ApiKeys(app, runtime.api_keys), registry, paths))

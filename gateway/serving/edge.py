@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -27,12 +27,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = frozenset({"/health"})
 # the current request's id: forwarded to the engine and written into JSON log lines
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
-ROUTES = frozenset(
-    {
-        "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-        "/v1/models", "/health", "/ready", "/status", "/metrics",
-    }
-)  # fmt: skip
 _USAGE = re.compile(rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)":\s*(\d+)')
 
 
@@ -74,8 +68,9 @@ class RequestMetrics:
     """Counts requests by route and status, times them (and the first streamed byte), sums tokens
     from the usage figures the responses carry, and tags each response with an X-Request-Id."""
 
-    def __init__(self, app: ASGIApp, registry: CollectorRegistry) -> None:
+    def __init__(self, app: ASGIApp, registry: CollectorRegistry, routes: Iterable[str] = ()) -> None:
         self.app = app
+        self.routes = frozenset(routes)  # the app's own paths; anything else is counted as "other"
         self.requests = Counter(
             "gateway_requests", "Requests by route and status", ["route", "status"], registry=registry
         )
@@ -93,7 +88,7 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = scope["path"] if scope["path"] in self.routes else "other"
         rid = _usable_request_id(_header(scope, b"x-request-id")) or uuid.uuid4().hex
         token = request_id.set(rid)
         started = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from backends.base import Failure, FailureKind, Launch
+from backends.base import Failure, FailureKind, Launch, most_telling
 from gateway.core.auth import bearer_header
 from gateway.core.process import ChildProcess
 
@@ -131,9 +131,7 @@ class EngineRun:
     @property
     def failure(self) -> Failure | None:
         """The most telling failure line: a specific one if any, else the first generic one."""
-        specific = [f for f in self.failures if f.kind is not FailureKind.ENGINE_FAILED]
-        ranked = specific or self.failures
-        return ranked[0] if ranked else None
+        return most_telling(self.failures)
 
     @property
     def elapsed_s(self) -> float:

@@ -108,7 +108,7 @@ def test_request_ids_are_kept_or_made_and_visible_to_the_route() -> None:
 
 def test_requests_are_counted_by_route_and_status_with_their_tokens() -> None:
     registry = CollectorRegistry()
-    client = TestClient(RequestMetrics(ApiKeys(_inner, [KEY]), registry))
+    client = TestClient(RequestMetrics(ApiKeys(_inner, [KEY]), registry, ["/v1/chat/completions"]))
     client.post("/v1/chat/completions", headers={"x-api-key": KEY})
     client.post("/v1/chat/completions")
     client.get("/somewhere/else", headers={"x-api-key": KEY})

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from backends import llamacpp, vllm
-from backends.base import Failure, FailureKind, Launch, Option
+from backends.base import Failure, Launch, Option, most_telling
 from gateway.supervision.engine_run import RunState
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
@@ -84,9 +84,7 @@ class ReplayRun:
 
     @property
     def failure(self) -> Failure | None:
-        specific = [f for f in self.failures if f.kind is not FailureKind.ENGINE_FAILED]
-        ranked = specific or self.failures
-        return ranked[0] if ranked else None
+        return most_telling(self.failures)
 
     def _replay(self, name: str | None) -> None:
         for line in (LOGS / name).read_text(errors="replace").splitlines() if name else []:
