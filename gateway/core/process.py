@@ -26,6 +26,33 @@ from gateway.core.reaper import PARENT_DIED, set_parent_death_signal
 log = logging.getLogger("gateway.process")
 
 
+# What of the gateway's own environment an engine (or a worker's device server) gets: where programs
+# and libraries are, the user, locale and temp dirs, certificates and proxies for hub downloads, and the
+# engines' and their libraries' own variables. Not the rest: the gateway's settings (GATEWAY_*, its API
+# keys among them) and whatever else the shell carried are none of the engine's business, and a
+# variable an engine reads by surprise (LLAMA_ARG_*, say) must not change what the plan decided. Each
+# launch adds its own variables (the engine's key, CUDA_DEVICE_ORDER...) on top.
+CHILD_ENV_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TMP", "TEMP",
+        "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CC", "CXX", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    }
+)  # fmt: skip
+CHILD_ENV_PREFIXES = (
+    "LC_", "XDG_", "PYTHON", "CUDA_", "NVIDIA_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "VLLM_", "GGML_",
+    "TORCH", "PYTORCH_", "TRITON_", "NCCL_", "GLOO_", "RAY_", "OMP_", "MKL_", "KMP_", "OPENBLAS_",
+)  # fmt: skip
+
+
+def child_environment(extra: dict[str, str], parent: dict[str, str] | None = None) -> dict[str, str]:
+    """The explicit environment a child starts with: the listed part of ``parent`` (the gateway's own
+    environment), then ``extra``."""
+    source = dict(os.environ) if parent is None else parent
+    kept = {k: v for k, v in source.items() if k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)}
+    return kept | extra
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -81,7 +108,7 @@ class ChildProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **self.env},
+            env=child_environment(self.env),
             start_new_session=True,
             preexec_fn=_reaper_learns_of_our_death,
             limit=1 << 20,  # engines print long lines (llama.cpp's model metadata dict)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from gateway.core.process import child_environment
+
 # the stand-in engine: ignores SIGTERM, starts a helper that ignores it too, prints both pids, sleeps
 ENGINE = """
 import signal, subprocess, sys, time
@@ -122,3 +124,16 @@ def test_an_engine_whose_reaper_is_killed_dies_too_even_while_it_ignores_sigterm
         reaper.kill()
         reaper.wait()
         reaper.stdout.close()
+
+
+def test_a_child_gets_an_explicit_environment_not_the_gateways_whole_one() -> None:
+    parent = {
+        "PATH": "/usr/bin", "HOME": "/home/u", "LC_ALL": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "1", "HF_TOKEN": "t",
+        "VLLM_CPU_KVCACHE_SPACE": "4", "PYTHONPATH": "/src", "GATEWAY_API_KEYS": "secret", "LLAMA_ARG_CTX_SIZE": "9",
+        "SOMETHING_ELSE": "x",
+    }  # fmt: skip
+    env = child_environment({"LLAMA_API_KEY": "k", "PATH": "/engine/bin"}, parent)
+    assert env == {
+        "PATH": "/engine/bin", "HOME": "/home/u", "LC_ALL": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "1", "HF_TOKEN": "t",
+        "VLLM_CPU_KVCACHE_SPACE": "4", "PYTHONPATH": "/src", "LLAMA_API_KEY": "k",
+    }  # fmt: skip
