@@ -36,7 +36,7 @@ class StateCollector(Collector):
         yield state
         yield GaugeMetricFamily("gateway_backend_restarts", "Engine restarts so far", value=backend.restarts)
         launch = backend.launch
-        context = launch.context_length if launch else self.rt.route.context_length
+        context = self.rt.context_length()  # the figure /v1/models gives: the live engine's only once ready
         yield GaugeMetricFamily("gateway_context_length", "Context length served", value=context)
         planned = GaugeMetricFamily(
             "gateway_plan_gpu_memory_bytes", "Planned memory per GPU and term", labels=["gpu", "term"]

@@ -312,7 +312,9 @@ def test_a_backend_that_is_not_ready_is_503_everywhere_but_health(engine: FakeEn
         chat = client.post("/v1/chat/completions", json=CHAT)
         anthropic = client.post("/v1/messages", json=MESSAGES)
         models = client.get("/v1/models").json()
+        metrics = client.get("/metrics").text
     assert health.status_code == 200
+    assert f"gateway_context_length {float(ROUTE_CONTEXT)}" in metrics, "/metrics and /v1/models disagree"
     assert ready.status_code == 503 and ready.json() == {"status": "starting", "reason": "loading the model"}
     assert ready.headers["retry-after"] == "5"
     assert chat.status_code == 503 and "is still starting" in chat.json()["error"]["message"]
