@@ -35,7 +35,6 @@ class StateCollector(Collector):
             state.add_metric([name], 1.0 if backend.state.value == name else 0.0)
         yield state
         yield GaugeMetricFamily("gateway_backend_restarts", "Engine restarts so far", value=backend.restarts)
-        launch = backend.launch
         context = self.rt.context_length()  # the figure /v1/models gives: the live engine's only once ready
         yield GaugeMetricFamily("gateway_context_length", "Context length served", value=context)
         planned = GaugeMetricFamily(
