@@ -13,11 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from gateway.core.devices import Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
-    from gateway.core.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,17 @@ class Backend(Protocol[C, M]):
     name: str  # catalog table, JSON "backend", Launch.engine
     title: str  # for people: "vLLM"
 
+    @property
+    def settings_model(self) -> type[BaseModel]:
+        """This engine's own settings (fields with help and flags), mixed into the gateway's settings;
+        the methods below get that whole settings object and read their own fields from it."""
+        ...
+
+    @property
+    def pins(self) -> tuple[str, ...]:
+        """Those of its settings that pin one of its flags (the policy carries them, as given)."""
+        ...
+
     def section_for(self, spec: str) -> dict[str, Any] | None:
         """A catalog table for a model the user named by path or hub id, if this engine can serve it."""
         ...
@@ -200,7 +212,7 @@ class Backend(Protocol[C, M]):
         """The entry's ``[<name>]`` table as this engine's typed source (raises ValueError)."""
         ...
 
-    def installation(self, settings: Settings, *, probe: bool) -> Installation:
+    def installation(self, settings: Any, *, probe: bool) -> Installation:
         """Where its server is and which version; ``probe`` may run the engine's command to ask
         (serve), otherwise only package metadata is read (plan). Never imports the engine."""
         ...
@@ -222,7 +234,7 @@ class Backend(Protocol[C, M]):
         ...
 
     def options(
-        self, model: M, candidates: list[C], policy: Policy, installation: Installation, settings: Settings
+        self, model: M, candidates: list[C], policy: Policy, installation: Installation, settings: Any
     ) -> list[Option]:
         """What the supervisor may start, best first (empty when the engine is not installed)."""
         ...

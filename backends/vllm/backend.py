@@ -11,13 +11,13 @@ from backends.vllm.argv import build_argv, build_env
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
 from backends.vllm.option import VllmOption
+from backends.vllm.settings import PINS, VllmSettings
 from backends.vllm.source import VllmModel, VllmSource
 
 if TYPE_CHECKING:
     from gateway.core.devices import Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
-    from gateway.core.settings import Settings
 
 log = logging.getLogger("gateway.vllm")
 
@@ -27,6 +27,8 @@ OPTIONS_TRIED = 4  # rungs to try before falling back to the next engine
 class VllmBackend:
     name = "vllm"
     title = "vLLM"
+    settings_model = VllmSettings
+    pins = PINS
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
         return source.section_for(spec)
@@ -34,7 +36,7 @@ class VllmBackend:
     def parse_section(self, table: dict[str, Any]) -> VllmSource:
         return VllmSource.model_validate(table)
 
-    def installation(self, settings: Settings, *, probe: bool) -> Installation:
+    def installation(self, settings: VllmSettings, *, probe: bool) -> Installation:
         """``probe``: ask the configured or found command for its version (serve); otherwise only
         the package metadata beside the gateway is read (plan: fast, nothing is started)."""
         if probe:
@@ -118,7 +120,7 @@ class VllmBackend:
         candidates: list[VllmCandidate],
         policy: Policy,
         installation: Installation,
-        settings: Settings,
+        settings: VllmSettings,
     ) -> list[Option]:
         """The best few fitting rungs; pinned flags that the plan rejects are still tried (warned)."""
         if not candidates:

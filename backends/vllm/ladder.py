@@ -24,6 +24,7 @@ from backends.vllm.memory import (
     kv_bytes_per_token,
     memory,
 )
+from backends.vllm.settings import VllmPins
 from gateway.core.devices import GIB, Gpu
 from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import Policy
@@ -266,7 +267,7 @@ def _choices(pinned: Any, ladder: list[Any]) -> list[tuple[int, Any]]:
 
 def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, policy: Policy) -> list[VllmCandidate]:
     """Every rung for every checkpoint and TP size, each sized to the longest context it allows."""
-    pins = policy.pins
+    pins = VllmPins.of(policy)
     out: list[VllmCandidate] = []
     for ck_index, checkpoint in enumerate(checkpoints):
         if why := supported(checkpoint, gpus) or releases.cannot_load(checkpoint.facts, version):
@@ -284,7 +285,7 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
             smallest = min(chosen, key=lambda g: g.total_bytes)
             default_tokens, default_seqs = batch_defaults(smallest)
             offload = [pins.cpu_offload_gb or 0.0]
-            if policy.allow_cpu_offload and pins.cpu_offload_gb is None:
+            if pins.allow_cpu_offload and pins.cpu_offload_gb is None:
                 offload.append(float(max(1, math.ceil(facts.weight_bytes / tp / GIB / 4))))
             fp8_ok = all(
                 g.compute_capability >= FP8_KV_MIN_CAPABILITY
@@ -418,7 +419,7 @@ CPU_DEFAULT_SEQS = 4
 def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, policy: Policy) -> VllmCandidate:
     """vLLM's CPU backend: eager, KV given in bytes (two max-length requests' worth by default)."""
     facts = checkpoint.facts
-    pins = policy.pins
+    pins = VllmPins.of(policy)
     model_max = min(facts.max_position or CPU_DEFAULT_CONTEXT, policy.max_context or CPU_DEFAULT_CONTEXT)
     length = pins.context_length or model_max
     kv_dtype = pins.kv_cache_dtype or "auto"

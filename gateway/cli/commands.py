@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.cli.flags import add_setting_flags, given
 from gateway.core.errors import GatewayError
-from gateway.core.settings import Settings, load_settings
+from gateway.planning.settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
 from gateway.serving.model_names import ModelRoute
 
 if TYPE_CHECKING:
@@ -38,14 +38,11 @@ log = logging.getLogger("gateway")
 ENGINE_TERM_WAIT_S = 5.0
 
 
-# Settings each command exposes as flags (declared once, in gateway/settings.py).
-SERVE_SETTINGS = tuple(Settings.model_fields)
+# Settings each command exposes as flags (declared once: gateway/core/settings.py and each engine's own).
+SERVE_SETTINGS = SETTING_NAMES
 PLAN_SETTINGS = (
-    "model", "catalog_dir", "context_length", "min_context", "max_context", "engine", "llama_launcher",
-    "vllm_version", "vllm_command", "llama_server_command", "llama_cpp_python_command",
-    "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-    "kv_cache_dtype", "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload", "port",
-    "workers", "worker_api_key",
+    "model", "catalog_dir", "context_length", "min_context", "max_context", "engine", "port", "workers",
+    "worker_api_key", *ENGINE_SETTINGS,
 )  # fmt: skip
 
 
@@ -125,7 +122,7 @@ def worker_command(args: argparse.Namespace) -> int:
         name=args.name,
         gpus=args.gpus,
         cpu_memory=args.cpu_memory,
-        threads=settings.threads,
+        threads=getattr(settings, "threads", None),  # the lending engine's own setting
         api_keys=settings.all_api_keys(),
         rpc_command=tuple(shlex.split(args.rpc_server_command)) if args.rpc_server_command else None,
         log_dir=settings.backend_log_dir,

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from gateway.core.settings import Settings, parse_count, parse_count_or_auto
+from gateway.core.settings import parse_count, parse_count_or_auto
+from gateway.planning.settings import SETTING_NAMES, Settings
 
 
 def _extra(info: FieldInfo) -> dict[str, Any]:
@@ -96,7 +97,8 @@ def _shown_default(name: str) -> str:
 def settings_table() -> str:
     """The README's configuration table, generated from the declarations (a test keeps them equal)."""
     rows = ["| setting | flag | default | meaning |", "|---|---|---|---|"]
-    for name, info in Settings.model_fields.items():
+    for name in SETTING_NAMES:
+        info = Settings.model_fields[name]
         flags = ", ".join(f"`{flag}`" for flag in flag_names(name))
         meaning = (info.description or "").replace("|", "\\|")
         rows.append(f"| `{name}` | {flags} | {_shown_default(name)} | {meaning} |")

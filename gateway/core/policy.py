@@ -7,7 +7,8 @@ engines may be planned. One object from the settings to every backend, for `plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.core.errors import ConfigError
@@ -21,31 +22,33 @@ FALLBACK_CONTEXT = 4096  # when neither the catalog nor the model's files say
 
 @dataclass(frozen=True)
 class Pins:
-    """Engine flags the user gave; None: the engine's ladder chooses."""
+    """Engine flags the user gave; None: the engine's ladder chooses. The context length is every
+    engine's; the rest each engine declares itself (its ``PINS``) and reads back from ``engine``."""
 
-    context_length: int | None = None  # vLLM --max-model-len, llama.cpp -c
-    tensor_parallel_size: int | None = None
-    gpu_memory_utilization: float | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    kv_cache_dtype: str | None = None
-    kv_cache_memory_bytes: int | None = None
-    enforce_eager: bool | None = None
-    cpu_offload_gb: float | None = None
-    context_auto: bool | None = None  # --max-model-len auto / -1: the longest that fits, as vLLM fits it
+    context_length: int | None = None  # the context every engine serves (vLLM --max-model-len, llama.cpp -c)
+    context_auto: bool | None = None  # context_length auto / -1: the longest that fits, as vLLM fits it
+    engine: Mapping[str, Any] = field(default_factory=dict)  # engine-declared pins given, by setting name
 
     @classmethod
     def from_values(cls, values: Any) -> Pins:
-        """The pins among ``values``' attributes (a Settings object); a context length of -1 (auto)
-        pins no length: every engine sizes the longest that fits."""
-        pins = {f.name: getattr(values, f.name, None) for f in fields(cls)}
-        if pins["context_length"] == AUTO_CONTEXT:
-            pins["context_length"], pins["context_auto"] = None, True
-        return cls(**pins)
+        """The pins among ``values``' attributes (a Settings object, whose class names its engines'
+        pins in ``engine_pins``); a context length of -1 (auto) pins no length: every engine sizes
+        the longest that fits. An engine setting counts when it differs from its default."""
+        context, auto = getattr(values, "context_length", None), None
+        if context == AUTO_CONTEXT:
+            context, auto = None, True
+        declared = getattr(type(values), "model_fields", {})
+        engine = {
+            name: getattr(values, name)
+            for name in getattr(values, "engine_pins", ())
+            if getattr(values, name, None) is not None and getattr(values, name) != declared[name].default
+        }
+        return cls(context, auto, engine)
 
     def given(self) -> dict[str, Any]:
         """Only the pinned flags, by name (for warnings and JSON)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        shared = {"context_length": self.context_length, "context_auto": self.context_auto}
+        return {name: value for name, value in shared.items() if value is not None} | dict(self.engine)
 
     def __bool__(self) -> bool:
         return bool(self.given())
@@ -55,7 +58,6 @@ class Pins:
 class Policy:
     min_context: int = DEFAULT_MIN_CONTEXT
     max_context: int | None = None  # longest context worth reserving; None: the model's own limit
-    allow_cpu_offload: bool = False
     engines: tuple[str, ...] | None = None  # plan only these engines; None: every registered one
     pins: Pins = field(default_factory=Pins)
 
@@ -72,7 +74,7 @@ def policy_for(settings: Any, limit: int | None, has_gpus: bool) -> Policy:
     pins = Pins.from_values(settings)
     explicit_min = "min_context" in settings.model_fields_set
     engines = (settings.engine,) if settings.engine else None
-    common = {"allow_cpu_offload": settings.allow_cpu_offload, "engines": engines, "pins": pins}
+    common: dict[str, Any] = {"engines": engines, "pins": pins}
     if pins.context_length is not None:
         if limit is not None and pins.context_length > limit:
             raise ConfigError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
@@ -31,9 +31,12 @@ def _default_state_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    """Everything a user can set. Field names are the TOML keys; ``GATEWAY_<NAME>`` the env vars."""
+    """What a user can set that is no engine's own. Field names are the TOML keys; ``GATEWAY_<NAME>``
+    the env vars. Each engine declares its own settings (``Backend.settings_model``); the gateway's
+    full settings class is this one with theirs mixed in (:mod:`gateway.planning.settings`)."""
 
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="forbid")
+    engine_pins: ClassVar[tuple[str, ...]] = ()  # the engines' settings that pin one of their flags
 
     host: str = Field("127.0.0.1", description="Address the gateway listens on (0.0.0.0 in containers).")
     port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
@@ -97,31 +100,6 @@ class Settings(BaseSettings):
         64 * 1024, ge=1024, description="Largest request line and headers accepted, before the key (431 beyond)."
     )
     max_headers: int = Field(100, ge=8, description="Most request headers accepted (431 beyond).")
-    threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
-    llama_cpp_python_command: list[str] | None = Field(
-        None,
-        description="argv prefix that runs llama-cpp-python's server; unset: this Python with `-m llama_cpp.server`.",
-        json_schema_extra={"parse": "shlex"},
-    )
-    llama_server_command: list[str] | None = Field(
-        None,
-        description="argv prefix of the native llama-server; unset: `llama-server` if on PATH.",
-        json_schema_extra={"parse": "shlex"},
-    )
-    llama_launcher: str | None = Field(
-        None,
-        pattern="^(python|native)$",
-        description="llama.cpp's server: native (llama-server) or python (llama-cpp-python); unset: native "
-        "when llama-server is found, else python.",
-        json_schema_extra={"flags": ["--llama-launcher", "--launcher"], "choices": ["python", "native"]},
-    )
-    vllm_command: list[str] | None = Field(
-        None,
-        description="argv prefix that starts vLLM's OpenAI server (`[vllm, serve]` or "
-        "`[python, -m, vllm.entrypoints.openai.api_server]`); unset: vLLM beside the gateway, if any.",
-        json_schema_extra={"parse": "shlex"},
-    )
-    vllm_version: str | None = Field(None, description="vLLM version to plan for; unset: read from vllm_command.")
     min_context: int = Field(
         32768,
         ge=1,
@@ -131,25 +109,9 @@ class Settings(BaseSettings):
     max_context: int | None = Field(None, ge=1, description="Longest context worth reserving; unset: the model's.")
     engine: str | None = Field(
         None,
-        description="Plan and serve only this engine (vllm, llamacpp); unset: the first that fits.",
-        json_schema_extra={"flags": ["--engine", "--backend"], "choices": ["vllm", "llamacpp"]},
+        description="Plan and serve only this engine; unset: the first that fits.",
+        json_schema_extra={"flags": ["--engine", "--backend"]},  # the choices: the registry's names
     )
-    allow_cpu_offload: bool = Field(False, description="vLLM: let the ladder use --cpu-offload-gb (slow).")
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM: pin this share.")
-    kv_cache_memory_bytes: int | None = Field(
-        None, gt=0, description="vLLM: pin the KV cache size in bytes.", json_schema_extra={"parse": "count"}
-    )
-    max_num_seqs: int | None = Field(None, ge=1, description="vLLM: pin the number of sequences.")
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM: pin the tokens per batch.")
-    tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM: pin the TP size.")
-    enforce_eager: bool | None = Field(None, description="vLLM: pin eager mode on.")
-    kv_cache_dtype: str | None = Field(
-        None,
-        pattern="^(auto|fp8)$",
-        description="vLLM: pin the KV cache dtype.",
-        json_schema_extra={"choices": ["auto", "fp8"]},
-    )
-    cpu_offload_gb: float | None = Field(None, ge=0, description="vLLM: pin --cpu-offload-gb.")
     catalog_dir: Path | None = Field(None, description="Extra model catalog entries (*.toml); they win over built-ins.")
     backend_url: str | None = Field(
         None, description="Front an OpenAI-compatible server you run yourself; nothing is planned or started."
@@ -202,11 +164,6 @@ class Settings(BaseSettings):
         if isinstance(number, int) and number != AUTO and number < 256:
             raise ValueError(f"context_length {number} is below 256: give 256 or more, or auto")
         return number
-
-    @field_validator("kv_cache_memory_bytes", mode="before")
-    @classmethod
-    def _byte_forms(cls, value: Any) -> Any:
-        return parse_count(value) if isinstance(value, str) else value
 
     @property
     def backend_log_dir(self) -> Path:
@@ -267,7 +224,9 @@ def parse_count_or_auto(text: str) -> int:
     return AUTO if text.strip() in ("-1", "auto", "AUTO", "Auto") else parse_count(text)
 
 
-def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+def load_settings(
+    overrides: dict[str, Any] | None = None, config_file: Path | None = None, kind: type[Settings] = Settings
+) -> Settings:
     """Build the settings; ``overrides`` are CLI flags (None values mean "not given").
 
     The config file is ``config_file``, else ``$GATEWAY_CONFIG``, else ``./gateway.toml`` if present.
@@ -278,7 +237,7 @@ def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | N
         raise ConfigError(f"config file {explicit} does not exist: create it or drop --config/GATEWAY_CONFIG")
     toml_file = explicit or DEFAULT_CONFIG_FILE
 
-    class _FileSettings(Settings):
+    class _FileSettings(kind):  # type: ignore[valid-type,misc]  # a subclass of the class asked for
         model_config = SettingsConfigDict(toml_file=toml_file)
 
     given = {key: value for key, value in (overrides or {}).items() if value is not None}

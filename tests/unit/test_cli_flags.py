@@ -8,7 +8,7 @@ import pytest
 
 from gateway.cli.commands import PLAN_SETTINGS, SERVE_SETTINGS, build_parser
 from gateway.cli.flags import add_setting_flags, given
-from gateway.core.settings import Settings
+from gateway.planning.settings import Settings
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -108,7 +108,9 @@ def test_kv_heads_fewer_than_tp_are_replicated() -> None:
 
 
 def test_pinned_flags_are_evaluated_exactly() -> None:
-    pinned = Pins(tensor_parallel_size=2, gpu_memory_utilization=0.92, context_length=32768, max_num_seqs=256)
+    pinned = Pins(
+        context_length=32768, engine={"tensor_parallel_size": 2, "gpu_memory_utilization": 0.92, "max_num_seqs": 256}
+    )
     plan = _glm_plan(pins=pinned)
     bf16 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None]
     assert {c.flags.tensor_parallel_size for c in bf16} == {2}
@@ -119,7 +121,7 @@ def test_pinned_flags_are_evaluated_exactly() -> None:
 
 
 def test_free_memory_below_the_requested_share_is_refused_with_numbers() -> None:
-    plan = _glm_plan(spec="2x32607MiB@12.0:free=20GiB", pins=Pins(gpu_memory_utilization=0.92))
+    plan = _glm_plan(spec="2x32607MiB@12.0:free=20GiB", pins=Pins(engine={"gpu_memory_utilization": 0.92}))
     assert not any(c.fits for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None)
     assert any("vLLM refuses to start" in c.reason for c in plan.candidates_of("vllm"))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.core.errors import ConfigError
-from gateway.core.settings import load_settings
+from gateway.planning.settings import load_settings
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.errors import BackendError, ConfigError, ModelError
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import Pins, policy_for
-from gateway.core.settings import Settings
 from gateway.planning.catalog import builtin_catalog
+from gateway.planning.settings import Settings
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
@@ -51,7 +51,7 @@ def test_context_is_capped_on_cpu_and_uncapped_on_gpus(tmp_path: Path) -> None:
 def test_requested_context_and_vllm_flags_are_pinned(tmp_path: Path) -> None:
     settings = _settings(tmp_path, context_length=4096, kv_cache_memory_bytes=262144, min_context=128)
     policy = policy_for(settings, 8192, has_gpus=False)
-    assert policy.pins == Pins(context_length=4096, kv_cache_memory_bytes=262144)
+    assert policy.pins == Pins(context_length=4096, engine={"kv_cache_memory_bytes": 262144})
     assert policy.min_context == 128  # given explicitly: it wins over the pinned length
     with pytest.raises(ConfigError, match="exceeds the model's maximum of 8192"):
         policy_for(_settings(tmp_path, context_length=9000), 8192, has_gpus=False)

@@ -7,10 +7,10 @@ from backends.base import Installation
 from backends.vllm import multinode
 from gateway.core.devices import GIB, Gpu, Inventory
 from gateway.core.policy import Policy
-from gateway.core.settings import Settings
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render
 from gateway.planning.planner import Plan, decide
+from gateway.planning.settings import Settings
 from tests.unit.plan_helpers import engine_plans
 
 

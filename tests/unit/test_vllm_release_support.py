@@ -19,10 +19,10 @@ from gateway.cli.commands import build_parser
 from gateway.core.devices import GIB, MIB, Gpu, Inventory, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Pins, Policy
-from gateway.core.settings import load_settings
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render
 from gateway.planning.planner import Plan, decide
+from gateway.planning.settings import load_settings
 from tests.unit.plan_helpers import engine_plans
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -144,7 +144,7 @@ def test_no_fp8_kv_for_mla_on_compute_capability_12_before_0_18() -> None:
     assert not [c for c in before.candidates_of("vllm") if c.flags.kv_cache_dtype == "fp8"]
     after = _plan("glm-4.7-flash", _glm()[:1], RTX_5090_PAIR, "0.18.0")
     assert [c for c in after.candidates_of("vllm") if c.flags.kv_cache_dtype == "fp8"]
-    pinned = _plan("glm-4.7-flash", _glm()[:1], RTX_5090_PAIR, "0.17.0", Pins(kv_cache_dtype="fp8"))
+    pinned = _plan("glm-4.7-flash", _glm()[:1], RTX_5090_PAIR, "0.17.0", Pins(engine={"kv_cache_dtype": "fp8"}))
     refused = pinned.candidates_of("vllm")
     assert refused and not any(c.fits or c.argv for c in refused)
     assert "TRITON_MLA" in refused[0].reason and "since 0.18.0" in refused[0].reason
@@ -177,12 +177,14 @@ def test_the_nvfp4_glm_checkpoint_is_refused_before_the_release_reported_to_load
 # Item 5 ---------------------------------------------------------------------------------------
 
 SEED_003_PINS = Pins(
-    tensor_parallel_size=2,
-    gpu_memory_utilization=0.9,
     context_length=1024,
-    max_num_seqs=1,
-    max_num_batched_tokens=1024,
-    kv_cache_dtype="fp8",
+    engine={
+        "tensor_parallel_size": 2,
+        "gpu_memory_utilization": 0.9,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 1024,
+        "kv_cache_dtype": "fp8",
+    },
 )
 
 
@@ -269,7 +271,7 @@ def test_gemma4_is_not_in_the_registry_before_0_19() -> None:
 def test_a_kv_cache_pin_that_does_not_fit_beside_the_weights_is_refused() -> None:
     """With --kv-cache-memory-bytes 0.21.0 gpu_worker.py skips profiling and allocates the pinned
     bytes; 10 GiB beside 27.89 GiB of weights on a 31.84 GiB card runs out of memory."""
-    pins = Pins(tensor_parallel_size=2, kv_cache_memory_bytes=10 * GIB, context_length=32768)
+    pins = Pins(context_length=32768, engine={"tensor_parallel_size": 2, "kv_cache_memory_bytes": 10 * GIB})
     plan = _plan("glm-4.7-flash", _glm()[:1], RTX_5090_PAIR, "0.32.0", pins)
     candidates = plan.candidates_of("vllm")
     assert candidates and not any(c.fits for c in candidates)
@@ -280,12 +282,14 @@ def test_a_kv_cache_pin_that_does_not_fit_beside_the_weights_is_refused() -> Non
         RTX_5090_PAIR,
         "0.32.0",
         Pins(
-            tensor_parallel_size=2,
-            kv_cache_memory_bytes=2 * GIB,
             context_length=32768,
-            max_num_seqs=8,
-            enforce_eager=True,
-            gpu_memory_utilization=0.9,
+            engine={
+                "tensor_parallel_size": 2,
+                "kv_cache_memory_bytes": 2 * GIB,
+                "max_num_seqs": 8,
+                "enforce_eager": True,
+                "gpu_memory_utilization": 0.9,
+            },
         ),
     )
     assert any(c.fits for c in small.candidates_of("vllm"))
