@@ -242,3 +242,31 @@ class Backend(Protocol[C, M]):
     def memo_version(self, installation: Installation) -> str:
         """The version a remembered configuration is valid for."""
         ...
+
+
+class DeviceLender(Protocol):
+    """How an engine serves one of this node's devices to a head on another node (``gateway worker``):
+    one server process per device, each on its own port. The worker around it is generic."""
+
+    server_name: str  # the server's name in logs and messages ("ggml-rpc-server")
+    default_port: int  # the first device's port; the others take the next ones
+    env: Mapping[str, str]  # added to each server's environment
+    missing: str  # the one-line fix when no server command is found
+
+    def command(self, configured: Sequence[str] | None) -> list[str] | None:
+        """The server to run: ``configured``, else the one installed (None: none found)."""
+        ...
+
+    def server_argv(
+        self, command: Sequence[str], *, host: str, port: int, local_gpu: int | None, threads: int | None
+    ) -> list[str]:
+        """One server for one device bound to ``host`` (``local_gpu``: its NVML index; None: the CPU)."""
+        ...
+
+    def protocol_version(self, line: str) -> str | None:
+        """The wire protocol a server's log line announces (head and workers must speak the same)."""
+        ...
+
+    def build(self) -> str:
+        """The engine build this node runs, as the head and the workers compare it."""
+        ...

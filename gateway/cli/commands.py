@@ -118,13 +118,13 @@ def worker_command(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         host=args.host,
         port=args.port,
-        rpc_port=args.rpc_port,
+        first_port=args.rpc_port,
         name=args.name,
         gpus=args.gpus,
         cpu_memory=args.cpu_memory,
         threads=getattr(settings, "threads", None),  # the lending engine's own setting
         api_keys=settings.all_api_keys(),
-        rpc_command=tuple(shlex.split(args.rpc_server_command)) if args.rpc_server_command else None,
+        server_command=tuple(shlex.split(args.rpc_server_command)) if args.rpc_server_command else None,
         log_dir=settings.backend_log_dir,
     )
     return run(config)

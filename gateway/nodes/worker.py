@@ -1,16 +1,17 @@
-"""``gateway worker``: lend this node's devices to a head over llama.cpp RPC.
+"""``gateway worker``: lend this node's devices to a head on another node.
 
-It reads the GPUs (NVML, or a simulated ``--gpus`` spec), starts one ``ggml-rpc-server`` per GPU (one
-for the CPU on a machine without GPUs), each bound to ``--host`` only, and answers the head's
-``GET /inventory`` (API key required) with its devices, their memory and RPC endpoints, its RAM and
-the engine build. The servers run under :mod:`gateway.core.reaper`, so they die with the worker even
+It reads the GPUs (NVML, or a simulated ``--gpus`` spec), starts one device server per GPU (one for
+the CPU on a machine without GPUs), each bound to ``--host`` only, and answers the head's
+``GET /inventory`` (API key required) with its devices, their memory and endpoints, its RAM and the
+engine build. The servers run under :mod:`gateway.core.reaper`, so they die with the worker even
 when it is SIGKILLed; a server that exits is started again (and reported as not running meanwhile).
 
-``ggml-rpc-server`` has no authentication: anyone who reaches its port can use the device and read
-what is loaded on it. Bind ``--host`` to an address on a private network between the nodes.
+What a device server is comes from the engine that lends devices (``backends.registry.LENDER``,
+today llama.cpp's ``ggml-rpc-server``, which has no authentication: bind ``--host`` to an address on
+a private network between the nodes). This module is the engine-neutral shell around it.
 
-A simulated GPU is served by a CPU ``ggml-rpc-server`` and reported with the simulated size (the
-head plans with that size; the server itself has no limit): what the tests and ``plan`` use.
+A simulated GPU is served by a CPU server and reported with the simulated size (the head plans with
+that size; the server itself has no limit): what the tests and ``plan`` use.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from backends.llamacpp import rpc
+from backends.registry import LENDER
 from gateway.core.auth import key_accepted
 from gateway.core.devices import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
@@ -50,13 +51,13 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 class WorkerConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    rpc_port: int = rpc.DEFAULT_PORT
+    first_port: int = LENDER.default_port  # the device servers take first_port, first_port + 1, …
     name: str = ""  # unset: the host name
     gpus: str | None = None  # simulated spec ("2x24GiB"): CPU servers reported with these sizes
     cpu_memory: str | None = None  # without GPUs: the size to report for the CPU device (default: RAM available)
     threads: int | None = None
     api_keys: tuple[str, ...] = ()
-    rpc_command: tuple[str, ...] | None = None
+    server_command: tuple[str, ...] | None = None  # the device server to run; unset: the one installed
     log_dir: Path = Path(".")
 
 
@@ -65,7 +66,7 @@ class Device:
     """One device this worker serves: as the head will plan it, and how its server is started."""
 
     gpu: Gpu
-    device: str | None  # ggml-rpc-server's -d (None: the CPU)
+    local_gpu: int | None  # the NVML index of the GPU its server runs on (None: the CPU)
     port: int
     simulated: bool
 
@@ -75,16 +76,16 @@ def devices(config: WorkerConfig, machine: Inventory) -> list[Device]:
     if machine.gpus:
         simulated = machine.source == "simulated"
         return [
-            Device(gpu, None if simulated else rpc.device_name(gpu.index), config.rpc_port + i, simulated)
+            Device(gpu, None if simulated else gpu.index, config.first_port + i, simulated)
             for i, gpu in enumerate(machine.gpus)
         ]
     size = parse_size(config.cpu_memory) if config.cpu_memory else machine.ram_available_bytes
     cpu = Gpu(0, "CPU", size, size, (0, 0))
-    return [Device(cpu, None, config.rpc_port, config.cpu_memory is not None)]
+    return [Device(cpu, None, config.first_port, config.cpu_memory is not None)]
 
 
 class Server:
-    """One ``ggml-rpc-server``, kept running until the worker stops."""
+    """One device server, kept running until the worker stops."""
 
     def __init__(self, device: Device, argv: list[str], log_path: Path) -> None:
         self.device = device
@@ -97,25 +98,27 @@ class Server:
         self.starts = 0
 
     def _on_line(self, line: str) -> None:
-        self.protocol = self.protocol or rpc.protocol_version(line)
+        self.protocol = self.protocol or LENDER.protocol_version(line)
 
     async def start(self, host: str) -> None:
-        self.child = ChildProcess(self.argv, self.log_path, env=dict(rpc.SERVER_ENV), on_line=self._on_line)
+        self.child = ChildProcess(self.argv, self.log_path, env=dict(LENDER.env), on_line=self._on_line)
         self.starts += 1
         await self.child.start()
-        self.exited = asyncio.create_task(self.child.wait(), name=f"ggml-rpc-server {self.device.port}")
+        self.exited = asyncio.create_task(self.child.wait(), name=f"{LENDER.server_name} {self.device.port}")
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.exited.done():
                 break
             if await _accepts(host, self.device.port):
                 self.running = True
-                log.info("ggml-rpc-server for %s listening on %s:%d", self.device.gpu.name, host, self.device.port)
+                log.info(
+                    "%s for %s listening on %s:%d", LENDER.server_name, self.device.gpu.name, host, self.device.port
+                )
                 return
             await asyncio.sleep(0.1)
         tail = " | ".join(list(self.child.tail)[-3:])
         await self.child.stop(STOP_GRACE_S)
-        raise GatewayError(f"ggml-rpc-server on {host}:{self.device.port} did not start: {tail or 'no output'}")
+        raise GatewayError(f"{LENDER.server_name} on {host}:{self.device.port} did not start: {tail or 'no output'}")
 
     async def stop(self) -> None:
         self.running = False
@@ -147,14 +150,14 @@ class Worker:
         self.servers = [
             Server(
                 device,
-                rpc.server_argv(
-                    command, host=config.host, port=device.port, device=device.device, threads=config.threads
+                LENDER.server_argv(
+                    command, host=config.host, port=device.port, local_gpu=device.local_gpu, threads=config.threads
                 ),
-                config.log_dir / f"ggml-rpc-server-{device.port}.log",
+                config.log_dir / f"{LENDER.server_name}-{device.port}.log",
             )
             for device in devices(config, machine)
         ]
-        self.build = rpc.engine_build()
+        self.build = LENDER.build()
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -165,7 +168,7 @@ class Worker:
         except BaseException:
             await self.stop()
             raise
-        self._watch = asyncio.create_task(self._keep_running(), name="rpc servers")
+        self._watch = asyncio.create_task(self._keep_running(), name="device servers")
 
     async def _keep_running(self) -> None:
         while not self._stopping:
@@ -173,7 +176,9 @@ class Worker:
                 if server.child is not None and server.exited is not None and server.exited.done():
                     server.running = False
                     code = server.exited.result()
-                    log.error("ggml-rpc-server on port %d exited (%s): starting it again", server.device.port, code)
+                    log.error(
+                        "%s on port %d exited (%s): starting it again", LENDER.server_name, server.device.port, code
+                    )
                     await server.child.stop(STOP_GRACE_S)
                     await asyncio.sleep(RESTART_DELAY_S)
                     with contextlib.suppress(GatewayError, OSError):
@@ -256,25 +261,25 @@ def run(config: WorkerConfig) -> int:
         raise ConfigError("a worker needs an API key (--api-key KEY or --api-key-file): the head sends it")
     if config.host in ("0.0.0.0", "::"):
         log.warning(
-            "ggml-rpc-server will listen on every interface with no authentication: anyone who reaches "
+            "%s will listen on every interface with no authentication: anyone who reaches "
             "ports %d+ can use these devices; prefer the address of a private network between the nodes",
-            config.rpc_port,
+            LENDER.server_name,
+            config.first_port,
         )
-    command = rpc.rpc_command(config.rpc_command)
+    command = LENDER.command(config.server_command)
     if command is None:
-        raise ConfigError(
-            "ggml-rpc-server not found: install llama.cpp with RPC (pip install 'gateway[llamacpp-native]', "
-            "built with -DGGML_RPC=ON) or give --rpc-server-command"
-        )
+        raise ConfigError(LENDER.missing)
     machine = inventory(config.gpus)
     if machine.source == "simulated":
         machine = replace(
             machine, gpus=tuple(replace(g, name=f"simulated {g.total_bytes / MIB:.0f} MiB (CPU)") for g in machine.gpus)
         )
     worker = Worker(config, machine, command)
-    for rpc_server in worker.servers:
-        gpu = rpc_server.device.gpu
-        log.info("device %d: %s, %.1f GiB → %s", gpu.index, gpu.name, gpu.total_bytes / GIB, " ".join(rpc_server.argv))
+    for device_server in worker.servers:
+        gpu = device_server.device.gpu
+        log.info(
+            "device %d: %s, %.1f GiB → %s", gpu.index, gpu.name, gpu.total_bytes / GIB, " ".join(device_server.argv)
+        )
     app = create_app(worker, config.api_keys)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", log_config=None, lifespan="on")
     server = uvicorn.Server(uv)

@@ -18,6 +18,7 @@ from backends import llamacpp
 from backends.base import Failure, FailureKind, Installation
 from backends.llamacpp.backend import ordered_devices
 from backends.llamacpp.rpc import server_argv
+from backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Gpu, Inventory, parse_gpu_spec, parse_remote_gpus
 from gateway.core.errors import ConfigError
 from gateway.core.policy import Pins, Policy
@@ -197,17 +198,19 @@ def test_a_device_lost_while_serving_is_classified_from_the_engines_own_line() -
 
 
 def test_a_worker_serves_each_gpu_with_its_own_server_and_a_cpu_without_gpus() -> None:
-    config = WorkerConfig(host="10.0.0.2", rpc_port=50052)
+    config = WorkerConfig(host="10.0.0.2", first_port=50052)
     nvml = Inventory(parse_gpu_spec("2x24GiB"), 64 * GIB, 60 * GIB, source="nvml")
-    assert [(d.device, d.port) for d in devices(config, nvml)] == [("CUDA0", 50052), ("CUDA1", 50053)]
+    assert [(d.local_gpu, d.port) for d in devices(config, nvml)] == [(0, 50052), (1, 50053)]
     simulated = replace(nvml, source="simulated")
-    assert [(d.device, d.simulated) for d in devices(config, simulated)] == [(None, True), (None, True)]
+    assert [(d.local_gpu, d.simulated) for d in devices(config, simulated)] == [(None, True), (None, True)]
     (cpu,) = devices(replace(config, cpu_memory="2GiB"), _cpu_head())
-    assert (cpu.device, cpu.gpu.total_bytes, cpu.gpu.name) == (None, 2 * GIB, "CPU")
+    assert (cpu.local_gpu, cpu.gpu.total_bytes, cpu.gpu.name) == (None, 2 * GIB, "CPU")
     (whole,) = devices(config, _cpu_head())
     assert whole.gpu.total_bytes == 16 * GIB  # the RAM available, when no size is given
     argv = server_argv(["ggml-rpc-server"], host="10.0.0.2", port=50052, device="CUDA0", threads=2)
     assert argv == ["ggml-rpc-server", "-H", "10.0.0.2", "-p", "50052", "-d", "CUDA0", "-t", "2"]
+    lent = LENDER.server_argv(["ggml-rpc-server"], host="10.0.0.2", port=50052, local_gpu=0, threads=2)
+    assert lent == argv  # the worker's GPU 0 is CUDA0 to the server (CUDA_DEVICE_ORDER=PCI_BUS_ID)
 
 
 def test_a_workers_inventory_needs_the_key(tmp_path: Path) -> None:
