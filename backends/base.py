@@ -34,6 +34,9 @@ class Launch:
     health_path: str
     summary: str  # one line for the console: what is being started and with what
     env: dict[str, str] = field(default_factory=dict)
+    # the engine's own families of variables kept from the gateway's environment (its tuning knobs),
+    # beside the few every child gets (gateway.core.process.child_environment)
+    inherit: tuple[str, ...] = ()
     max_concurrency: int = 1  # requests the engine runs at once (vLLM max_num_seqs, llama.cpp slots)
     # what the engine does itself, so the gateway does not redo it: "responses", "messages",
     # "include_usage", "max_completion_tokens"
@@ -251,6 +254,7 @@ class DeviceLender(Protocol):
     server_name: str  # the server's name in logs and messages ("ggml-rpc-server")
     default_port: int  # the first device's port; the others take the next ones
     env: Mapping[str, str]  # added to each server's environment
+    inherit: tuple[str, ...]  # the engine's own variable families kept from the worker's environment
     missing: str  # the one-line fix when no server command is found
 
     def command(self, configured: Sequence[str] | None) -> list[str] | None:

@@ -20,6 +20,9 @@ from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from backends.llamacpp.rpc import rpc_arguments
 from gateway.core.errors import BackendError
 
+# ggml's own variables (GGML_CUDA_*, GGML_SCHED_*...) reach the engine; LLAMA_ARG_* do not: the plan sets its flags
+INHERITED_ENV = ("GGML_",)
+
 ENGINE = "llamacpp"
 DISTRIBUTION = "llama-cpp-python"
 # /v1/models answers once the model is loaded (the server loads it before it binds the port).
@@ -152,6 +155,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             memory_line=memory_line,
             max_concurrency=NATIVE_PARALLEL,
             env={KEY_VARIABLE["native"]: api_key},
+            inherit=INHERITED_ENV,
         )
     argv = server_argv(config, command=command, port=str(port))
     version = installed_version()
@@ -172,6 +176,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         tokenize_path="/extras/tokenize/count",  # llama-cpp-python serves no Responses/Messages, no usage chunk
         memory_line=memory_line,
         env={KEY_VARIABLE["python"]: api_key},
+        inherit=INHERITED_ENV,
     )
 
 

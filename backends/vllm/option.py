@@ -76,6 +76,7 @@ class VllmOption:
             health_path=HEALTH_PATH,
             summary=self.label,
             env=build_env(on_cpu=self.on_cpu, api_key=api_key),
+            inherit=("VLLM_",),  # vLLM's own knobs (VLLM_CPU_KVCACHE_SPACE...) reach it
             max_concurrency=self.flags.max_num_seqs,
             native=NATIVE_APIS,
             reasoning_field="reasoning",

@@ -30,8 +30,8 @@ log = logging.getLogger("gateway.process")
 # and libraries are, the user, locale and temp dirs, certificates and proxies for hub downloads, and the
 # engines' and their libraries' own variables. Not the rest: the gateway's settings (GATEWAY_*, its API
 # keys among them) and whatever else the shell carried are none of the engine's business, and a
-# variable an engine reads by surprise (LLAMA_ARG_*, say) must not change what the plan decided. Each
-# launch adds its own variables (the engine's key, CUDA_DEVICE_ORDER...) on top.
+# variable an engine reads by surprise must not change what the plan decided. Each engine names its
+# own families (Launch.inherit, DeviceLender.inherit) and adds its own variables (its key...) on top.
 CHILD_ENV_NAMES = frozenset(
     {
         "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TMP", "TEMP",
@@ -40,16 +40,19 @@ CHILD_ENV_NAMES = frozenset(
     }
 )  # fmt: skip
 CHILD_ENV_PREFIXES = (
-    "LC_", "XDG_", "PYTHON", "CUDA_", "NVIDIA_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "VLLM_", "GGML_",
-    "TORCH", "PYTORCH_", "TRITON_", "NCCL_", "GLOO_", "RAY_", "OMP_", "MKL_", "KMP_", "OPENBLAS_",
+    "LC_", "XDG_", "PYTHON", "CUDA_", "NVIDIA_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_",
+    "TRITON_", "NCCL_", "GLOO_", "RAY_", "OMP_", "MKL_", "KMP_", "OPENBLAS_",
 )  # fmt: skip
 
 
-def child_environment(extra: dict[str, str], parent: dict[str, str] | None = None) -> dict[str, str]:
+def child_environment(
+    extra: dict[str, str], parent: dict[str, str] | None = None, inherit: tuple[str, ...] = ()
+) -> dict[str, str]:
     """The explicit environment a child starts with: the listed part of ``parent`` (the gateway's own
-    environment), then ``extra``."""
+    environment) and the families the child's engine names in ``inherit``, then ``extra``."""
     source = dict(os.environ) if parent is None else parent
-    kept = {k: v for k, v in source.items() if k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)}
+    prefixes = CHILD_ENV_PREFIXES + inherit
+    kept = {k: v for k, v in source.items() if k in CHILD_ENV_NAMES or k.startswith(prefixes)}
     return kept | extra
 
 
@@ -80,11 +83,13 @@ class ChildProcess:
         log_path: Path,
         env: dict[str, str] | None = None,
         on_line: Callable[[str], None] | None = None,
+        inherit: tuple[str, ...] = (),
         tail_lines: int = 200,
     ) -> None:
         self.argv = argv
         self.log_path = log_path
         self.env = env or {}
+        self.inherit = inherit  # the engine's own variable families it keeps (Launch.inherit)
         self.on_line = on_line
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self.returncode: int | None = None
@@ -108,7 +113,7 @@ class ChildProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env=child_environment(self.env),
+            env=child_environment(self.env, inherit=self.inherit),
             start_new_session=True,
             preexec_fn=_reaper_learns_of_our_death,
             limit=1 << 20,  # engines print long lines (llama.cpp's model metadata dict)

@@ -101,7 +101,9 @@ class Server:
         self.protocol = self.protocol or LENDER.protocol_version(line)
 
     async def start(self, host: str) -> None:
-        self.child = ChildProcess(self.argv, self.log_path, env=dict(LENDER.env), on_line=self._on_line)
+        self.child = ChildProcess(
+            self.argv, self.log_path, env=dict(LENDER.env), inherit=LENDER.inherit, on_line=self._on_line
+        )
         self.starts += 1
         await self.child.start()
         self.exited = asyncio.create_task(self.child.wait(), name=f"{LENDER.server_name} {self.device.port}")

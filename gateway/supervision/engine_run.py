@@ -110,7 +110,7 @@ class EngineRun:
         # it; short, because unix socket paths inside it must stay under 108 characters
         self.temp_dir = Path(tempfile.mkdtemp(prefix=f"gw-{launch.engine}-"))
         env = {**launch.env, "TMPDIR": str(self.temp_dir)}
-        self.child = ChildProcess(launch.argv, self.log_path, env=env, on_line=self._on_line)
+        self.child = ChildProcess(launch.argv, self.log_path, env=env, inherit=launch.inherit, on_line=self._on_line)
         self.state = RunState.STARTING
         self.failures: list[Failure] = []
         self.memory: dict[str, dict[str, int]] = {}  # device → term → bytes, as the engine logged it

@@ -132,8 +132,9 @@ def test_a_child_gets_an_explicit_environment_not_the_gateways_whole_one() -> No
         "VLLM_CPU_KVCACHE_SPACE": "4", "PYTHONPATH": "/src", "GATEWAY_API_KEYS": "secret", "LLAMA_ARG_CTX_SIZE": "9",
         "SOMETHING_ELSE": "x",
     }  # fmt: skip
-    env = child_environment({"LLAMA_API_KEY": "k", "PATH": "/engine/bin"}, parent)
+    env = child_environment({"LLAMA_API_KEY": "k", "PATH": "/engine/bin"}, parent, inherit=("VLLM_",))
     assert env == {
         "PATH": "/engine/bin", "HOME": "/home/u", "LC_ALL": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "1", "HF_TOKEN": "t",
         "VLLM_CPU_KVCACHE_SPACE": "4", "PYTHONPATH": "/src", "LLAMA_API_KEY": "k",
     }  # fmt: skip
+    assert "VLLM_CPU_KVCACHE_SPACE" not in child_environment({}, parent)  # only where the engine asks
