@@ -203,6 +203,11 @@ class Backend(Protocol[C, M]):
         ...
 
     @property
+    def model_files(self) -> tuple[str, ...]:
+        """The endings of the single files it loads a whole model from (``--model FILE``)."""
+        ...
+
+    @property
     def pins(self) -> tuple[str, ...]:
         """Those of its settings that pin one of its flags (the policy carries them, as given)."""
         ...
@@ -256,6 +261,8 @@ class DeviceLender(Protocol):
     env: Mapping[str, str]  # added to each server's environment
     inherit: tuple[str, ...]  # the engine's own variable families kept from the worker's environment
     missing: str  # the one-line fix when no server command is found
+    port_flags: tuple[str, ...]  # `gateway worker`'s flags for the first server port, as users know them
+    command_flags: tuple[str, ...]  # and for the server command
 
     def command(self, configured: Sequence[str] | None) -> list[str] | None:
         """The server to run: ``configured``, else the one installed (None: none found)."""

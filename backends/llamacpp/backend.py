@@ -88,6 +88,7 @@ class LlamaCppBackend:
     name = "llamacpp"
     title = "llama.cpp"
     settings_model = LlamaCppSettings
+    model_files: tuple[str, ...] = (".gguf",)
     pins = PINS
     # what planning needs, said when the model has none (the planner's "not planned" note)
     needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"

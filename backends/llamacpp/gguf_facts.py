@@ -99,14 +99,14 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         expert_layer_bytes=tuple(expert_bytes),
         embedding_bytes=embedding,
         output_bytes=output,
-        gguf_key_length=int(value("attention.key_length_mla", key_length))
+        cache_key_dim=int(value("attention.key_length_mla", key_length))
         if value("attention.kv_lora_rank")
         else key_length,
-        gguf_value_length=int(value("attention.value_length", key_length)),
+        cache_value_dim=int(value("attention.value_length", key_length)),
         kv_heads_per_layer=kv_array if len(set(kv_array)) > 1 else (),
         sliding_per_layer=pattern if window else (),
-        gguf_key_length_swa=int(value("attention.key_length_swa")),
-        gguf_value_length_swa=int(value("attention.value_length_swa")),
+        cache_key_dim_sliding=int(value("attention.key_length_swa")),
+        cache_value_dim_sliding=int(value("attention.value_length_swa")),
         shared_kv_layers=int(value("attention.shared_kv_layers")),
     )
 
@@ -153,8 +153,8 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
         output_bytes=int(embeddings * 6.56 / 8),  # llama.cpp quantizes the output matrix to Q6_K
         weight_bytes=int(layer * facts.num_layers + embeddings * per_weight + embeddings * 6.56 / 8),
         weight_bytes_source=f"estimated at {bits} bits/weight",
-        gguf_key_length=(facts.kv_lora_rank + facts.qk_rope_head_dim) if facts.is_mla else global_head,
-        gguf_value_length=global_head,
+        cache_key_dim=(facts.kv_lora_rank + facts.qk_rope_head_dim) if facts.is_mla else global_head,
+        cache_value_dim=global_head,
         quantization=f"gguf ~{bits} bpw",
         # the config's own weight estimate (if any) is replaced by this one: the GGUF's size is what counts
         notes=(f"GGUF size estimated at {bits} bits/weight from the architecture (the file is not local yet)",),
@@ -179,7 +179,7 @@ def _per_layer_attention(facts: ModelFacts, cfg: dict[str, Any]) -> ModelFacts:
         facts,
         sliding_per_layer=pattern,
         kv_heads_per_layer=per_layer,
-        gguf_key_length_swa=swa_head,
-        gguf_value_length_swa=swa_head,
+        cache_key_dim_sliding=swa_head,
+        cache_value_dim_sliding=swa_head,
         shared_kv_layers=int(cfg.get("num_kv_shared_layers") or 0),
     )

@@ -48,10 +48,10 @@ def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str, layer: int) -> flo
     if facts.shared_kv_layers and layer >= facts.num_layers - facts.shared_kv_layers:
         return 0.0
     heads = facts.kv_heads_per_layer[layer] if facts.kv_heads_per_layer else facts.num_kv_heads
-    key = facts.gguf_key_length or facts.head_dim
-    value = facts.gguf_value_length or facts.head_dim
-    if facts.gguf_key_length_swa and is_sliding(facts, layer):
-        key, value = facts.gguf_key_length_swa, facts.gguf_value_length_swa or facts.gguf_key_length_swa
+    key = facts.cache_key_dim or facts.head_dim
+    value = facts.cache_value_dim or facts.head_dim
+    if facts.cache_key_dim_sliding and is_sliding(facts, layer):
+        key, value = facts.cache_key_dim_sliding, facts.cache_value_dim_sliding or facts.cache_key_dim_sliding
     return heads * (key + value) * size
 
 
@@ -128,7 +128,7 @@ def activation_bytes(facts: ModelFacts, n_ctx: int, flash_attention: bool, ffn: 
     on the rows that are output (llama.cpp drops the others before it)."""
     hidden = _hidden(facts)
     if flash_attention:
-        key = facts.gguf_key_length or facts.head_dim
+        key = facts.cache_key_dim or facts.head_dim
         attention = 2 * hidden + 2 * facts.num_heads * key * UBATCH * _F32
     else:
         attention = hidden + n_ctx * UBATCH * facts.num_heads * _F32  # scores, softmax in place
@@ -206,7 +206,7 @@ def offloaded_weight_bytes(facts: ModelFacts, host_blocks: int, n_cpu_moe: int) 
             if experts:
                 largest = max(largest, experts // 3)
             else:
-                key = facts.gguf_key_length or facts.head_dim
+                key = facts.cache_key_dim or facts.head_dim
                 attention = 2 * (facts.num_heads + facts.num_kv_heads) * key
                 ffn = facts.intermediate_size
                 largest = max(largest, size * ffn // max(1, 3 * ffn + attention))

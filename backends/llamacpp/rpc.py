@@ -87,6 +87,8 @@ class RpcLender:
     default_port = DEFAULT_PORT
     env: Mapping[str, str] = SERVER_ENV
     inherit: tuple[str, ...] = ("GGML_",)
+    port_flags: tuple[str, ...] = ("--rpc-port",)
+    command_flags: tuple[str, ...] = ("--rpc-server-command",)
     missing = (
         "ggml-rpc-server not found: install llama.cpp with RPC (pip install 'gateway[llamacpp-native]', "
         "built with -DGGML_RPC=ON) or give --rpc-server-command"

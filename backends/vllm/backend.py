@@ -28,6 +28,7 @@ class VllmBackend:
     name = "vllm"
     title = "vLLM"
     settings_model = VllmSettings
+    model_files: tuple[str, ...] = ()  # checkpoint directories and hub repos only
     pins = PINS
 
     def section_for(self, spec: str) -> dict[str, Any] | None:

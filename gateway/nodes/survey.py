@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from backends.registry import LENDER
 from gateway.core.auth import bearer_header
 from gateway.core.devices import GIB, Gpu, Inventory
 from gateway.core.errors import ConfigError
@@ -80,7 +81,7 @@ def report_from(address: str, data: Mapping[str, Any], rtt_ms: float | None) -> 
         devices.append(
             Gpu.from_json(raw, node=name, endpoint=_endpoint(str(raw["endpoint"]), address), link=link, rtt_ms=rtt_ms)
         )
-    error = None if devices else "no running ggml-rpc-server"
+    error = None if devices else f"no running {LENDER.server_name}"
     return NodeReport(
         address,
         name,
@@ -143,7 +144,7 @@ def merge(machine: Inventory, reports: Sequence[NodeReport]) -> Inventory:
             continue
         remote += report.devices
         sizes = ", ".join(f"{g.total_bytes / GIB:.1f} GiB" for g in report.devices)
-        notes.append(f"worker {report.name} ({report.address}): {len(report.devices)} device(s) over RPC ({sizes})")
+        notes.append(f"worker {report.name} ({report.address}): {len(report.devices)} device(s) lent ({sizes})")
     return replace(machine, remote=tuple(remote), notes=tuple(notes))
 
 

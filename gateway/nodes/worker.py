@@ -205,7 +205,7 @@ class Worker:
         return {
             "node": self.name,
             "build": self.build,
-            "rpc_protocol": next((s.protocol for s in self.servers if s.protocol), None),
+            "protocol": next((s.protocol for s in self.servers if s.protocol), None),
             "source": self.machine.source,
             "ram_total_bytes": ram_total,
             "ram_available_bytes": ram_available,

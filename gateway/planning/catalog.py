@@ -82,14 +82,16 @@ class Catalog:
             if (table := backend.section_for(spec)) is not None:
                 name = (path.resolve().stem if path.is_file() else path.resolve().name) if path.exists() else spec
                 return ModelEntry(name=name, engines={backend.name: backend.parse_section(table)})
+        endings = tuple(ending for backend in registry.BACKENDS for ending in backend.model_files)
+        files = " or ".join(f"a {ending} file" for ending in endings) or "a model file"
         if path.is_dir():
-            raise ModelError(f"{path} has no config.json: point --model at a checkpoint directory or a .gguf file")
-        if path.exists() or path.suffix == ".gguf" or spec.startswith(("/", "./", "../", "~")):
+            raise ModelError(f"{path} has no config.json: point --model at a checkpoint directory or {files}")
+        if path.exists() or path.suffix in endings or spec.startswith(("/", "./", "../", "~")):
             raise ModelError(f"{spec}: no such file or directory" if not path.exists() else f"{spec}: not a model")
         known = ", ".join(entry.name for entry in self.entries)
         raise ModelError(
             f"unknown model {spec!r}: use a catalog name ({known}), a hub repo id like org/name, "
-            "a .gguf file or a checkpoint directory"
+            f"{files} or a checkpoint directory"
         )
 
 

@@ -135,7 +135,7 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
 
 QUANTIZED_HINT = (
     "a quantized checkpoint (4-bit weights take about a third of BF16's memory) may fit: pass one with "
-    "--model (a GGUF file, or a pre-quantized hub repo) or add it to the catalog"
+    "--model (a quantized model file, or a pre-quantized hub repo) or add it to the catalog"
 )
 
 

@@ -55,7 +55,7 @@ class StateCollector(Collector):
         yield total
         reported = GaugeMetricFamily(
             "gateway_engine_memory_bytes",
-            "Memory per device and term as the live engine logged it (llama.cpp's buffer lines)",
+            "Memory per device and term as the live engine logged it",
             labels=["device", "term"],
         )
         live = backend.snapshot().get("backend") or {}

@@ -9,6 +9,7 @@ Imports under ``if TYPE_CHECKING:`` count too: a type from above is still an arr
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +99,40 @@ def test_every_package_says_what_it_holds() -> None:
         and not ast.get_docstring(ast.parse(path.read_text()))
     ]
     assert not bare, f"packages without a docstring: {bare}"
+
+
+ENGINE_WORDS = re.compile(r"vllm|llama|gguf|ggml|\brpc\b|rpc_", re.IGNORECASE)
+
+
+def _code_words(tree: ast.AST) -> list[tuple[int, str]]:
+    """Names, attributes, parameters and string constants; docstrings left out (they may name engines)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    words = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.append((node.lineno, node.value))
+        elif isinstance(node, ast.Name):
+            words.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute | ast.FunctionDef | ast.ClassDef | ast.arg):
+            words.append(
+                (getattr(node, "lineno", 0), getattr(node, "attr", None) or getattr(node, "name", None) or node.arg)
+            )  # type: ignore[attr-defined]
+    return words
+
+
+def test_the_generic_layers_name_no_engine_outside_docstrings() -> None:
+    """Engine knowledge lives in backends/<engine>/; gateway/ asks the registry."""
+    named = [
+        f"{path.relative_to(ROOT)}:{line}: {word[:80]!r}"
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        for line, word in _code_words(ast.parse(path.read_text()))
+        if ENGINE_WORDS.search(word)
+    ]
+    assert not named, "engine names in the generic layers:\n" + "\n".join(named)

@@ -194,7 +194,7 @@ def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, Mo
     assert chosen is not None and chosen.placement.n_gpu_layers == 61 and not chosen.placement.overflow()
     assert chosen.n_ctx == 131072 and chosen.kv_type == "q8_0"
     uniform = replace(
-        facts, kv_heads_per_layer=(), sliding_per_layer=(), sliding_layers=60, num_kv_heads=32, gguf_key_length_swa=0
+        facts, kv_heads_per_layer=(), sliding_per_layer=(), sliding_layers=60, num_kv_heads=32, cache_key_dim_sliding=0
     )  # the old reading
     layers = {
         (launcher, name): llamacpp.best_placement(f, gpus, 32768, kv, launcher)[0].n_gpu_layers
