@@ -168,7 +168,7 @@ class Candidate(Protocol):
     @property
     def label(self) -> str: ...  # what it is, for the decision line ("vLLM TP2, util 0.95, 8 seqs")
     @property
-    def context(self) -> int: ...
+    def context_length(self) -> int: ...
     @property
     def kv_tokens(self) -> int: ...  # tokens the KV cache holds (0 when the engine does not say)
     def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (device, term, bytes) for /metrics

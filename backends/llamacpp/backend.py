@@ -128,7 +128,7 @@ class LlamaCppBackend:
             min_context=policy.min_context,
             max_context=policy.max_context,
             launcher=installation.variant,
-            pinned_ctx=policy.pins.context_length,
+            pinned_context_length=policy.pins.context_length,
         )
         endpoints = rpc_endpoints(devices)
         for candidate in found:

@@ -50,7 +50,7 @@ class LlamaCppCandidate:
         return "llama.cpp"
 
     @property
-    def context(self) -> int:
+    def context_length(self) -> int:
         return self.n_ctx
 
     @property
@@ -95,6 +95,7 @@ class LlamaCppCandidate:
             "n_gpu_layers": p.n_gpu_layers,
             "n_cpu_moe": p.n_cpu_moe,
             "tensor_split": list(p.tensor_split),
+            "context_length": self.context_length,  # every engine's name for it
             "n_ctx": self.n_ctx,
             "kv_type": self.kv_type,
             "tokens_per_s_estimate": round(self.tokens_per_s, 1),
@@ -114,13 +115,13 @@ def candidates(
     min_context: int,
     max_context: int | None,
     launcher: str,
-    pinned_ctx: int | None = None,
+    pinned_context_length: int | None = None,
 ) -> list[LlamaCppCandidate]:
     """The ladder: longest context with f16 KV, then q8_0 KV, then shorter contexts (not below the
     minimum); each placed as well as the GPUs allow; host RAM decides whether it fits."""
     model_max = min(facts.max_position or FALLBACK_CONTEXT, max_context or 1 << 30)
-    if pinned_ctx:
-        contexts = [pinned_ctx]
+    if pinned_context_length:
+        contexts = [pinned_context_length]
     else:
         contexts = sorted(
             {c for c in (model_max, 131072, 65536, min_context) if c <= model_max} or {model_max}, reverse=True

@@ -83,7 +83,7 @@ class VllmCandidate:
         return self.concessions != NOT_STARTABLE
 
     @property
-    def context(self) -> int:
+    def context_length(self) -> int:
         return self.flags.max_model_len
 
     @property
@@ -107,6 +107,7 @@ class VllmCandidate:
             "rung": self.rung,
             "tensor_parallel_size": self.flags.tensor_parallel_size,
             "gpu_memory_utilization": self.flags.gpu_memory_utilization,
+            "context_length": self.context_length,  # every engine's name for it
             "max_model_len": self.flags.max_model_len,
             "max_num_seqs": self.flags.max_num_seqs,
             "max_num_batched_tokens": self.flags.max_num_batched_tokens,
@@ -399,7 +400,12 @@ def ranked(candidates: list[VllmCandidate]) -> list[VllmCandidate]:
     fitting = [c for c in candidates if c.fits and not c.planned_only]
     return sorted(
         fitting,
-        key=lambda c: (c.concessions, -(c.context // 8192), -c.flags.max_num_seqs, -c.flags.tensor_parallel_size),
+        key=lambda c: (
+            c.concessions,
+            -(c.context_length // 8192),
+            -c.flags.max_num_seqs,
+            -c.flags.tensor_parallel_size,
+        ),
     )
 
 

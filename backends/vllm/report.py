@@ -10,7 +10,7 @@ ACROSS_ROWS = 6
 
 
 def _rank(c: VllmCandidate) -> tuple[bool, int]:
-    return (c.fits, c.context if c.fits else c.memory.max_fitting_model_len)
+    return (c.fits, c.context_length if c.fits else c.memory.max_fitting_model_len)
 
 
 def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:
@@ -29,12 +29,12 @@ def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:
     lines.append(
         f"  {'':2}{'rung':<52} {'weights':>8} {'act':>6} {'graphs':>6} {'KV/GPU':>7} {'tokens':>9} {'context':>8}"
     )
-    for c in sorted(groups.values(), key=lambda c: (c.concessions, -c.context))[:MAX_ROWS]:
+    for c in sorted(groups.values(), key=lambda c: (c.concessions, -c.context_length))[:MAX_ROWS]:
         m = c.memory
         mark = "=>" if c is chosen else "ok" if c.fits else "--"
         lines.append(
             f"  {mark:2}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f} {m.cudagraph / GIB:6.2f}"
-            f" {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context:8,}"
+            f" {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context_length:8,}"
         )
         if not c.fits:
             lines.append(f"      {c.reason}")
@@ -48,14 +48,14 @@ def _across_nodes(candidates: list[VllmCandidate]) -> list[str]:
     if not candidates:
         return []
     lines = ["", "vLLM across nodes (planned only, never started: needs Ray and the same vLLM on every node):"]
-    shown = sorted(candidates, key=lambda c: (not c.fits, c.flags.enforce_eager, -c.context))[:ACROSS_ROWS]
+    shown = sorted(candidates, key=lambda c: (not c.fits, c.flags.enforce_eager, -c.context_length))[:ACROSS_ROWS]
     for c in shown:
         m = c.memory
         lines.append(
             f"  {'ok' if c.fits else '--':2}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f}"
-            f" {m.cudagraph / GIB:6.2f} {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context:8,}"
+            f" {m.cudagraph / GIB:6.2f} {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context_length:8,}"
         )
-    fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.flags.enforce_eager, -c.context))
+    fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.flags.enforce_eager, -c.context_length))
     if fitting:
         lines.append("  steps (HEAD: this machine's address as the workers reach it):")
         lines += [f"    {number}. {step}" for number, step in enumerate(fitting[0].steps, 1)]

@@ -71,7 +71,7 @@ def render(status: dict[str, Any]) -> str:
                 "backend": c.get("backend"),
                 "fits": c.get("fits"),
                 "rung": c.get("rung") or c.get("launcher"),
-                "context": c.get("max_model_len") or c.get("n_ctx"),
+                "context": c.get("context_length"),
                 "memory": c.get("memory_gib") or c.get("memory_mib"),
                 "reason": c.get("reason"),
             }

@@ -228,7 +228,7 @@ def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str,
     facts = shape_ggufs["llama70b"]
     found = llamacpp.candidates(
         facts, "l70.gguf", parse_gpu_spec("2x24GiB"), 128 * GIB, min_context=131072, max_context=None,
-        launcher="native", pinned_ctx=131072,
+        launcher="native", pinned_context_length=131072,
     )  # fmt: skip
     chosen = llamacpp.best(found)
     assert chosen is not None and chosen.n_ctx == 131072 and chosen.placement.n_gpu_layers < 81

@@ -43,9 +43,9 @@ def test_tp_inside_each_node_and_pipeline_stages_across_nodes_hold_what_one_node
     assert single and not any(c.fits for c in single)  # 27.9 GiB of BF16 weights per GPU at TP2
     across = [c for c in _across(plan) if c.fits]
     assert across and all(c.flags.tensor_parallel_size == 2 and c.pipeline_parallel_size == 2 for c in across)
-    best = max(across, key=lambda c: c.context)
+    best = max(across, key=lambda c: c.context_length)
     assert 13 * GIB < best.memory.weights < 16 * GIB  # a quarter of the weights plus one vocabulary matrix
-    assert best.context >= 32768 and best.nodes == ("node2",)
+    assert best.context_length >= 32768 and best.nodes == ("node2",)
 
 
 def test_the_argv_and_steps_are_exact_and_nothing_is_started() -> None:

@@ -318,5 +318,5 @@ def test_max_model_len_auto_is_the_exact_binary_search_result() -> None:
     rounded ("Auto-fit max_model_len: reduced from %d to %d")."""
     plan = _plan("glm-4.7-flash", _glm()[:1], RTX_5090_PAIR, "0.32.0", Pins(context_auto=True))
     fitting = [c for c in plan.candidates_of("vllm") if c.fits]
-    assert fitting and all(c.context == min(202752, c.memory.max_fitting_model_len) for c in fitting)
-    assert any(c.context % 1024 for c in fitting)
+    assert fitting and all(c.context_length == min(202752, c.memory.max_fitting_model_len) for c in fitting)
+    assert any(c.context_length % 1024 for c in fitting)
