@@ -1,4 +1,6 @@
-"""The commands (``gateway serve``, ``plan``, ``worker``, ``agent``) and serve's assembly.
+"""The top layer: the commands (``serve``, ``plan``, ``gpus``, ``worker``, ``agent``).
 
-The top layer: it wires planning, supervision and serving together and holds no logic of its own.
+``commands`` parses and dispatches (thin), ``flags`` generates every flag from the settings
+declarations, ``startup`` is serve's assembly (settings → plan → options → supervisor and route).
+The only package that wires planning, supervision and serving together.
 """

@@ -1,5 +1,9 @@
-"""The bottom layer: the vocabulary the engines and the gateway share.
+"""The bottom layer: the vocabulary the engines and the rest of the gateway share.
 
-Devices, model facts, what the user pinned (policy), errors, settings, atomic files. It imports
-nothing from ``backends`` or from any layer above it, so every other package can lean on it.
+``devices`` (the machine: local GPUs, other nodes' devices, host RAM; one JSON for a device),
+``model_entry`` (a catalog entry as typed data) and ``model_facts`` (what an engine plans from),
+``policy`` (what the user pinned, context bounds), ``settings`` (the gateway's generic settings; each
+engine adds its own), ``errors``, ``auth`` (the one API-key check, the Bearer header), ``files``
+(atomic writes), ``process`` + ``reaper`` (a child in its own process group with an explicit
+environment, which cannot outlive the gateway). Imports nothing from ``backends`` or above.
 """

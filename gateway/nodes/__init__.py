@@ -1,4 +1,7 @@
-"""Other machines: the worker that lends this machine's devices, and the survey of the workers.
+"""Other machines: lending this node's devices to a head, and the head's survey of the lenders.
 
-Beside the planning and supervision layers, above ``gateway.core`` and ``backends``.
+``worker`` (``gateway worker``) is engine-neutral: it starts one device server per device through
+the registry's lender and answers ``/inventory`` behind the same key check as ``serve``; ``survey``
+asks the workers, merges their devices into the inventory, and notices lost and returning nodes.
+Beside planning and supervision, above ``gateway.core`` and ``backends``.
 """

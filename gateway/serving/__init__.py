@@ -1,5 +1,9 @@
-"""The HTTP surface: routes, translations between API dialects, the edge, admission and the proxy.
+"""The HTTP surface agents talk to, in front of whatever ``supervision.lifecycle`` says is served.
 
-Above supervision (it reads the served backend's state through ``supervision.lifecycle``); it
-never names an engine.
+Outside in: ``edge`` (API keys, request ids and metrics), ``http_limits`` and ``disconnect`` (pure
+ASGI layers), ``app`` (routes, lifespan) and ``handlers`` (inference routes), ``request_shapes`` and
+``error_shapes`` (what each route reads, and its errors in its own dialect), ``admission`` (slots and
+the queue), ``model_names``, the translations (``responses_api``, ``messages_api``, ``fidelity``,
+``sse``), ``proxy`` (forwarding with its clocks and limits), ``drain``, ``metrics``, ``status_page``,
+``external`` (a server the user runs) and ``runtime`` (what the app serves). Never names an engine.
 """

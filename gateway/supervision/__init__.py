@@ -1,4 +1,8 @@
-"""Supervision: starting the chosen option, watching it, stepping down, restarting, reaping.
+"""Supervision: starting the chosen options, watching them, stepping down, restarting.
 
-Above ``gateway.core``, ``backends`` and ``gateway.nodes``; it never plans and never serves HTTP.
+``supervisor`` owns the attempts (step-down on the engine's own numbers, fallback to the next option,
+restarts, re-plans when a node is lost) with its pure decisions in ``moves``; ``engine_run`` is one
+start of one engine (process, health, failure lines); ``known_good`` remembers what worked;
+``lifecycle`` is the contract the HTTP side reads (state, launch, readiness). Above ``gateway.core``,
+``backends`` and ``gateway.nodes``; it never plans and never serves HTTP.
 """
