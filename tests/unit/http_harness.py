@@ -142,6 +142,7 @@ class FakeEngine:
                 Route("/v1/completions", self.echo, methods=["POST"]),
                 Route("/v1/responses", self.echo, methods=["POST"]),
                 Route("/v1/messages", self.echo, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self.count_messages, methods=["POST"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/apply-template", self.apply_template, methods=["POST"]),
             ]
@@ -162,6 +163,10 @@ class FakeEngine:
     async def tokenize(self, request: Request) -> Response:
         payload = await self._record(request)
         return JSONResponse({"count": len(str(payload.get("input", "")).split())})
+
+    async def count_messages(self, request: Request) -> Response:
+        payload = await self._record(request)
+        return JSONResponse({"input_tokens": len(json.dumps(payload.get("messages")).split())})
 
     async def apply_template(self, request: Request) -> Response:
         payload = await self._record(request)
