@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends import llamacpp, vllm
-from backends.base import Backend, DeviceLender
+from backends.base import Backend, ContextOverflow, DeviceLender, first_overflow
 from backends.llamacpp.rpc import LENDER as _LLAMACPP_LENDER
 
 BACKENDS: tuple[Backend[Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
@@ -25,3 +25,12 @@ def get(name: str) -> Backend[Any, Any]:
 
 # the engine that lends devices to a head on another node (``gateway worker``): llama.cpp's RPC
 LENDER: DeviceLender = _LLAMACPP_LENDER
+
+
+def context_overflow(text: str) -> ContextOverflow | None:
+    """An engine's "prompt too long" refusal in any engine's words (a ``--backend-url`` server may be
+    either), or None when ``text`` says something else."""
+    for backend in BACKENDS:
+        if found := first_overflow(backend.overflow_patterns, text):
+            return found
+    return None

@@ -20,6 +20,7 @@ from backends.llamacpp.launchers import (
     python_command,
 )
 from backends.llamacpp.option import LlamaCppOption
+from backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from backends.llamacpp.settings import PINS, LlamaCppSettings
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from gateway.core.devices import slowest_link
@@ -90,6 +91,7 @@ class LlamaCppBackend:
     settings_model = LlamaCppSettings
     model_files: tuple[str, ...] = (".gguf",)
     pins = PINS
+    overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
     # what planning needs, said when the model has none (the planner's "not planned" note)
     needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"
 
