@@ -27,7 +27,7 @@ from gateway.core.devices import slowest_link
 from gateway.core.errors import BackendError
 
 if TYPE_CHECKING:
-    from gateway.core.devices import Gpu, Inventory
+    from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
 
@@ -56,7 +56,7 @@ def _native_version(command: list[str]) -> str | None:
     return None
 
 
-def ordered_devices(inventory: Inventory, launcher: str) -> tuple[Gpu, ...]:
+def ordered_devices(inventory: Inventory, launcher: str) -> tuple[Device, ...]:
     """The devices in llama.cpp's order, which ``-ts`` follows: other nodes' RPC devices first (in
     ``--rpc`` order), then the local GPUs (see :mod:`backends.llamacpp.rpc`). llama-cpp-python is
     planned on the local GPUs alone (the gateway starts RPC only with llama-server)."""
@@ -65,7 +65,7 @@ def ordered_devices(inventory: Inventory, launcher: str) -> tuple[Gpu, ...]:
     return (*inventory.remote, *inventory.gpus)
 
 
-def rpc_endpoints(devices: tuple[Gpu, ...]) -> tuple[str, ...]:
+def rpc_endpoints(devices: tuple[Device, ...]) -> tuple[str, ...]:
     """``--rpc``'s list: the remote devices' ggml-rpc-servers, in device order; a simulated device
     (``--remote-gpus``) where a worker on that host would put it with its default ports."""
     from backends.llamacpp.rpc import DEFAULT_PORT
@@ -73,7 +73,7 @@ def rpc_endpoints(devices: tuple[Gpu, ...]) -> tuple[str, ...]:
     return tuple(g.endpoint or f"{g.node}:{DEFAULT_PORT + g.index}" for g in devices if g.is_remote)
 
 
-def remote_phrase(devices: tuple[Gpu, ...], split: tuple[float, ...]) -> str:
+def remote_phrase(devices: tuple[Device, ...], split: tuple[float, ...]) -> str:
     """The reason's account of where each device is and the slowest link: "; devices GPU0 = node2
     RPC0 (10.0.0.2:50052) …; slowest link …"."""
     named = []

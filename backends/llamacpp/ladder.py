@@ -14,7 +14,7 @@ from typing import Any
 
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
 from backends.llamacpp.speed import tokens_per_second
-from gateway.core.devices import GIB, MIB, Gpu
+from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import FALLBACK_CONTEXT
 
@@ -109,7 +109,7 @@ class LlamaCppCandidate:
 def candidates(
     facts: ModelFacts,
     checkpoint: str,
-    gpus: tuple[Gpu, ...],
+    gpus: tuple[Device, ...],
     ram_available: int,
     *,
     min_context: int,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.llamacpp.gguf_facts import SWA_PATTERN
-from gateway.core.devices import GIB, MIB, Gpu
+from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import ModelFacts
 
 KV_TYPES = {"f16": (2.0, 1), "q8_0": (34 / 32, 8), "q4_0": (18 / 32, 2)}  # bytes/element, ggml type id
@@ -84,13 +84,13 @@ def kv_layer_bytes(facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, laun
     return int(kv_cells(facts, layer, n_ctx, launcher) * kv_bytes_per_token_layer(facts, kv_type, layer))
 
 
-def uses_flash_attention(launcher: str, gpus: tuple[Gpu, ...]) -> bool:
+def uses_flash_attention(launcher: str, gpus: tuple[Device, ...]) -> bool:
     """The native server turns it on by itself; with llama-cpp-python we turn it on for GPUs, where
     without it the attention scores of a long context need gigabytes of scratch per device."""
     return launcher == "native" or bool(gpus)
 
 
-def pipeline_parallel(gpus: tuple[Gpu, ...], n_gpu_layers: int, facts: ModelFacts, n_cpu_moe: int) -> bool:
+def pipeline_parallel(gpus: tuple[Device, ...], n_gpu_layers: int, facts: ModelFacts, n_cpu_moe: int) -> bool:
     """llama.cpp's condition: several devices, every block and the output offloaded, no tensor
     overrides (``--n-cpu-moe`` is one)."""
     return len(gpus) > 1 and n_gpu_layers > facts.num_layers and not n_cpu_moe
@@ -261,7 +261,7 @@ def _role_compute(
 
 def place(
     facts: ModelFacts,
-    gpus: tuple[Gpu, ...],
+    gpus: tuple[Device, ...],
     n_ctx: int,
     kv_type: str,
     launcher: str,
@@ -275,7 +275,7 @@ def place(
 
     ``split`` defaults to llama.cpp's own rule: proportional to each GPU's usable memory.
     ``op_offload`` False: devices that do not run host-resident weights' products (RPC; a remote
-    ``Gpu`` never does)."""
+    ``Device`` never does)."""
     layers = facts.num_layers
     slots = min(n_gpu_layers, layers + 1) if gpus else 0
     first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
@@ -349,7 +349,13 @@ def place(
 
 
 def _filled_split(
-    facts: ModelFacts, gpus: tuple[Gpu, ...], n_ctx: int, kv_type: str, launcher: str, n_gpu_layers: int, n_cpu_moe: int
+    facts: ModelFacts,
+    gpus: tuple[Device, ...],
+    n_ctx: int,
+    kv_type: str,
+    launcher: str,
+    n_gpu_layers: int,
+    n_cpu_moe: int,
 ) -> tuple[float, ...] | None:
     """A split that fills each GPU in turn with whole slots, when the proportional one overflows a
     card (uneven layers, the output layer's logits); None when the slots cannot fit at all."""
@@ -375,7 +381,7 @@ def _filled_split(
 
 
 def best_placement(
-    facts: ModelFacts, gpus: tuple[Gpu, ...], n_ctx: int, kv_type: str, launcher: str
+    facts: ModelFacts, gpus: tuple[Device, ...], n_ctx: int, kv_type: str, launcher: str
 ) -> tuple[Placement, str]:
     """Everything on the GPUs if it fits; else (native) MoE experts to RAM first; else fewer layers."""
     full = facts.num_layers + 1

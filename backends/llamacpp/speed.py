@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
-from gateway.core.devices import Gpu
+from gateway.core.devices import Device
 from gateway.core.model_facts import ModelFacts
 
 # Peak memory bandwidth in GB/s (vendor datasheets), matched as a substring of the NVML name, longest first.
@@ -42,7 +42,7 @@ EFFICIENCY = 0.7  # share of the peak bandwidth that llama.cpp's decode reaches
 ESTIMATE_CONTEXT = 32768  # tokens in the cache while decoding (an agent's typical prompt), at most n_ctx
 
 
-def gpu_bandwidth(gpu: Gpu) -> float:
+def gpu_bandwidth(gpu: Device) -> float:
     """Peak bandwidth in bytes/s: by name, else by compute capability, else the default."""
     for name in sorted(GPU_BANDWIDTH_GBPS, key=len, reverse=True):
         if name.lower() in gpu.name.lower():
@@ -77,7 +77,9 @@ def bytes_read_per_token(
     return gpu, host
 
 
-def tokens_per_second(facts: ModelFacts, placement: Placement, gpus: Sequence[Gpu], kv_type: str, n_ctx: int) -> float:
+def tokens_per_second(
+    facts: ModelFacts, placement: Placement, gpus: Sequence[Device], kv_type: str, n_ctx: int
+) -> float:
     """Estimated decode tokens/s of one request: 1 / Σ (bytes read on a device / its bandwidth)."""
     gpu_bytes, host_bytes = bytes_read_per_token(facts, placement, kv_type, n_ctx, len(gpus))
     seconds = sum(read / (gpu_bandwidth(g) * EFFICIENCY) for read, g in zip(gpu_bytes, gpus, strict=True))

@@ -25,7 +25,7 @@ from backends.vllm.memory import (
     memory,
 )
 from backends.vllm.settings import VllmPins
-from gateway.core.devices import GIB, Gpu
+from gateway.core.devices import GIB, Device
 from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import Policy
 
@@ -147,7 +147,7 @@ def valid_tp_sizes(facts: ModelFacts, gpu_count: int) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
-def supported(checkpoint: Checkpoint, gpus: tuple[Gpu, ...]) -> str | None:
+def supported(checkpoint: Checkpoint, gpus: tuple[Device, ...]) -> str | None:
     """Why these GPUs cannot run this checkpoint's quantization, or None."""
     need = MIN_CAPABILITY.get(checkpoint.quantization or "")
     if need and any(gpu.compute_capability < need for gpu in gpus):
@@ -167,7 +167,7 @@ def _fmt(value: int) -> str:
 
 def evaluate(
     checkpoint: Checkpoint,
-    gpus: tuple[Gpu, ...],
+    gpus: tuple[Device, ...],
     flags: VllmFlags,
     version: str,
     policy: Policy,
@@ -186,7 +186,7 @@ def evaluate(
     # v1/worker/cpu_worker.py checks only without one:
     #     if (vllm_config.cache_config.kv_cache_memory_bytes is None and self.requested_cpu_memory > ...
     free = _cuda_free(gpu) - CUDA_CONTEXT_BYTES
-    on_host = gpu.compute_capability == (0, 0)
+    on_host = gpu.is_cpu
     if free < m.budget and not (on_host and flags.kv_cache_memory_bytes is not None):
         problems.append(
             f"free {_fmt(free)} after the CUDA context < util {flags.gpu_memory_utilization} × "
@@ -248,12 +248,12 @@ def _estimated(facts: ModelFacts) -> str:
     return " (estimated from config.json)"
 
 
-def _cuda_free(gpu: Gpu) -> int:
+def _cuda_free(gpu: Device) -> int:
     """Free memory as CUDA will report it: NVML's free less what the driver reserves."""
     return gpu.free_bytes - (gpu.total_bytes - cuda_total(gpu))
 
 
-def _utilizations(gpu: Gpu) -> list[float]:
+def _utilizations(gpu: Device) -> list[float]:
     """The default, then higher shares up to what free memory allows (two decimals, floored)."""
     ceiling = math.floor((_cuda_free(gpu) - CUDA_CONTEXT_BYTES) / cuda_total(gpu) * 100) / 100
     steps = [DEFAULT_UTILIZATION, 0.95, MAX_UTILIZATION]
@@ -266,7 +266,9 @@ def _choices(pinned: Any, ladder: list[Any]) -> list[tuple[int, Any]]:
     return [(0, pinned)] if pinned is not None else list(enumerate(ladder))
 
 
-def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, policy: Policy) -> list[VllmCandidate]:
+def ladder(
+    checkpoints: list[Checkpoint], gpus: tuple[Device, ...], version: str, policy: Policy
+) -> list[VllmCandidate]:
     """Every rung for every checkpoint and TP size, each sized to the longest context it allows."""
     pins = VllmPins.of(policy)
     out: list[VllmCandidate] = []
@@ -324,7 +326,7 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
     return out
 
 
-def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Gpu, ...], version: str) -> str:
+def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Device, ...], version: str) -> str:
     have = min(g.compute_capability for g in gpus)
     if have < FP8_KV_MIN_CAPABILITY:
         return f"--kv-cache-dtype fp8 needs compute capability 8.9+, these GPUs have {have[0]}.{have[1]}"
@@ -349,7 +351,7 @@ def _rung_name(flags: VllmFlags, checkpoint: Checkpoint) -> str:
 
 def _sized(
     checkpoint: Checkpoint,
-    gpus: tuple[Gpu, ...],
+    gpus: tuple[Device, ...],
     flags: VllmFlags,
     version: str,
     policy: Policy,
@@ -377,7 +379,7 @@ def _sized(
 
 
 def _not_startable(
-    checkpoint: Checkpoint, gpus: tuple[Gpu, ...], version: str, why: str, rung: str, tp: int | None = None
+    checkpoint: Checkpoint, gpus: tuple[Device, ...], version: str, why: str, rung: str, tp: int | None = None
 ) -> VllmCandidate:
     size = tp or max(valid_tp_sizes(checkpoint.facts, len(gpus)) or [1])
     flags = VllmFlags(size, DEFAULT_UTILIZATION, 0, 1, 2048)
@@ -385,7 +387,7 @@ def _not_startable(
     return VllmCandidate(checkpoint, flags, m, False, why, NOT_STARTABLE, rung)
 
 
-def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Gpu, ...], tp: int, version: str) -> VllmCandidate:
+def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Device, ...], tp: int, version: str) -> VllmCandidate:
     why = (
         f"TP{tp} needs {tp} GPUs, {len(gpus)} present"
         if tp > len(gpus)
@@ -441,7 +443,7 @@ def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, poli
         enforce_eager=True if pins.enforce_eager is None else pins.enforce_eager,
         kv_cache_memory_bytes=kv_bytes,
     )
-    host = Gpu(0, "CPU (host RAM)", ram_available, ram_available, (0, 0))
+    host = Device(0, "CPU (host RAM)", ram_available, ram_available, (0, 0), kind="cpu")
     candidate = evaluate(checkpoint, (host,), flags, version, policy, rung="CPU, eager")
     if kv_bytes + candidate.memory.weights > ram_available:
         candidate.fits = False

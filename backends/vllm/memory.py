@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from backends.vllm.releases import CUDAGRAPH_RESERVED_SINCE, at_least, uses_mla
 from backends.vllm.releases import DEFAULT_VERSION as DEFAULT_VERSION  # re-exported: where callers look
-from gateway.core.devices import GIB, Gpu
+from gateway.core.devices import GIB, Device
 from gateway.core.model_facts import ModelFacts
 
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # exists before vLLM's free-memory snapshot
@@ -35,9 +35,9 @@ DRIVER_RESERVED_BASE = 0.42 * GIB
 DRIVER_RESERVED_SHARE = 0.0019
 
 
-def cuda_total(gpu: Gpu) -> int:
+def cuda_total(gpu: Device) -> int:
     """What ``torch.cuda.mem_get_info`` reports as the total for a card NVML reports as ``gpu``."""
-    if gpu.compute_capability == (0, 0):  # the host standing in for vLLM's CPU build
+    if gpu.is_cpu:  # the host standing in for vLLM's CPU build
         return gpu.total_bytes
     return gpu.total_bytes - int(DRIVER_RESERVED_BASE + DRIVER_RESERVED_SHARE * gpu.total_bytes)
 
@@ -85,7 +85,7 @@ class VllmMemory:
     max_fitting_model_len: int
 
 
-def batch_defaults(gpu: Gpu) -> tuple[int, int]:
+def batch_defaults(gpu: Device) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) of ``EngineArgs.get_batch_defaults`` for the API server."""
     big = gpu.total_bytes >= 70 * GIB and "A100" not in gpu.name
     return (8192, 1024) if big else (2048, 256)
@@ -217,7 +217,7 @@ def cudagraph_bytes(facts: ModelFacts, flags: VllmFlags) -> int:
 
 
 def memory(
-    checkpoint: Checkpoint, gpu: Gpu, flags: VllmFlags, version: str, *, reported_total: int | None = None
+    checkpoint: Checkpoint, gpu: Device, flags: VllmFlags, version: str, *, reported_total: int | None = None
 ) -> VllmMemory:
     """The terms for one GPU. ``reported_total``: the CUDA total a log printed (replays), else
     derived from NVML's."""

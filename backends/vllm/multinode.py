@@ -18,7 +18,7 @@ from backends.vllm.argv import build_argv
 from backends.vllm.ladder import DEFAULT_UTILIZATION, MAX_UTILIZATION, VllmCandidate, evaluate
 from backends.vllm.memory import Checkpoint, VllmFlags, batch_defaults
 from backends.vllm.releases import language_model_only
-from gateway.core.devices import Gpu, Inventory
+from gateway.core.devices import Device, Inventory
 from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import Policy
 
@@ -89,7 +89,7 @@ def candidates(
         return []
     tp, pp = layout
     stage = Checkpoint(checkpoint.name, stage_facts(facts, pp))
-    gpus: tuple[Gpu, ...] = min(inventory.nodes.values(), key=lambda node: min(g.total_bytes for g in node))
+    gpus: tuple[Device, ...] = min(inventory.nodes.values(), key=lambda node: min(g.total_bytes for g in node))
     tokens, default_seqs = batch_defaults(min(gpus, key=lambda g: g.total_bytes))
     model_max = min(facts.max_position or 1 << 20, policy.max_context or 1 << 30)
     length = policy.pins.context_length or model_max

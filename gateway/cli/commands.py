@@ -321,15 +321,7 @@ def gpus_command(args: argparse.Namespace) -> int:
     settings = load_settings(given(args, ("gpus", "ram")), args.config)
     machine = inventory(settings.gpus, settings.ram)
     if args.json:
-        data = {
-            "source": machine.source,
-            "gpus": [g.to_json() for g in machine.gpus],
-            "peer_to_peer": machine.peer_to_peer,
-            "ram_total_bytes": machine.ram_total_bytes,
-            "ram_available_bytes": machine.ram_available_bytes,
-            "notes": list(machine.notes),
-        }
-        print(json.dumps(data, indent=2))
+        print(json.dumps(machine.to_json(), indent=2))
         return 0
     for note in machine.notes:
         print(note)

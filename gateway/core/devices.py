@@ -39,8 +39,10 @@ DEFAULT_COMPUTE_CAPABILITY = (8, 9)  # an RTX 40xx-class card when a simulated s
 
 
 @dataclass(frozen=True)
-class Gpu:
-    """One device the planner can place layers on: a local GPU, or one another node lends (``node`` set)."""
+class Device:
+    """One device the planner can place layers on: a local GPU, the host's CPU and RAM (``kind``
+    "cpu"), or a device another node lends (``node`` set). The one device model: every JSON, the
+    worker, the survey and the plan use it."""
 
     index: int
     name: str
@@ -51,6 +53,11 @@ class Gpu:
     endpoint: str = ""  # a remote device's "host:port", where its node serves it to the head
     link: str = ""  # how the head reaches it, as the plan's reasons say it ("TCP to node2:50100, 0.40 ms round trip")
     rtt_ms: float | None = None  # that link's measured round trip; None: not measured (simulated, unknown)
+    kind: str = "gpu"  # "gpu" | "cpu" (the host's RAM, or a node lending its CPU)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
 
     @property
     def is_remote(self) -> bool:
@@ -74,13 +81,14 @@ class Gpu:
             "total_bytes": self.total_bytes,
             "free_bytes": self.free_bytes,
             "compute_capability": self.capability,
+            "kind": self.kind,
         }
         if self.is_remote:
             data |= {"node": self.node, "endpoint": self.endpoint, "link": self.link}
         return data
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], **where: Any) -> Gpu:
+    def from_json(cls, raw: Mapping[str, Any], **where: Any) -> Device:
         """The inverse of :meth:`to_json`; ``where`` sets what the reader knows better (node, link...)."""
         major, _, minor = str(raw.get("compute_capability") or "0.0").partition(".")
         fields: dict[str, Any] = {
@@ -92,24 +100,25 @@ class Gpu:
             "node": str(raw.get("node", "")),
             "endpoint": str(raw.get("endpoint", "")),
             "link": str(raw.get("link", "")),
+            "kind": str(raw.get("kind") or "gpu"),
         }
         return cls(**(fields | where))
 
 
 @dataclass(frozen=True)
 class Inventory:
-    gpus: tuple[Gpu, ...]
+    gpus: tuple[Device, ...]
     ram_total_bytes: int
     ram_available_bytes: int
     peer_to_peer: bool = False
     source: str = "nvml"  # "nvml" | "simulated" | "none"
     notes: tuple[str, ...] = field(default=())
-    remote: tuple[Gpu, ...] = ()  # other nodes' devices (``Gpu.node`` set), reachable over llama.cpp RPC / Ray
+    remote: tuple[Device, ...] = ()  # other nodes' devices (``Device.node`` set), lent by their workers
 
     @property
-    def nodes(self) -> dict[str, tuple[Gpu, ...]]:
+    def nodes(self) -> dict[str, tuple[Device, ...]]:
         """GPUs per node, this machine ("") first, then each worker in the order given."""
-        grouped: dict[str, list[Gpu]] = {"": list(self.gpus)}
+        grouped: dict[str, list[Device]] = {"": list(self.gpus)}
         for gpu in self.remote:
             grouped.setdefault(gpu.node, []).append(gpu)
         return {node: tuple(gpus) for node, gpus in grouped.items()}
@@ -121,6 +130,40 @@ class Inventory:
         local = ",".join(f"{g.name}:{g.total_bytes // MIB}MiB@{g.capability}" for g in self.gpus)
         remote = ",".join(f"{g.node}/{g.name}:{g.total_bytes // MIB}MiB" for g in self.remote)
         return (local or "cpu") + (f"+{remote}" if remote else "")
+
+    @property
+    def host(self) -> Device:
+        """This machine's CPU and RAM as a device (what a CPU plan places on)."""
+        return Device(0, "CPU (host RAM)", self.ram_total_bytes, self.ram_available_bytes, (0, 0), kind="cpu")
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The one list: this machine's GPUs, its host (CPU and RAM), then the other nodes' devices."""
+        return (*self.gpus, self.host, *self.remote)
+
+    def to_json(self) -> dict[str, Any]:
+        """The inventory as every JSON of the gateway gives it (``plan --json``, ``gpus --json``)."""
+        return {
+            "source": self.source,
+            "devices": [device.to_json() for device in self.devices],
+            "peer_to_peer": self.peer_to_peer,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Inventory:
+        """The inverse of :meth:`to_json`."""
+        devices = [Device.from_json(raw) for raw in data.get("devices", [])]
+        host = next((d for d in devices if d.is_cpu and not d.is_remote), None)
+        return cls(
+            gpus=tuple(d for d in devices if not d.is_cpu and not d.is_remote),
+            ram_total_bytes=host.total_bytes if host else 0,
+            ram_available_bytes=host.free_bytes if host else 0,
+            peer_to_peer=bool(data.get("peer_to_peer")),
+            source=str(data.get("source", "nvml")),
+            notes=tuple(data.get("notes", ())),
+            remote=tuple(d for d in devices if d.is_remote),
+        )
 
     def with_ram(self, ram_bytes: int) -> Inventory:
         return replace(self, ram_total_bytes=ram_bytes, ram_available_bytes=ram_bytes)
@@ -142,9 +185,9 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def parse_gpu_spec(spec: str) -> tuple[Gpu, ...]:
+def parse_gpu_spec(spec: str) -> tuple[Device, ...]:
     """'2x32GiB', '1x12GiB,1x24GiB', '2x32GiB@12.0', '1x24GiB:free=20GiB' → simulated GPUs."""
-    gpus: list[Gpu] = []
+    gpus: list[Device] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         match = re.fullmatch(
             r"(?:(\d+)\s*x\s*)?([0-9.]+\s*[a-zA-Z]*)(?:@(\d+)\.(\d+))?(?::free=([0-9.]+\s*[a-zA-Z]*))?", part
@@ -160,13 +203,13 @@ def parse_gpu_spec(spec: str) -> tuple[Gpu, ...]:
         if count < 1 or free > total:
             raise ConfigError(f"GPU spec {part!r}: need at least one GPU and free memory no larger than total")
         for _ in range(count):
-            gpus.append(Gpu(len(gpus), f"simulated {total / GIB:g}GiB", total, free, capability))
+            gpus.append(Device(len(gpus), f"simulated {total / GIB:g}GiB", total, free, capability))
     if not gpus:
         raise ConfigError("empty GPU spec: write it like 2x32GiB")
     return tuple(gpus)
 
 
-def slowest_link(gpus: Sequence[Gpu]) -> str | None:
+def slowest_link(gpus: Sequence[Device]) -> str | None:
     """The reasons' "slowest link": the remote device whose worker answered slowest (unmeasured ones
     count as slowest)."""
     remote = [g for g in gpus if g.is_remote]
@@ -176,10 +219,10 @@ def slowest_link(gpus: Sequence[Gpu]) -> str | None:
     return f"{slowest.node} ({slowest.link})"
 
 
-def parse_remote_gpus(spec: str) -> tuple[Gpu, ...]:
+def parse_remote_gpus(spec: str) -> tuple[Device, ...]:
     """'node2=2x24GiB;node3=1x12GiB' → other nodes' GPUs, simulated (for planning without the nodes):
     each node's part is a GPU spec as for ``--gpus``; endpoints are left empty."""
-    gpus: list[Gpu] = []
+    gpus: list[Device] = []
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         node, sep, gpu_spec = part.partition("=")
         if not sep or not node.strip():
@@ -217,7 +260,7 @@ def _cgroup_limit() -> int | None:
     return None
 
 
-def probe_nvml() -> tuple[tuple[Gpu, ...], bool, str | None]:
+def probe_nvml() -> tuple[tuple[Device, ...], bool, str | None]:
     """(GPUs, all pairs peer-to-peer capable, why none) as NVML reports them."""
     try:
         import pynvml  # nvidia-ml-py
@@ -235,7 +278,7 @@ def probe_nvml() -> tuple[tuple[Gpu, ...], bool, str | None]:
             name = pynvml.nvmlDeviceGetName(handle)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             gpus.append(
-                Gpu(
+                Device(
                     index, name.decode() if isinstance(name, bytes) else name, memory.total, memory.free, (major, minor)
                 )
             )
@@ -264,3 +307,6 @@ def inventory(gpu_spec: str | None = None, ram: str | None = None) -> Inventory:
             log.info("%s", notes[0])
         result = Inventory(gpus, total, available, p2p, source="nvml" if gpus else "none", notes=notes)
     return result.with_ram(parse_size(ram)) if ram else result
+
+
+Gpu = Device  # the former name, kept for code written against it

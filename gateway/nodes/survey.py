@@ -21,7 +21,7 @@ import httpx
 
 from backends.registry import LENDER
 from gateway.core.auth import bearer_header
-from gateway.core.devices import GIB, Gpu, Inventory
+from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.errors import ConfigError
 
 log = logging.getLogger("gateway.nodes")
@@ -48,11 +48,11 @@ def parse_workers(addresses: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class NodeReport:
-    """One worker at one survey: its devices (``Gpu.node`` set) or why it cannot be used."""
+    """One worker at one survey: its devices (``Device.node`` set) or why it cannot be used."""
 
     address: str
     name: str
-    devices: tuple[Gpu, ...] = ()
+    devices: tuple[Device, ...] = ()
     ram_total_bytes: int = 0
     ram_available_bytes: int = 0
     build: str = ""
@@ -79,7 +79,9 @@ def report_from(address: str, data: Mapping[str, Any], rtt_ms: float | None) -> 
         if not raw.get("running", True) or not raw.get("endpoint"):
             continue
         devices.append(
-            Gpu.from_json(raw, node=name, endpoint=_endpoint(str(raw["endpoint"]), address), link=link, rtt_ms=rtt_ms)
+            Device.from_json(
+                raw, node=name, endpoint=_endpoint(str(raw["endpoint"]), address), link=link, rtt_ms=rtt_ms
+            )
         )
     error = None if devices else f"no running {LENDER.server_name}"
     return NodeReport(
@@ -137,7 +139,7 @@ def merge(machine: Inventory, reports: Sequence[NodeReport]) -> Inventory:
     """This machine plus every reachable worker's devices (in the order the workers were given, which
     is llama.cpp's device order for ``--rpc``); the plan's notes name every worker left out."""
     notes = list(machine.notes)
-    remote: list[Gpu] = []
+    remote: list[Device] = []
     for report in reports:
         if not report.reachable:
             notes.append(f"worker {report.name} ({report.address}) {report.error}: planning without it")
@@ -189,7 +191,7 @@ class Nodes:
         self.api_key = api_key
         self.fetcher = fetcher
         self.prober = prober
-        self.local: tuple[Gpu, ...] = ()  # this machine's GPUs at the last survey
+        self.local: tuple[Device, ...] = ()  # this machine's GPUs at the last survey
 
     def survey(self, machine: Inventory) -> Inventory:
         """Ask every worker now and return ``machine`` with the reachable ones' devices; a worker in use
@@ -270,5 +272,5 @@ def _state(state: NodeState) -> str:
     return "lost" if state.lost else "unreachable"
 
 
-def _device(gpu: Gpu, placed: Mapping[str, float]) -> dict[str, Any]:
+def _device(gpu: Device, placed: Mapping[str, float]) -> dict[str, Any]:
     return gpu.to_json() | {"endpoint": gpu.endpoint, "link": gpu.link, "placed_mib": dict(placed)}

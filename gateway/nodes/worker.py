@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from backends.registry import LENDER
 from gateway.core.auth import key_accepted
-from gateway.core.devices import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
+from gateway.core.devices import GIB, MIB, Device, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess
 
@@ -62,32 +62,32 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
-class Device:
+class LentDevice:
     """One device this worker serves: as the head will plan it, and how its server is started."""
 
-    gpu: Gpu
+    gpu: Device
     local_gpu: int | None  # the NVML index of the GPU its server runs on (None: the CPU)
     port: int
     simulated: bool
 
 
-def devices(config: WorkerConfig, machine: Inventory) -> list[Device]:
+def devices(config: WorkerConfig, machine: Inventory) -> list[LentDevice]:
     """The devices to serve (pure): each GPU (simulated ones on the CPU), else one CPU device."""
     if machine.gpus:
         simulated = machine.source == "simulated"
         return [
-            Device(gpu, None if simulated else gpu.index, config.first_port + i, simulated)
+            LentDevice(gpu, None if simulated else gpu.index, config.first_port + i, simulated)
             for i, gpu in enumerate(machine.gpus)
         ]
     size = parse_size(config.cpu_memory) if config.cpu_memory else machine.ram_available_bytes
-    cpu = Gpu(0, "CPU", size, size, (0, 0))
-    return [Device(cpu, None, config.first_port, config.cpu_memory is not None)]
+    cpu = Device(0, "CPU", size, size, (0, 0), kind="cpu")
+    return [LentDevice(cpu, None, config.first_port, config.cpu_memory is not None)]
 
 
 class Server:
     """One device server, kept running until the worker stops."""
 
-    def __init__(self, device: Device, argv: list[str], log_path: Path) -> None:
+    def __init__(self, device: LentDevice, argv: list[str], log_path: Path) -> None:
         self.device = device
         self.argv = argv
         self.log_path = log_path

@@ -77,12 +77,7 @@ class Plan:
                 "reason": self.decision_reason,
             },
             "engine_version": self.versions(),
-            "inventory": {
-                "source": self.inventory.source,
-                "gpus": [g.to_json() for g in self.inventory.gpus],
-                "ram_available_gib": round(self.inventory.ram_available_bytes / 1024**3, 2),
-                "remote": [g.to_json() for g in self.inventory.remote],  # other nodes' devices, in order
-            },
+            "inventory": self.inventory.to_json(),
             "policy": {"min_context": self.policy.min_context, "max_context": self.policy.max_context},
             "candidates": [c.to_json() for c in self.candidates],
             "notes": self.notes,

@@ -143,5 +143,7 @@ def test_gpus_command_prints_the_inventory() -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     data = json.loads(run.stdout)
-    assert data["source"] == "simulated" and [g["compute_capability"] for g in data["gpus"]] == ["8.9", "8.6"]
-    assert data["ram_total_bytes"] == 64 * 1024**3
+    gpus = [d["compute_capability"] for d in data["devices"] if d["kind"] == "gpu"]
+    assert data["source"] == "simulated" and gpus == ["8.9", "8.6"]
+    [host] = [d for d in data["devices"] if d["kind"] == "cpu"]
+    assert host["total_bytes"] == 64 * 1024**3

@@ -14,7 +14,7 @@ from backends.llamacpp import facts_from_gguf, place
 from backends.llamacpp.gguf_reader import GgufHeader, GgufTensor
 from backends.llamacpp.logs import memory_line
 from backends.llamacpp.placement import Placement
-from gateway.core.devices import MIB, Gpu, parse_gpu_spec
+from gateway.core.devices import MIB, Device, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts
 
 TOLERANCE = 0.05
@@ -114,7 +114,7 @@ def planned_terms(placement: Placement) -> dict[tuple[str, str], int]:
     return out
 
 
-def case_placement(case: Case, facts: ModelFacts, gpus: tuple[Gpu, ...] | None = None) -> Placement:
+def case_placement(case: Case, facts: ModelFacts, gpus: tuple[Device, ...] | None = None) -> Placement:
     layers = facts.num_layers + 1 if case.n_gpu_layers is None else case.n_gpu_layers
     gpus = gpus or parse_gpu_spec(HOST_MEMORY)
     # op_offload=False: ggml's RPC backend runs no products of host-resident weights (CUDA does)

@@ -14,7 +14,7 @@ from typing import Any
 
 from backends import llamacpp, vllm
 from backends.vllm.memory import cuda_total
-from gateway.core.devices import GIB, MIB, Gpu
+from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 
@@ -67,7 +67,7 @@ def replay_vllm(case: dict[str, Any], inputs: dict[str, Any]) -> list[Row]:
     config = _config(case)
     assert config is not None
     facts = facts_from_config({**config, **inputs.get("config", {})}, case["model_id"], quantization=inputs["quant"])
-    gpu = Gpu(0, inputs.get("name", "GPU"), int(inputs["total_gib"] * GIB), int(inputs["total_gib"] * GIB), (8, 9))
+    gpu = Device(0, inputs.get("name", "GPU"), int(inputs["total_gib"] * GIB), int(inputs["total_gib"] * GIB), (8, 9))
     tokens, seqs = vllm.batch_defaults(gpu)
     flags = vllm.VllmFlags(inputs["tp"], inputs["util"], inputs["len"], seqs, tokens)
     reported_total = int(inputs["total_gib"] * GIB)  # the CUDA total the log printed (NVML's is larger)
@@ -123,12 +123,12 @@ def replay_totals(cases: list[dict[str, Any]]) -> list[Row]:
     for case in cases:
         if case["id"] in NVML_TOTALS:
             mib, key = NVML_TOTALS[case["id"]]
-            gpu = Gpu(0, case["id"], mib * MIB, mib * MIB, (8, 9))
+            gpu = Device(0, case["id"], mib * MIB, mib * MIB, (8, 9))
             rows.append(Row(case["id"], "CUDA total GiB", cuda_total(gpu) / GIB, float(case["reported"][key])))
     log = (DATA / SEED_003).read_text()
     found = re.search(r"total capacity of ([0-9.]+) GiB", log)
     if found:
-        gpu = Gpu(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0))
+        gpu = Device(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0))
         rows.append(Row("seed-003", "CUDA total GiB", cuda_total(gpu) / GIB, float(found.group(1))))
     return rows
 
@@ -139,7 +139,10 @@ def replay_seed_003() -> list[Row]:
     config = json.loads((DATA / "configs" / "gemma-4-31B-it.json").read_text())
     quant = json.loads((DATA / "configs" / "gemma-4-31B-it-nvfp4.hf_quant_config.json").read_text())
     facts = facts_from_config(config, "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
-    gpus = (Gpu(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)), Gpu(1, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)))
+    gpus = (
+        Device(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)),
+        Device(1, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)),
+    )
     flags = vllm.VllmFlags(2, 0.9, 1024, 1, 1024, "fp8", language_model_only=True)
     candidate = vllm.evaluate(vllm.Checkpoint(facts.name, facts), gpus, flags, "0.21.0", Policy(min_context=1024))
     return [Row("seed-003", "verdict: starts (1) / refuses (0)", float(candidate.fits), 0.0)]

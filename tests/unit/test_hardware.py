@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.core.devices import GIB, MIB, Gpu, inventory, parse_gpu_spec, parse_size
+from gateway.core.devices import GIB, MIB, Device, Inventory, inventory, parse_gpu_spec, parse_size
 from gateway.core.errors import ConfigError
 
 
@@ -67,6 +67,18 @@ def test_gpu_specs_and_ram_without_units_are_refused() -> None:
 def test_a_device_reads_back_from_its_json_local_or_remote() -> None:
     local = parse_gpu_spec("1x24GiB@8.6:free=20GiB")[0]
     assert local.to_json()["compute_capability"] == "8.6" and "node" not in local.to_json()
-    assert Gpu.from_json(local.to_json()) == local
+    assert Device.from_json(local.to_json()) == local
     remote = replace(local, node="node2", endpoint="10.0.0.2:50052", link="TCP to 10.0.0.2:8100")
-    assert Gpu.from_json(remote.to_json()) == remote
+    assert Device.from_json(remote.to_json()) == remote
+
+
+def test_the_inventory_is_one_list_of_devices_with_one_json() -> None:
+    machine = Inventory(
+        parse_gpu_spec("1x24GiB@8.6"), 64 * GIB, 60 * GIB, source="simulated",
+        remote=(replace(parse_gpu_spec("1x12GiB")[0], node="node2", endpoint="10.0.0.2:50052"),),
+    )  # fmt: skip
+    kinds = [(d.kind, d.node) for d in machine.devices]
+    assert kinds == [("gpu", ""), ("cpu", ""), ("gpu", "node2")]
+    assert machine.host.free_bytes == 60 * GIB
+    again = Inventory.from_json(machine.to_json())
+    assert again.devices == machine.devices and again.source == "simulated"

@@ -19,7 +19,7 @@ from backends.base import Failure, FailureKind, Installation
 from backends.llamacpp.backend import ordered_devices
 from backends.llamacpp.rpc import server_argv
 from backends.registry import LENDER
-from gateway.core.devices import GIB, MIB, Gpu, Inventory, parse_gpu_spec, parse_remote_gpus
+from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec, parse_remote_gpus
 from gateway.core.errors import ConfigError
 from gateway.core.policy import Pins, Policy
 from gateway.nodes.survey import NodeReport, Nodes, merge, report_from
@@ -143,7 +143,7 @@ def test_rpc_devices_come_first_in_llamacpps_device_order_then_local_gpus() -> N
 
 
 def test_the_plan_pools_two_nodes_and_leaves_in_ram_what_one_node_cannot_hold() -> None:
-    a = Gpu(
+    a = Device(
         0, "rpc", 1170 * MIB, 1170 * MIB, (0, 0), node="a", endpoint="10.0.1.2:50052", link="TCP, 0.3 ms", rtt_ms=0.3
     )
     b = replace(a, node="b", endpoint="10.0.2.2:50052", link="TCP, 1.5 ms", rtt_ms=1.5)
@@ -162,7 +162,7 @@ def test_the_plan_pools_two_nodes_and_leaves_in_ram_what_one_node_cannot_hold() 
 
 def test_host_weights_products_are_offloaded_to_the_first_local_gpu_never_to_an_rpc_device() -> None:
     facts = _smollm()
-    remote = Gpu(0, "rpc", 8 * GIB, 8 * GIB, (0, 0), node="n2", endpoint="n2:50052")
+    remote = Device(0, "rpc", 8 * GIB, 8 * GIB, (0, 0), node="n2", endpoint="n2:50052")
     local = parse_gpu_spec("1x8GiB")[0]
     partial = facts.num_layers - 5
     mixed = llamacpp.place(facts, (remote, local), 4096, "f16", "native", partial, split=(1, 1))
@@ -301,7 +301,7 @@ def test_plan_json_lists_the_other_nodes_devices_and_a_worker_without_a_key_does
 
     assert main(["plan", "--remote-gpus", "node2=1x2GiB", "--ram", "8GiB", "--context-length", "4096", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["inventory"]["remote"][0]["node"] == "node2"
+    assert [d["node"] for d in plan["inventory"]["devices"] if d.get("node")] == ["node2"]
     chosen = plan["candidates"][plan["decision"]["candidate"]]
     assert chosen["n_gpu_layers"] > 0 and chosen["rpc"] == ["node2:50052"]  # a worker's default port there
     assert main(["worker", "--gpus", "1x2GiB"]) == 1
@@ -375,5 +375,5 @@ def test_a_worker_that_does_not_answer_is_planned_without_and_the_plan_says_so(
     args = ["plan", "--workers", dead, "--worker-api-key", "k", "--ram", "8GiB", "--context-length", "4096"]
     assert main([*args, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["inventory"]["remote"] == []
+    assert [d for d in plan["inventory"]["devices"] if d.get("node")] == []
     assert any(dead in note and "planning without it" in note for note in plan["notes"])

@@ -237,11 +237,11 @@ def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str,
 
 def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggufs: dict[str, ModelFacts]) -> None:
     from backends.llamacpp import speed
-    from gateway.core.devices import Gpu
+    from gateway.core.devices import Device
 
-    h100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * GIB, 80 * GIB, (9, 0))
+    h100 = Device(0, "NVIDIA H100 80GB HBM3", 80 * GIB, 80 * GIB, (9, 0))
     assert speed.gpu_bandwidth(h100) == 3350e9
-    assert speed.gpu_bandwidth(Gpu(0, "NVIDIA GeForce RTX 4070 Ti SUPER", GIB, GIB, (8, 9))) == 504e9
+    assert speed.gpu_bandwidth(Device(0, "NVIDIA GeForce RTX 4070 Ti SUPER", GIB, GIB, (8, 9))) == 504e9
     assert speed.gpu_bandwidth(parse_gpu_spec("1x32GiB@12.0")[0]) == 1792e9  # simulated: by capability
     assert speed.gpu_bandwidth(parse_gpu_spec("1x32GiB@6.1")[0]) == speed.DEFAULT_GPU_BANDWIDTH_GBPS * 1e9
     facts = shape_ggufs["llama70b"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from backends import vllm
 from backends.base import Installation
 from backends.vllm import multinode
-from gateway.core.devices import GIB, Gpu, Inventory
+from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.policy import Policy
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render
@@ -14,10 +14,10 @@ from gateway.planning.settings import Settings
 from tests.unit.plan_helpers import engine_plans
 
 
-def _gpus(count: int, node: str = "", gib: int = 24) -> tuple[Gpu, ...]:
+def _gpus(count: int, node: str = "", gib: int = 24) -> tuple[Device, ...]:
     endpoint = f"{node}.lan:5005" if node else ""
     return tuple(
-        Gpu(i, f"RTX 4090 {node or 'here'}", gib * GIB, gib * GIB, (8, 9), node=node, endpoint=endpoint)
+        Device(i, f"RTX 4090 {node or 'here'}", gib * GIB, gib * GIB, (8, 9), node=node, endpoint=endpoint)
         for i in range(count)
     )
 

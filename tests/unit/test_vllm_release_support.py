@@ -16,7 +16,7 @@ from backends import vllm
 from backends.vllm import releases
 from backends.vllm.memory import capture_sizes, cuda_total, cudagraph_bytes
 from gateway.cli.commands import build_parser
-from gateway.core.devices import GIB, MIB, Gpu, Inventory, parse_gpu_spec
+from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
@@ -82,7 +82,7 @@ def test_the_budget_is_a_share_of_the_cuda_total_which_the_recorded_logs_print(
         found = re.search(r"total capacity of ([0-9.]+) GiB", SEED_003.read_text())
         assert found
         reported_gib = float(found.group(1))
-    gpu = Gpu(0, where, nvml_mib * MIB, nvml_mib * MIB, (12, 0))
+    gpu = Device(0, where, nvml_mib * MIB, nvml_mib * MIB, (12, 0))
     assert abs(cuda_total(gpu) / GIB - reported_gib) < 0.07, where
     flags = vllm.VllmFlags(1, 0.9, 1024, 1, 1024)
     m = vllm.memory(vllm.Checkpoint("x", _glm()[0].facts), gpu, flags, "0.21.0")
