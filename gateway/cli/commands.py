@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import json
 import logging
 import signal
-import socket
 import sys
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli.flags import add_setting_flags, given
+from gateway.cli.log_setup import configure_logging, use_json_lines
 from gateway.core.errors import GatewayError
 from gateway.planning.settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
+from gateway.serving.listen import bind_listener
 from gateway.serving.model_names import ModelRoute
 
 if TYPE_CHECKING:
     from gateway.planning.planner import Plan
+    from gateway.serving.proxy import Upstream
+    from gateway.serving.runtime import PlanFigures, Runtime
     from gateway.supervision.lifecycle import ServedBackend
 
 log = logging.getLogger("gateway")
@@ -165,35 +167,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for noisy in ("httpx", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """Take the listening socket before starting anything, so a busy port fails fast and cleanly."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto IPPROTO_TCP (not 0): asyncio turns Nagle off only on sockets that say they are TCP, and
-    # accepted connections inherit it; with proto 0 every keep-alive response stalled 40 ms.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise GatewayError(f"port {port} on {host} is already in use: pass --port with a free port") from exc
-        raise GatewayError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.listen(2048)
-    sock.set_inheritable(False)
-    return sock
-
-
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -207,7 +180,7 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(given(args, SERVE_SETTINGS), args.config)
     if settings.log_format == "json":
-        _json_logging()
+        use_json_lines()
     timeouts = Timeouts(
         connect_s=settings.connect_timeout_s,
         first_byte_s=settings.first_byte_timeout_s,
@@ -234,10 +207,10 @@ def serve(args: argparse.Namespace) -> int:
         )
         for number, option in enumerate(decision.options, 1):
             log.info("option %d of %d: %s", number, len(decision.options), option.label)
-        runtime = _runtime(settings, decision.route, supervisor, upstream, **_plan_figures(plan))
+        runtime = _runtime(settings, decision.route, supervisor, upstream, _plan_figures(plan))
         decision.replanned.append(lambda fresh: _show_plan(runtime, fresh))
         fronted = decision.route.fronted
-    sock = _bind(settings.host, settings.port)
+    sock = bind_listener(settings.host, settings.port)
     config = uvicorn.Config(
         create_app(runtime),
         log_level="warning",
@@ -276,42 +249,23 @@ def serve(args: argparse.Namespace) -> int:
     return 1
 
 
-def _plan_figures(plan: Plan) -> dict[str, Any]:
+def _plan_figures(plan: Plan) -> PlanFigures:
     """What /metrics and the status page show of the plan: the chosen candidate's memory per device."""
     from gateway.serving.metrics import live_gpu_memory
+    from gateway.serving.runtime import PlanFigures
 
-    figures: dict[str, Any] = {"plan_details": {"candidates": [c.to_json() for c in plan.candidates]}}
-    if (chosen := plan.chosen) is not None:
-        figures["plan_memory"] = chosen.memory_terms()
-        figures["plan_kv_tokens"] = chosen.kv_tokens
-    if plan.inventory.gpus:
-        figures["gpu_memory"] = live_gpu_memory
-    return figures
+    chosen = plan.chosen
+    return PlanFigures(
+        plan_memory=chosen.memory_terms() if chosen is not None else [],
+        plan_kv_tokens=chosen.kv_tokens if chosen is not None else 0,
+        plan_details={"candidates": [c.to_json() for c in plan.candidates]},
+        gpu_memory=live_gpu_memory if plan.inventory.gpus else None,
+    )
 
 
-def _show_plan(runtime: Any, plan: Plan) -> None:
+def _show_plan(runtime: Runtime, plan: Plan) -> None:
     """A plan made again (a node lost or back) replaces the first one on /status and /metrics."""
-    for name, value in _plan_figures(plan).items():
-        setattr(runtime, name, value)
-
-
-def _json_logging() -> None:
-    """One JSON object per log line (time, level, logger, message, request_id) for log collectors."""
-    from gateway.serving.edge import request_id
-
-    class JsonFormatter(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name}
-            entry["message"] = record.getMessage()
-            entry.update(getattr(record, "access", {}))  # the access log's fields, each its own key
-            if rid := request_id.get():
-                entry["request_id"] = rid
-            if record.exc_info:
-                entry["exception"] = self.formatException(record.exc_info)
-            return json.dumps(entry)
-
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(JsonFormatter())
+    runtime.show_plan(_plan_figures(plan))
 
 
 def gpus_command(args: argparse.Namespace) -> int:
@@ -334,7 +288,7 @@ def gpus_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _external_runtime(settings: Any, upstream: Any) -> Any:
+def _external_runtime(settings: Any, upstream: Upstream) -> Runtime:
     """`--backend-url`: the served name, context and capacity come from the server itself."""
     from gateway.serving.external import ExternalBackend, describe_server
 
@@ -344,11 +298,13 @@ def _external_runtime(settings: Any, upstream: Any) -> Any:
     return _runtime(settings, route, backend, upstream)
 
 
-def _runtime(settings: Any, route: Any, backend: ServedBackend, upstream: Any, **plan_figures: Any) -> Any:
+def _runtime(
+    settings: Any, route: ModelRoute, backend: ServedBackend, upstream: Upstream, figures: PlanFigures | None = None
+) -> Runtime:
     """The app's runtime: what the settings decide about limits and keys, for either kind of backend."""
     from gateway.serving.runtime import Runtime
 
-    return Runtime(
+    runtime = Runtime(
         route=route,
         backend=backend,
         upstream=upstream,
@@ -356,8 +312,10 @@ def _runtime(settings: Any, route: Any, backend: ServedBackend, upstream: Any, *
         queue_limit=settings.queue_limit,
         queue_wait_s=settings.queue_wait_s,
         api_keys=settings.all_api_keys(),
-        **plan_figures,
     )
+    if figures is not None:
+        runtime.show_plan(figures)
+    return runtime
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -410,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 1  # bad input: no command
-    _configure_logging(getattr(args, "verbose", False))
+    configure_logging(getattr(args, "verbose", False))
     try:
         if args.command == "serve":
             return serve(args)

@@ -15,6 +15,16 @@ from gateway.serving.proxy import Upstream
 from gateway.supervision.lifecycle import ServedBackend
 
 
+@dataclass(frozen=True)
+class PlanFigures:
+    """What /metrics and the status page show of the plan the backend runs."""
+
+    plan_memory: list[tuple[int, str, int]]  # (gpu, term, bytes)
+    plan_kv_tokens: int
+    plan_details: dict[str, Any]  # candidates for the status page
+    gpu_memory: Callable[[], list[tuple[int, int, int]]] | None = None  # live GPU memory (None: no GPUs)
+
+
 @dataclass
 class Runtime:
     """One model route, its backend (supervised or external), the client to it and the admission
@@ -38,6 +48,14 @@ class Runtime:
     def __post_init__(self) -> None:
         self.created = int(time.time())
         self.admission = Admission(self.capacity, queue_limit=self.queue_limit, wait_s=self.queue_wait_s)
+
+    def show_plan(self, figures: PlanFigures) -> None:
+        """The plan the backend runs now (the first, or one made again when a node was lost or came back)."""
+        self.plan_memory = figures.plan_memory
+        self.plan_kv_tokens = figures.plan_kv_tokens
+        self.plan_details = figures.plan_details
+        if figures.gpu_memory is not None:
+            self.gpu_memory = figures.gpu_memory
 
     def capacity(self) -> int:
         """Requests the live engine runs at once (it changes when the engine restarts or steps down)."""
