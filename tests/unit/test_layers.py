@@ -136,3 +136,18 @@ def test_the_generic_layers_name_no_engine_outside_docstrings() -> None:
         if ENGINE_WORDS.search(word)
     ]
     assert not named, "engine names in the generic layers:\n" + "\n".join(named)
+
+
+def test_no_test_imports_a_benchmark() -> None:
+    """Benchmarks print figures and may import the tests' replays; never the other way round."""
+    importing = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any(
+            name == "benchmarks" or name.startswith("benchmarks.")
+            for name in ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+        )
+    ]
+    assert not importing, f"tests importing benchmarks/: {importing}"
