@@ -12,7 +12,7 @@ from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
 from backends.vllm.option import VllmOption
 from backends.vllm.overflow import OVERFLOW_PATTERNS
-from backends.vllm.settings import PINS, VllmSettings
+from backends.vllm.settings import PINS, VllmPins, VllmSettings
 from backends.vllm.source import VllmModel, VllmSource
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class VllmBackend:
                 )
             return []
         chosen = ranked(candidates)[:OPTIONS_TRIED]
-        if not chosen and policy.pins:
+        if not chosen and VllmPins.of(policy):
             log.warning(
                 "the plan says the pinned vLLM flags do not fit (%s); trying them as asked", candidates[0].reason
             )

@@ -7,7 +7,7 @@ evaluated exactly and never varied on the ladder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
@@ -69,6 +69,10 @@ class VllmPins:
     enforce_eager: bool | None = None
     cpu_offload_gb: float | None = None
     allow_cpu_offload: bool = False
+
+    def __bool__(self) -> bool:
+        """Any flag pinned (allow_cpu_offload widens the ladder; it pins nothing)."""
+        return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "allow_cpu_offload")
 
     @classmethod
     def of(cls, policy: Policy) -> VllmPins:

@@ -158,3 +158,14 @@ def test_available_kv_matches_published_logs_within_10_percent(
     checkpoint = vllm.Checkpoint(case_config, facts)
     memory = vllm.memory(checkpoint, gpu, run, str(flags["version"]), reported_total=int(budget_gib * GIB))
     assert abs(memory.kv_cache / GIB - reported_available_gib) / reported_available_gib < 0.10
+
+
+def test_allowing_cpu_offload_pins_no_flag() -> None:
+    """allow_cpu_offload widens the ladder; only real pins make vLLM try a plan that does not fit."""
+    from backends.vllm.settings import VllmPins
+
+    assert not VllmPins.of(Policy(pins=Pins(engine={"allow_cpu_offload": True})))
+    assert VllmPins.of(Policy(pins=Pins(engine={"allow_cpu_offload": True}))).allow_cpu_offload
+    assert VllmPins.of(Policy(pins=Pins(engine={"max_num_seqs": 8}))) and VllmPins.of(
+        Policy(pins=Pins(context_length=4096))
+    )
