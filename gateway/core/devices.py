@@ -308,5 +308,3 @@ def inventory(gpu_spec: str | None = None, ram: str | None = None) -> Inventory:
         result = Inventory(gpus, total, available, p2p, source="nvml" if gpus else "none", notes=notes)
     return result.with_ram(parse_size(ram)) if ram else result
 
-
-Gpu = Device  # the former name, kept for code written against it
