@@ -307,4 +307,3 @@ def inventory(gpu_spec: str | None = None, ram: str | None = None) -> Inventory:
             log.info("%s", notes[0])
         result = Inventory(gpus, total, available, p2p, source="nvml" if gpus else "none", notes=notes)
     return result.with_ram(parse_size(ram)) if ram else result
-
