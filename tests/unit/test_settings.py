@@ -76,3 +76,18 @@ def test_malformed_toml_is_a_clear_error(workdir: Path) -> None:
     (workdir / "gateway.toml").write_text("port = = 1\n")
     with pytest.raises(ConfigError, match="gateway.toml"):
         load_settings()
+
+
+def test_each_engines_own_settings_come_from_the_same_sources(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Declared in backends/<engine>/settings.py, read like the gateway's own: file, environment,
+    flags, with the engine's own validators; an unknown engine name is refused."""
+    (workdir / "gateway.toml").write_text('threads = 3\nllama_launcher = "python"\n')
+    monkeypatch.setenv("GATEWAY_KV_CACHE_MEMORY_BYTES", "4G")
+    settings = load_settings({"max_num_seqs": 8})
+    assert (settings.threads, settings.llama_launcher) == (3, "python")
+    assert settings.kv_cache_memory_bytes == 4 * 1024**3
+    assert settings.max_num_seqs == 8
+    with pytest.raises(ConfigError, match="unknown engine 'tgi'"):
+        load_settings({"engine": "tgi"})
+    with pytest.raises(ConfigError, match="llama_launcher"):
+        load_settings({"llama_launcher": "rust"})
