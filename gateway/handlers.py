@@ -31,39 +31,10 @@ from gateway.fidelity import (
 from gateway.lifecycle import ServedBackend, State
 from gateway.openai_errors import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
 from gateway.proxy import ChunkFilter, chained, translated_stream
+from gateway.request_body import read_json_object
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.handlers")
-
-
-def _no_constant(name: str) -> Any:
-    """NaN and Infinity are not JSON (Python accepts them, then refuses to write them back)."""
-    raise ValueError(f"{name} is not a JSON value")
-
-
-async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes (max_body_bytes)")
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes (max_body_bytes)")
-        parts.append(part)
-    body = b"".join(parts)
-    if not body.strip():
-        raise ApiError(400, "request body is empty: send a JSON object")
-    try:
-        payload = json.loads(body, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    except RecursionError:
-        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, f"request body must be a JSON object, not a JSON {type(payload).__name__}")
-    return body, payload
 
 
 @dataclass(frozen=True)
@@ -169,12 +140,12 @@ class Inference:
 
     # -- chat and text completions -----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(shapes.ChatCompletionRequest, payload)
         return await self._completion(payload, body, "/v1/chat/completions")
 
     async def completions(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(shapes.CompletionRequest, payload)
         return await self._completion(payload, body, "/v1/completions")
 
@@ -237,7 +208,7 @@ class Inference:
         return await self._agent_api(MESSAGES, request)
 
     async def _agent_api(self, dialect: Dialect, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(dialect.shape, payload)
         changed = self._route_model(payload)
         target = self._target()
@@ -271,7 +242,7 @@ class Inference:
             return translated_stream(events, ticket.hand_over(), dialect.errors)
 
     async def count_tokens(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(shapes.CountTokensRequest, payload)
         changed = self._route_model(payload)
         target = self._target()

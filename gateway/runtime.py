@@ -24,6 +24,7 @@ class Runtime:
     backend: ServedBackend
     upstream: Upstream
     max_body_bytes: int
+    max_body_elements: int = 100_000
     queue_limit: int = 64
     queue_wait_s: float = 600.0
     api_keys: tuple[str, ...] = ()

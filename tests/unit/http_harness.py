@@ -49,6 +49,7 @@ class FakeEngine:
     "GARBAGE200" → 200 with an HTML page; "BUSY" → 429 with Retry-After 7;
     "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
     "SLOW" → a plain answer after 30 s, unless the gateway hangs up first (``disconnected`` either way);
+    "ENDLESS" → a stream of 64 KiB chunks that never ends (``disconnected`` once the gateway hangs up);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
     passthrough tests, when the launch says so) and records every request it gets."""
 
@@ -125,6 +126,13 @@ class FakeEngine:
             return b"data: " + json.dumps({**body, **extra}).encode() + b"\n\n"
 
         yield chunk({"role": "assistant", "content": ""})
+        if "ENDLESS" in cue:  # 64 KiB chunks for as long as someone takes them
+            try:
+                while True:
+                    yield chunk({"content": "x" * 65536})
+                    await asyncio.sleep(0.001)  # a point where the cancel of a gone client lands
+            finally:
+                self.disconnected.set()
         if "HANG" in cue:
             yield chunk({"content": "waiting"})
             try:
@@ -216,11 +224,12 @@ def make_runtime(
 class Served:
     """An ASGI app on a real loopback port, served by uvicorn in a daemon thread."""
 
-    def __init__(self, app: ASGIApp | Starlette, *, lifespan: str = "on") -> None:
+    def __init__(self, app: ASGIApp | Starlette, *, lifespan: str = "on", http: Any = "auto") -> None:
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none")
+        self.address = self._socket.getsockname()
+        self.url = f"http://127.0.0.1:{self.address[1]}"
+        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none", http=http)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._thread.start()
