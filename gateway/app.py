@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import status_page
+from gateway.browser_guard import BrowserGuard
 from gateway.disconnect import CancelOnDisconnect
 from gateway.edge import ApiKeys, ASGIApp, RequestMetrics
 from gateway.handlers import Inference
@@ -143,4 +144,8 @@ def create_app(runtime: Runtime) -> ASGIApp:
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return CancelOnDisconnect(RequestMetrics(ApiKeys(app, runtime.api_keys), registry))
+    guarded = BrowserGuard(
+        ApiKeys(app, runtime.api_keys), keyed=bool(runtime.api_keys), bind_host=runtime.bind_host,
+        allowed_hosts=runtime.allowed_hosts, cors_allow_origins=runtime.cors_allow_origins,
+    )  # fmt: skip
+    return CancelOnDisconnect(RequestMetrics(guarded, registry))

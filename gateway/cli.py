@@ -384,6 +384,9 @@ def _runtime(settings: Any, route: Any, backend: ServedBackend, upstream: Any, *
         queue_limit=settings.queue_limit,
         queue_wait_s=settings.queue_wait_s,
         api_keys=settings.all_api_keys(),
+        bind_host=settings.host,
+        allowed_hosts=tuple(settings.allowed_hosts),
+        cors_allow_origins=tuple(settings.cors_allow_origins),
         **plan_figures,
     )
 

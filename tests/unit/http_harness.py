@@ -216,6 +216,7 @@ def make_runtime(
         queue_limit=queue_limit,
         queue_wait_s=queue_wait_s,
         api_keys=api_keys,
+        allowed_hosts=("testserver",),  # starlette's TestClient's Host
         plan_memory=[(0, "weights", 1000)],
         plan_kv_tokens=12345,
     )

@@ -233,7 +233,7 @@ def test_an_unreachable_engine_is_503_with_retry_after_in_the_dialect(stream: bo
 
 def test_the_gateway_own_errors_are_in_the_dialect(engine: FakeEngine, engine_url: str) -> None:
     with _gateway(make_runtime(engine_url)) as client:
-        bad_json = {p: client.post(p, content=b'{"model": [}') for p in ("/v1/chat/completions", "/v1/messages")}
+        bad_json = {p: client.post(p, content=b'{"model": [}', headers={"content-type": "application/json"}) for p in ("/v1/chat/completions", "/v1/messages")}
         no_max = client.post("/v1/messages", json={"model": FRONTED, "messages": MESSAGES["messages"]})
         no_input = client.post("/v1/responses", json={"model": FRONTED})
         unknown = {p: client.post(p, json={**BODIES[p], "model": "gpt-4o"}) for p in BODIES}
@@ -280,9 +280,9 @@ def test_bodies_over_the_limit_are_413(engine: FakeEngine, engine_url: str) -> N
         yield huge[40_000:]
 
     with _gateway(make_runtime(engine_url, max_body_bytes=64 * 1024)) as client:
-        declared = client.post("/v1/chat/completions", content=huge)
-        streamed = client.post("/v1/chat/completions", content=chunked())
-        anthropic = client.post("/v1/messages", content=huge)
+        declared = client.post("/v1/chat/completions", content=huge, headers={"content-type": "application/json"})
+        streamed = client.post("/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"})
+        anthropic = client.post("/v1/messages", content=huge, headers={"content-type": "application/json"})
         fits = client.post("/v1/chat/completions", json=CHAT)
     assert declared.status_code == 413  # refused on its Content-Length, before reading it
     assert declared.json()["error"]["message"].startswith(f"request body of {len(huge)} bytes exceeds the limit")
