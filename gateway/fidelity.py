@@ -143,7 +143,10 @@ def complete_chat_shape(body: bytes) -> bytes:
         return body
     if not isinstance(payload, dict) or payload.get("object") != "chat.completion":
         return body
-    for choice in payload.get("choices") or []:
+    choices = payload.get("choices") or []
+    if not (isinstance(choices, list) and all(isinstance(choice, dict) for choice in choices)):
+        raise ApiError(502, "the backend's chat completion is malformed ('choices' is not a list of objects)")
+    for choice in choices:
         choice.setdefault("logprobs", None)
         message = choice.get("message")
         if isinstance(message, dict):

@@ -32,6 +32,7 @@ from gateway.lifecycle import ServedBackend, State
 from gateway.openai_errors import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
 from gateway.proxy import ChunkFilter, chained, translated_stream
 from gateway.request_body import read_json_object
+from gateway.stream_guard import response_failed_event
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.handlers")
@@ -69,6 +70,13 @@ MESSAGES = Dialect(
     lambda chunks, _request, model, prompt: messages_api.stream_from_chat(chunks, model, prompt),
     ANTHROPIC,
 )
+
+
+def _is_chat_completion(answer: Any) -> bool:
+    """Enough of a chat completion to translate: ``choices`` a list of objects (``[null]`` or ``"abc"``
+    would break the translator: a 502, not a 500)."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    return isinstance(choices, list) and all(isinstance(choice, dict) for choice in choices)
 
 
 def _not_ready(backend: ServedBackend) -> str:
@@ -198,6 +206,7 @@ class Inference:
                 rewrite_body=self.rt.route.rewrite_body,
                 on_close=ticket.hand_over(),
                 errors=dialect.errors,
+                error_event=response_failed_event if dialect is RESPONSES else None,
             )
 
     # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
@@ -226,7 +235,7 @@ class Inference:
         async with self.rt.admission.slot() as ticket:
             if not chat["stream"]:
                 status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
-                if status == 200 and not (isinstance(answer, dict) and isinstance(answer.get("choices"), list)):
+                if status == 200 and not _is_chat_completion(answer):
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
                     return dialect.errors.engine_error(status, answer)
@@ -239,7 +248,8 @@ class Inference:
             if failed is not None:
                 return dialect.errors.engine_error(*failed)
             events = dialect.events(chunks, payload, fronted, prompt or 0)
-            return translated_stream(events, ticket.hand_over(), dialect.errors)
+            failed_event = response_failed_event if dialect is RESPONSES else None
+            return translated_stream(events, ticket.hand_over(), dialect.errors, failed_event)
 
     async def count_tokens(self, request: Request) -> Response:
         body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)

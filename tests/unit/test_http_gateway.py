@@ -213,9 +213,10 @@ def test_an_engine_answer_that_is_not_json_becomes_an_error_in_the_dialect(engin
         for stream in (False, True):
             openai = client.post("/v1/responses", json=_with_cue("/v1/responses", "NOTJSON", stream=stream))
             anthropic = client.post("/v1/messages", json=_with_cue("/v1/messages", "NOTJSON", stream=stream))
-            assert openai.status_code == 502 and openai.json() == {"error": {"message": "<html>bad gateway</html>"}}
-            assert anthropic.status_code == 502
-            assert anthropic.json() == _anthropic("api_error", "<html>bad gateway</html>")
+            # the page itself is not repeated: a proxy's error page can name the server's internal paths
+            assert openai.status_code == 502 and "not JSON" in openai.json()["error"]["message"]
+            assert "<html>" not in openai.text and "<html>" not in anthropic.text
+            assert anthropic.status_code == 502 and anthropic.json()["error"]["type"] == "api_error"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["reply", "stream"])
