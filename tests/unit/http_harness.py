@@ -49,6 +49,8 @@ class FakeEngine:
     "GARBAGE200" → 200 with an HTML page; "BUSY" → 429 with Retry-After 7;
     "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
     "SLOW" → a plain answer after 30 s, unless the gateway hangs up first (``disconnected`` either way);
+    "HTML500" / "REDIRECT" / "CHOICESNULL" / "CHOICESABC" / "STREAMJSON200" / "NOFINISH" / "NULLCHOICE" /
+    "LONGLINE" → the upstream faults their names say;
     "ENDLESS" → a stream of 64 KiB chunks that never ends (``disconnected`` once the gateway hangs up);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
     passthrough tests, when the launch says so) and records every request it gets."""
@@ -99,6 +101,15 @@ class FakeEngine:
             return JSONResponse({"error": {"message": "busy"}}, status_code=429, headers={"Retry-After": "7"})
         if "NOTJSON" in cue:
             return Response("<html>bad gateway</html>", status_code=502, media_type="text/html")
+        if "HTML500" in cue:  # a crashed server's debug page
+            return Response("<html>Traceback: /srv/engine/internal.py</html>", status_code=500, media_type="text/html")
+        if "REDIRECT" in cue:  # points the gateway at another origin
+            return Response(status_code=307, headers={"Location": "http://127.0.0.1:9/v1/chat/completions"})
+        if "CHOICESNULL" in cue or "CHOICESABC" in cue:
+            choices: Any = [None] if "CHOICESNULL" in cue else "abc"
+            return JSONResponse({"object": "chat.completion", "model": payload["model"], "choices": choices})
+        if "STREAMJSON200" in cue:  # a stream request answered as if it were not one
+            return JSONResponse({"object": "chat.completion", "choices": []})
         if payload.get("stream"):
             return StreamingResponse(self._stream(payload, cue), media_type="text/event-stream")
         if "SLOW" in cue:  # a long generation: answers after 30 s, unless the gateway hangs up first
@@ -126,6 +137,17 @@ class FakeEngine:
             return b"data: " + json.dumps({**body, **extra}).encode() + b"\n\n"
 
         yield chunk({"role": "assistant", "content": ""})
+        if "NOFINISH" in cue:  # cut short: content, then the end of the stream without a finish reason
+            yield chunk({"content": "Hel"})
+            return
+        if "NULLCHOICE" in cue:
+            yield chunk({"content": "Hel"})
+            yield b'data: {"choices": [null]}\n\n'
+            return
+        if "LONGLINE" in cue:  # a line that never ends: 1 MiB blocks without a newline
+            for _ in range(24):
+                yield b"x" * (1 << 20)
+            return
         if "ENDLESS" in cue:  # 64 KiB chunks for as long as someone takes them
             try:
                 while True:
