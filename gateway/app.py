@@ -29,6 +29,7 @@ from gateway.lifecycle import State
 from gateway.metrics import StateCollector
 from gateway.metrics import endpoint as metrics_endpoint
 from gateway.openai_errors import RETRY_AFTER_S, ApiError, as_api_error, shape_for
+from gateway.readiness import EngineProbe, public
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.app")
@@ -39,15 +40,20 @@ class Gateway:
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
+        self.probe = EngineProbe()
 
     async def health(self, _request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, _request: Request) -> Response:
         backend = self.rt.backend
+        if backend.ready and backend.launch is not None and not await self.probe.answers(backend.launch):
+            why = f"the engine does not answer its health check within {self.probe.timeout_s:g} s"
+            body = {"status": "not_answering", "reason": why}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         if backend.ready:
             return JSONResponse({"status": "ready", "model": self.rt.route.fronted})
-        body = {"status": backend.state.value, "reason": backend.reason}
+        body = {"status": backend.state.value, "reason": public(backend.reason)}
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def status_data(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from gateway.fidelity import (
 from gateway.lifecycle import ServedBackend, State
 from gateway.openai_errors import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
 from gateway.proxy import ChunkFilter, chained, translated_stream
+from gateway.readiness import public
 from gateway.request_body import read_json_object
 from gateway.stream_guard import response_failed_event
 from gateway.runtime import Runtime
@@ -82,7 +83,7 @@ def _is_chat_completion(answer: Any) -> bool:
 def _not_ready(backend: ServedBackend) -> str:
     """Why requests cannot go through, as the 503 says it: a server the user runs (``--backend-url``)
     is never "starting" here, and one that served and went quiet has stopped answering."""
-    why = backend.reason or "no reason given"
+    why = public(backend.reason) or "no reason given"
     if backend.state is State.STARTING and backend.ever_ready:
         return f"stopped answering ({why})"
     if backend.state is State.STARTING and backend.launch is not None and backend.launch.engine == "external":
