@@ -49,8 +49,9 @@ class Gateway:
         backend = self.rt.backend
         if backend.ready and backend.launch is not None and not await self.probe.answers(backend.launch):
             why = f"the engine does not answer its health check within {self.probe.timeout_s:g} s"
-            body = {"status": "not_answering", "reason": why}
-            return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+            return JSONResponse(
+                {"status": "not_answering", "reason": why}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}
+            )
         if backend.ready:
             return JSONResponse({"status": "ready", "model": self.rt.route.fronted})
         body = {"status": backend.state.value, "reason": public(backend.reason)}

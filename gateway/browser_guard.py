@@ -132,7 +132,8 @@ def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
 
 
 async def _preflight(origin: str, send: Send) -> None:
-    headers = _cors_headers(origin) + [
+    headers = [
+        *_cors_headers(origin),
         (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
         (b"access-control-allow-headers", b"authorization, x-api-key, content-type, anthropic-version, x-request-id"),
         (b"access-control-max-age", b"600"),

@@ -33,8 +33,8 @@ from gateway.openai_errors import ANTHROPIC, OPENAI, ApiError, ErrorShape, unava
 from gateway.proxy import ChunkFilter, chained, translated_stream
 from gateway.readiness import public
 from gateway.request_body import read_json_object
-from gateway.stream_guard import response_failed_event
 from gateway.runtime import Runtime
+from gateway.stream_guard import response_failed_event
 
 log = logging.getLogger("gateway.handlers")
 

@@ -78,9 +78,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             now = time.monotonic()
             if now - BoundedHttpToolsProtocol._last_cap_log >= _CAP_LOG_EVERY_S:
                 BoundedHttpToolsProtocol._last_cap_log = now
-                log.warning(
-                    "%d client connections open (max_connections): refusing new ones until some close", cap
-                )
+                log.warning("%d client connections open (max_connections): refusing new ones until some close", cap)
             transport.abort()  # the descriptor is freed now, before any byte is read
             return
         super().connection_made(transport)
@@ -107,7 +105,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _head_too_slow(self) -> None:
         self._client_timer = None
         if self._in_headers and not self.transport.is_closing():
-            self._refuse(408, f"request headers not received within {self.limits.header_timeout_s:g} s", "request_timeout")
+            self._refuse(
+                408, f"request headers not received within {self.limits.header_timeout_s:g} s", "request_timeout"
+            )
 
     def _body_too_slow(self) -> None:
         """Fires ``body_timeout_s`` after the last read; re-armed when bytes came meanwhile, or when the
@@ -140,7 +140,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         path = self.scope.get("path", "?") if self.scope else "?"
         log.warning(
             "client %s accepted nothing of its %s response for %g s (stream_idle_timeout_s): hung up",
-            "%s:%d" % self.client if self.client else "?", path, self.limits.send_timeout_s,
+            "{}:{}".format(*self.client) if self.client else "?", path, self.limits.send_timeout_s,
         )  # fmt: skip
         self.transport.abort()  # connection_lost: the request sees a disconnect and is cancelled
 
@@ -195,7 +195,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._client_timer is not None:
             self._client_timer.cancel()
             self._client_timer = None
-        self._in_headers, self._head_bytes, self._line_ended = True, 0, False  # what comes next is the next request's head
+        self._in_headers, self._head_bytes, self._line_ended = (
+            True,
+            0,
+            False,
+        )  # what comes next is the next request's head
 
     def send_400_response(self, msg: str) -> None:
         if self._head_count > self.limits.max_headers:

@@ -62,13 +62,17 @@ def parse_object(body: bytes, max_elements: int) -> dict[str, Any]:
             code="request_too_large",
         )
     if body.startswith(b"\xef\xbb\xbf"):
-        raise ApiError(400, "request body starts with a byte-order mark: send UTF-8 JSON without one", code="invalid_json")
+        raise ApiError(
+            400, "request body starts with a byte-order mark: send UTF-8 JSON without one", code="invalid_json"
+        )
     if b"\x00" in body[:4]:
         raise ApiError(400, "request body looks like UTF-16 or UTF-32: send UTF-8 JSON", code="invalid_json")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError(400, f"request body is not UTF-8 (byte {exc.start}): send UTF-8 JSON", code="invalid_json") from None
+        raise ApiError(
+            400, f"request body is not UTF-8 (byte {exc.start}): send UTF-8 JSON", code="invalid_json"
+        ) from None
     try:
         payload = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except ValueError as exc:

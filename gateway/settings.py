@@ -93,8 +93,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         32 * 1024 * 1024,
         gt=0,
-        description="Largest request body accepted (413 beyond it); agents' requests, images included, stay far "
-        "below.",
+        description="Largest request body accepted (413 beyond it); agents' requests, images included, stay far below.",
     )
     max_body_elements: int = Field(
         100_000,

@@ -34,9 +34,9 @@ from starlette.routing import Route
 from backends.llamacpp import rpc
 from gateway.edge import ApiKeys, ASGIApp
 from gateway.errors import ConfigError, GatewayError
+from gateway.hardware import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.http_limits import bounded_protocol
 from gateway.openai_errors import OPENAI, as_api_error
-from gateway.hardware import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.process import ChildProcess
 
 log = logging.getLogger("gateway.worker")
@@ -126,7 +126,11 @@ class Server:
             await asyncio.sleep(0.1)
         tail = " | ".join(list(self.child.tail)[-3:])
         await self.child.stop(STOP_GRACE_S)
-        how = f"exited ({self.exited.result()})" if self.exited.done() and not self.exited.cancelled() else "never listened"
+        how = (
+            f"exited ({self.exited.result()})"
+            if self.exited.done() and not self.exited.cancelled()
+            else "never listened"
+        )
         raise GatewayError(f"ggml-rpc-server on {host}:{self.device.port} {how}: {tail or 'no output'}")
 
     async def stop(self) -> None:
@@ -318,7 +322,6 @@ def run(config: WorkerConfig) -> int:
             await server.serve()
         finally:
             await worker.stop()
-
 
     def stop_requested(_signum: int, _frame: object) -> None:
         server.should_exit = True

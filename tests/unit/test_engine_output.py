@@ -72,7 +72,9 @@ def test_ready_and_503s_do_not_name_the_engines_address() -> None:
     runtime.backend.reason = "the backend at http://127.0.0.1:8081 does not answer (ClientConnectorError)"  # type: ignore[misc]
     with TestClient(create_app(runtime)) as client:
         ready = client.get("/ready")
-        refused = client.post("/v1/chat/completions", json={"model": "front-model", "messages": [{"role": "user", "content": "hi"}]})
+        refused = client.post(
+            "/v1/chat/completions", json={"model": "front-model", "messages": [{"role": "user", "content": "hi"}]}
+        )
     for answer in (ready, refused):
         assert answer.status_code == 503 and "8081" not in answer.text and "127.0.0.1" not in answer.text, answer.text
     assert "does not answer" in ready.json()["reason"]

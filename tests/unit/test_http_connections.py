@@ -76,7 +76,7 @@ def test_headers_sent_slowly_are_cut_by_the_header_timeout_in_the_routes_dialect
 
 def test_a_body_that_stops_coming_is_cut_by_the_body_timeout(server: Served) -> None:
     with socket.create_connection(server.address) as conn:
-        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\": ")
+        conn.sendall(b'POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"a": ')
         closed, answer = _closed_within(conn, 5)
     assert closed and answer.startswith(b"HTTP/1.1 408"), answer
 
@@ -87,7 +87,7 @@ def test_a_body_that_keeps_coming_is_not_cut(server: Served) -> None:
         for byte in b"12345678":  # 8 x 0.2 s = 1.6 s in all, more than the timeout, never silent for long
             time.sleep(0.2)
             conn.sendall(bytes([byte]))
-        closed, answer = _closed_within(conn, 5)
+        _, answer = _closed_within(conn, 5)
     assert answer.startswith(b"HTTP/1.1 200") and b'"bytes":8' in answer, answer
 
 

@@ -234,7 +234,10 @@ def test_an_unreachable_engine_is_503_with_retry_after_in_the_dialect(stream: bo
 
 def test_the_gateway_own_errors_are_in_the_dialect(engine: FakeEngine, engine_url: str) -> None:
     with _gateway(make_runtime(engine_url)) as client:
-        bad_json = {p: client.post(p, content=b'{"model": [}', headers={"content-type": "application/json"}) for p in ("/v1/chat/completions", "/v1/messages")}
+        bad_json = {
+            p: client.post(p, content=b'{"model": [}', headers={"content-type": "application/json"})
+            for p in ("/v1/chat/completions", "/v1/messages")
+        }
         no_max = client.post("/v1/messages", json={"model": FRONTED, "messages": MESSAGES["messages"]})
         no_input = client.post("/v1/responses", json={"model": FRONTED})
         unknown = {p: client.post(p, json={**BODIES[p], "model": "gpt-4o"}) for p in BODIES}

@@ -58,7 +58,9 @@ def test_a_flood_of_tiny_messages_is_refused_before_parsing(served_engine: tuple
         started = time.monotonic()
         answer = client.post("/v1/chat/completions", content=flood, headers=JSON)
         took = time.monotonic() - started
-        fits = client.post("/v1/messages/count_tokens", json={"model": FRONTED, "messages": [{"role": "user", "content": "a"}] * 500})
+        fits = client.post(
+            "/v1/messages/count_tokens", json={"model": FRONTED, "messages": [{"role": "user", "content": "a"}] * 500}
+        )
     assert answer.status_code == 413 and "max_body_elements" in answer.json()["error"]["message"]
     assert took < 1.5, took  # counted, not parsed and validated (that took seconds)
     assert fits.status_code != 413
@@ -66,7 +68,9 @@ def test_a_flood_of_tiny_messages_is_refused_before_parsing(served_engine: tuple
 
 # -- 8, 12: JSON stays JSON ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("number", ["1e999", "-1e400"])
-def test_a_number_that_overflows_to_infinity_is_400_not_forwarded(engine: FakeEngine, number: str, served_engine: tuple[FakeEngine, str]) -> None:
+def test_a_number_that_overflows_to_infinity_is_400_not_forwarded(
+    engine: FakeEngine, number: str, served_engine: tuple[FakeEngine, str]
+) -> None:
     raw = json.dumps({**CHAT, "model": "alias"}).replace('"model"', f'"temperature": {number}, "model"', 1)
     with _gateway(make_runtime(served_engine[1])) as client:
         answer = client.post("/v1/chat/completions", content=raw.encode(), headers=JSON)
@@ -75,7 +79,9 @@ def test_a_number_that_overflows_to_infinity_is_400_not_forwarded(engine: FakeEn
 
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig", "utf-32"])
-def test_a_body_that_is_not_plain_utf8_is_400(engine: FakeEngine, encoding: str, served_engine: tuple[FakeEngine, str]) -> None:
+def test_a_body_that_is_not_plain_utf8_is_400(
+    engine: FakeEngine, encoding: str, served_engine: tuple[FakeEngine, str]
+) -> None:
     with _gateway(make_runtime(served_engine[1])) as client:
         answer = client.post("/v1/chat/completions", content=json.dumps(CHAT).encode(encoding), headers=JSON)
     assert answer.status_code == 400 and "UTF" in answer.json()["error"]["message"], answer.text

@@ -116,7 +116,10 @@ def test_its_http_side_answers_like_serves(tmp_path: Path, fake_rpc: Path) -> No
     worker = _worker(tmp_path, fake_rpc, free_port())
     client = TestClient(create_app(worker, ("secret",)))  # no `with`: the servers are not started
     assert client.get("/inventory", headers={"Authorization": "Bearer wrong", "x-api-key": "secret"}).status_code == 200
-    missing, wrong_method = client.get("/nope", headers={"x-api-key": "secret"}), client.post("/inventory", headers={"x-api-key": "secret"})
+    missing, wrong_method = (
+        client.get("/nope", headers={"x-api-key": "secret"}),
+        client.post("/inventory", headers={"x-api-key": "secret"}),
+    )
     assert missing.status_code == 404 and "error" in missing.json()
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
 
@@ -124,8 +127,9 @@ def test_its_http_side_answers_like_serves(tmp_path: Path, fake_rpc: Path) -> No
 def test_its_headers_are_capped_before_the_key(tmp_path: Path, fake_rpc: Path) -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "worker", "--api-key", "k", "--port", str(port), "--rpc-port", str(free_port()),
-         "--gpus", "1x1GiB", "--rpc-server-command", str(fake_rpc), "--state-dir", str(tmp_path)],
+        [sys.executable, "-m", "gateway", "worker", "--api-key", "k", "--port", str(port),
+         "--rpc-port", str(free_port()), "--gpus", "1x1GiB", "--rpc-server-command", str(fake_rpc),
+         "--state-dir", str(tmp_path)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
