@@ -228,7 +228,7 @@ class Upstream:
             raise
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
-            chunks = self._chunks(upstream, deadline, chunk_filter, error_event or errors.sse_event)
+            chunks = self._chunks(upstream, deadline, chunk_filter, error_event or errors.sse_event, on_close)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
                 on_close()
@@ -268,9 +268,11 @@ class Upstream:
         first_deadline: float,
         chunk_filter: ChunkFilter | None,
         error_event: Callable[[ApiError], bytes],
+        on_close: Callable[[], None] = lambda: None,
     ) -> AsyncGenerator[bytes]:
         """The upstream's bytes as they arrive, the first by ``first_deadline``, each next within the idle
-        bound; a broken or silent stream ends with ``error_event``. The bounds are one timer for the
+        bound; a broken or silent stream ends with ``error_event``; ``on_close`` (the slot) runs as soon as
+        the stream is over, before the response's last message is sent. The bounds are one timer for the
         whole stream (:class:`_Watchdog`), not one per chunk: a chunk costs a clock read."""
         loop = asyncio.get_running_loop()
         watchdog = _Watchdog(loop, upstream.content, first_deadline, self.timeouts.stream_idle_s)
@@ -300,6 +302,7 @@ class Upstream:
         finally:
             watchdog.cancel()
             self._finish(upstream, finished)
+            on_close()
 
     def _finish(self, upstream: aiohttp.ClientResponse, finished: bool) -> None:
         """A body read to its end returns its connection to the pool; one cut short (the client left)
