@@ -109,13 +109,22 @@ class Settings(BaseSettings):
     )
     max_headers: int = Field(100, ge=8, description="Most request headers accepted (431 beyond).")
     client_header_timeout_s: float = Field(
-        60.0, gt=0, description="Time a client gets to send a request's line and headers (408 and closed beyond)."
+        60.0,
+        gt=0,
+        description="Time a client gets to send a request's line and headers (408 and closed beyond).",
+        json_schema_extra={"flags": ["--client-header-timeout"]},
     )
     client_body_timeout_s: float = Field(
-        60.0, gt=0, description="Longest silence between two reads of a request body (408 and closed beyond)."
+        60.0,
+        gt=0,
+        description="Longest silence between two reads of a request body (408 and closed beyond).",
+        json_schema_extra={"flags": ["--client-body-timeout"]},
     )
     keepalive_timeout_s: float = Field(
-        30.0, gt=0, description="How long an idle kept-alive client connection stays open between requests."
+        30.0,
+        gt=0,
+        description="How long an idle kept-alive client connection stays open between requests.",
+        json_schema_extra={"flags": ["--keepalive-timeout"]},
     )
     max_connections: int = Field(
         1000,
