@@ -75,15 +75,35 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         cap = self.limits.max_connections
         if len(self.connections) >= cap:
+            idle = self._idlest()
             now = time.monotonic()
             if now - BoundedHttpToolsProtocol._last_cap_log >= _CAP_LOG_EVERY_S:
                 BoundedHttpToolsProtocol._last_cap_log = now
-                log.warning("%d client connections open (max_connections): refusing new ones until some close", cap)
-            transport.abort()  # the descriptor is freed now, before any byte is read
-            return
+                log.warning(
+                    "%d client connections open (max_connections): %s", cap,
+                    "closing the longest idle ones for new ones" if idle else "refusing new ones until some close",
+                )  # fmt: skip
+            if idle is None:
+                transport.abort()  # the descriptor is freed now, before any byte is read
+                return
+            idle.transport.abort()  # a connection doing nothing makes room (nginx does the same)
+            self.connections.discard(idle)
         super().connection_made(transport)
         self._last_read = self.loop.time()
         self._arm_client_timer(self.limits.header_timeout_s, self._head_too_slow)
+
+    def _idlest(self) -> BoundedHttpToolsProtocol | None:
+        """The connection that has waited longest without a request in progress (silent since it
+        opened, or kept alive between requests), if any: at the cap it gives way to a new one."""
+        idle = [
+            other
+            for other in self.connections
+            if isinstance(other, BoundedHttpToolsProtocol)
+            and other._in_headers
+            and other._head_bytes == 0
+            and (other.cycle is None or other.cycle.response_complete)
+        ]
+        return min(idle, key=lambda other: other._last_read, default=None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()

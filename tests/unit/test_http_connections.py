@@ -91,19 +91,38 @@ def test_a_body_that_keeps_coming_is_not_cut(server: Served) -> None:
     assert answer.startswith(b"HTTP/1.1 200") and b'"bytes":8' in answer, answer
 
 
-def test_connections_beyond_the_cap_are_closed_at_once_with_a_log_line(
+def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
     server: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="gateway.http")
-    held = [socket.create_connection(server.address) for _ in range(CAP)]
+    held = [socket.create_connection(server.address) for _ in range(CAP)]  # silent: they hold the cap
     try:
         time.sleep(0.1)
-        with socket.create_connection(server.address) as extra:
-            closed, answer = _closed_within(extra, 0.3)  # well before the header timeout
-        assert closed and answer == b""
+        with socket.create_connection(server.address) as newcomer:
+            newcomer.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            _, answer = _closed_within(newcomer, 0.4)  # answered well before the header timeout
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        closed, _ = _closed_within(held[0], 0.2)  # the oldest silent one gave way
+        assert closed
         assert any("max_connections" in record.getMessage() for record in caplog.records)
     finally:
         for conn in held:
+            conn.close()
+
+
+def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused(server: Served) -> None:
+    busy = []
+    for _ in range(CAP):  # each in the middle of sending its head: not idle
+        conn = socket.create_connection(server.address)
+        conn.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\n")
+        busy.append(conn)
+    try:
+        time.sleep(0.1)
+        with socket.create_connection(server.address) as extra:
+            closed, answer = _closed_within(extra, 0.3)
+        assert closed and answer == b""
+    finally:
+        for conn in busy:
             conn.close()
 
 
