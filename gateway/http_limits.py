@@ -7,8 +7,8 @@ uvicorn's httptools protocol buffers a request's headers without limit (10 conne
 connection that sends nothing (or a byte a minute) forever, and waits forever on a client that stops
 reading a stream (its engine slot with it). This protocol counts the bytes of a request's head (431
 beyond ``max_header_bytes`` / ``max_headers``, 414 for a request line alone beyond it), gives the head
-``header_timeout_s`` and the body ``body_timeout_s`` between two reads (408 beyond: nginx's
-``client_header_timeout`` / ``client_body_timeout``), refuses connections beyond ``max_connections``
+``header_timeout_s`` and the body ``body_timeout_s`` for each KiB (408 beyond: nginx's
+``client_header_timeout`` / ``client_body_timeout``, with a trickle not counted as progress), refuses connections beyond ``max_connections``
 (with a log line), and hangs up on a client that has accepted no byte of its response for
 ``send_timeout_s`` (the request is cancelled and its slot freed). All of it is timers armed per phase,
 not per chunk: the streamed path pays nothing.
@@ -34,6 +34,7 @@ log = logging.getLogger("gateway.http")
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 _CAP_LOG_EVERY_S = 10.0
+_BODY_PROGRESS_BYTES = 1024  # body_timeout_s runs until this much more of the body came
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_count = 0
         self._heads_ended = 0  # heads completed on this connection: progress within one chunk
         self._line_ended = False  # the request line of the current head is complete
-        self._last_read = 0.0
+        self._last_read = 0.0  # when the client last made progress: any byte of a head, a KiB of a body
+        self._body_trickle = 0  # body bytes since the last KiB counted as progress
         self._client_timer: asyncio.TimerHandle | None = None  # the head's or the body's clock
         self._send_timer: asyncio.TimerHandle | None = None  # a response the client does not read
 
@@ -130,8 +132,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             )
 
     def _body_too_slow(self) -> None:
-        """Fires ``body_timeout_s`` after the last read; re-armed when bytes came meanwhile, or when the
-        app is not reading the body (paused reads are the gateway's doing, not the client's)."""
+        """Fires ``body_timeout_s`` after the body last made progress (a KiB: a byte every few seconds
+        would hold a connection for hours); re-armed when it did meanwhile, or when the app is not
+        reading the body (paused reads are the gateway's doing, not the client's)."""
         self._client_timer = None
         if self._in_headers or self.transport.is_closing() or self.cycle is None or not self.cycle.more_body:
             return
@@ -168,10 +171,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         """While a request's head is incomplete, the parser gets at most what is left of the limit; if
         the head ended within it, the rest is fed the same way (the next head counted afresh)."""
-        self._last_read = self.loop.time()
         if not self._in_headers:
+            self._body_trickle += len(data)
+            if self._body_trickle >= _BODY_PROGRESS_BYTES:  # a byte now and then does not hold the clock
+                self._body_trickle = 0
+                self._last_read = self.loop.time()
             super().data_received(data)
             return
+        self._last_read = self.loop.time()
         room = self.max_head_bytes - self._head_bytes
         head, rest = data[:room], data[room:]
         self._head_bytes += len(head)
@@ -206,6 +213,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
+        self._body_trickle = 0
+        self._last_read = self.loop.time()
         self._heads_ended += 1
         self._arm_client_timer(self.limits.body_timeout_s, self._body_too_slow)
         super().on_headers_complete()
