@@ -8,10 +8,10 @@ connection that sends nothing (or a byte a minute) forever, and waits forever on
 reading a stream (its engine slot with it). This protocol counts the bytes of a request's head (431
 beyond ``max_header_bytes`` / ``max_headers``, 414 for a request line alone beyond it), gives the head
 ``header_timeout_s`` and the body ``body_timeout_s`` for each KiB (408 beyond: nginx's
-``client_header_timeout`` / ``client_body_timeout``, with a trickle not counted as progress), refuses connections beyond ``max_connections``
-(with a log line), and hangs up on a client that has accepted no byte of its response for
-``send_timeout_s`` (the request is cancelled and its slot freed). All of it is timers armed per phase,
-not per chunk: the streamed path pays nothing.
+``client_header_timeout`` / ``client_body_timeout``, a trickle not counted as progress), keeps at most
+``max_connections`` (the idlest gives way to a new one; a log line), and hangs up on a client that has
+accepted no byte of its response for ``send_timeout_s`` (the request is cancelled and its slot freed).
+All of it is timers armed per phase, not per chunk: the streamed path pays nothing.
 """
 
 from __future__ import annotations
