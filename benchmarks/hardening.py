@@ -387,26 +387,18 @@ def idle_connections(url: str, gateway: psutil.Process) -> dict[str, Any]:
     still_open: dict[str, int] = {}
     for kind, conn in conns:
         try:
-            alive = conn.recv(65536) != b"" if _readable(conn) else True
+            answer = conn.recv(65536)  # non-blocking: nothing yet means still open
+            alive = answer != b"" and not answer.startswith(b"HTTP/1.1 408")
         except BlockingIOError:
             alive = True
         except OSError:
             alive = False
-        if alive:
-            with contextlib.suppress(OSError):
-                alive = not conn.recv(65536, socket.MSG_PEEK).startswith(b"HTTP/1.1 408")
         still_open[kind] = still_open.get(kind, 0) + alive
         conn.close()
     log_path: Path = servers.log  # type: ignore[attr-defined]
     capped = "max_connections" in log_path.read_text(errors="replace")
     return {"opened": opened, "open_after_10_s": still_open, "cap_logged": capped, **health.figures(),
             **_rss(before, peak, gateway)}  # fmt: skip
-
-
-def _readable(conn: socket.socket) -> bool:
-    import select
-
-    return bool(select.select([conn], [], [], 0)[0])
 
 
 def stalled_reader(url: str, gateway: psutil.Process) -> dict[str, Any]:
