@@ -188,3 +188,16 @@ def test_a_stream_its_client_stops_reading_is_cut_and_its_slot_freed() -> None:
     finally:
         gateway.stop()
         upstream.stop()
+
+
+def test_the_connection_cap_fits_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from gateway.http_limits import connection_cap
+
+    limits = {"now": (1024, 1024)}  # systemd's default, and no room to raise it
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, value: limits.update(now=value))
+    assert connection_cap(1000) == (1024 - 128) // 2  # each connection may need a second descriptor
+    limits["now"] = (1024, 65536)  # a hard limit to raise the soft one to
+    assert connection_cap(1000) == 1000 and limits["now"] == (65536, 65536)
