@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import httpx
 
 from backends.base import Failure, FailureKind, Launch
-from gateway.process import ChildProcess
+from gateway.process import ChildProcess, LogNotWritable
 
 log = logging.getLogger("gateway.engine")
 
@@ -146,6 +146,12 @@ class EngineRun:
         self.started_at = time.monotonic()
         try:
             await self.child.start()
+        except LogNotWritable as exc:
+            self._fail(str(exc.strerror))
+            self.ended_at = time.monotonic()
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self._settled.set()
+            return
         except OSError as exc:  # the command itself cannot run (missing, not executable)
             self._fail(f"cannot run {self.launch.argv[0]}: {exc.strerror or exc}; check the engine command setting")
             self.ended_at = time.monotonic()

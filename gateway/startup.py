@@ -155,11 +155,17 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
 
 
 def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:
-    """The remembered configuration, on top of the current option of the same engine."""
+    """The remembered configuration, on top of the current option of the same engine; one with a
+    malformed field (a hand-edited or old file) is dropped with a warning, found by building its
+    command line now rather than when the engine is launched."""
     for option in options:
         if option.engine == entry.get("engine"):
             try:
-                return option.from_memo(entry["memo"])
-            except (KeyError, TypeError, ValueError):
+                rebuilt = option.from_memo(entry["memo"])
+                rebuilt.launch(0, "check")
+                _ = rebuilt.label
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.warning("ignoring the remembered configuration (%s: %s): planning afresh", type(exc).__name__, exc)
                 return None
+            return rebuilt
     return None
