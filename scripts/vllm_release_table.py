@@ -112,9 +112,13 @@ def mla_model_types(src: Source) -> dict[str, Any]:
         if function is None:
             continue
         for node in ast.walk(function):
-            if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In):
-                if "model_type" in ast.unparse(node.left) and isinstance(node.comparators[0], ast.Tuple | ast.List):
-                    return {"values": strings(node.comparators[0]), "source": cite(path, node.comparators[0])}
+            if (
+                isinstance(node, ast.Compare)
+                and isinstance(node.ops[0], ast.In)
+                and "model_type" in ast.unparse(node.left)
+                and isinstance(node.comparators[0], ast.Tuple | ast.List)
+            ):
+                return {"values": strings(node.comparators[0]), "source": cite(path, node.comparators[0])}
     raise SystemExit("is_deepseek_mla's model-type list not found")
 
 
@@ -367,7 +371,10 @@ def _kv_dtypes(index: dict[str, ClassInfo], cls: str) -> tuple[list[str], str, s
         values = sorted(set(plain)) or ["auto"]
         where = cite(info.path, function)
         if "fp8" in body:
-            note = "fp8 only where " + body.split("startswith('fp8'):", 1)[-1].split("return", 1)[-1].split("\n")[0].strip()
+            note = (
+                "fp8 only where "
+                + body.split("startswith('fp8'):", 1)[-1].split("return", 1)[-1].split("\n")[0].strip()
+            )
     return values, where, note
 
 
@@ -639,7 +646,9 @@ def cudagraph(src: Source) -> dict[str, Any]:
         for path_ in ("vllm/v1/worker/gpu_worker.py",)
         if path_ in src.files
         for node in ast.walk(src.tree(path_))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "CUDA graph memory profiling" in node.value
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and "CUDA graph memory profiling" in node.value
     ]
     return {"capture_size_ceiling": lines, "memory_profiled_before_kv": reserved[:1]}
 
@@ -685,8 +694,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             args.out.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
-            print(f"{target}: {len(data['architectures']['names'])} architectures, "
-                  f"{len(data['attention']['backends'])} attention backends")
+            print(
+                f"{target}: {len(data['architectures']['names'])} architectures, "
+                f"{len(data['attention']['backends'])} attention backends"
+            )
     return 1 if differ else 0
 
 

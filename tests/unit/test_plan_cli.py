@@ -35,7 +35,7 @@ def test_glm_on_two_5090s_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert expected <= set(chosen)
     assert set(chosen["memory_gib"]) == {
         "total_per_gpu", "budget_per_gpu", "weights_per_gpu", "activation_peak", "non_torch", "cudagraph",
-        "kv_cache_per_gpu",
+        "kv_cache_per_gpu", "mtp_weights_per_gpu",
     }  # fmt: skip
     llama = [c for c in plan["candidates"] if c["backend"] == "llamacpp"]
     assert llama and {"n_gpu_layers", "tensor_split", "n_ctx", "kv_type", "memory_mib"} <= set(llama[0])
