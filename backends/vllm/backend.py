@@ -72,6 +72,17 @@ class VllmBackend:
         table = table_for(installation.version)
         if not table.exact:
             _note(model, f"vLLM {installation.version}: capability gates from {table.provenance}")
+        capability = min((g.compute_capability for g in inventory.gpus), default=(0, 0))
+        for dtype in sorted({c.flags.kv_cache_dtype for c in found if c.startable and not c.planned_only}):
+            if capability != (0, 0):
+                verdict = releases.kv_cache_verdict(model.checkpoints[0].facts, capability, dtype, installation.version)
+                if verdict.ok:
+                    cc = f"{capability[0]}.{capability[1]}"
+                    _note(
+                        model,
+                        f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
+                        f"{verdict.reason} [{verdict.source}]",
+                    )
         if inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
             found += self._across_nodes(model, found, inventory, policy, installation.version)
         for candidate in found:

@@ -235,7 +235,10 @@ def evaluate(
     )
     if flags.speculative_mtp:
         draft = releases.mtp_draft(facts, version)
-        head += f" + MTP ({flags.speculative_mtp} draft token(s) via {draft}: {_fmt(m.mtp_weights)} weights/GPU and KV)"
+        head += (
+            f" + MTP speculative decoding ({flags.speculative_mtp} draft token(s) via {draft}: "
+            f"{_fmt(m.mtp_weights)}/GPU of MTP weights and {facts.mtp_layers} more KV layer(s))"
+        )
     summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
     slack = m.total - m.budget
     if (
