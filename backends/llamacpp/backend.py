@@ -31,6 +31,14 @@ if TYPE_CHECKING:
     from gateway.policy import Policy
     from gateway.settings import Settings
 
+# llama-server b11434 `--help`: --spec-type none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,
+# draft-dspark,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache. draft-mtp drafts with
+# the model's own nextn block (no --model-draft: the target model is reused); the ngram types need
+# no model at all. Not planned as a rung: the MTP block's weights are already in the GGUF's bytes.
+SELF_DRAFT = (
+    "llama.cpp: this GGUF carries its own MTP (nextn) block: native llama-server can draft with it, "
+    "no second model file (--spec-type draft-mtp --spec-draft-n-max 1); any model: --spec-type ngram-mod"
+)
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
 
@@ -144,6 +152,8 @@ class LlamaCppBackend:
             launcher=installation.variant,
             pinned_ctx=policy.pins.context_length,
         )
+        if model.facts.mtp_layers and installation.variant == "native" and SELF_DRAFT not in model.notes:
+            model.notes.append(SELF_DRAFT)
         endpoints = rpc_endpoints(devices)
         for candidate in found:
             candidate.rpc = endpoints
