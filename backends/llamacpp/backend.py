@@ -22,6 +22,7 @@ from backends.llamacpp.launchers import (
 )
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
+from backends.llamacpp.speed import host_calibration
 from gateway.errors import BackendError
 from gateway.hardware import slowest_link
 
@@ -151,7 +152,12 @@ class LlamaCppBackend:
             max_context=policy.max_context,
             launcher=installation.variant,
             pinned_ctx=policy.pins.context_length,
+            host_scale=host_calibration(policy.remembered),
         )
+        if (scale := host_calibration(policy.remembered)) != 1.0:
+            note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"
+            if note not in model.notes:
+                model.notes.append(note)
         if model.facts.mtp_layers and installation.variant == "native" and SELF_DRAFT not in model.notes:
             model.notes.append(SELF_DRAFT)
         endpoints = rpc_endpoints(devices)
@@ -218,7 +224,13 @@ class LlamaCppBackend:
             rpc=chosen.rpc,
         )
         fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
-        return [LlamaCppOption(config=config, command=installation.command, fetch=fetch)]
+        # the formula's own estimate, before any calibration, so that measured / estimated keeps
+        # describing the formula (the calibration scales only placements with no GPU layer)
+        scale = host_calibration(policy.remembered) if chosen.placement.n_gpu_layers == 0 else 1.0
+        estimate = round(chosen.tokens_per_s / scale, 1)
+        return [
+            LlamaCppOption(config=config, command=installation.command, fetch=fetch, estimated_tokens_per_s=estimate)
+        ]
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
