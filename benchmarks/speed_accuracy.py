@@ -45,13 +45,13 @@ def replan_estimate(state: Path, extra: list[str]) -> float | None:
     return float(chosen["tokens_per_s_estimate"]) if chosen else None
 
 
-def case(workdir: Path, label: str, extra: list[str], requests: int, max_tokens: int) -> dict[str, Any]:
+def case(workdir: Path, label: str, extra: list[str], requests: int, max_tokens: int, threads: int) -> dict[str, Any]:
     port = free_port()
     state = workdir / f"state-{label.replace(' ', '-').replace(',', '')}"
     log = workdir / f"{state.name}.log"
     argv = [
         sys.executable, "-m", "gateway", "serve", "--port", str(port), "--context-length", "4096",
-        "--state-dir", str(state), "--replan", *extra,
+        "--state-dir", str(state), "--replan", "--threads", str(threads), *extra,
     ]  # fmt: skip
     load_before = os.getloadavg()[0]
     with process(argv, log) as proc:
@@ -71,6 +71,7 @@ def case(workdir: Path, label: str, extra: list[str], requests: int, max_tokens:
         "answer_timings_decode": answered["decode_tokens_per_s"],
         "estimate_over_measured": round(estimated / measured, 2) if estimated and measured else None,
         "replanned_estimate": replan_estimate(state, plan_extra),
+        "threads": threads,
         "load_average": round((load_before + os.getloadavg()[0]) / 2, 2),
     }
 
@@ -81,13 +82,30 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--no-rpc", action="store_true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads of the head")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="speed-accuracy-") as tmp:
         workdir = Path(tmp)
-        rows.append(case(workdir, "CPU, llama-server", ["--llama-launcher", "native"], args.requests, args.max_tokens))
         rows.append(
-            case(workdir, "CPU, llama-cpp-python", ["--llama-launcher", "python"], args.requests, args.max_tokens)
+            case(
+                workdir,
+                "CPU, llama-server",
+                ["--llama-launcher", "native"],
+                args.requests,
+                args.max_tokens,
+                args.threads,
+            )
+        )
+        rows.append(
+            case(
+                workdir,
+                "CPU, llama-cpp-python",
+                ["--llama-launcher", "python"],
+                args.requests,
+                args.max_tokens,
+                args.threads,
+            )
         )
         if not args.no_rpc:
             with contextlib.ExitStack() as stack:
@@ -104,7 +122,9 @@ def main() -> int:
                     wait_ok(f"http://127.0.0.1:{port}/health", proc, log)
                     workers.append(f"127.0.0.1:{port}")
                 extra = ["--llama-launcher", "native", "--workers", ",".join(workers), "--worker-api-key", KEY]
-                rows.append(case(workdir, "RPC, 2 loopback workers", extra, args.requests, args.max_tokens))
+                rows.append(
+                    case(workdir, "RPC, 2 loopback workers", extra, args.requests, args.max_tokens, args.threads)
+                )
     print("| case | estimated tok/s | measured decode | measured prompt | estimate/measured | re-planned | load |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
