@@ -216,3 +216,9 @@ def first_registering(architecture: str) -> str | None:
         if table_for(version).registers(architecture):
             return version
     return None
+
+
+def next_read(version: str) -> str | None:
+    """The oldest release read after ``version``."""
+    later = [v for v in versions() if _version(v) > _version(version)]
+    return later[0] if later else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from backends.vllm.release_table import Verdict, first_registering, table_for, versions
+from backends.vllm.release_table import Verdict, first_registering, next_read, table_for, versions
 from gateway.modelfacts import ModelFacts
 
 DEFAULT_VERSION = "0.32.0"  # assumed when vLLM is not installed beside the gateway
@@ -57,6 +57,8 @@ def cannot_load(facts: ModelFacts, version: str) -> str | None:
     since = first_registering(facts.architecture)
     if since is None or not at_least(since, table.read):
         return None
+    if not table.exact and next_read(version) == since:
+        return None  # not read (0.15.x: wheels only): the release before lacks it, the one after has it
     return (
         f"vLLM {version} cannot load {facts.architecture} (in vllm/model_executor/models/registry.py since "
         f"{since}; not in {table.provenance}): install vLLM {since} or later"

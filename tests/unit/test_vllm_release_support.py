@@ -164,8 +164,11 @@ def test_a_release_that_cannot_load_the_architecture_says_so_and_prints_no_comma
     assert plan.decision_backend != "vllm"
     assert "vllm serve" not in render(plan)
     assert any("no vLLM command" in note for note in plan.notes)
-    gap = releases.cannot_load(_glm()[0].facts, "0.15.1") or ""
-    assert "no source read" in gap and "0.14.0" in gap
+    # 0.15.1: not read; 0.14.0 lacks it and 0.16.0 has it, so it is not refused, and the plan says
+    # which release's source its gates come from
+    assert releases.cannot_load(_glm()[0].facts, "0.15.1") is None
+    gap = _plan("glm-4.7-flash", _glm(), RTX_5090_PAIR, "0.15.1")
+    assert any("0.15.x: wheels only on PyPI, no source read" in note for note in gap.notes)
 
 
 def test_the_nvfp4_glm_checkpoint_is_not_refused_before_0_24_only_noted() -> None:
