@@ -53,7 +53,8 @@ def test_human_output_shows_terms_decision_and_command(capsys: pytest.CaptureFix
 
 def test_the_printed_command_can_be_pasted(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 15 (9): no PORT/KEY placeholders; the real port, the key from the environment."""
-    args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123")
+    # llama.cpp alone: on these cards vLLM now runs the NVFP4 checkpoint (ModelOpt NVFP4 needs 7.5)
+    args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123", "--engine", "llamacpp")
     code, out, _ = _plan(capsys, *args)
     command = out.splitlines()[-1].strip()
     assert code == 0 and command.startswith('LLAMA_API_KEY="$GATEWAY_API_KEY" llama-server ')
