@@ -40,6 +40,11 @@ SELF_DRAFT = (
     "llama.cpp: this GGUF carries its own MTP (nextn) block: native llama-server can draft with it, "
     "no second model file (--spec-type draft-mtp --spec-draft-n-max 1); any model: --spec-type ngram-mod"
 )
+SELF_DRAFT_IF_KEPT = (
+    "llama.cpp: the model has an MTP (nextn) block (num_nextn_predict_layers); if the GGUF keeps it "
+    "(nextn_predict_layers in its header; not every conversion does), native llama-server can draft with "
+    "it, no second model file (--spec-type draft-mtp); any model: --spec-type ngram-mod"
+)
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
 
@@ -158,8 +163,11 @@ class LlamaCppBackend:
             note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"
             if note not in model.notes:
                 model.notes.append(note)
-        if model.facts.mtp_layers and installation.variant == "native" and SELF_DRAFT not in model.notes:
-            model.notes.append(SELF_DRAFT)
+        if model.facts.mtp_layers and installation.variant == "native":
+            read = model.facts.weight_bytes_source == "gguf tensor table"  # the header says, not config.json
+            note = SELF_DRAFT if read else SELF_DRAFT_IF_KEPT
+            if note not in model.notes:
+                model.notes.append(note)
         endpoints = rpc_endpoints(devices)
         for candidate in found:
             candidate.rpc = endpoints
