@@ -73,7 +73,27 @@ def plan_for(settings: Settings, entry: ModelEntry, machine: Inventory, *, servi
     }
     engines = read_engines(entry, installations)
     policy = policy_for(settings, model_limit(entry, engines), bool(machine.gpus))
-    return plan_decide(entry.name, engines, machine, policy)
+    remembered = KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
+    policy = replace(policy, remembered=remembered)
+    plan = plan_decide(entry.name, engines, machine, policy)
+    if remembered and (note := measured_note(remembered)):
+        plan.notes.append(note)
+    return plan
+
+
+def measured_note(remembered: dict[str, Any]) -> str | None:
+    """The engine's own speed on the remembered configuration, beside what the plan estimated."""
+    measured = remembered.get("measured") or {}
+    decode = measured.get("decode_tokens_per_s")
+    if not decode:
+        return None
+    estimated = measured.get("estimated_decode_tokens_per_s")
+    prompt = measured.get("prompt_tokens_per_s")
+    text = f"measured on {measured.get('when', '?')} ({remembered.get('engine')}): decode {decode} tokens/s"
+    text += f", prompt {prompt} tokens/s" if prompt else ""
+    if estimated:
+        text += f"; estimated {estimated} tokens/s then (measured/estimated {decode / estimated:.2f})"
+    return text
 
 
 def options_of(plan: Plan, settings: Settings) -> list[Option]:
