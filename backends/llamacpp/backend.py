@@ -23,6 +23,7 @@ from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from backends.llamacpp.settings import PINS, LlamaCppSettings
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
+from backends.llamacpp.speed import host_calibration
 from gateway.core.devices import slowest_link
 from gateway.core.errors import BackendError
 
@@ -31,6 +32,19 @@ if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
 
+# llama-server b11434 `--help`: --spec-type none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,
+# draft-dspark,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache. draft-mtp drafts with
+# the model's own nextn block (no --model-draft: the target model is reused); the ngram types need
+# no model at all. Not planned as a rung: the MTP block's weights are already in the GGUF's bytes.
+SELF_DRAFT = (
+    "llama.cpp: this GGUF carries its own MTP (nextn) block: native llama-server can draft with it, "
+    "no second model file (--spec-type draft-mtp --spec-draft-n-max 1); any model: --spec-type ngram-mod"
+)
+SELF_DRAFT_IF_KEPT = (
+    "llama.cpp: the model has an MTP (nextn) block (num_nextn_predict_layers); if the GGUF keeps it "
+    "(nextn_predict_layers in its header; not every conversion does), native llama-server can draft with "
+    "it, no second model file (--spec-type draft-mtp); any model: --spec-type ngram-mod"
+)
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
 
@@ -131,7 +145,17 @@ class LlamaCppBackend:
             max_context=policy.max_context,
             launcher=installation.variant,
             pinned_context_length=policy.pins.context_length,
+            host_scale=host_calibration(policy.remembered),
         )
+        if (scale := host_calibration(policy.remembered)) != 1.0:
+            note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"
+            if note not in model.notes:
+                model.notes.append(note)
+        if model.facts.mtp_layers and installation.variant == "native":
+            read = model.facts.weight_bytes_source == "gguf tensor table"  # the header says, not config.json
+            note = SELF_DRAFT if read else SELF_DRAFT_IF_KEPT
+            if note not in model.notes:
+                model.notes.append(note)
         endpoints = rpc_endpoints(devices)
         for candidate in found:
             candidate.rpc = endpoints
@@ -196,7 +220,13 @@ class LlamaCppBackend:
             rpc=chosen.rpc,
         )
         fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
-        return [LlamaCppOption(config=config, command=installation.command, fetch=fetch)]
+        # the formula's own estimate, before any calibration, so that measured / estimated keeps
+        # describing the formula (the calibration scales only placements with no GPU layer)
+        scale = host_calibration(policy.remembered) if chosen.placement.n_gpu_layers == 0 else 1.0
+        estimate = round(chosen.tokens_per_s / scale, 1)
+        return [
+            LlamaCppOption(config=config, command=installation.command, fetch=fetch, estimated_tokens_per_s=estimate)
+        ]
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version

@@ -108,6 +108,7 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         cache_key_dim_sliding=int(value("attention.key_length_swa")),
         cache_value_dim_sliding=int(value("attention.value_length_swa")),
         shared_kv_layers=int(value("attention.shared_kv_layers")),
+        mtp_layers=int(value("nextn_predict_layers")),  # GLM-4.x: the MTP block is the GGUF's last one
     )
 
 

@@ -116,6 +116,7 @@ def candidates(
     max_context: int | None,
     launcher: str,
     pinned_context_length: int | None = None,
+    host_scale: float = 1.0,
 ) -> list[LlamaCppCandidate]:
     """The ladder: longest context with f16 KV, then q8_0 KV, then shorter contexts (not below the
     minimum); each placed as well as the GPUs allow; host RAM decides whether it fits."""
@@ -160,7 +161,7 @@ def candidates(
                 if placement.n_cpu_moe
                 else 2
             ) + 4 * kv_index
-            speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx)
+            speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx, host_scale=host_scale)
             summary += f", ~{_rate(speed)} tokens/s"
             out.append(
                 LlamaCppCandidate(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from backends.base import Launch
 from backends.llamacpp.ladder import LlamaCppCandidate
-from backends.llamacpp.logs import memory_line
+from backends.llamacpp.logs import memory_line, speed_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from backends.llamacpp.rpc import rpc_arguments
 from gateway.core.errors import BackendError
@@ -154,6 +154,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             tokenize_key="content",
             template_path="/apply-template",
             memory_line=memory_line,
+            speed_line=speed_line,
             max_concurrency=NATIVE_PARALLEL,
             env={KEY_VARIABLE["native"]: api_key},
             inherit=INHERITED_ENV,
@@ -176,6 +177,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         summary=summary,
         tokenize_path="/extras/tokenize/count",  # llama-cpp-python serves no Responses/Messages, no usage chunk
         memory_line=memory_line,
+        speed_line=speed_line,
         env={KEY_VARIABLE["python"]: api_key},
         inherit=INHERITED_ENV,
     )

@@ -20,6 +20,7 @@ class LlamaCppOption:
     command: tuple[str, ...]
     fetch: Callable[[], Path] | None = None  # downloads the GGUF when it is not local yet
     engine: str = ENGINE
+    estimated_tokens_per_s: float = 0.0  # the plan's decode estimate, shown beside the measured speed
 
     def prepare(self) -> LlamaCppOption:
         if self.fetch is None:

@@ -44,7 +44,7 @@ ENGINE_TERM_WAIT_S = 5.0
 SERVE_SETTINGS = SETTING_NAMES
 PLAN_SETTINGS = (
     "model", "catalog_dir", "context_length", "min_context", "max_context", "engine", "port", "workers",
-    "worker_api_key", "gpus", "ram", *ENGINE_SETTINGS,
+    "worker_api_key", "state_dir", "gpus", "ram", *ENGINE_SETTINGS,
 )  # fmt: skip
 WORKER_SETTINGS = ("api_keys", "api_key_file", "threads", "state_dir", "log_dir", "gpus")
 
@@ -173,7 +173,7 @@ def serve(args: argparse.Namespace) -> int:
     from gateway.cli.startup import decide, plan_summary
     from gateway.serving.app import create_app
     from gateway.serving.drain import DrainingServer
-    from gateway.serving.http_limits import bounded_protocol
+    from gateway.serving.http_limits import bounded_protocol, connection_cap
     from gateway.serving.proxy import Timeouts, Upstream
     from gateway.supervision.lifecycle import State
     from gateway.supervision.supervisor import Supervisor
@@ -217,7 +217,15 @@ def serve(args: argparse.Namespace) -> int:
         log_config=None,  # uvicorn's lines go through our handlers: one JSON object each with --log-format json
         access_log=False,
         lifespan="on",
-        http=bounded_protocol(settings.max_header_bytes, settings.max_headers),  # 431 before any key is read
+        timeout_keep_alive=int(max(settings.keepalive_timeout_s, 1)),
+        http=bounded_protocol(  # 431 before any key is read; clocks on slow clients; a connection cap
+            settings.max_header_bytes,
+            settings.max_headers,
+            header_timeout_s=settings.client_header_timeout_s,
+            body_timeout_s=settings.client_body_timeout_s,
+            send_timeout_s=settings.stream_idle_timeout_s,
+            max_connections=connection_cap(settings.max_connections),
+        ),
     )
     server = DrainingServer(config, runtime, settings.shutdown_grace_s)  # requests in flight drain
 
@@ -230,11 +238,15 @@ def serve(args: argparse.Namespace) -> int:
 
     # uvicorn handles SIGINT/SIGTERM while serving and re-raises them once it has shut down; these
     # handlers receive that re-raise (and any signal before uvicorn takes over) so that a requested
-    # stop, completed cleanly, exits 0 instead of dying by the signal.
-    def stop_requested(_signum: int, _frame: object) -> None:
+    # stop, completed cleanly, exits 0 instead of dying by the signal. SIGHUP (the terminal closed, or
+    # a service manager's reload) gets the same drain: uvicorn leaves it alone, and by default it kills.
+    def stop_requested(signum: int, _frame: object) -> None:
+        if signum == signal.SIGHUP and not server.should_exit:
+            log.info("SIGHUP: stopping (requests in flight get shutdown_grace_s)")
         server.should_exit = True
 
-    previous = {sig: signal.signal(sig, stop_requested) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, stop_requested) for sig in stop_signals}
     try:
         # the loop uvicorn would pick itself (uvloop when installed), since we call serve() directly
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
@@ -309,9 +321,13 @@ def _runtime(
         backend=backend,
         upstream=upstream,
         max_body_bytes=settings.max_body_bytes,
+        max_body_elements=settings.max_body_elements,
         queue_limit=settings.queue_limit,
         queue_wait_s=settings.queue_wait_s,
         api_keys=settings.all_api_keys(),
+        bind_host=settings.host,
+        allowed_hosts=tuple(settings.allowed_hosts),
+        cors_allow_origins=tuple(settings.cors_allow_origins),
     )
     if figures is not None:
         runtime.show_plan(figures)

@@ -18,9 +18,10 @@ def bearer_header(api_key: str | None) -> dict[str, str]:
 def key_accepted(authorization: str | None, x_api_key: str | None, keys: Sequence[str]) -> bool:
     """Either header may carry the key (SDKs send both, one of them a placeholder); every offered value
     is compared with every key in constant time. No keys accepts nothing: the caller decides whether
-    a server without keys is open."""
+    a server without keys is open. Header values arrive as bytes decoded Latin-1 (ASGI, Starlette),
+    so a key is compared as the UTF-8 bytes a client sends for it."""
     offered = [x_api_key or ""]
     if (authorization or "").lower().startswith("bearer "):
         offered.append((authorization or "")[7:].strip())
-    matches = [hmac.compare_digest(value.encode(), key.encode()) for value in offered if value for key in keys if key]
-    return any(matches)
+    sent = [value.encode("latin-1", "replace") for value in offered if value]
+    return any(hmac.compare_digest(value, key.encode("utf-8")) for value in sent for key in keys if key)

@@ -60,6 +60,9 @@ class Policy:
     max_context: int | None = None  # longest context worth reserving; None: the model's own limit
     engines: tuple[str, ...] | None = None  # plan only these engines; None: every registered one
     pins: Pins = field(default_factory=Pins)
+    # the configuration remembered on this machine (known-good.json) with the engine's own measured
+    # speed: a backend may calibrate its estimates on it (llama.cpp's host bandwidth term)
+    remembered: dict[str, Any] | None = None
 
     def plans(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines

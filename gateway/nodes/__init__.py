@@ -3,5 +3,6 @@
 ``worker`` (``gateway worker``) is engine-neutral: it starts one device server per device through
 the registry's lender and answers ``/inventory`` behind the same key check as ``serve``; ``survey``
 asks the workers, merges their devices into the inventory, and notices lost and returning nodes.
-Beside planning and supervision, above ``gateway.core`` and ``backends``.
+Above serving (the worker's HTTP side uses its key check, limits and error shapes); the supervisor
+gets a survey as its ``NodeWatch`` from ``gateway.cli.startup``.
 """

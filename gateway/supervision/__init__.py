@@ -3,6 +3,7 @@
 ``supervisor`` owns the attempts (step-down on the engine's own numbers, fallback to the next option,
 restarts, re-plans when a node is lost) with its pure decisions in ``moves``; ``engine_run`` is one
 start of one engine (process, health, failure lines); ``known_good`` remembers what worked;
-``lifecycle`` is the contract the HTTP side reads (state, launch, readiness). Above ``gateway.core``,
-``backends`` and ``gateway.nodes``; it never plans and never serves HTTP.
+``lifecycle`` is the contract the HTTP side reads (state, launch, readiness). Above ``gateway.core``
+and ``backends``; the other nodes it watches come in as a ``NodeWatch`` (``gateway.nodes`` sits
+higher). It never plans and never serves HTTP.
 """

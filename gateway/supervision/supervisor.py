@@ -24,15 +24,14 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from backends.base import Launch, Option
 from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
-from gateway.nodes.survey import Nodes
 from gateway.supervision.engine_run import EngineRun, Run, RunFactory, RunState
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
@@ -42,6 +41,20 @@ log = logging.getLogger("gateway.supervisor")
 
 MAX_ATTEMPTS = 8
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class NodeWatch(Protocol):
+    """The other nodes a plan runs on (``gateway.nodes.survey.Nodes``, given by the caller)."""
+
+    def check(self) -> list[str]:
+        """The nodes in use that are gone now (blocking: the supervisor runs it off the loop)."""
+        ...
+
+    def snapshot(self, memory_mib: Mapping[str, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
+        """The nodes as /status shows them."""
+        ...
+
+
 NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are still there
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
 # Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
@@ -93,7 +106,7 @@ class Supervisor:
         run_factory: RunFactory = EngineRun,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         replan: Replanner | None = None,
-        nodes: Nodes | None = None,
+        nodes: NodeWatch | None = None,
         node_check_s: float = NODE_CHECK_S,
     ) -> None:
         """``run_factory`` makes each attempt's run and ``sleep`` waits out the restart backoff: the
@@ -147,6 +160,7 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.live:
+            self._remember_measured(self.live.snapshot().get("measured"))
             await self.live.stop()
         if self.state is not State.FAILED:
             self.state = State.STOPPED
@@ -163,6 +177,8 @@ class Supervisor:
             "restarts": self.restarts,
             "backend": backend,
         }
+        if backend and backend.get("measured"):
+            data["speed"] = self._remember_measured(backend["measured"])
         if self.nodes is not None:
             live = backend if backend and backend.get("state") == "ready" else {}
             data["nodes"] = self.nodes.snapshot(live.get("memory_mib"))
@@ -213,7 +229,7 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
 
-    async def _watch_nodes(self, nodes: Nodes) -> str:
+    async def _watch_nodes(self, nodes: NodeWatch) -> str:
         while True:
             await self.sleep(self.node_check_s)
             if lost := await asyncio.to_thread(nodes.check):
@@ -342,6 +358,26 @@ class Supervisor:
             )
         except OSError as exc:
             log.warning("could not remember the working configuration: %s", exc)
+
+    def _remember_measured(self, measured: dict[str, float] | None) -> dict[str, Any]:
+        """The engine's own decode and prompt speed beside the plan's estimate, stored with the
+        remembered configuration so that `plan` can show it and the CPU term can learn from it."""
+        option = self.live_option
+        if not measured or option is None:
+            return {}
+        speed: dict[str, Any] = {"measured": measured, "estimated": getattr(option, "estimated_tokens_per_s", None)}
+        if self.remember is not None and measured.get("decode_tokens_per_s"):
+            try:
+                self.remember.store.record_measured(
+                    self.remember.model,
+                    self.remember.fingerprint,
+                    option.engine,
+                    option.memo(),
+                    {**measured, "estimated_decode_tokens_per_s": speed["estimated"] or 0.0},
+                )
+            except OSError as exc:
+                log.warning("could not store the measured speed: %s", exc)
+        return speed
 
     def _give_up(self, reason: str | None = None) -> None:
         self.state = State.FAILED

@@ -140,6 +140,19 @@ def test_status_and_metrics_show_the_placement_the_engine_reported(native: Gatew
     assert 'gateway_engine_memory_bytes{device="CPU",term="model"}' in metrics
 
 
+def test_status_shows_the_engines_own_speed_beside_the_estimate(client: openai.OpenAI, native: GatewayProcess) -> None:
+    """Issue 22: the engine's timing lines, summed over the requests, beside the plan's estimate."""
+    question = [{"role": "user", "content": "Count from one to twenty in words."}]
+    client.chat.completions.create(model=MODEL, messages=question, temperature=0, max_tokens=32)  # type: ignore[arg-type]
+    speed = native.status()["speed"]
+    measured = speed["measured"]
+    assert measured["decode_tokens"] >= 16 and measured["decode_tokens_per_s"] > 0
+    assert measured["prompt_tokens"] > 0 and measured["prompt_tokens_per_s"] > 0
+    assert speed["estimated"] > 0  # the plan's figure for the chosen placement
+    page = httpx.get(native.url + "/status", headers={"Accept": "text/html"}, timeout=10).text
+    assert f"measured {measured['decode_tokens_per_s']}" in page and f"{speed['estimated']}" in page
+
+
 def test_the_engine_key_is_in_its_environment_not_on_its_command_line(native: GatewayProcess) -> None:
     leader = int(native.status()["backend"]["pid"])
     group = [p for p in psutil.process_iter(["pid", "cmdline"]) if os.getpgid(p.info["pid"]) == leader]

@@ -77,7 +77,7 @@ def test_a_recorded_agent_request_is_served_on_its_route(engine_url: str, fixtur
             answer = client.request(recorded["method"], path, headers=_headers(recorded), json=payload)
             assert answer.status_code == 200, (stream, answer.text[:2000])
             if recorded["path"] != "/v1/chat/completions" and engine == "engine-native":
-                assert answer.json()["engine_path"] == recorded["path"]  # passed through (the fake only echoes)
+                assert f'"engine_path": "{recorded["path"]}"' in answer.text  # passed through (the fake echoes)
             elif stream:
                 assert LAST_EVENT[recorded["path"]] in answer.text, answer.text[-2000:]
         if recorded["path"] == "/v1/messages":

@@ -1,8 +1,9 @@
 """The folder tree is the architecture: every import points down a layer, and no module circle exists.
 
-Layers, bottom first (README "Layout"): ``gateway.core`` < ``backends`` < ``gateway.agents`` and
-``gateway.nodes`` < ``gateway.planning`` and ``gateway.supervision`` < ``gateway.serving`` <
-``gateway.cli`` < ``gateway`` itself (``__main__``). Packages on one level do not import each other.
+Layers, bottom first (README "Layout"): ``gateway.core`` < ``backends`` < ``gateway.agents`` <
+``gateway.planning`` and ``gateway.supervision`` < ``gateway.serving`` < ``gateway.nodes`` (the
+worker serves HTTP with the serving layer's parts) < ``gateway.cli`` < ``gateway`` itself (``__main__``).
+Packages on one level do not import each other.
 Imports under ``if TYPE_CHECKING:`` count too: a type from above is still an arrow up.
 """
 
@@ -17,12 +18,12 @@ LAYERS = {
     "gateway.core": 0,
     "backends": 1,
     "gateway.agents": 2,
-    "gateway.nodes": 2,
     "gateway.planning": 3,
     "gateway.supervision": 3,
     "gateway.serving": 4,
-    "gateway.cli": 5,
-    "gateway": 6,
+    "gateway.nodes": 5,
+    "gateway.cli": 6,
+    "gateway": 7,
 }
 
 
