@@ -40,6 +40,11 @@ class Launch:
     reasoning_field: str | None = None  # the one of reasoning / reasoning_content the engine emits
     tokenize_path: str | None = None  # counts tokens: POST {tokenize_key: text} → {"count": n}
     tokenize_key: str = "input"
+    # a chat request's exact prompt (its chat template, tools included), so the gateway never counts on a
+    # guess: the tokenize endpoint takes the chat itself (vLLM), or template_path renders it to text first
+    # (llama-server's /apply-template: POST {messages, tools} → {"prompt": text}); neither: estimated
+    tokenize_chat: bool = False
+    template_path: str | None = None
     base: str | None = None  # a server somewhere else (--backend-url); launched engines are on loopback
     # reads the engine's own account of its memory from one log line: (device, term, bytes) or None
     memory_line: Callable[[str], tuple[str, str, int] | None] | None = None
@@ -47,6 +52,30 @@ class Launch:
     @property
     def base_url(self) -> str:
         return self.base or f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class ContextOverflow:
+    """An engine's refusal of a prompt that does not fit its context, with the numbers it gave (an
+    engine that gives none leaves them None). Agents recognise one canonical wording per dialect, so
+    the gateway rewrites every engine's own words into it."""
+
+    prompt_tokens: int | None
+    context_length: int | None
+
+
+# each pattern matches one engine wording; its groups are named ``prompt`` and ``context`` when present
+OverflowPatterns = Sequence[re.Pattern[str]]
+
+
+def first_overflow(patterns: OverflowPatterns, text: str) -> ContextOverflow | None:
+    """The overflow the first matching pattern proves, with whichever numbers it captured."""
+    for pattern in patterns:
+        if match := pattern.search(text):
+            found = match.groupdict()
+            prompt, context = found.get("prompt"), found.get("context")
+            return ContextOverflow(int(prompt) if prompt else None, int(context) if context else None)
+    return None
 
 
 class FailureKind(enum.Enum):
@@ -184,6 +213,11 @@ class Backend(Protocol[C, M]):
 
     name: str  # catalog table, JSON "backend", Launch.engine
     title: str  # for people: "vLLM"
+
+    @property
+    def overflow_patterns(self) -> OverflowPatterns:
+        """How its servers refuse a prompt longer than the context (``backends/<engine>/overflow.py``)."""
+        ...
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
         """A catalog table for a model the user named by path or hub id, if this engine can serve it."""

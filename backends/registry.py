@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends import llamacpp, vllm
-from backends.base import Backend
+from backends.base import Backend, ContextOverflow, first_overflow
 
 BACKENDS: tuple[Backend[Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
@@ -20,3 +20,12 @@ def get(name: str) -> Backend[Any, Any]:
         if backend.name == name:
             return backend
     raise KeyError(f"no engine named {name!r}: known engines are {', '.join(names())}")
+
+
+def context_overflow(text: str) -> ContextOverflow | None:
+    """An engine's "prompt too long" refusal in any engine's words (a ``--backend-url`` server may be
+    either), or None when ``text`` says something else."""
+    for backend in BACKENDS:
+        if found := first_overflow(backend.overflow_patterns, text):
+            return found
+    return None

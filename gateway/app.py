@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from gateway import status_page
 from gateway.disconnect import CancelOnDisconnect
-from gateway.edge import ApiKeys, ASGIApp, RequestMetrics
+from gateway.edge import ApiKeys, ASGIApp, RequestMetrics, key_accepted
 from gateway.handlers import Inference
 from gateway.lifecycle import State
 from gateway.metrics import StateCollector
@@ -42,11 +42,18 @@ class Gateway:
     async def health(self, _request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def ready(self, _request: Request) -> Response:
+    async def root(self, _request: Request) -> Response:
+        """What a client's connectivity probe (Claude Code's ``HEAD /``) gets: 200, nothing more."""
+        return Response(status_code=200)
+
+    async def ready(self, request: Request) -> Response:
+        """200 or 503 for anyone (load balancers and orchestrators' probes carry no key); the model and
+        the reason only for a request that may see them."""
         backend = self.rt.backend
+        detail = key_accepted(request.scope)
         if backend.ready:
-            return JSONResponse({"status": "ready", "model": self.rt.route.fronted})
-        body = {"status": backend.state.value, "reason": backend.reason}
+            return JSONResponse({"status": "ready", **({"model": self.rt.route.fronted} if detail else {})})
+        body = {"status": backend.state.value, **({"reason": backend.reason} if detail else {})}
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def status_data(self) -> dict[str, Any]:
@@ -127,6 +134,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
 
     inference = Inference(runtime)
     routes = [
+        Route("/", gateway.root, methods=["GET", "HEAD"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/ready", gateway.ready, methods=["GET"]),
         Route("/status", gateway.status, methods=["GET"]),

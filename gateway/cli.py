@@ -172,7 +172,8 @@ def _configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll is noise
+    for noisy in ("httpx", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -303,6 +304,7 @@ def _json_logging() -> None:
         def format(self, record: logging.LogRecord) -> str:
             entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name}
             entry["message"] = record.getMessage()
+            entry.update(getattr(record, "access", {}))  # the access log's fields, each its own key
             if rid := request_id.get():
                 entry["request_id"] = rid
             if record.exc_info:

@@ -1,4 +1,5 @@
-"""Pure ASGI layers at the edge of the app: API keys, request ids, and Prometheus request metrics.
+"""Pure ASGI layers at the edge of the app: API keys, request ids, Prometheus request metrics and the
+access log (one line per request: route, status, time, tokens in and out, client, request id).
 
 Pure ASGI (not BaseHTTPMiddleware) so streamed responses pass through unbuffered; the per-chunk
 work is two substring checks.
@@ -7,6 +8,7 @@ work is two substring checks.
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 import time
 import uuid
@@ -24,13 +26,16 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = frozenset({"/health"})
+access_log = logging.getLogger("gateway.access")
+# open to anyone: liveness, bare readiness (its detail needs the key), and the root that clients probe
+# (Claude Code sends an unkeyed HEAD / before it starts)
+OPEN_PATHS = frozenset({"/health", "/ready", "/"})
 # the current request's id: forwarded to the engine and written into JSON log lines
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 ROUTES = frozenset(
     {
         "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-        "/v1/models", "/health", "/ready", "/status", "/metrics",
+        "/v1/models", "/health", "/ready", "/status", "/metrics", "/",
     }
 )  # fmt: skip
 _USAGE = re.compile(rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)":\s*(\d+)')
@@ -71,10 +76,23 @@ class ApiKeys:
         return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS or self.allowed(scope):
+        if scope["type"] != "http" or not self.keys:
+            await self.app(scope, receive, send)
+            return
+        allowed = self.allowed(scope)
+        if allowed or scope["path"] in OPEN_PATHS:
+            scope.setdefault("state", {})[KEY_STATE] = allowed  # open routes show detail only with the key
             await self.app(scope, receive, send)
             return
         await shape_for(scope["path"]).unauthorized()(scope, receive, send)
+
+
+KEY_STATE = "key_accepted"
+
+
+def key_accepted(scope: Scope) -> bool:
+    """Whether this request may see detail: it carried a valid key, or the gateway has no keys."""
+    return bool(scope.get("state", {}).get(KEY_STATE, True))
 
 
 class RequestMetrics:
@@ -104,7 +122,8 @@ class RequestMetrics:
         rid = _usable_request_id(_header(scope, b"x-request-id")) or uuid.uuid4().hex
         token = request_id.set(rid)
         started = time.perf_counter()
-        status = {"code": 500, "streaming": False, "first": True}
+        status: dict[str, Any] = {"code": 500, "streaming": False, "first": True, "first_byte_s": None}
+        tokens = {"in": 0, "out": 0}
 
         async def tapped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -115,25 +134,57 @@ class RequestMetrics:
                 status["streaming"] = any(
                     k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
                 )
-                self.latency.labels(route).observe(time.perf_counter() - started)
+                status["first_byte_s"] = time.perf_counter() - started
+                self.latency.labels(route).observe(status["first_byte_s"])
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 if status["streaming"] and status["first"] and body:
                     status["first"] = False
                     self.ttft.labels(route).observe(time.perf_counter() - started)
                 if b"_tokens" in body and (b'"usage"' in body or b'"message_delta"' in body):
-                    self._count_tokens(body)
+                    self._count_tokens(body, tokens)
             await send(message)
 
         try:
             await self.app(scope, receive, tapped)
         finally:
             self.requests.labels(route, str(status["code"])).inc()
+            if scope["path"] not in QUIET_PATHS:
+                _log_access(scope, rid, status, tokens, time.perf_counter() - started)
             request_id.reset(token)
 
-    def _count_tokens(self, body: bytes) -> None:
-        delta_only = b'"message_delta"' in body  # repeats message_start's input count: outputs only
+    def _count_tokens(self, body: bytes, seen: dict[str, int]) -> None:
+        """Add the usage figures in one body to the metrics and to this request's ``seen`` totals: the
+        largest figure per direction (a stream repeats its input count, and Anthropic's message_delta
+        restates the engine's final one)."""
         for name, value in _USAGE.findall(body):
             direction = "in" if name in (b"prompt_tokens", b"input_tokens") else "out"
-            if int(value) and not (delta_only and direction == "in"):
-                self.tokens.labels(direction).inc(int(value))
+            grown = int(value) - seen[direction]
+            if grown > 0:
+                seen[direction] += grown
+                self.tokens.labels(direction).inc(grown)
+
+
+QUIET_PATHS = frozenset({"/health", "/metrics"})  # polled every few seconds: a line each would bury the rest
+
+
+def _log_access(scope: Scope, rid: str, status: dict[str, Any], tokens: dict[str, int], seconds: float) -> None:
+    """One line per request; with ``--log-format json`` its fields become the JSON object's keys."""
+    client = scope.get("client")
+    fields = {
+        "method": scope.get("method", ""),
+        "path": scope["path"],
+        "status": status["code"],
+        "ms": round(seconds * 1000, 1),
+        "first_byte_ms": None if status["first_byte_s"] is None else round(status["first_byte_s"] * 1000, 1),
+        "tokens_in": tokens["in"],
+        "tokens_out": tokens["out"],
+        "client": f"{client[0]}:{client[1]}" if client else None,
+        "user_agent": _header(scope, b"user-agent"),
+        "request_id": rid,
+    }
+    access_log.info(
+        '%s %s %s %.0f ms in=%d out=%d client=%s agent="%s" id=%s',
+        fields["method"], fields["path"], fields["status"], fields["ms"], fields["tokens_in"], fields["tokens_out"],
+        fields["client"], fields["user_agent"] or "-", rid, extra={"access": fields},
+    )  # fmt: skip

@@ -1,8 +1,9 @@
 """What agents expect of chat completions that some engines do not do, done by the gateway only then.
 
 - `max_completion_tokens` becomes `max_tokens` for engines that ignore it (llama-cpp-python).
-- A requested output length that cannot fit beside the prompt is clamped to what fits; a prompt that
-  alone overflows the context is refused with OpenAI's `context_length_exceeded` error.
+- A requested output length that cannot fit beside the prompt is clamped to what fits, when the engine
+  counted the prompt exactly; a prompt that alone overflows the context is refused with OpenAI's
+  `context_length_exceeded` error (every other overflow is the engine's verdict, reworded the same way).
 - `stream_options.include_usage` gets its final usage chunk (`"choices": []`) when the engine ignores
   the option; token counts then come from the engine's tokenizer (prompt) and the chunks (output).
 - Engines emit one of `reasoning` / `reasoning_content`; agents read one or the other: add the twin.
@@ -15,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from gateway.openai_errors import ApiError
+from gateway.openai_errors import overflow_error
 
 PER_MESSAGE_OVERHEAD = 8  # chat-template tokens around each message, roughly
 
@@ -38,18 +39,10 @@ def flatten_prompt(payload: dict[str, Any]) -> tuple[str, int]:
     return "\n".join(parts), len(messages)
 
 
-def overflow_error(prompt_tokens: int, context: int) -> ApiError:
-    return ApiError(
-        400,
-        f"This model's maximum context length is {context} tokens. However, your messages resulted in "
-        f"{prompt_tokens} tokens. Please reduce the length of the messages.",
-        code="context_length_exceeded",
-        param="messages",
-    )
-
-
 def clamp_output(payload: dict[str, Any], prompt_tokens: int, context: int) -> bool:
-    """Fit `max_tokens` beside the prompt; True when the payload changed."""
+    """Fit `max_tokens` beside the prompt, counted exactly by the engine; True when the payload changed.
+    Only for exact counts: an estimate may refuse or shorten an answer that fits (Claude Code's tool
+    schemas counted as JSON came to 21,006 tokens where the engine's template made 3,055)."""
     if prompt_tokens >= context:
         raise overflow_error(prompt_tokens, context)
     requested = payload.get("max_tokens")

@@ -21,11 +21,9 @@ from backends.base import Launch
 from gateway import messages_api, responses_api
 from gateway import request_shapes as shapes
 from gateway.fidelity import (
-    PER_MESSAGE_OVERHEAD,
     ChatStreamFixer,
     clamp_output,
     complete_chat_shape,
-    flatten_prompt,
     map_max_completion_tokens,
 )
 from gateway.lifecycle import ServedBackend, State
@@ -150,21 +148,27 @@ class Inference:
         return target
 
     async def _prompt_tokens(self, target: Launch, payload: dict[str, Any]) -> int | None:
-        text, messages = flatten_prompt(payload)
-        counted = await self.rt.upstream.count_tokens(target, text)
-        return None if counted is None else counted + PER_MESSAGE_OVERHEAD * messages
+        counted = await self.rt.upstream.count_prompt(target, payload)
+        return None if counted is None else counted[0]
 
     async def _fit_chat(self, target: Launch, payload: dict[str, Any]) -> tuple[bool, int | None]:
-        """Engine-specific fixes to a chat request: (payload changed, prompt tokens if counted)."""
+        """Engine-specific fixes to a chat request: (payload changed, prompt tokens if counted).
+
+        A requested output longer than a quarter of the window (Claude Code asks for 32,000) is fitted
+        beside the prompt when the engine counts it exactly; an estimate changes nothing, and whether the
+        prompt fits is then the engine's verdict (its refusal is reworded on the way back)."""
         changed = False
         if "max_completion_tokens" not in target.native:
             changed |= map_max_completion_tokens(payload)
-        prompt: int | None = None
         requested = payload.get("max_tokens")
-        if isinstance(requested, int) and requested > target.context_length // 4:
-            prompt = await self._prompt_tokens(target, payload)
-            if prompt is not None:
-                changed |= clamp_output(payload, prompt, target.context_length)
+        if not (isinstance(requested, int) and requested > target.context_length // 4):
+            return changed, None
+        counted = await self.rt.upstream.count_prompt(target, payload)
+        if counted is None:
+            return changed, None
+        prompt, exact = counted
+        if exact:
+            changed |= clamp_output(payload, prompt, target.context_length)
         return changed, prompt
 
     # -- chat and text completions -----------------------------------------------------------------
@@ -258,7 +262,7 @@ class Inference:
                 if status == 200 and not (isinstance(answer, dict) and isinstance(answer.get("choices"), list)):
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
-                    return dialect.errors.engine_error(status, answer)
+                    return dialect.errors.engine_error(status, answer, target.context_length)
                 return JSONResponse(dialect.reply(answer, payload, fronted))
             usage: ChunkFilter | None = None
             if "include_usage" not in target.native:
@@ -266,7 +270,7 @@ class Inference:
                 usage = ChatStreamFixer(mirror=None, usage_prompt_tokens=counted)
             failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
             if failed is not None:
-                return dialect.errors.engine_error(*failed)
+                return dialect.errors.engine_error(*failed, target.context_length)
             events = dialect.events(chunks, payload, fronted, prompt or 0)
             return translated_stream(events, ticket.hand_over(), dialect.errors)
 
@@ -280,7 +284,7 @@ class Inference:
             return await self.rt.upstream.relay(
                 target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
             )
-        text = messages_api.prompt_text(payload)
-        counted = await self.rt.upstream.count_tokens(target, text)
-        tokens = counted + PER_MESSAGE_OVERHEAD * len(payload["messages"]) if counted is not None else len(text) // 4
+        chat = messages_api.to_chat({**payload, "stream": False}, self.rt.route.served)
+        counted = await self.rt.upstream.count_prompt(target, chat)
+        tokens = counted[0] if counted else len(messages_api.prompt_text(payload)) // 4
         return JSONResponse({"input_tokens": tokens})

@@ -42,9 +42,12 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
         text = system if isinstance(system, str) else "".join(b.get("text", "") for b in _blocks(system))
         messages.append({"role": "system", "content": text})
     for message in body["messages"]:
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise ApiError(400, "each message needs role 'user' or 'assistant'", param="messages")
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+            raise ApiError(400, "each message needs role 'user', 'assistant' or 'system'", param="messages")
         blocks = _blocks(message.get("content"))
+        if message["role"] == "system":  # mid-conversation instructions stay where they stand
+            messages.append({"role": "system", "content": "".join(str(b.get("text", "")) for b in blocks)})
+            continue
         if message["role"] == "assistant":
             text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
             calls = [
@@ -214,7 +217,8 @@ async def stream_from_chat(
         if chunk is DONE or not isinstance(chunk, dict):
             continue
         if chunk.get("error"):
-            message = str(chunk["error"].get("message", chunk["error"]))
+            error = chunk["error"]
+            message = anthropic_message(str(error.get("message", error) if isinstance(error, dict) else error))
             yield event("error", {"type": "error", "error": {"type": "api_error", "message": message}})
             return
         usage = chunk.get("usage") or usage
@@ -272,6 +276,8 @@ async def stream_from_chat(
         yield block
     stop = stop_reason(finish, has_tool_use=bool(tool_slots))
     output_tokens = int(usage.get("completion_tokens") or 0)
+    # the engine's own count of the prompt: Claude Code tracks how full its window is from this figure
+    input_tokens = int(usage.get("prompt_tokens") or input_tokens)
     yield event(
         "message_delta",
         {

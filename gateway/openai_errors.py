@@ -18,6 +18,8 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from backends.registry import context_overflow
+
 RETRY_AFTER_S = 5
 
 _TYPES = {
@@ -75,6 +77,31 @@ class ApiError(Exception):
         return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
 
 
+def overflow_error(prompt_tokens: int | None, context_length: int) -> ApiError:
+    """A prompt longer than the context, in OpenAI's own words: agents and SDKs match
+    ``context_length_exceeded`` and "maximum context length" to offer compaction."""
+    resulted = f"{prompt_tokens} tokens" if prompt_tokens else "more tokens than that"
+    return ApiError(
+        400,
+        f"This model's maximum context length is {context_length} tokens. However, your messages resulted in "
+        f"{resulted}. Please reduce the length of the messages.",
+        code="context_length_exceeded",
+        param="messages",
+    )
+
+
+def engine_overflow(answer: Any, context_length: int) -> ApiError | None:
+    """An engine's refusal of a too-long prompt (any engine's wording, see ``backends.*.overflow``) as
+    the canonical :func:`overflow_error`; None for any other answer."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+    text = message if isinstance(message, str) else answer if isinstance(answer, str) else json.dumps(answer)
+    found = context_overflow(text)
+    if found is None:
+        return None
+    return overflow_error(found.prompt_tokens, found.context_length or context_length)
+
+
 def unavailable(message: str) -> ApiError:
     return ApiError(503, message, code="backend_unavailable", retry_after_s=RETRY_AFTER_S)
 
@@ -118,8 +145,11 @@ class ErrorShape:
         response.headers["www-authenticate"] = "Bearer"
         return response
 
-    def engine_error(self, status: int, answer: Any) -> Response:
-        """The engine refused a translated request: its error as it came, or its message reworded."""
+    def engine_error(self, status: int, answer: Any, context_length: int) -> Response:
+        """The engine refused a request: a too-long prompt in the dialect's canonical words (whatever
+        the engine said), any other error as it came or its message reworded into the dialect."""
+        if status >= 400 and (overflow := engine_overflow(answer, context_length)):
+            return self.response(overflow)
         if self.relays_engine_errors:
             return JSONResponse(answer, status_code=status)
         error = answer.get("error") if isinstance(answer, dict) else None
@@ -138,15 +168,18 @@ _ANTHROPIC_TYPES = {
     504: "timeout_error",
 }
 _OVERFLOW = re.compile(
-    r"maximum context length is (\d+) tokens\. However, (?:you requested|your messages resulted in) (\d+) tokens"
+    r"maximum context length is (\d+) tokens\. However, (?:you requested|your messages resulted in) "
+    r"(\d+ tokens|more tokens than that)"
 )
 
 
 def anthropic_message(message: str) -> str:
-    """Context overflow worded as Claude Code recognises it; anything else unchanged."""
+    """Context overflow worded as Anthropic's API words it, which Claude Code recognises ("prompt is too
+    long: M tokens > N maximum") and answers by compacting; anything else unchanged."""
     if match := _OVERFLOW.search(message):
         maximum, tokens = match.groups()
-        return f"prompt is too long: {tokens} tokens > {maximum} maximum"
+        tokens = tokens if tokens[0].isdigit() else f"more than {maximum} tokens"
+        return f"prompt is too long: {tokens} > {maximum} maximum"
     return message
 
 

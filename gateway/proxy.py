@@ -25,7 +25,8 @@ from starlette.responses import Response, StreamingResponse
 
 from backends.base import Launch
 from gateway.edge import request_id
-from gateway.openai_errors import OPENAI, ApiError, ErrorShape, unavailable
+from gateway.fidelity import PER_MESSAGE_OVERHEAD, flatten_prompt
+from gateway.openai_errors import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
 from gateway.sse import chat_chunks
 
 log = logging.getLogger("gateway.proxy")
@@ -202,6 +203,31 @@ class Upstream:
         count = body.get("count")
         return int(count) if isinstance(count, int) else len(body.get("tokens") or [])
 
+    async def count_prompt(self, target: Launch, request: dict[str, Any]) -> tuple[int, bool] | None:
+        """(prompt tokens, exact) of a chat or completion request, or None when the engine cannot count.
+
+        Exact when the engine renders the chat with its own template (tools included, as the template
+        renders them) and tokenizes that; otherwise the flattened text through its tokenizer plus a
+        per-message allowance, an estimate that must never decide a refusal."""
+        messages = request.get("messages")
+        if isinstance(messages, list) and messages and (target.tokenize_chat or target.template_path):
+            chat = {key: request[key] for key in ("messages", "tools") if request.get(key)}
+            if target.tokenize_chat and target.tokenize_path:
+                status, body = await self.post_json(
+                    target, target.tokenize_path, {"model": target.served_name, **chat, "add_generation_prompt": True}
+                )
+                if status == 200 and isinstance(body, dict) and isinstance(body.get("count"), int):
+                    return int(body["count"]), True
+            elif target.template_path:
+                status, body = await self.post_json(target, target.template_path, chat)
+                if status == 200 and isinstance(body, dict) and isinstance(body.get("prompt"), str):
+                    counted = await self.count_tokens(target, body["prompt"])
+                    if counted is not None:
+                        return counted, True
+        text, count = flatten_prompt(request)
+        estimated = await self.count_tokens(target, text)
+        return None if estimated is None else (estimated + PER_MESSAGE_OVERHEAD * count, False)
+
     async def relay(
         self,
         target: Launch,
@@ -239,6 +265,8 @@ class Upstream:
             data = await self.read(upstream, None if stream else deadline)
         finally:
             on_close()
+        if upstream.status >= 400 and (overflow := engine_overflow(_json_or_error(data), target.context_length)):
+            return errors.response(overflow)  # every engine's "too long" in the one wording agents act on
         kept = {name: upstream.headers[name] for name in ("Retry-After", "retry-after-ms") if name in upstream.headers}
         return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
 

@@ -56,7 +56,8 @@ class ContentBlock(_Shape):
 
 
 class AnthropicMessage(_Shape):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: Claude Code sends one mid-conversation (beta mid-conversation-system)
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 

@@ -21,6 +21,7 @@ from backends.llamacpp.launchers import (
     python_command,
 )
 from backends.llamacpp.option import LlamaCppOption
+from backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from gateway.errors import BackendError
 from gateway.hardware import slowest_link
@@ -104,6 +105,7 @@ def remote_phrase(devices: tuple[Gpu, ...], split: tuple[float, ...]) -> str:
 class LlamaCppBackend:
     name = "llamacpp"
     title = "llama.cpp"
+    overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
     # what planning needs, said when the model has none (the planner's "not planned" note)
     needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"
 

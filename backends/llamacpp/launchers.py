@@ -149,6 +149,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             reasoning_field="reasoning_content",
             tokenize_path="/tokenize",
             tokenize_key="content",
+            template_path="/apply-template",
             memory_line=memory_line,
             max_concurrency=NATIVE_PARALLEL,
             env={KEY_VARIABLE["native"]: api_key},

@@ -11,6 +11,7 @@ from backends.vllm.argv import build_argv, build_env
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
 from backends.vllm.option import VllmOption
+from backends.vllm.overflow import OVERFLOW_PATTERNS
 from backends.vllm.source import VllmModel, VllmSource
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ OPTIONS_TRIED = 4  # rungs to try before falling back to the next engine
 class VllmBackend:
     name = "vllm"
     title = "vLLM"
+    overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
         return source.section_for(spec)

@@ -81,6 +81,7 @@ class VllmOption:
             reasoning_field="reasoning",
             tokenize_path="/tokenize",
             tokenize_key="prompt",
+            tokenize_chat=True,
         )
 
     def classify(self, line: str) -> Failure | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -43,19 +44,97 @@ ENGINE_REFUSAL = {
 }
 
 
+# each engine's own refusal of a prompt longer than its context, as its server answers it (the cue
+# "OVERFLOW-<name>" makes the fake engine answer with it)
+ENGINE_OVERFLOWS: dict[str, tuple[dict[str, Any], int, int | None]] = {
+    # llama-server b11434 (tools/server/server-common.cpp): (answer, context, prompt tokens it names)
+    "llama-server": (
+        {
+            "error": {
+                "code": 400,
+                "message": "request (8766 tokens) exceeds the available context size (4096 tokens), try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 8766,
+                "n_ctx": 4096,
+            }
+        },
+        4096,
+        8766,
+    ),
+    "llama-server-older": (
+        {
+            "error": {
+                "code": 400,
+                "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error",
+            }
+        },
+        ENGINE_CONTEXT,
+        None,
+    ),
+    # vLLM 0.32 (vllm/renderers/params.py, vllm/v1/engine/input_processor.py)
+    "vllm": (
+        {
+            "error": {
+                "message": "This model's maximum context length is 4096 tokens. However, your prompt contains "
+                "5000 input tokens, which exceeds this limit even without any output tokens. Please reduce the "
+                "length of the input prompt.",
+                "type": "BadRequestError",
+                "param": "input_tokens",
+                "code": 400,
+            }
+        },
+        4096,
+        5000,
+    ),
+    "vllm-decoder": (
+        {
+            "error": {
+                "message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096. "
+                "Make sure that `max_model_len` is no smaller than the number of text tokens.",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
+        },
+        4096,
+        5000,
+    ),
+    # llama-cpp-python 0.3.36's server (llama_cpp/server/errors.py rewords the engine's ValueError)
+    "llama-cpp-python": (
+        {
+            "error": {
+                "message": "This model's maximum context length is 4096 tokens. However, you requested 5010 tokens "
+                "(5000 in the messages, 10 in the completion). Please reduce the length of the messages or "
+                "completion.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+        4096,
+        5010,
+    ),
+}
+
+
 class FakeEngine:
     """An OpenAI-compatible engine that does on cue (the last user text) what a test needs:
     "REFUSE" → 400 with an OpenAI-shaped context-overflow error; "NOTJSON" → 502 with an HTML page;
     "GARBAGE200" → 200 with an HTML page; "BUSY" → 429 with Retry-After 7;
     "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
     "SLOW" → a plain answer after 30 s, unless the gateway hangs up first (``disconnected`` either way);
+    "OVERFLOW-<engine>" → 400 with that engine's own context-overflow answer (``ENGINE_OVERFLOWS``);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
-    passthrough tests, when the launch says so) and records every request it gets."""
+    passthrough tests, when the launch says so) and records every request it gets. Like llama-server it
+    renders a chat to its prompt at /apply-template (one line per message; tool schemas only when
+    ``template_renders_tools``) and counts words at /tokenize."""
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.disconnected = threading.Event()
         self.sends_usage = True  # honours stream_options.include_usage
+        self.template_renders_tools = False  # many chat templates never show the model the tool schemas
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
@@ -64,6 +143,7 @@ class FakeEngine:
                 Route("/v1/responses", self.echo, methods=["POST"]),
                 Route("/v1/messages", self.echo, methods=["POST"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/apply-template", self.apply_template, methods=["POST"]),
             ]
         )
 
@@ -83,8 +163,24 @@ class FakeEngine:
         payload = await self._record(request)
         return JSONResponse({"count": len(str(payload.get("input", "")).split())})
 
+    async def apply_template(self, request: Request) -> Response:
+        payload = await self._record(request)
+        lines = [f"{m.get('role')} {m.get('content')}" for m in payload.get("messages") or []]
+        if self.template_renders_tools:
+            lines += [json.dumps(tool) for tool in payload.get("tools") or []]
+        return JSONResponse({"prompt": "\n".join(lines)})
+
+    @staticmethod
+    def _overflow(cue: str) -> Response | None:
+        for name, (answer, _context, _prompt) in ENGINE_OVERFLOWS.items():
+            if re.search(rf"OVERFLOW-{re.escape(name)}(?![\w-])", cue):
+                return JSONResponse(answer, status_code=400)
+        return None
+
     async def echo(self, request: Request) -> Response:
         payload = await self._record(request)
+        if refusal := self._overflow(json.dumps(payload)):
+            return refusal
         return JSONResponse({"engine_path": request.url.path, "model": payload.get("model")})
 
     async def chat(self, request: Request) -> Response:
@@ -92,6 +188,8 @@ class FakeEngine:
         cue = next((str(m.get("content")) for m in reversed(payload["messages"]) if m.get("role") == "user"), "")
         if "REFUSE" in cue:
             return JSONResponse(ENGINE_REFUSAL, status_code=400)
+        if refusal := self._overflow(cue):
+            return refusal
         if "GARBAGE200" in cue:
             return Response("<html>it worked?</html>", status_code=200, media_type="text/html")
         if "BUSY" in cue:
@@ -185,6 +283,7 @@ def make_runtime(
     ready: bool = True,
     restarts: int = 0,
     max_body_bytes: int = 64 * 1024,
+    template_path: str | None = None,
 ) -> Runtime:
     launch = Launch(
         engine="fake",
@@ -198,6 +297,7 @@ def make_runtime(
         max_concurrency=max_concurrency,
         native=native,
         tokenize_path="/tokenize",
+        template_path=template_path,
         base=engine_url,
     )
     return Runtime(

@@ -83,11 +83,13 @@ def test_the_messages_routes_get_the_401_in_anthropic_shape() -> None:
         assert refused.status_code == 401 and refused.json() == ANTHROPIC_401, path
 
 
-def test_health_stays_open_with_keys_set() -> None:
+def test_health_readiness_and_the_root_stay_open_with_keys_set() -> None:
     client = _client(KEY)
     assert client.get("/health").status_code == 200
     assert client.get("/health", headers={"x-api-key": "sk-wrong"}).status_code == 200
-    assert client.get("/ready").status_code == 401
+    assert client.get("/ready").status_code == 200  # its detail is the route's to withhold (test_http_probes)
+    assert client.head("/").status_code == 200
+    assert client.get("/status").status_code == 401
 
 
 def _metrics(registry: CollectorRegistry, name: str, **labels: str) -> float:

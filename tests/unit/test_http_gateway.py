@@ -202,10 +202,20 @@ def test_an_engine_refusal_comes_back_in_the_dialect(engine: FakeEngine, engine_
         openai = client.post("/v1/responses", json=_with_cue("/v1/responses", "REFUSE", stream=stream))
         anthropic = client.post("/v1/messages", json=_with_cue("/v1/messages", "REFUSE", stream=stream))
         chat = client.post("/v1/chat/completions", json=_with_cue("/v1/chat/completions", "REFUSE", stream=stream))
-    assert openai.status_code == 400 and openai.json() == ENGINE_REFUSAL
+    canonical = {
+        "error": {
+            "message": "This model's maximum context length is 100 tokens. However, your messages resulted in 150 "
+            "tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    assert canonical != ENGINE_REFUSAL  # the engine's own wording is replaced by OpenAI's
+    assert openai.status_code == 400 and openai.json() == canonical
     assert anthropic.status_code == 400
     assert anthropic.json() == _anthropic("invalid_request_error", "prompt is too long: 150 tokens > 100 maximum")
-    assert chat.status_code == 400 and chat.json() == ENGINE_REFUSAL
+    assert chat.status_code == 400 and chat.json() == canonical
 
 
 def test_an_engine_answer_that_is_not_json_becomes_an_error_in_the_dialect(engine_url: str) -> None:
@@ -261,12 +271,13 @@ def test_the_gateway_own_errors_are_in_the_dialect(engine: FakeEngine, engine_ur
 
 
 def test_a_prompt_that_overflows_the_context_is_refused_before_the_engine(engine: FakeEngine, engine_url: str) -> None:
+    """Only when the engine counted it exactly (its chat template, then its tokenizer)."""
     long = " ".join(["word"] * ENGINE_CONTEXT)
-    with _gateway(make_runtime(engine_url)) as client:
+    with _gateway(make_runtime(engine_url, template_path="/apply-template")) as client:
         chat = client.post("/v1/chat/completions", json={**_with_cue("/v1/chat/completions", long), "max_tokens": 2000})
         anthropic = client.post("/v1/messages", json=_with_cue("/v1/messages", long))
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
-    tokens = ENGINE_CONTEXT + 8
+    tokens = ENGINE_CONTEXT + 1  # the words and the role the template writes before them
     message = f"prompt is too long: {tokens} tokens > {ENGINE_CONTEXT} maximum"
     assert anthropic.status_code == 400 and anthropic.json() == _anthropic("invalid_request_error", message)
     assert not engine.requests_to("/v1/chat/completions")
