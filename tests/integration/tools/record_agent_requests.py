@@ -59,6 +59,7 @@ def record(agent: Agent, gateway: GatewayProcess, scratch: Path) -> list[str]:
     target.mkdir(parents=True)
     for path in sorted(folder.glob("*.json")):
         text = path.read_text().replace(str(scratch), STABLE_ROOT)
+        text = text.replace(str(scratch).replace("/", "-"), STABLE_ROOT.replace("/", "-"))  # agents' slugs of it
         (target / path.name).write_text(text)
     return lines
 
