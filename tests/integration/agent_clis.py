@@ -111,6 +111,18 @@ AGENTS: dict[str, Agent] = {
 }  # fmt: skip
 
 
+def tool_loop_prompt(name: str, work: Path) -> str:
+    """The scripted upstream's cue for a call of the agent's own file-writing tool (creating hello.txt)."""
+    # aider's edits name files relative to the project; every other agent's write tool wants a full path
+    return f"WRITE_FILE {'hello.txt' if name == 'aider' else work / 'hello.txt'}"
+
+
+def overflow_prompt(name: str, work: Path) -> str:
+    """The cue for llama-server's context error: after a tool call where there is one, as a conversation
+    that grew past the window (what an agent with history can compact); aider has no tool calls."""
+    return "OVERFLOW: what is in this folder?" if name == "aider" else f"{tool_loop_prompt(name, work)} then OVERFLOW"
+
+
 @dataclass(frozen=True)
 class Run:
     argv: list[str]
@@ -124,7 +136,8 @@ class Run:
         return self.stdout + "\n" + self.stderr
 
     def tail(self, chars: int = 3000) -> str:
-        return f"exit {self.returncode} after {self.seconds:.1f} s\n--- stdout\n{self.stdout[-chars:]}\n--- stderr\n{self.stderr[-chars:]}"
+        head = f"exit {self.returncode} after {self.seconds:.1f} s"
+        return f"{head}\n--- stdout\n{self.stdout[-chars:]}\n--- stderr\n{self.stderr[-chars:]}"
 
 
 def configure(agent: Agent, home: Path, url: str) -> str:

@@ -5,9 +5,10 @@
 For each agent (all six by default): the scripted upstream behind `gateway serve --backend-url`, the
 recording proxy in front of the gateway, the agent configured by `gateway agent NAME --write --yes`
 against the proxy, then two headless runs: the tool loop (WRITE_FILE: the agent's own file-writing tool,
-its result sent back, the final answer) and the overflow (the engine's context error, and whatever the
-agent does about it: compaction requests included). The agent's folder is replaced; the temporary
-directory in paths and prompts becomes /tmp/agent so a re-recording differs only where the agent does.
+its result sent back, the final answer) and the overflow (the same write call, then the engine's context
+error on the request carrying its result, and whatever the agent does about it: compaction included).
+The agent's folder is replaced; the temporary directory in paths and prompts becomes /tmp/agent so a
+re-recording differs only where the agent does.
 """
 
 from __future__ import annotations
@@ -18,17 +19,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.integration.agent_clis import AGENTS, ROOT, Agent, ToolProcess, configure, recorded, run
+from tests.integration.agent_clis import (
+    AGENTS,
+    ROOT,
+    Agent,
+    ToolProcess,
+    configure,
+    overflow_prompt,
+    recorded,
+    run,
+    tool_loop_prompt,
+)
 from tests.integration.gatewayproc import GatewayProcess
 
 FIXTURES = ROOT / "tests" / "data" / "agent-requests"
 STABLE_ROOT = "/tmp/agent"
-RUNS = (("tool-loop", "WRITE_FILE {file}"), ("overflow", "OVERFLOW: what is in this folder?"))
-
-
-def prompt_for(agent: Agent, template: str, work: Path) -> str:
-    # aider's edits name files relative to the project; every other agent's write tool wants a full path
-    return template.format(file="hello.txt" if agent.name == "aider" else work / "hello.txt")
+RUNS = (("tool-loop", tool_loop_prompt), ("overflow", overflow_prompt))
 
 
 def record(agent: Agent, gateway: GatewayProcess, scratch: Path) -> list[str]:
@@ -44,9 +50,11 @@ def record(agent: Agent, gateway: GatewayProcess, scratch: Path) -> list[str]:
         configure(agent, home, proxy.url)
         for path in folder.glob("*.json"):
             path.unlink()  # `gateway agent` asking what is served, not the agent
-        for label, template in RUNS:
+        for label, prompt in RUNS:
             before = len(list(folder.glob("*.json")))
-            result = run(agent, home, work, prompt_for(agent, template, work), timeout_s=180)
+            if label == "overflow":
+                (work / "hello.txt").unlink(missing_ok=True)  # the overflow run writes it again first
+            result = run(agent, home, work, prompt(agent.name, work), timeout_s=180)
             for path in sorted(folder.glob("*.json"))[before:]:
                 entry = json.loads(path.read_text())
                 path.write_text(json.dumps({"run": label, **entry}, indent=1, ensure_ascii=False) + "\n")

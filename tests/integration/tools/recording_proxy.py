@@ -94,7 +94,8 @@ def make_app(target: str, out_dir: Path) -> Starlette:
             async for chunk in upstream.aiter_raw():
                 yield chunk
 
-        return StreamingResponse(relay(), upstream.status_code, answer_headers, background=BackgroundTask(upstream.aclose))
+        closing = BackgroundTask(upstream.aclose)
+        return StreamingResponse(relay(), upstream.status_code, answer_headers, background=closing)
 
     methods = ["GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"]
     return Starlette(routes=[Route("/{path:path}", forward, methods=methods)])

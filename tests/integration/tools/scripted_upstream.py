@@ -9,7 +9,9 @@ The last user message decides (the whole conversation is checked for a tool resu
   shell) that creates <path> holding WRITTEN; without tools (aider) the same edit as text in aider's
   whole-file format (the file name, then its content in a fence);
 - "OVERFLOW" → 400 with the body llama-server (b11434) sends for a prompt longer than its context,
-  unless the agent asks for a summary of it (its compaction, answered like any other prompt);
+  unless the agent asks for a summary of it (its compaction, answered like any other prompt); with
+  WRITE_FILE too, the write call comes first and the overflow answers the request carrying its result
+  (a conversation that grew past the window, which agents with history to compact can recover from);
 - tools offered (and tool_choice is not "none") → a call of the first one ({"path": "README.md"}, or
   `ls` for a shell-like tool whose schema requires a command);
 - "CRASH" → three chunks, then the process dies mid-stream;
@@ -143,10 +145,11 @@ async def chat(request: Request) -> Response:
     seen = {"cue": cue[:40], "stream": payload.get("stream"), "max_tokens": payload.get("max_tokens")}
     seen["request_id"] = request.headers.get("x-request-id")
     _record(f"request {json.dumps(seen)}")
-    if "OVERFLOW" in cue and "summar" not in cue.lower():
+    target = _write_target(cue)
+    grown = tool_result is not None or not target  # past the write call, when there is one
+    if "OVERFLOW" in cue and "summar" not in cue.lower() and grown:
         return JSONResponse(OVERFLOW_BODY, status_code=400)
     tool_call = None
-    target = _write_target(cue)
     write = _write_call(payload.get("tools") or [], target) if target else None
     if tool_result is not None:
         text = f"The tool said: {tool_result.get('content')}"
