@@ -196,7 +196,7 @@ def opencode(s: Served) -> AgentConfig:
 # so the window goes in the entry. (The env route OPENAI_BASE_URL/OPENAI_API_KEY/OPENAI_MODEL builds a
 # "runtime model" that only model.generationConfig.contextWindowSize can size.) Its managed auto-memory puts
 # about 1,400 tokens in every system prompt (settings.md: memory.enableManagedAutoMemory, default true); with
-# Qwen Code 0.24.4's own ~7,400 that is more than an 8k window holds (seen: 8,787 tokens on the default
+# Qwen Code 0.24.4's own ~7,500 that is more than an 8k window holds (seen: 8,787 tokens on the default
 # model, refused), so below QWEN_MEMORY_MIN_CONTEXT it is turned off.
 QWEN_MEMORY_MIN_CONTEXT = 16384
 

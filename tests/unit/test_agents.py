@@ -1,6 +1,6 @@
 """`gateway agent NAME` prints each agent's configuration for the gateway it asks, and each parses the
 way the agent reads it (TOML, JSON, YAML, shell); `--write` merges it into the agent's own files under
-HOME. The Codex one also drives the real Codex CLI in tests/integration/test_agent_apis_scripted.py."""
+HOME. What --write writes drives each agent's real CLI in tests/integration/test_agents_real.py."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_qwen_code(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_qwen_code_turns_auto_memory_off_in_a_small_window(capsys: pytest.CaptureFixture[str]) -> None:
-    """Its memory prompt (~1,400 tokens) beside Qwen Code's own (~7,400) is more than 8k holds."""
+    """Its memory prompt (~1,400 tokens) beside Qwen Code's own (~7,500) is more than 8k holds."""
     served = Served(_gateway(context=8192), lifespan="off")
     try:
         assert main(["agent", "qwen", "--url", served.url]) == 0
