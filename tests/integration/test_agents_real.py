@@ -16,7 +16,7 @@ run, so a failure names what the gateway answered; tests/data/agent-requests/ ke
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,11 @@ class Session:
         self.requests = tmp_path / "requests"
         self.requests.mkdir()
         self.proxy = ToolProcess("recording_proxy.py", gateway.url, str(self.requests))
-        configure(agent, self.home, self.proxy.url)
+        try:
+            configure(agent, self.home, self.proxy.url)
+        except BaseException:
+            self.proxy.stop()
+            raise
         for path in self.requests.glob("*.json"):
             path.unlink()  # `gateway agent` asking what is served
 
@@ -115,8 +119,12 @@ class Session:
         self.proxy.stop()
 
 
+StartSession = Callable[[str, GatewayProcess], Session]
+
+
 @pytest.fixture
-def session_for(tmp_path: Path) -> Iterator[Any]:
+def session_for(tmp_path: Path) -> Iterator[StartSession]:
+    """Starts the named agent's session (skipped with the reason when it is not installed); stops it after."""
     sessions: list[Session] = []
 
     def start(name: str, gateway: GatewayProcess) -> Session:
@@ -141,7 +149,9 @@ def shown_answer(name: str, result: Run) -> str:
 
 @pytest.mark.timeout(DEFAULT_MODEL_TIMEOUT_S + 60)
 @pytest.mark.parametrize("name", list(AGENTS))
-def test_the_agent_answers_from_the_default_model(name: str, default_gateway: GatewayProcess, session_for: Any) -> None:
+def test_the_agent_answers_from_the_default_model(
+    name: str, default_gateway: GatewayProcess, session_for: StartSession
+) -> None:
     session = session_for(name, default_gateway)
     result = session.run(DEFAULT_PROMPT, DEFAULT_MODEL_TIMEOUT_S)
     requests = session.model_requests()
@@ -153,7 +163,7 @@ def test_the_agent_answers_from_the_default_model(name: str, default_gateway: Ga
 
 @pytest.mark.parametrize("name", list(AGENTS))
 def test_the_agent_completes_a_tool_loop_in_its_own_dialect(
-    name: str, scripted_gateway: GatewayProcess, session_for: Any
+    name: str, scripted_gateway: GatewayProcess, session_for: StartSession
 ) -> None:
     session = session_for(name, scripted_gateway)
     target = session.work / "hello.txt"
@@ -179,7 +189,7 @@ def _carries_a_tool_result(body: Any) -> bool:
 
 @pytest.mark.parametrize("name", list(AGENTS))
 def test_the_agent_shows_its_own_overflow_message(
-    name: str, scripted_gateway: GatewayProcess, session_for: Any
+    name: str, scripted_gateway: GatewayProcess, session_for: StartSession
 ) -> None:
     session = session_for(name, scripted_gateway)
     result = session.run(overflow_prompt(name, session.work), SCRIPTED_TIMEOUT_S)
