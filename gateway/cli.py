@@ -45,7 +45,7 @@ PLAN_SETTINGS = (
     "vllm_version", "vllm_command", "llama_server_command", "llama_cpp_python_command",
     "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
     "kv_cache_dtype", "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload", "port",
-    "workers", "worker_api_key",
+    "workers", "worker_api_key", "quant",
 )  # fmt: skip
 
 
@@ -172,7 +172,8 @@ def _configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll is noise
+    for noisy in ("httpx", "httpx2"):  # one line per health poll (or hub request) is noise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _bind(host: str, port: int) -> socket.socket:
