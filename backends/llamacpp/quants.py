@@ -91,6 +91,12 @@ def choose(alternatives: list[Alternative]) -> tuple[int | None, str]:
         return c.tokens_per_s if c else 0.0
 
     acceptable = [i for i in fitting if speed(i) >= ACCEPTABLE_TOKENS_PER_S]
+    if acceptable and not any(alternatives[i].gpu_layers for i in fitting):  # no GPU: RAM decides, and speed
+        winner = max(acceptable, key=lambda i: alternatives[i].size)
+        return winner, (
+            f"{alternatives[winner].quant}: no layer on a GPU; the largest that fits in RAM at an acceptable "
+            f"speed (~{speed(winner):.1f} ≥ {ACCEPTABLE_TOKENS_PER_S:g} tokens/s)"
+        )
     if acceptable:
         winner = max(acceptable, key=lambda i: (alternatives[i].gpu_layers, alternatives[i].size))
         a = alternatives[winner]

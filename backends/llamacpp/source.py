@@ -13,6 +13,7 @@ from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, g
 from backends.llamacpp.hub_variants import ReadVariant, read_variant
 from gateway.artifacts import from_hub, from_package, from_wheel
 from gateway.errors import ModelError
+from gateway.hub.fetch import cached
 from gateway.hub.variants import discover
 from gateway.modelfacts import ModelFacts, facts_from_config
 from gateway.modelinfo import read_gguf_header
@@ -159,7 +160,15 @@ def _read_hub(model: LlamaCppModel, hub_model: str, bundled: dict[str, Any] | No
         )
         return model
     config = bundled or _hub_config(hub_model)
-    for variant in found.gguf:
+    to_read = found.gguf
+    if found.offline:  # the hub cannot be asked: only what is already downloaded can be planned
+        local = [v for v in found.gguf if all(cached(v.repo, f) for f in v.files)]
+        model.notes.append(
+            f"llama.cpp: the hub is offline; planned from the hub cache ({len(local)} of {len(found.gguf)} "
+            "quantizations downloaded)"
+        )
+        to_read = local
+    for variant in to_read:
         try:
             read = read_variant(variant, model.name, config, None)
         except ModelError as exc:

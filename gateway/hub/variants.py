@@ -16,11 +16,14 @@ Checkpoints for vLLM (FP8, AWQ, GPTQ, NVFP4, MXFP4) are ranked the same way, one
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from gateway.files import replace_atomically
 from gateway.hub.errors import hub_error
 
 # GGUF publishers in trusted order; the model's own organisation is placed second at search time
@@ -77,6 +80,7 @@ class Variants:
     gguf: list[GgufVariant] = field(default_factory=list)  # one per quantization type, largest first
     checkpoints: list[CheckpointVariant] = field(default_factory=list)  # one per method, best first
     searched: list[str] = field(default_factory=list)  # the repositories whose files were listed
+    offline: bool = False  # remembered from the last search (the hub was not asked)
 
     def gguf_by(self, pin: str) -> GgufVariant | None:
         """The variant a ``--quant`` pin names: a quantization type or a file name."""
@@ -157,6 +161,9 @@ def _trust(author: str, order: tuple[str, ...]) -> int:
     return lowered.index(author.lower()) if author.lower() in lowered else len(order)
 
 
+_FOUND: dict[tuple[str, str], Variants] = {}  # per process: both engines ask for the same model
+
+
 def discover(model: str, api: Any = None) -> Variants:
     """Every variant of ``model`` the hub lists (I/O: a handful of API calls, no file is downloaded).
 
@@ -166,10 +173,17 @@ def discover(model: str, api: Any = None) -> Variants:
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     api = api or HfApi()
+    key = (model.lower(), str(api.endpoint))
+    if key in _FOUND:
+        return _FOUND[key]
     org, name = model.split("/", 1)
     try:
         api.model_info(model)
-    except (HfHubHTTPError, OfflineModeIsEnabled, OSError) as exc:
+    except (OfflineModeIsEnabled, HfHubHTTPError, OSError) as exc:
+        unreachable = isinstance(exc, OfflineModeIsEnabled) or not isinstance(exc, HfHubHTTPError)
+        if unreachable and (remembered := _remembered(model)) is not None:
+            _FOUND[key] = remembered
+            return remembered  # offline: what the last search found (its downloaded files are in the cache)
         raise hub_error(model, exc) from exc
     found: dict[str, Any] = {}
     searches: list[dict[str, Any]] = [
@@ -212,7 +226,32 @@ def discover(model: str, api: Any = None) -> Variants:
             if quant not in by_quant:  # repositories come best first: the first holder of a type keeps it
                 by_quant[quant] = GgufVariant(repo_id, parts, size, quant_of(parts[0]), rank)
     variants.gguf = sorted(by_quant.values(), key=lambda v: -v.size)
+    _FOUND[key] = variants
+    _remember(variants)
     return variants
+
+
+def _record(model: str) -> Path:
+    """Where the last search for ``model`` is kept, beside the hub cache (``HF_HOME``)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME) / "gateway-variants" / (model.replace("/", "--") + ".json")
+
+
+def _remember(variants: Variants) -> None:
+    try:
+        replace_atomically(_record(variants.model), json.dumps(variants.to_json(), indent=1))
+    except OSError:
+        pass  # a read-only cache: searching again next time is the only cost
+
+
+def _remembered(model: str) -> Variants | None:
+    try:
+        found = Variants.from_json(json.loads(_record(model).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    found.offline = True
+    return found
 
 
 def _best_per(items: list[CheckpointVariant], key: Any) -> list[CheckpointVariant]:
