@@ -127,6 +127,9 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
             matrix(f"{b}.attn_k.weight", kv_heads * head_dim, hidden, main)
             matrix(f"{b}.attn_v.weight", kv_heads * head_dim, hidden, more)
             matrix(f"{b}.attn_output.weight", hidden, heads * head_dim, main)
+            if str(cfg.get("model_type", "")).startswith(("qwen3", "gemma3")):  # per-head RMS norms of q and k
+                out.append((f"{b}.attn_q_norm.weight", (head_dim,), Q.F32))
+                out.append((f"{b}.attn_k_norm.weight", (head_dim,), Q.F32))
         out.append((f"{b}.ffn_norm.weight", (hidden,), Q.F32))
         if experts and i >= dense_first:
             out.append((f"{b}.ffn_gate_inp.weight", (experts, hidden), Q.F32))
