@@ -72,11 +72,21 @@ def alternative(label: str, quant: str, size: int, candidates: list[LlamaCppCand
     return Alternative(label, quant, size, best(candidates), layers)
 
 
+LOW_BIT = ("Q2", "Q3", "IQ1", "IQ2", "IQ3", "TQ")  # below 4 bits/weight: quality drops steeply
+
+
+def low_bit(quant: str) -> bool:
+    return quant.upper().startswith(LOW_BIT)
+
+
 def choose(alternatives: list[Alternative]) -> tuple[int | None, str]:
-    """(index of the winner, why it won), or (None, why none fits)."""
+    """(index of the winner, why it won), or (None, why none fits). Quantizations below 4 bits are
+    considered only when none of 4 bits or more fits."""
     fitting = [i for i, a in enumerate(alternatives) if a.candidate is not None]
     if not fitting:
         return None, "no quantization fits in the GPUs and RAM"
+    if any(not low_bit(alternatives[i].quant) for i in fitting):
+        fitting = [i for i in fitting if not low_bit(alternatives[i].quant)]
     on_gpus = [i for i in fitting if alternatives[i].all_on_gpus]
     if on_gpus:
         winner = max(on_gpus, key=lambda i: alternatives[i].size)

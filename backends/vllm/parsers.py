@@ -62,7 +62,7 @@ def _family(model_type: str, name: str, template: str) -> tuple[str | None, str 
         tool = "qwen3_coder" if "<function=" in template or "coder" in lowered else "hermes"
         return tool, "qwen3" if _thinks(template) else None
     if model_type in ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa"):
-        newer = model_type != "glm4_moe" or re.search(r"4\.[7-9]|5", lowered) is not None
+        newer = model_type != "glm4_moe" or re.search(r"glm-?(4\.[7-9]|5)", lowered) is not None
         return ("glm47" if newer else "glm45"), "glm45"
     if model_type == "gpt_oss":
         return "openai", "openai_gptoss"

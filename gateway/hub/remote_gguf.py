@@ -40,11 +40,17 @@ def _read_part(fs: Any, path: str, size: int) -> GgufHeader:
                 length *= 2
 
 
+_READ: dict[tuple[str, str, tuple[str, ...]], GgufHeader] = {}  # per process: plan and serve read once
+
+
 def read_header(repo: str, files: tuple[str, ...], sizes: tuple[int, ...], endpoint: str | None = None) -> GgufHeader:
     """The header of a (possibly split) GGUF in ``repo``, its parts' tensor tables joined."""
-    from huggingface_hub import HfFileSystem
+    from huggingface_hub import HfFileSystem, constants
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+    key = (endpoint or constants.ENDPOINT, repo, files)
+    if key in _READ:
+        return _READ[key]
     fs = HfFileSystem(endpoint=endpoint, skip_instance_cache=True)
     headers = []
     try:
@@ -52,7 +58,8 @@ def read_header(repo: str, files: tuple[str, ...], sizes: tuple[int, ...], endpo
             headers.append(_read_part(fs, f"{repo}/{name}", size))
     except (HfHubHTTPError, OfflineModeIsEnabled, OSError) as exc:
         raise hub_error(repo, exc, f"the GGUF header of {files[0]}") from exc
-    return join_parts(headers)
+    _READ[key] = join_parts(headers)
+    return _READ[key]
 
 
 def join_parts(headers: list[GgufHeader]) -> GgufHeader:

@@ -1,0 +1,159 @@
+"""The planner's JSON for a model named only by hub id, per family and machine: the real
+huggingface_hub client against the local hub (tests/integration/tools/local_hub.py), the GGUF
+headers read over range requests, the quantized checkpoints on vLLM's ladder, the parsers chosen.
+
+Each row: (model, machine) → the engine chosen, what it loads (vLLM checkpoint or GGUF quantization)
+and, for llama.cpp, how many GPUs the layers are split over. The expectations are what the plan's own
+rules give for these sizes (reviewed by hand against the figures in the plan), so a change in
+sizing or ranking shows here as a changed row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.catalog import builtin_catalog
+from gateway.hardware import GIB, Inventory, inventory
+from gateway.plan_report import to_json
+from gateway.settings import Settings
+from gateway.startup import plan_for
+from tests.integration.tools.local_hub import LocalHub
+from tests.unit.hub_client import hub, local_hub  # noqa: F401  (fixtures)
+
+MACHINES = {"2x24@8.9": "2x24GiB@8.9", "2x32@12.0": "2x32GiB@12.0", "1x80@9.0": "1x80GiB@9.0", "cpu": None}
+
+
+def plan_json(model: str, machine: str) -> dict[str, Any]:
+    spec = MACHINES[machine]
+    if spec is None:
+        ram = 64 * GIB
+        inv = Inventory((), ram, ram, source="simulated")
+    else:
+        inv = inventory(spec, "64GiB")
+    settings = Settings(model=model, llama_launcher="native", vllm_version="0.32.0")
+    entry = builtin_catalog().resolve(model)
+    return to_json(plan_for(settings, entry, inv, serving=False), 8000)
+
+
+def summary(data: dict[str, Any]) -> tuple[str | None, str, int]:
+    """(engine, what it loads, GPUs the llama.cpp layers are split over)."""
+    decision = data["decision"]
+    if decision["candidate"] is None:
+        return None, "", 0
+    chosen = data["candidates"][decision["candidate"]]
+    if decision["backend"] == "vllm":
+        return "vllm", chosen["checkpoint"], int(chosen.get("tensor_parallel_size") or 0)
+    split = [share for share in chosen["tensor_split"] if share > 0]
+    gpus = len(split) if chosen["n_gpu_layers"] else 0
+    return "llamacpp", chosen["gguf_variant"]["quant"], gpus
+
+
+CODER = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+QWEN = "Qwen/Qwen3-8B"
+OSS = "openai/gpt-oss-20b"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+DEVSTRAL = "mistralai/Devstral-Small-2507"
+
+# the parsers vLLM is started with, per family (tool-call, reasoning)
+PARSERS = {
+    CODER: ("qwen3_coder", None),
+    QWEN: ("hermes", "qwen3"),
+    OSS: ("openai", "openai_gptoss"),
+    LLAMA: ("llama3_json", None),
+    DEVSTRAL: ("mistral", None),
+}
+
+TABLE = [
+    # model, machine, engine, what it loads, GPUs (vLLM: TP size; llama.cpp: GPUs the layers are split over)
+    (CODER, "2x24@8.9", "vllm", "Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8", 2),  # BF16 does not fit; FP8 does
+    (CODER, "2x32@12.0", "vllm", CODER, 2),  # BF16 at one sequence: fewer sequences before another checkpoint
+    (CODER, "1x80@9.0", "vllm", CODER, 1),
+    (CODER, "cpu", "llamacpp", "Q4_K_M", 0),  # nothing reaches 10 tokens/s: the fastest of 4 bits or more
+    (QWEN, "2x24@8.9", "vllm", QWEN, 2),
+    (QWEN, "2x32@12.0", "vllm", QWEN, 2),
+    (QWEN, "1x80@9.0", "vllm", QWEN, 1),
+    (QWEN, "cpu", "llamacpp", "Q4_K_M", 0),
+    (OSS, "2x24@8.9", "vllm", OSS, 2),
+    (OSS, "2x32@12.0", "vllm", OSS, 2),
+    (OSS, "1x80@9.0", "vllm", OSS, 1),
+    (OSS, "cpu", "llamacpp", "MXFP4", 0),
+    (LLAMA, "2x24@8.9", "vllm", LLAMA, 2),
+    (LLAMA, "2x32@12.0", "vllm", LLAMA, 2),
+    (LLAMA, "1x80@9.0", "vllm", LLAMA, 1),
+    (LLAMA, "cpu", "llamacpp", "Q4_K_M", 0),
+    (DEVSTRAL, "2x24@8.9", "llamacpp", "Q8_0", 2),  # 24B BF16 does not fit vLLM; Q8_0 fits both cards whole
+    (DEVSTRAL, "2x32@12.0", "vllm", DEVSTRAL, 2),
+    (DEVSTRAL, "1x80@9.0", "vllm", DEVSTRAL, 1),
+    (DEVSTRAL, "cpu", "llamacpp", "Q4_K_M", 0),
+]
+
+
+@pytest.mark.parametrize(("model", "machine", "engine", "loads", "gpus"), TABLE)
+def test_each_family_on_each_machine(
+    hub: LocalHub, monkeypatch: pytest.MonkeyPatch, model: str, machine: str, engine: str, loads: str, gpus: int
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test")  # Llama is gated: the local hub wants a token, any token
+    data = plan_json(model, machine)
+    assert summary(data) == (engine, loads, gpus), data["decision"]["reason"]
+    chosen = data["candidates"][data["decision"]["candidate"]]
+    tool, reasoning = PARSERS[model]
+    notes = " ".join(data["notes"])
+    assert f"tool-call parser {tool}, reasoning parser {reasoning or 'none'}" in notes
+    if engine == "vllm":
+        argv = chosen["argv"]
+        assert argv[argv.index("--tool-call-parser") + 1] == tool and "--enable-auto-tool-choice" in argv
+        assert ("--reasoning-parser" in argv) == (reasoning is not None)
+        return
+    # llama.cpp: the file and its quantization named, every alternative with its figures, the rule kept
+    table = chosen["gguf_alternatives"]
+    picked = [row for row in table if row["chosen"]]
+    assert len(picked) == 1 and picked[0]["quant"] == loads == chosen["gguf_variant"]["quant"]
+    assert chosen["argv"][chosen["argv"].index("-m") + 1].endswith(f"{loads}.gguf") and "--jinja" in chosen["argv"]
+    whole = [row for row in table if row["fits"] and row["layers_on_gpu"] == row["layers"]]
+    if whole:  # the largest with every layer on the GPUs
+        assert picked[0]["size_bytes"] == max(row["size_bytes"] for row in whole)
+    assert f"chose {chosen['gguf_variant']['repo']}/" in notes
+
+
+def test_the_headline_plans_llamacpp_pooled_over_both_cards(hub: LocalHub) -> None:
+    """`gateway plan --model Qwen/Qwen3-Coder-30B-A3B-Instruct --gpus 2x24GiB@8.9 --ram 64GiB`: vLLM
+    fits only with the FP8 checkpoint (above); llama.cpp, asked for, pools the largest quantization
+    whose every layer fits over both cards, and says why, with the thinking-free Qwen3-Coder template."""
+    settings = Settings(model=CODER, llama_launcher="native", engine="llamacpp")
+    plan = plan_for(settings, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+    data = to_json(plan, 8000)
+    chosen = data["candidates"][data["decision"]["candidate"]]
+    assert data["decision"]["backend"] == "llamacpp"
+    assert chosen["n_gpu_layers"] == 49 and chosen["n_cpu_moe"] == 0  # 48 blocks + output, none in RAM
+    assert len(chosen["tensor_split"]) == 2 and min(chosen["tensor_split"]) > 0.4 * sum(chosen["tensor_split"])
+    assert all(memory["model"] > 10_000 for name, memory in chosen["memory_mib"].items() if name != "host")
+    assert chosen["gguf_variant"] == {
+        "repo": "unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF",
+        "files": ["Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf"],
+        "quant": "Q8_0",
+    }
+    assert "the largest quantization with every layer on the GPUs" in chosen["gguf_choice"]
+    assert chosen["reasoning_format"] is None  # Qwen3-Coder does not think
+
+
+def test_quant_pins_one_quantization_and_an_unknown_one_lists_the_others(hub: LocalHub) -> None:
+    from gateway.errors import ConfigError
+
+    settings = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Q5_K_M")
+    plan = plan_for(settings, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+    chosen = to_json(plan, 8000)["candidates"][plan.decision_index or 0]
+    assert chosen["gguf_variant"]["quant"] == "Q5_K_M" and "pinned with --quant" in chosen["gguf_choice"]
+    by_file = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Instruct-Q6_K.gguf")
+    plan = plan_for(by_file, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+    assert to_json(plan, 8000)["candidates"][0]["gguf_variant"]["quant"] == "Q6_K"
+    with pytest.raises(ConfigError, match="--quant Q9_K: no such GGUF among Q8_0 .*Q2_K"):
+        unknown = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Q9_K")
+        plan_for(unknown, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+
+
+def test_a_thinking_model_gets_llama_servers_reasoning_format(hub: LocalHub) -> None:
+    settings = Settings(model=QWEN, llama_launcher="native", engine="llamacpp")
+    plan = plan_for(settings, builtin_catalog().resolve(QWEN), inventory("1x24GiB@8.9", "64GiB"), serving=False)
+    argv = to_json(plan, 8000)["candidates"][plan.decision_index or 0]["argv"]
+    assert argv[argv.index("--reasoning-format") + 1] == "deepseek" and "--jinja" in argv
