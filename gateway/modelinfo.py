@@ -72,7 +72,7 @@ class _Cursor:
 
     def string(self) -> str:
         length = self.scalar("<Q")
-        raw = self.buffer[self.offset : self.offset + length]
+        raw = bytes(self.buffer[self.offset : self.offset + length])
         if len(raw) != length:
             raise struct.error("string runs past the end of the file")
         self.offset += length

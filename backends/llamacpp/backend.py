@@ -14,7 +14,6 @@ from backends.base import Installation, Option
 from backends.llamacpp import source
 from backends.llamacpp.chat import has_tools, reasoning_format
 from backends.llamacpp.hub_variants import ReadVariant
-from backends.llamacpp.quants import alternative, choose
 from backends.llamacpp.ladder import LlamaCppCandidate, best, candidates
 from backends.llamacpp.launchers import (
     KEY_VARIABLE,
@@ -24,10 +23,11 @@ from backends.llamacpp.launchers import (
     python_command,
 )
 from backends.llamacpp.option import LlamaCppOption
+from backends.llamacpp.quants import alternative, choose
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from gateway.errors import BackendError, ConfigError
-from gateway.hub.fetch import download
 from gateway.hardware import slowest_link
+from gateway.hub.fetch import download
 
 if TYPE_CHECKING:
     from gateway.catalog import ModelEntry
@@ -209,17 +209,27 @@ class LlamaCppBackend:
         rows = [a.row(i == winner) for i, a in enumerate(alternatives)]
         table = [a.to_json(i == winner) for i, a in enumerate(alternatives)]
         for candidate in ladders[index]:
-            candidate.variant = {"repo": chosen.variant.repo, "files": list(chosen.variant.files), "quant": chosen.quant}
+            candidate.variant = {
+                "repo": chosen.variant.repo,
+                "files": list(chosen.variant.files),
+                "quant": chosen.quant,
+            }
             candidate.alternatives = table
             candidate.alternative_rows = rows
             candidate.choice_reason = why
-        tools = "tool calls parsed from its template" if has_tools(chosen.chat_template) else (
-            "its template has no tool support: agents cannot call tools with it"
+        tools = (
+            "tool calls parsed from its template"
+            if has_tools(chosen.chat_template)
+            else ("its template has no tool support: agents cannot call tools with it")
         )
         model.notes.append(
             f"llama.cpp: chose {chosen.label} ({chosen.quant}, {chosen.variant.size / 1e9:.2f} GB): {why}; "
             f"--jinja with the GGUF's chat template ({tools})"
-            + (f", --reasoning-format {ladders[index][0].reasoning_format}" if ladders[index] and ladders[index][0].reasoning_format else "")
+            + (
+                f", --reasoning-format {ladders[index][0].reasoning_format}"
+                if ladders[index] and ladders[index][0].reasoning_format
+                else ""
+            )
         )
         return ladders[index]
 
@@ -233,7 +243,10 @@ class LlamaCppBackend:
             lines.append("llama.cpp GGUF quantizations (best placement of each on this machine):")
             lines += candidates[0].alternative_rows
             lines.append(f"  chosen: {candidates[0].choice_reason}")
-        lines.append("llama.cpp candidates" + (f" ({candidates[0].variant['quant']}):" if candidates and candidates[0].variant else ":"))
+        lines.append(
+            "llama.cpp candidates"
+            + (f" ({candidates[0].variant['quant']}):" if candidates and candidates[0].variant else ":")
+        )
         for c in candidates:
             mark = "=>" if c is chosen else "ok" if c.fits else "--"
             p = c.placement

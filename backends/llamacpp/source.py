@@ -180,8 +180,7 @@ def _read_hub(model: LlamaCppModel, hub_model: str, bundled: dict[str, Any] | No
         model.facts = model.variants[0].facts
         model.gguf = model.variants[0].label
         model.notes.append(
-            f"llama.cpp: {len(model.variants)} GGUF quantizations of {hub_model} found in "
-            f"{', '.join(found.searched)}"
+            f"llama.cpp: {len(model.variants)} GGUF quantizations of {hub_model} found in {', '.join(found.searched)}"
         )
     return model
 

@@ -19,17 +19,104 @@ import re
 from dataclasses import dataclass
 
 TOOL_PARSERS_0_32_0 = frozenset(
-    "dots deepseek_v3 deepseek_v31 deepseek_v32 deepseek_v4 deepseek_v41 cohere_command3 cohere_command4 ernie45 "
-    "glm45 glm47 ling3 granite-20b-fc granite granite4 hermes hf poolside_v1 hunyuan_a13b hy_v3 hy_v4 internlm "
-    "jamba lfm2 kimi_k2 kimi_k3 k2_horizon llama3_json llama4_json llama4_pythonic longcat mimo minimax_m2 "
-    "minimax_m3 minicpm5 mistral olmo3 plamo3 muse_glimmer openai phi4_mini_json pythonic qwen3_coder qwen3_json "
-    "qwen3_xml seed_oss step3 step3p5 inkling xlam gigachat3 functiongemma gemma4 apertus".split()
+    [
+        "dots",
+        "deepseek_v3",
+        "deepseek_v31",
+        "deepseek_v32",
+        "deepseek_v4",
+        "deepseek_v41",
+        "cohere_command3",
+        "cohere_command4",
+        "ernie45",
+        "glm45",
+        "glm47",
+        "ling3",
+        "granite-20b-fc",
+        "granite",
+        "granite4",
+        "hermes",
+        "hf",
+        "poolside_v1",
+        "hunyuan_a13b",
+        "hy_v3",
+        "hy_v4",
+        "internlm",
+        "jamba",
+        "lfm2",
+        "kimi_k2",
+        "kimi_k3",
+        "k2_horizon",
+        "llama3_json",
+        "llama4_json",
+        "llama4_pythonic",
+        "longcat",
+        "mimo",
+        "minimax_m2",
+        "minimax_m3",
+        "minicpm5",
+        "mistral",
+        "olmo3",
+        "plamo3",
+        "muse_glimmer",
+        "openai",
+        "phi4_mini_json",
+        "pythonic",
+        "qwen3_coder",
+        "qwen3_json",
+        "qwen3_xml",
+        "seed_oss",
+        "step3",
+        "step3p5",
+        "inkling",
+        "xlam",
+        "gigachat3",
+        "functiongemma",
+        "gemma4",
+        "apertus",
+    ]
 )
 REASONING_PARSERS_0_32_0 = frozenset(
-    "deepseek_r1 deepseek_v3 deepseek_v4 deepseek_v41 poolside_v1 cohere_command3 cohere_command4 ernie45 gemma4 "
-    "glm45 glm47 ling3 openai_gptoss granite granite_thinking_parser hf holo2 hunyuan_a13b hy_v3 hy_v4 kimi_k2 "
-    "kimi_k3 k2_horizon mimo minicpmv minimax_m2 minimax_m2_append_think minimax_m3 mistral nemotron_v3 olmo3 "
-    "plamo3 muse_glimmer qwen3 seed_oss step3 step3p5 inkling".split()
+    [
+        "deepseek_r1",
+        "deepseek_v3",
+        "deepseek_v4",
+        "deepseek_v41",
+        "poolside_v1",
+        "cohere_command3",
+        "cohere_command4",
+        "ernie45",
+        "gemma4",
+        "glm45",
+        "glm47",
+        "ling3",
+        "openai_gptoss",
+        "granite",
+        "granite_thinking_parser",
+        "hf",
+        "holo2",
+        "hunyuan_a13b",
+        "hy_v3",
+        "hy_v4",
+        "kimi_k2",
+        "kimi_k3",
+        "k2_horizon",
+        "mimo",
+        "minicpmv",
+        "minimax_m2",
+        "minimax_m2_append_think",
+        "minimax_m3",
+        "mistral",
+        "nemotron_v3",
+        "olmo3",
+        "plamo3",
+        "muse_glimmer",
+        "qwen3",
+        "seed_oss",
+        "step3",
+        "step3p5",
+        "inkling",
+    ]
 )
 REGISTERED = {"0.32.0": (TOOL_PARSERS_0_32_0, REASONING_PARSERS_0_32_0)}
 CHECKED_RELEASE = "0.32.0"

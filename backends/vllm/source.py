@@ -43,6 +43,7 @@ class VllmSource(_Strict):
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     chat_template: str | None = None
+    discover: bool = False  # named by hub id, not in the catalog: search the hub for quantized variants
 
 
 @dataclass
@@ -73,7 +74,7 @@ def section_for(spec: str) -> dict[str, Any] | None:
         return {"checkpoint": str(path.resolve())}
     named_file = spec.lower().endswith((".gguf", ".json", ".safetensors", ".bin"))
     if not path.exists() and spec.count("/") == 1 and all(spec.split("/")) and not spec.startswith((".", "~")):
-        return None if named_file else {"checkpoint": spec}
+        return None if named_file else {"checkpoint": spec, "discover": True}
     return None
 
 
@@ -94,20 +95,17 @@ def read(entry: ModelEntry) -> VllmModel:
                 quantization=variant.quantization,
             )
             model.checkpoints.append(Checkpoint(variant.checkpoint, facts))
-        if not source.quantized and _is_hub(source.checkpoint):
+        if source.discover and not source.quantized:
             _add_hub_checkpoints(model, source.checkpoint, bundled)
     except ModelError as exc:
         model.notes.append(f"vLLM not planned: {exc}")
-    if model.checkpoints and source.tool_call_parser is None and source.reasoning_parser is None:
+    unnamed = source.tool_call_parser is None and source.reasoning_parser is None
+    if model.checkpoints and unnamed and (source.discover or Path(source.checkpoint).expanduser().is_dir()):
         original = model.checkpoints[0].facts
         model.auto_parsers = parsers.choose(original.model_type, source.checkpoint, _chat_template(source.checkpoint))
         model.tool_call_parser = model.auto_parsers.tool
         model.reasoning_parser = model.auto_parsers.reasoning
     return model
-
-
-def _is_hub(checkpoint: str) -> bool:
-    return not Path(checkpoint).expanduser().exists() and checkpoint.count("/") == 1
 
 
 def _add_hub_checkpoints(model: VllmModel, checkpoint: str, bundled: dict[str, Any] | None) -> None:

@@ -22,9 +22,7 @@ def hub_error(repo: str, exc: Exception, what: str = "") -> ModelError:
             f"{repo} is gated: accept its licence on the hub, then export HF_TOKEN=<a token with access> and retry"
         )
     if isinstance(exc, RepositoryNotFoundError):
-        return ModelError(
-            f"no repository {repo} on the hub (or it is private: export HF_TOKEN): check the model id"
-        )
+        return ModelError(f"no repository {repo} on the hub (or it is private: export HF_TOKEN): check the model id")
     if isinstance(exc, EntryNotFoundError):
         return ModelError(f"{where}: not in the repository: check the file name")
     if isinstance(exc, OfflineModeIsEnabled | LocalEntryNotFoundError):

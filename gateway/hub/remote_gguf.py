@@ -46,7 +46,6 @@ _READ: dict[tuple[str, str, tuple[str, ...]], GgufHeader] = {}  # per process: p
 def read_header(repo: str, files: tuple[str, ...], sizes: tuple[int, ...], endpoint: str | None = None) -> GgufHeader:
     """The header of a (possibly split) GGUF in ``repo``, its parts' tensor tables joined."""
     from huggingface_hub import HfFileSystem, constants
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     key = (endpoint or constants.ENDPOINT, repo, files)
     if key in _READ:
@@ -56,7 +55,9 @@ def read_header(repo: str, files: tuple[str, ...], sizes: tuple[int, ...], endpo
     try:
         for name, size in zip(files, sizes, strict=True):
             headers.append(_read_part(fs, f"{repo}/{name}", size))
-    except (HfHubHTTPError, OfflineModeIsEnabled, OSError) as exc:
+    except ModelError:
+        raise
+    except Exception as exc:  # HTTP errors, offline mode, the transport's own (connection refused, timeouts)
         raise hub_error(repo, exc, f"the GGUF header of {files[0]}") from exc
     _READ[key] = join_parts(headers)
     return _READ[key]

@@ -16,6 +16,7 @@ Checkpoints for vLLM (FP8, AWQ, GPTQ, NVFP4, MXFP4) are ranked the same way, one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable
@@ -85,16 +86,18 @@ class Variants:
     def gguf_by(self, pin: str) -> GgufVariant | None:
         """The variant a ``--quant`` pin names: a quantization type or a file name."""
         for variant in self.gguf:
-            if variant.quant.lower() == pin.lower() or pin in variant.files or any(f.endswith(pin) for f in variant.files):
+            if (
+                variant.quant.lower() == pin.lower()
+                or pin in variant.files
+                or any(f.endswith(pin) for f in variant.files)
+            ):
                 return variant
         return None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
-            "gguf": [
-                {"repo": v.repo, "files": list(v.files), "size": v.size, "quant": v.quant} for v in self.gguf
-            ],
+            "gguf": [{"repo": v.repo, "files": list(v.files), "size": v.size, "quant": v.quant} for v in self.gguf],
             "checkpoints": [{"repo": c.repo, "quantization": c.quantization} for c in self.checkpoints],
             "searched": self.searched,
         }
@@ -179,7 +182,7 @@ def discover(model: str, api: Any = None) -> Variants:
     org, name = model.split("/", 1)
     try:
         api.model_info(model)
-    except (OfflineModeIsEnabled, HfHubHTTPError, OSError) as exc:
+    except Exception as exc:  # HTTP errors, offline mode, and the transport's own (connection refused…)
         unreachable = isinstance(exc, OfflineModeIsEnabled) or not isinstance(exc, HfHubHTTPError)
         if unreachable and (remembered := _remembered(model)) is not None:
             _FOUND[key] = remembered
@@ -196,8 +199,8 @@ def discover(model: str, api: Any = None) -> Variants:
             for info in api.list_models(limit=100, **query):
                 if info.id.lower() != model.lower():
                     found.setdefault(info.id, info)
-        except (HfHubHTTPError, OSError):
-            continue  # one search failing leaves the others
+        except Exception:  # one search failing (HTTP or transport) leaves the others
+            continue
     gguf_order = (TRUSTED_GGUF[0], org, *TRUSTED_GGUF[1:])
     checkpoint_order = (org, *TRUSTED_CHECKPOINTS)
     variants = Variants(model)
@@ -217,7 +220,7 @@ def discover(model: str, api: Any = None) -> Variants:
     for rank, repo_id in sorted(gguf_repos)[:GGUF_REPOS_READ]:
         try:
             info = api.model_info(repo_id, files_metadata=True)
-        except (HfHubHTTPError, OSError):
+        except Exception:  # a repository that cannot be listed is left out
             continue
         variants.searched.append(repo_id)
         listing = [(s.rfilename, s.size) for s in info.siblings or []]
@@ -239,10 +242,8 @@ def _record(model: str) -> Path:
 
 
 def _remember(variants: Variants) -> None:
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache: searching again next time is the only cost
         replace_atomically(_record(variants.model), json.dumps(variants.to_json(), indent=1))
-    except OSError:
-        pass  # a read-only cache: searching again next time is the only cost
 
 
 def _remembered(model: str) -> Variants | None:

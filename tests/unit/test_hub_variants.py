@@ -17,7 +17,6 @@ from gateway.hub.variants import GgufVariant, discover, group_gguf_files, method
 from gateway.modelinfo import GgufHeader
 from tests.integration.tools import gguf_shapes
 from tests.integration.tools.local_hub import DATA, LocalHub
-from tests.unit.hub_client import hub, local_hub  # noqa: F401  (fixtures)
 
 CODER = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 
@@ -118,7 +117,9 @@ def test_a_header_is_read_with_range_requests_growing_until_the_tensor_table_end
     ranges = [r for method, path, r in hub.requests if path.endswith(q4.files[0]) and r]
     assert ranges[0] == f"bytes=0-{(1 << 20) - 1}" and len(ranges) >= 2  # the first MB was not enough
     assert all(int(r.split("-")[1]) < 16 << 20 for r in ranges)  # never the 18 GB file
-    assert header.metadata["general.file_type"] == 15 and len(header.tensors) == 579  # as llama.cpp's converter writes Qwen3-MoE: 12 per block + 3
+    assert (
+        header.metadata["general.file_type"] == 15 and len(header.tensors) == 579
+    )  # as llama.cpp's converter writes Qwen3-MoE: 12 per block + 3
     assert FIRST_READ >= 1 << 20
     total = sum(t.nbytes for t in header.tensors)
     assert 0.95 * q4.size < total <= q4.size  # exact tensor sizes, not bits-per-weight
@@ -151,7 +152,7 @@ def test_offline_the_last_search_is_remembered(hub: LocalHub, monkeypatch: pytes
 
     first = discover("Qwen/Qwen3-8B")
     monkeypatch.setattr("gateway.hub.variants._FOUND", {})
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub.requests.clear()
     again = discover("Qwen/Qwen3-8B")
     assert again.offline and [v.files for v in again.gguf] == [v.files for v in first.gguf]

@@ -19,7 +19,6 @@ from gateway.plan_report import to_json
 from gateway.settings import Settings
 from gateway.startup import plan_for
 from tests.integration.tools.local_hub import LocalHub
-from tests.unit.hub_client import hub, local_hub  # noqa: F401  (fixtures)
 
 MACHINES = {"2x24@8.9": "2x24GiB@8.9", "2x32@12.0": "2x32GiB@12.0", "1x80@9.0": "1x80GiB@9.0", "cpu": None}
 

@@ -54,7 +54,9 @@ def test_each_family_gets_parsers_the_release_registers(
 
 
 def test_a_template_without_tools_gets_no_auto_tool_choice_and_the_plan_says_agents_cannot_call_tools() -> None:
-    gemma3 = choose("gemma3", "google/gemma-3-27b-it", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    gemma3 = choose(
+        "gemma3", "google/gemma-3-27b-it", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
     assert gemma3.tool is None and not gemma3.tools_in_template
     assert "agents cannot call tools" in gemma3.describe()
     argv = build_argv(

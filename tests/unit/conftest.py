@@ -1,11 +1,14 @@
 """The real huggingface_hub client pointed at the local hub inside this test process.
 
-``huggingface_hub`` reads ``HF_ENDPOINT`` and ``HF_HOME`` once, at import; a subprocess gets them in
-its environment, a test in this process sets the constants they became (endpoint, URL template, the
-cache) and clears the gateway's per-process memory of searches."""
+``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HOME`` and ``HF_HUB_OFFLINE`` once, at import; a
+subprocess gets them in its environment, a test in this process sets the constants they became
+(endpoint, URL template, the cache) and clears the gateway's per-process memory of searches. Offline
+mode follows the environment in every test, so a test's ``setenv("HF_HUB_OFFLINE", "1")`` holds
+whichever test imported huggingface_hub first (without it such a test would reach the real hub)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +16,15 @@ import pytest
 
 from gateway.hub import variants
 from tests.integration.tools.local_hub import LocalHub, running
+
+
+@pytest.fixture(autouse=True)
+def offline_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(
+        constants, "is_offline_mode", lambda: os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    )
 
 
 @pytest.fixture(scope="session")
