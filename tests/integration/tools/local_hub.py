@@ -177,6 +177,8 @@ class LocalHub:
                 Route("/api/models", self.list_models, methods=["GET"]),
                 Route("/api/models/{org}/{name}/paths-info/{rev}", self.paths_info, methods=["POST"]),
                 Route("/api/models/{org}/{name}/revision/{rev}", self.model_info, methods=["GET"]),
+                Route("/api/models/{org}/{name}/tree/{rev}", self.tree, methods=["GET"]),
+                Route("/api/models/{org}/{name}/tree/{rev}/{path:path}", self.tree, methods=["GET"]),
                 Route("/api/models/{org}/{name}", self.model_info, methods=["GET"]),
                 Route("/{org}/{name}/resolve/{rev}/{path:path}", self.resolve, methods=["GET", "HEAD"]),
             ]
@@ -214,20 +216,34 @@ class LocalHub:
             return repo
         return JSONResponse(repo.info(blobs=request.query_params.get("blobs", "").lower() == "true"))
 
+    @staticmethod
+    def _entry(f: HubFile) -> dict[str, Any]:
+        entry: dict[str, Any] = {"type": "file", "path": f.name, "size": f.size, "oid": f.etag[:40]}
+        if f.is_lfs:
+            entry["lfs"] = {"oid": f.etag, "size": f.size, "pointerSize": 134}
+        return entry
+
     async def paths_info(self, request: Request) -> Response:
         repo = self._repo(request)
         if isinstance(repo, Response):
             return repo
         form = await request.form()
         paths = [str(p) for p in form.getlist("paths")]
-        out = []
-        for path in paths:
-            if (f := repo.files.get(path)) is not None:
-                entry: dict[str, Any] = {"type": "file", "path": f.name, "size": f.size, "oid": f.etag[:40]}
-                if f.is_lfs:
-                    entry["lfs"] = {"oid": f.etag, "size": f.size, "pointerSize": 134}
-                out.append(entry)
-        return JSONResponse(out)
+        return JSONResponse([self._entry(repo.files[path]) for path in paths if path in repo.files])
+
+    async def tree(self, request: Request) -> Response:
+        """``list_repo_tree`` (HfFileSystem's ``ls``/``info``): the files directly under a folder."""
+        repo = self._repo(request)
+        if isinstance(repo, Response):
+            return repo
+        folder = request.path_params.get("path", "").strip("/")
+        prefix = f"{folder}/" if folder else ""
+        entries = [
+            self._entry(f)
+            for name, f in repo.files.items()
+            if name.startswith(prefix) and "/" not in name[len(prefix) :]
+        ]
+        return JSONResponse(entries)
 
     async def resolve(self, request: Request) -> Response:
         repo = self._repo(request)
