@@ -85,12 +85,12 @@ def choose(alternatives: list[Alternative]) -> tuple[int | None, str]:
     fitting = [i for i, a in enumerate(alternatives) if a.candidate is not None]
     if not fitting:
         return None, "no quantization fits in the GPUs and RAM"
+    others = len(fitting) - 1
     if any(not low_bit(alternatives[i].quant) for i in fitting):
         fitting = [i for i in fitting if not low_bit(alternatives[i].quant)]
     on_gpus = [i for i in fitting if alternatives[i].all_on_gpus]
     if on_gpus:
         winner = max(on_gpus, key=lambda i: alternatives[i].size)
-        others = len(fitting) - 1
         return winner, (
             f"{alternatives[winner].quant}: the largest quantization with every layer on the GPUs"
             + (f" ({others} other{'s' if others != 1 else ''} fit{'s' if others == 1 else ''})" if others else "")

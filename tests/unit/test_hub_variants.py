@@ -72,7 +72,7 @@ def test_every_gguf_quantization_is_found_once_from_the_most_trusted_publisher(h
     by_quant = {v.quant: v for v in found.gguf}
     # unsloth (trusted before bartowski and lmstudio-community) has every type; lmstudio-community's
     # Q8_0 and bartowski's Q4_K_M/Q6_K are the same types, so they are not taken
-    assert set(by_quant) == {"Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"}
+    assert set(by_quant) == {"Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16"}
     assert {v.repo for v in found.gguf} == {"unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF"}
     sizes = [v.size for v in found.gguf]
     assert sizes == sorted(sizes, reverse=True)  # largest first
@@ -158,3 +158,19 @@ def test_offline_the_last_search_is_remembered(hub: LocalHub, monkeypatch: pytes
     assert again.offline and [v.files for v in again.gguf] == [v.files for v in first.gguf]
     assert hub.requests == []
     assert Path(constants.HF_HOME, "gateway-variants", "Qwen--Qwen3-8B.json").is_file()
+
+
+def test_a_split_gguf_is_one_variant_and_its_parts_tensor_tables_are_joined(hub: LocalHub) -> None:
+    from backends.llamacpp.hub_variants import read_variant
+
+    found = discover(CODER)
+    bf16 = next(v for v in found.gguf if v.quant == "BF16")
+    assert bf16.files == (
+        "BF16/Qwen3-Coder-30B-A3B-Instruct-BF16-00001-of-00002.gguf",
+        "BF16/Qwen3-Coder-30B-A3B-Instruct-BF16-00002-of-00002.gguf",
+    )
+    read = read_variant(bf16, "m", None, None)
+    assert read.facts.num_layers == 48 and read.quant == "BF16"
+    assert sum(read.facts.layer_bytes) + read.facts.embedding_bytes > 0.95 * bf16.size  # both parts' tensors
+    part_two = [r for _, path, r in hub.requests if path.endswith("00002-of-00002.gguf") and r.startswith("bytes=0-")]
+    assert part_two, "the second part's header was read too"

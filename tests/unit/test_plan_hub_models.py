@@ -146,7 +146,7 @@ def test_quant_pins_one_quantization_and_an_unknown_one_lists_the_others(hub: Lo
     by_file = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Instruct-Q6_K.gguf")
     plan = plan_for(by_file, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
     assert to_json(plan, 8000)["candidates"][0]["gguf_variant"]["quant"] == "Q6_K"
-    with pytest.raises(ConfigError, match="--quant Q9_K: no such GGUF among Q8_0 .*Q2_K"):
+    with pytest.raises(ConfigError, match="--quant Q9_K: no such GGUF among BF16 .*Q8_0 .*Q2_K"):
         unknown = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Q9_K")
         plan_for(unknown, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
 

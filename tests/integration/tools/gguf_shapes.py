@@ -189,21 +189,34 @@ def metadata(config: dict[str, Any], mix: str, name: str, chat_template: str | N
     return keys
 
 
-def header_bytes(config: dict[str, Any], mix: str, name: str, chat_template: str | None = None) -> tuple[bytes, int]:
-    """(the header: metadata + tensor table, padded to the data's alignment; the whole file's length)."""
+def header_bytes(
+    config: dict[str, Any], mix: str, name: str, chat_template: str | None = None, split: tuple[int, int] = (1, 1)
+) -> tuple[bytes, int]:
+    """(the header: metadata + tensor table, padded to the data's alignment; the whole file's length).
+    ``split`` (part, parts): as ``llama-gguf-split`` writes them, each part holds a contiguous share of
+    the tensors; the first part carries the metadata, every part the ``split.*`` keys."""
     cfg = _text(config)
     arch = ARCH.get(str(cfg.get("model_type")), str(cfg.get("model_type")))
     buffer = io.BytesIO()
     writer = GGUFWriter(path=None, arch=arch)
-    for key, value in metadata(config, mix, name, chat_template).items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_uint32(key, int(value))
-    # a vocabulary of the real length, so the header spans megabytes like a real one (strings made up)
-    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(int(cfg["vocab_size"]))])
+    part, parts = split
+    everything = tensors(config, mix)
+    share = -(-len(everything) // parts)
+    mine = everything[(part - 1) * share : part * share]
+    if parts > 1:
+        writer.add_uint16("split.no", part - 1)
+        writer.add_uint16("split.count", parts)
+        writer.add_int32("split.tensors.count", len(everything))
+    if part == 1:
+        for key, value in metadata(config, mix, name, chat_template).items():
+            if isinstance(value, str):
+                writer.add_string(key, value)
+            else:
+                writer.add_uint32(key, int(value))
+        # a vocabulary of the real length, so the header spans megabytes like a real one (strings made up)
+        writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(int(cfg["vocab_size"]))])
     data = 0
-    for tensor_name, shape, kind in tensors(config, mix):
+    for tensor_name, shape, kind in mine:
         size = nbytes(shape, kind)
         writer.add_tensor_info(tensor_name, shape, np.dtype(np.float32), size, raw_dtype=kind)
         data += -(-size // 32) * 32
@@ -230,8 +243,10 @@ class ShapedGguf:
         return head + bytes(max(0, end - max(start, len(self.header))))
 
 
-def build(config_path: Path, mix: str, name: str, template_path: Path | None = None) -> ShapedGguf:
+def build(
+    config_path: Path, mix: str, name: str, template_path: Path | None = None, split: tuple[int, int] = (1, 1)
+) -> ShapedGguf:
     config = json.loads(config_path.read_text())
     template = template_path.read_text() if template_path else None
-    header, size = header_bytes(config, mix, name, template)
+    header, size = header_bytes(config, mix, name, template, split)
     return ShapedGguf(header, size)

@@ -31,6 +31,7 @@ import hashlib
 import json
 import socket
 import threading
+import urllib.parse
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,7 +66,8 @@ class HubFile:
         if not shaped:
             return None
         template = DATA / shaped["template"] if shaped.get("template") else None
-        return build(DATA / shaped["config"], shaped["mix"], self.name, template)
+        split = tuple(shaped.get("split", (1, 1)))
+        return build(DATA / shaped["config"], shaped["mix"], self.name, template, (int(split[0]), int(split[1])))
 
     @cached_property
     def _local(self) -> Path | None:
@@ -227,8 +229,8 @@ class LocalHub:
         repo = self._repo(request)
         if isinstance(repo, Response):
             return repo
-        form = await request.form()
-        paths = [str(p) for p in form.getlist("paths")]
+        form = urllib.parse.parse_qs((await request.body()).decode())  # the client posts a urlencoded form
+        paths = form.get("paths", [])
         return JSONResponse([self._entry(repo.files[path]) for path in paths if path in repo.files])
 
     async def tree(self, request: Request) -> Response:
