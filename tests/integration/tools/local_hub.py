@@ -31,8 +31,8 @@ import hashlib
 import json
 import socket
 import threading
-import urllib.parse
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
