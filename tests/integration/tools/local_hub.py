@@ -174,6 +174,8 @@ class LocalHub:
     def __init__(self, repos: dict[str, HubRepo]) -> None:
         self.repos = repos
         self.requests: list[tuple[str, str, str]] = []
+        # request path → bytes after which the next GET of it breaks off (a dropped connection, once)
+        self.cut_once: dict[str, int] = {}
         self.app = Starlette(
             routes=[
                 Route("/api/models", self.list_models, methods=["GET"]),
@@ -274,9 +276,15 @@ class LocalHub:
         if request.method == "HEAD":
             return Response(status_code=status, headers=headers)
 
+        cut = self.cut_once.pop(request.url.path, None)
+
         def body() -> Iterator[bytes]:
             for at in range(start, end, CHUNK):
-                yield f.read(at, min(end, at + CHUNK))
+                stop = min(end, at + CHUNK)
+                if cut is not None and stop > start + cut:
+                    yield f.read(at, start + cut)
+                    raise ConnectionResetError("the local hub drops this download once, as asked")
+                yield f.read(at, stop)
 
         return StreamingResponse(body(), status_code=status, headers=headers)
 
