@@ -193,7 +193,7 @@ class LlamaCppBackend:
                 have = ", ".join(f"{v.quant} ({v.variant.files[0]})" for v in model.variants)
                 raise ConfigError(f"--quant {policy.quant}: no such GGUF among {have}: pass one of these")
         ladders = [
-            self._ladder(model, v.facts, v.label, inventory, policy, installation, v.chat_template) for v in variants
+            self._ladder(model, v.facts, v.path, inventory, policy, installation, v.chat_template) for v in variants
         ]
         alternatives = [
             alternative(v.label, v.quant, v.variant.size, rungs, v.facts.num_layers)

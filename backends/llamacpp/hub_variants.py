@@ -42,6 +42,11 @@ class ReadVariant:
     def label(self) -> str:
         return self.variant.label
 
+    @property
+    def path(self) -> str:
+        """Where llama.cpp reads it: the local first part once downloaded, else repo/first part (plan)."""
+        return str(self.local) if self.local else f"{self.variant.repo}/{self.variant.files[0]}"
+
 
 def checked_quant(variant: GgufVariant, header: GgufHeader) -> tuple[str, str | None]:
     """(the quantization, a note when the file's name and its header disagree: the header wins)."""

@@ -5,7 +5,8 @@ and the winner is
    host memory, and more bits per weight is more quality;
 2. otherwise the one keeping the most layers on the GPUs among those whose estimated decode speed is
    acceptable (:data:`ACCEPTABLE_TOKENS_PER_S`), the larger between equals; when none is acceptable,
-   the fastest.
+   the fastest. Here types below 4 bits count only when nothing of 4 bits or more fits: with layers in
+   RAM anyway, a few more on the GPU is not worth the quality a 2- or 3-bit file loses.
 
 A pinned quantization (``--quant Q5_K_M`` or a file name) is the only one evaluated. Every
 alternative is kept with its figures (file, size, layers on GPU, context, tokens/s) for ``plan``.
@@ -80,14 +81,12 @@ def low_bit(quant: str) -> bool:
 
 
 def choose(alternatives: list[Alternative]) -> tuple[int | None, str]:
-    """(index of the winner, why it won), or (None, why none fits). Quantizations below 4 bits are
-    considered only when none of 4 bits or more fits."""
+    """(index of the winner, why it won), or (None, why none fits). When none fits wholly on the GPUs,
+    quantizations below 4 bits are considered only if none of 4 bits or more fits."""
     fitting = [i for i, a in enumerate(alternatives) if a.candidate is not None]
     if not fitting:
         return None, "no quantization fits in the GPUs and RAM"
     others = len(fitting) - 1
-    if any(not low_bit(alternatives[i].quant) for i in fitting):
-        fitting = [i for i in fitting if not low_bit(alternatives[i].quant)]
     on_gpus = [i for i in fitting if alternatives[i].all_on_gpus]
     if on_gpus:
         winner = max(on_gpus, key=lambda i: alternatives[i].size)
@@ -99,6 +98,9 @@ def choose(alternatives: list[Alternative]) -> tuple[int | None, str]:
     def speed(i: int) -> float:
         c = alternatives[i].candidate
         return c.tokens_per_s if c else 0.0
+
+    if any(not low_bit(alternatives[i].quant) for i in fitting):  # partly in RAM: quality before layers
+        fitting = [i for i in fitting if not low_bit(alternatives[i].quant)]
 
     acceptable = [i for i in fitting if speed(i) >= ACCEPTABLE_TOKENS_PER_S]
     if acceptable and not any(alternatives[i].gpu_layers for i in fitting):  # no GPU: RAM decides, and speed

@@ -160,8 +160,10 @@ def test_offline_the_last_search_is_remembered(hub: LocalHub, monkeypatch: pytes
     assert Path(constants.HF_HOME, "gateway-variants", "Qwen--Qwen3-8B.json").is_file()
 
 
-def test_a_split_gguf_is_one_variant_and_its_parts_tensor_tables_are_joined(hub: LocalHub) -> None:
-    from backends.llamacpp.hub_variants import read_variant
+def test_a_split_gguf_is_one_variant_and_its_parts_tensor_tables_are_joined(
+    hub: LocalHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gateway.hub.remote_gguf._READ", {})  # read here, not remembered from another test
 
     found = discover(CODER)
     bf16 = next(v for v in found.gguf if v.quant == "BF16")

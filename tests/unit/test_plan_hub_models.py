@@ -58,6 +58,8 @@ QWEN = "Qwen/Qwen3-8B"
 OSS = "openai/gpt-oss-20b"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 DEVSTRAL = "mistralai/Devstral-Small-2507"
+GLM = "zai-org/GLM-4.5-Air"
+GEMMA = "google/gemma-3-27b-it"
 
 # the parsers vLLM is started with, per family (tool-call, reasoning)
 PARSERS = {
@@ -66,6 +68,8 @@ PARSERS = {
     OSS: ("openai", "openai_gptoss"),
     LLAMA: ("llama3_json", None),
     DEVSTRAL: ("mistral", None),
+    GLM: ("glm45", "glm45"),
+    GEMMA: (None, None),  # Gemma 3's template renders no tools
 }
 
 TABLE = [
@@ -90,6 +94,16 @@ TABLE = [
     (DEVSTRAL, "2x32@12.0", "vllm", DEVSTRAL, 2),
     (DEVSTRAL, "1x80@9.0", "vllm", DEVSTRAL, 1),
     (DEVSTRAL, "cpu", "llamacpp", "Q4_K_M", 0),
+    # 106B MoE, no vLLM rung. 2x24: nothing fits whole; Q4_K_M (2 parts) with experts in RAM keeps the
+    # most layers whole on the GPUs among 4-bit and up. 2x32: Q2_K fits whole, and the rule takes it
+    (GLM, "2x24@8.9", "llamacpp", "Q4_K_M", 2),
+    (GLM, "2x32@12.0", "llamacpp", "Q2_K", 2),
+    (GLM, "1x80@9.0", "llamacpp", "Q4_K_M", 1),  # every layer on the one card
+    (GLM, "cpu", "llamacpp", "Q2_K", 0),  # nothing of 4 bits fits 64 GiB of RAM: the low-bit one does
+    (GEMMA, "2x24@8.9", "llamacpp", "Q8_0", 2),
+    (GEMMA, "2x32@12.0", "vllm", GEMMA, 2),
+    (GEMMA, "1x80@9.0", "vllm", GEMMA, 1),
+    (GEMMA, "cpu", "llamacpp", "Q4_K_M", 0),
 ]
 
 
@@ -103,17 +117,21 @@ def test_each_family_on_each_machine(
     chosen = data["candidates"][data["decision"]["candidate"]]
     tool, reasoning = PARSERS[model]
     notes = " ".join(data["notes"])
-    assert f"tool-call parser {tool}, reasoning parser {reasoning or 'none'}" in notes
+    assert f"tool-call parser {tool or 'none'}, reasoning parser {reasoning or 'none'}" in notes
+    assert ("agents cannot call tools" in notes) == (tool is None)
     if engine == "vllm":
         argv = chosen["argv"]
-        assert argv[argv.index("--tool-call-parser") + 1] == tool and "--enable-auto-tool-choice" in argv
+        assert ("--enable-auto-tool-choice" in argv) == (tool is not None)
+        assert tool is None or argv[argv.index("--tool-call-parser") + 1] == tool
         assert ("--reasoning-parser" in argv) == (reasoning is not None)
         return
     # llama.cpp: the file and its quantization named, every alternative with its figures, the rule kept
     table = chosen["gguf_alternatives"]
     picked = [row for row in table if row["chosen"]]
     assert len(picked) == 1 and picked[0]["quant"] == loads == chosen["gguf_variant"]["quant"]
-    assert chosen["argv"][chosen["argv"].index("-m") + 1].endswith(f"{loads}.gguf") and "--jinja" in chosen["argv"]
+    model_path = chosen["argv"][chosen["argv"].index("-m") + 1]
+    assert model_path == "/".join([chosen["gguf_variant"]["repo"], chosen["gguf_variant"]["files"][0]])
+    assert loads in model_path and "--jinja" in chosen["argv"]
     whole = [row for row in table if row["fits"] and row["layers_on_gpu"] == row["layers"]]
     if whole:  # the largest with every layer on the GPUs
         assert picked[0]["size_bytes"] == max(row["size_bytes"] for row in whole)
