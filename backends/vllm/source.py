@@ -132,7 +132,12 @@ def _add_hub_checkpoints(model: VllmModel, checkpoint: str, bundled: dict[str, A
         return
     config = bundled or _config_of(checkpoint)
     for variant in found.checkpoints:
-        facts = facts_from_config(config, variant.repo, quantization=variant.quantization)
+        try:  # its own config.json and safetensors sizes when the hub has them (exact kept layers, bytes)
+            facts = facts_from_hub(variant.repo)
+        except ModelError:
+            facts = None
+        if facts is None or facts.quantization is None:  # else the original's shapes at the method's bytes
+            facts = facts_from_config(config, variant.repo, quantization=variant.quantization)
         model.checkpoints.append(Checkpoint(variant.repo, facts))
     if found.checkpoints:
         names = ", ".join(f"{v.repo} ({v.quantization})" for v in found.checkpoints)
