@@ -92,35 +92,31 @@ class LlamaCppCandidate:
             for i in range(len(p.device_model))
         }
         memory["host"] = {"model": _mib(p.host_model), "kv": _mib(p.host_kv), "compute": _mib(p.host_compute)}
-        return (
-            {
-                "backend": ENGINE,
-                "launcher": self.launcher,
-                "checkpoint": self.checkpoint,
-                "fits": self.fits,
-                "reason": self.reason,
-                "n_gpu_layers": p.n_gpu_layers,
-                "n_cpu_moe": p.n_cpu_moe,
-                "tensor_split": list(p.tensor_split),
-                "n_ctx": self.n_ctx,
-                "kv_type": self.kv_type,
-                "tokens_per_s_estimate": round(self.tokens_per_s, 1),
-                "memory_mib": memory,
-                "argv": self.argv,
-                "env": self.env,
-                "rpc": list(self.rpc),
+        data = {
+            "backend": ENGINE,
+            "launcher": self.launcher,
+            "checkpoint": self.checkpoint,
+            "fits": self.fits,
+            "reason": self.reason,
+            "n_gpu_layers": p.n_gpu_layers,
+            "n_cpu_moe": p.n_cpu_moe,
+            "tensor_split": list(p.tensor_split),
+            "n_ctx": self.n_ctx,
+            "kv_type": self.kv_type,
+            "tokens_per_s_estimate": round(self.tokens_per_s, 1),
+            "memory_mib": memory,
+            "argv": self.argv,
+            "env": self.env,
+            "rpc": list(self.rpc),
+            "reasoning_format": self.reasoning_format,
+        }
+        if self.variant:  # a hub model: the file chosen, its alternatives, and why
+            data |= {
+                "gguf_variant": self.variant,
+                "gguf_alternatives": self.alternatives,
+                "gguf_choice": self.choice_reason,
             }
-            | (
-                {
-                    "gguf_variant": self.variant,
-                    "gguf_alternatives": self.alternatives,
-                    "gguf_choice": self.choice_reason,
-                }
-                if self.variant
-                else {}
-            )
-            | {"chat_template": "gguf (--jinja)", "reasoning_format": self.reasoning_format}
-        )
+        return data
 
 
 def candidates(
