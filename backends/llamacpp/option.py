@@ -68,6 +68,9 @@ class LlamaCppOption:
         } | ({"hub_variant": self.variant} if self.variant else {})
 
     def from_memo(self, memo: dict[str, Any]) -> LlamaCppOption:
+        remembered = memo.get("hub_variant")
+        if self.variant and remembered and remembered.get("files") != self.variant.get("files"):
+            raise ValueError("remembered for another quantization than the one planned (e.g. --quant)")
         config = replace(
             self.config,
             gguf=Path(memo["gguf"]),

@@ -209,3 +209,16 @@ def test_the_headline_command_as_typed(local_hub: tuple[str, LocalHub], tmp_path
     assert pooled.returncode == 0 and "decision: llamacpp:" in pooled.stdout
     assert "Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf" in command and " -ngl 49 " in command and " -ts " in command
     assert "--jinja" in command
+
+
+def test_a_remembered_quantization_does_not_override_a_pinned_one() -> None:
+    from backends.llamacpp import LlamaCppConfig, LlamaCppOption
+
+    q8 = {"repo": "o/r", "files": ["m-Q8_0.gguf"], "size": 8, "quant": "Q8_0"}
+    q5 = {"repo": "o/r", "files": ["m-Q5_K_M.gguf"], "size": 5, "quant": "Q5_K_M"}
+    planned = LlamaCppOption(LlamaCppConfig(Path("m-Q5_K_M.gguf"), "m", 4096), ("llama-server",), variant=q5)
+    memo = {"gguf": "/cache/m-Q8_0.gguf", "context_length": 8192, "gpu_layers": 0, "tensor_split": [], "kv_type": "f16"}
+    with pytest.raises(ValueError, match="another quantization"):
+        planned.from_memo(memo | {"hub_variant": q8})
+    same = planned.from_memo(memo | {"hub_variant": q5, "gguf": "/cache/m-Q5_K_M.gguf"})
+    assert same.config.gguf == Path("/cache/m-Q5_K_M.gguf") and same.memo()["hub_variant"] == q5
