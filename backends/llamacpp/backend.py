@@ -217,20 +217,7 @@ class LlamaCppBackend:
             candidate.alternatives = table
             candidate.alternative_rows = rows
             candidate.choice_reason = why
-        tools = (
-            "tool calls parsed from its template"
-            if has_tools(chosen.chat_template)
-            else ("its template has no tool support: agents cannot call tools with it")
-        )
-        model.notes.append(
-            f"llama.cpp: chose {chosen.label} ({chosen.quant}, {chosen.variant.size / 1e9:.2f} GB): {why}; "
-            f"--jinja with the GGUF's chat template ({tools})"
-            + (
-                f", --reasoning-format {ladders[index][0].reasoning_format}"
-                if ladders[index] and ladders[index][0].reasoning_format
-                else ""
-            )
-        )
+        model.notes.append(_choice_note(chosen, why, winner is not None, ladders[index]))
         return ladders[index]
 
     def ranked(self, candidates: list[LlamaCppCandidate]) -> list[LlamaCppCandidate]:
@@ -310,3 +297,19 @@ class LlamaCppBackend:
 def _pinned(variant: ReadVariant, pin: str) -> bool:
     """``--quant`` names a quantization type (Q5_K_M) or a file (its name, or the end of it)."""
     return variant.quant.lower() == pin.lower() or any(f == pin or f.endswith(pin) for f in variant.variant.files)
+
+
+def _choice_note(chosen: ReadVariant, why: str, fits: bool, rungs: list[LlamaCppCandidate]) -> str:
+    """What `plan` says of the quantization: the file, its type and size, why, and how it is started."""
+    if not fits:
+        return f"llama.cpp: no GGUF quantization fits ({why}); the smallest, {chosen.label}, is shown"
+    tools = (
+        "tool calls parsed from its template"
+        if has_tools(chosen.chat_template)
+        else "its template has no tool support: agents cannot call tools with it"
+    )
+    thinking = rungs[0].reasoning_format if rungs else None
+    return (
+        f"llama.cpp: chose {chosen.label} ({chosen.quant}, {chosen.variant.size / 1e9:.2f} GB): {why}; "
+        f"--jinja with the GGUF's chat template ({tools})" + (f", --reasoning-format {thinking}" if thinking else "")
+    )

@@ -222,3 +222,12 @@ def test_a_remembered_quantization_does_not_override_a_pinned_one() -> None:
         planned.from_memo(memo | {"hub_variant": q8})
     same = planned.from_memo(memo | {"hub_variant": q5, "gguf": "/cache/m-Q5_K_M.gguf"})
     assert same.config.gguf == Path("/cache/m-Q5_K_M.gguf") and same.memo()["hub_variant"] == q5
+
+
+def test_when_no_quantization_fits_the_plan_says_so_and_shows_the_smallest(hub: LocalHub) -> None:
+    settings = Settings(model=GLM, llama_launcher="native", vllm_version="0.32.0")
+    plan = plan_for(settings, builtin_catalog().resolve(GLM), inventory("1x8GiB@8.9", "16GiB"), serving=False)
+    assert plan.chosen is None and "nothing fits" in plan.decision_reason
+    assert any("no GGUF quantization fits" in note and "GLM-4.5-Air-Q2_K.gguf" in note for note in plan.notes)
+    shown = plan.candidates_of("llamacpp")
+    assert shown and all(not c.fits for c in shown) and shown[0].variant["quant"] == "Q2_K"
