@@ -60,6 +60,7 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 DEVSTRAL = "mistralai/Devstral-Small-2507"
 GLM = "zai-org/GLM-4.5-Air"
 GEMMA = "google/gemma-3-27b-it"
+DEEPSEEK = "deepseek-ai/DeepSeek-V3.1"
 
 # the parsers vLLM is started with, per family (tool-call, reasoning)
 PARSERS = {
@@ -70,6 +71,7 @@ PARSERS = {
     DEVSTRAL: ("mistral", None),
     GLM: ("glm45", "glm45"),
     GEMMA: (None, None),  # Gemma 3's template renders no tools
+    DEEPSEEK: ("deepseek_v31", "deepseek_v3"),
 }
 
 TABLE = [
@@ -104,21 +106,36 @@ TABLE = [
     (GEMMA, "2x32@12.0", "vllm", GEMMA, 2),
     (GEMMA, "1x80@9.0", "vllm", GEMMA, 1),
     (GEMMA, "cpu", "llamacpp", "Q4_K_M", 0),
+    # 671B: nothing fits these machines (FP8 weights alone are 313 GiB per GPU at TP2; Q2_K in 5 parts
+    # wants 220 GiB of RAM); the plan says so, with the parsers it would use
+    (DEEPSEEK, "2x24@8.9", None, "", 0),
+    (DEEPSEEK, "2x32@12.0", None, "", 0),
+    (DEEPSEEK, "1x80@9.0", None, "", 0),
+    (DEEPSEEK, "cpu", None, "", 0),
 ]
 
 
 @pytest.mark.parametrize(("model", "machine", "engine", "loads", "gpus"), TABLE)
 def test_each_family_on_each_machine(
-    hub: LocalHub, monkeypatch: pytest.MonkeyPatch, model: str, machine: str, engine: str, loads: str, gpus: int
+    hub: LocalHub,
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    machine: str,
+    engine: str | None,
+    loads: str,
+    gpus: int,
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_test")  # Llama is gated: the local hub wants a token, any token
     data = plan_json(model, machine)
     assert summary(data) == (engine, loads, gpus), data["decision"]["reason"]
-    chosen = data["candidates"][data["decision"]["candidate"]]
     tool, reasoning = PARSERS[model]
     notes = " ".join(data["notes"])
     assert f"tool-call parser {tool or 'none'}, reasoning parser {reasoning or 'none'}" in notes
     assert ("agents cannot call tools" in notes) == (tool is None)
+    if engine is None:
+        assert data["decision"]["reason"].startswith("nothing fits") and "no GGUF quantization fits" in notes
+        return
+    chosen = data["candidates"][data["decision"]["candidate"]]
     if engine == "vllm":
         argv = chosen["argv"]
         assert ("--enable-auto-tool-choice" in argv) == (tool is not None)
