@@ -99,3 +99,58 @@ def test_a_gated_base_model_names_hf_token_in_one_line(tmp_path: Path, hub: tupl
     code = process.proc.wait(timeout=120)
     assert code != 0
     assert "HF_TOKEN" in process.log() and "meta-llama/Llama-3.1-8B-Instruct is gated" in process.log()
+
+
+KEY = "worker-key-for-tests"
+
+
+def test_a_hub_model_is_pooled_over_two_cards(tmp_path: Path, hub: tuple[str, LocalHub]) -> None:
+    """The issue's promise, on this CPU machine: a model named by hub id, its GGUF found and downloaded
+    through the local hub, and llama.cpp's layers split over two devices. The two "cards" are a
+    `gateway worker --gpus 1x1170MiB,1x1170MiB` on loopback: two real ggml-rpc-servers reporting 1170 MiB
+    each (1 GiB of it kept free, as on a GPU), too small alone for the model and its 4k cache."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.integration.gatewayproc import free_port
+
+    url, _ = hub
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "gateway", "worker", "--port", str(port), "--rpc-port", str(free_port()),
+        "--gpus", "1x1170MiB,1x1170MiB", "--api-key", KEY, "--threads", "1", "--state-dir", str(tmp_path / "worker"),
+    ]  # fmt: skip
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **_env(url, tmp_path)})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert worker.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+            time.sleep(0.2)
+        (tmp_path / "head").mkdir()
+        head = GatewayProcess(
+            tmp_path / "head", "--model", MODEL, "--context-length", "4096",
+            "--workers", f"127.0.0.1:{port}", "--worker-api-key", KEY, env=_env(url, tmp_path / "hf"),
+        )  # fmt: skip
+        with head.serving():
+            assert _chat(head)["choices"]
+            status = head.status()
+        engine_argv = status["backend"]["argv"]
+        assert len(engine_argv[engine_argv.index("--rpc") + 1].split(",")) == 2
+        assert len(engine_argv[engine_argv.index("-ts") + 1].split(",")) == 2
+        placed = [m for name, m in status["backend"]["memory_mib"].items() if name.startswith("RPC[")]
+        assert len(placed) == 2 and all(m["model"] > 10 for m in placed), status["backend"]["memory_mib"]
+        assert GGUF_FILE in engine_argv[engine_argv.index("-m") + 1]
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
