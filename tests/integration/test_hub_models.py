@@ -91,16 +91,6 @@ def test_serve_a_hub_id_downloads_the_chosen_gguf_and_chats_then_replans_offline
     assert "using the configuration remembered" in remembered_log
 
 
-def test_a_gated_base_model_names_hf_token_in_one_line(tmp_path: Path, hub: tuple[str, LocalHub]) -> None:
-    url, _ = hub
-    process = GatewayProcess(tmp_path, "--model", "meta-llama/Llama-3.1-8B-Instruct", env=_env(url, tmp_path / "hf"))
-    process.start()
-    assert process.proc is not None
-    code = process.proc.wait(timeout=120)
-    assert code != 0
-    assert "HF_TOKEN" in process.log() and "meta-llama/Llama-3.1-8B-Instruct is gated" in process.log()
-
-
 KEY = "worker-key-for-tests"
 
 

@@ -140,9 +140,13 @@ def test_an_unreadable_header_falls_back_to_a_labelled_estimate(hub: LocalHub) -
     assert "ESTIMATED at 4.85 bits/weight" in read.notes[0] and read.facts.num_experts == 128
 
 
-def test_a_gated_model_says_hf_token_and_a_missing_one_names_the_repository(hub: LocalHub) -> None:
+def test_a_gated_models_files_say_hf_token_and_a_missing_model_names_the_repository(hub: LocalHub) -> None:
+    from gateway.hub.fetch import download
+
+    llama = discover("meta-llama/Llama-3.1-8B-Instruct")  # its metadata is public, as on the hub
+    assert {v.repo for v in llama.gguf} == {"bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"}  # not gated
     with pytest.raises(ModelError, match="meta-llama/Llama-3.1-8B-Instruct is gated.*HF_TOKEN"):
-        discover("meta-llama/Llama-3.1-8B-Instruct")
+        download("meta-llama/Llama-3.1-8B-Instruct", ("config.json",), 1)
     with pytest.raises(ModelError, match="no repository nobody/nothing on the hub"):
         discover("nobody/nothing")
 

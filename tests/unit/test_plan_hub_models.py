@@ -248,3 +248,22 @@ def test_when_no_quantization_fits_the_plan_says_so_and_shows_the_smallest(hub: 
     assert any("no GGUF quantization fits" in note and "GLM-4.5-Air-Q2_K.gguf" in note for note in plan.notes)
     shown = plan.candidates_of("llamacpp")
     assert shown and all(not c.fits for c in shown) and shown[0].variant["quant"] == "Q2_K"
+
+
+def test_a_gated_model_without_a_token_plans_llamacpp_from_a_public_gguf_and_names_hf_token(
+    local_hub: tuple[str, LocalHub], tmp_path: Path
+) -> None:
+    """Its metadata is public and the community's GGUFs are not gated; its own files (config.json,
+    for vLLM) are: the plan says so in one line naming HF_TOKEN and serves what it can."""
+    url, _ = local_hub
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env |= {"HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "gateway", "plan", "--model", LLAMA, "--gpus", "1x24GiB@8.9", "--ram", "64GiB"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "HF_TOKEN" in line]
+    assert lines == [
+        f"note: vLLM not planned: {LLAMA} is gated: accept its licence on the hub, then export "
+        "HF_TOKEN=<a token with access> and retry"
+    ]
+    assert "decision: llamacpp:" in done.stdout and "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF" in done.stdout

@@ -11,8 +11,9 @@ Routes, as ``huggingface_hub`` 1.x builds them (hf_api.py, file_download.py, hf_
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{path}``: ``hf_hub_download`` / ``get_hf_file_metadata``
   (``ETag``, ``X-Repo-Commit``, ``Content-Length``) and ``Range`` requests (HfFileSystem reads,
   resumed downloads) answered 206 with ``Content-Range``.
-- A gated repository answers 401 with ``X-Error-Code: GatedRepo`` unless a token is sent; a missing
-  one 404 with ``X-Error-Code: RepoNotFound`` — the codes ``hf_raise_for_status`` maps to its errors.
+- A gated repository's metadata is public (``"gated": "manual"``), as on the hub; its files answer
+  401 with ``X-Error-Code: GatedRepo`` unless a token is sent. A missing repository answers 404 with
+  ``X-Error-Code: RepoNotFound`` — the codes ``hf_raise_for_status`` maps to its errors.
 
 Each repository is one JSON file in tests/data/hub/repos/ (its id, tags, downloads, where its figures
 come from, its files). A file is ``{"text": ...}``, ``{"path": "configs/x.json"}`` (relative to
@@ -137,7 +138,7 @@ class HubRepo:
             "tags": list(self.data.get("tags", [])),
             "library_name": self.data.get("library_name"),
             "private": False,
-            "gated": self.data.get("gated", False),
+            "gated": "manual" if self.data.get("gated") else False,
             "createdAt": "2025-07-31T00:00:00.000Z",
         }
 
@@ -188,12 +189,12 @@ class LocalHub:
             ]
         )
 
-    def _repo(self, request: Request) -> HubRepo | Response:
+    def _repo(self, request: Request, files: bool = False) -> HubRepo | Response:
         self.requests.append((request.method, request.url.path, request.headers.get("range", "")))
         repo = self.repos.get(f"{request.path_params['org']}/{request.path_params['name']}".lower())
         if repo is None:
             return _error(404, "RepoNotFound", "Repository not found")
-        if repo.data.get("gated") and not request.headers.get("authorization"):
+        if files and repo.data.get("gated") and not request.headers.get("authorization"):
             return _error(401, "GatedRepo", f"Access to model {repo.id} is restricted. You must have access to it.")
         return repo
 
@@ -250,7 +251,7 @@ class LocalHub:
         return JSONResponse(entries)
 
     async def resolve(self, request: Request) -> Response:
-        repo = self._repo(request)
+        repo = self._repo(request, files=True)
         if isinstance(repo, Response):
             return repo
         f = repo.files.get(request.path_params["path"])
