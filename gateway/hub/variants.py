@@ -181,7 +181,7 @@ def discover(model: str, api: Any = None) -> Variants:
         return _FOUND[key]
     org, name = model.split("/", 1)
     try:
-        api.model_info(model)
+        named = api.model_info(model)
     except Exception as exc:  # HTTP errors, offline mode, and the transport's own (connection refused…)
         unreachable = isinstance(exc, OfflineModeIsEnabled) or not isinstance(exc, HfHubHTTPError)
         if unreachable and (remembered := _remembered(model)) is not None:
@@ -205,6 +205,8 @@ def discover(model: str, api: Any = None) -> Variants:
     checkpoint_order = (org, *TRUSTED_CHECKPOINTS)
     variants = Variants(model)
     gguf_repos = []
+    if _is_gguf(model, named.tags or []):  # a GGUF repository named directly: its own files come first
+        gguf_repos.append(((-1, 0), model))
     for repo_id, info in found.items():
         tags = list(info.tags or [])
         author = repo_id.split("/")[0]

@@ -180,3 +180,12 @@ def test_a_split_gguf_is_one_variant_and_its_parts_tensor_tables_are_joined(
     assert sum(read.facts.layer_bytes) + read.facts.embedding_bytes > 0.95 * bf16.size  # both parts' tensors
     part_two = [r for _, path, r in hub.requests if path.endswith("00002-of-00002.gguf") and r.startswith("bytes=0-")]
     assert part_two, "the second part's header was read too"
+
+
+def test_a_gguf_repository_named_directly_offers_its_own_files_first(hub: LocalHub) -> None:
+    found = discover("bartowski/Qwen_Qwen3-Coder-30B-A3B-Instruct-GGUF")
+    by_quant = {v.quant: v.repo for v in found.gguf}
+    assert by_quant == {
+        "Q4_K_M": "bartowski/Qwen_Qwen3-Coder-30B-A3B-Instruct-GGUF",
+        "Q6_K": "bartowski/Qwen_Qwen3-Coder-30B-A3B-Instruct-GGUF",
+    }
