@@ -155,6 +155,26 @@ def method_of(repo: str, tags: Iterable[str] = ()) -> str | None:
     return None
 
 
+# what may follow the model's name in a quantized repository's name ("-GGUF", "-FP8-Dynamic", "-GPTQ-Int4",
+# ".w4a16"); anything else ("-Base", "-1M", "-abliterated") is another model
+_QUANT_SUFFIX = re.compile(
+    r"([-_.](gguf|fp8|dynamic|awq|gptq|int4|int8|nvfp4|fp4|mxfp4|w4a16|w8a8|w4a4|quantized|bnb|4bit|8bit|imatrix|i1))+"
+)
+
+
+def named_after(repo: str, name: str) -> bool:
+    """Whether a searched repository is a quantization of ``name`` by its name: the model's name,
+    after at most one word of prefix ("Qwen_", "Meta-"), followed only by quantization words."""
+    short, base = repo.split("/")[-1].lower(), name.lower()
+    at = short.find(base)
+    if at < 0:
+        return False
+    prefix, rest = short[:at], short[at + len(base) :]
+    return (not prefix or re.fullmatch(r"[a-z0-9.]+[-_]", prefix) is not None) and (
+        not rest or _QUANT_SUFFIX.fullmatch(rest) is not None
+    )
+
+
 def _is_gguf(repo: str, tags: Iterable[str]) -> bool:
     return "gguf" in {t.lower() for t in tags} or repo.lower().endswith("gguf")
 
@@ -195,9 +215,10 @@ def discover(model: str, api: Any = None) -> Variants:
         *({"author": publisher, "search": name} for publisher in TRUSTED_GGUF),
     ]
     for query in searches:
+        declared = "filter" in query  # the repository says it quantizes this model; a search only matches text
         try:
             for info in api.list_models(limit=100, **query):
-                if info.id.lower() != model.lower():
+                if info.id.lower() != model.lower() and (declared or named_after(info.id, name)):
                     found.setdefault(info.id, info)
         except Exception:  # one search failing (HTTP or transport) leaves the others
             continue

@@ -13,7 +13,7 @@ import pytest
 from backends.llamacpp.hub_variants import checked_quant, read_variant
 from gateway.errors import ModelError
 from gateway.hub.remote_gguf import FIRST_READ, read_header
-from gateway.hub.variants import GgufVariant, discover, group_gguf_files, method_of, quant_of
+from gateway.hub.variants import GgufVariant, discover, group_gguf_files, method_of, named_after, quant_of
 from gateway.modelinfo import GgufHeader
 from tests.integration.tools import gguf_shapes
 from tests.integration.tools.local_hub import DATA, LocalHub
@@ -189,3 +189,27 @@ def test_a_gguf_repository_named_directly_offers_its_own_files_first(hub: LocalH
         "Q4_K_M": "bartowski/Qwen_Qwen3-Coder-30B-A3B-Instruct-GGUF",
         "Q6_K": "bartowski/Qwen_Qwen3-Coder-30B-A3B-Instruct-GGUF",
     }
+
+
+@pytest.mark.parametrize(
+    ("repo", "name", "same"),
+    [
+        ("unsloth/Qwen3-8B-GGUF", "Qwen3-8B", True),
+        ("bartowski/Qwen_Qwen3-Coder-30B-A3B-Instruct-GGUF", "Qwen3-Coder-30B-A3B-Instruct", True),
+        ("bartowski/Meta-Llama-3.1-8B-Instruct-GGUF", "Llama-3.1-8B-Instruct", True),
+        ("Qwen/Qwen3-8B-FP8", "Qwen3-8B", True),
+        ("RedHatAI/Qwen3-8B-quantized.w4a16", "Qwen3-8B", True),
+        ("Qwen/Qwen3-32B-GPTQ-Int4", "Qwen3-32B", True),
+        ("unsloth/Qwen3-8B-Base-GGUF", "Qwen3-8B", False),
+        ("unsloth/DeepSeek-R1-0528-Qwen3-8B-GGUF", "Qwen3-8B", False),
+        ("unsloth/Qwen3-Coder-30B-A3B-Instruct-1M-GGUF", "Qwen3-Coder-30B-A3B-Instruct", False),
+    ],
+)
+def test_a_searched_repository_counts_only_when_named_after_the_model(repo: str, name: str, same: bool) -> None:
+    assert named_after(repo, name) is same
+
+
+def test_near_miss_repositories_found_by_search_are_left_out(hub: LocalHub) -> None:
+    found = discover("Qwen/Qwen3-8B")
+    assert "Q3_K_M" not in {v.quant for v in found.gguf}  # only the near misses have one
+    assert not {"unsloth/Qwen3-8B-Base-GGUF", "unsloth/DeepSeek-R1-0528-Qwen3-8B-GGUF"} & set(found.searched)
