@@ -217,7 +217,7 @@ def discover(model: str, api: Any = None) -> Variants:
     for query in searches:
         declared = "filter" in query  # the repository says it quantizes this model; a search only matches text
         try:
-            for info in api.list_models(limit=100, **query):
+            for info in api.list_models(limit=100, sort="downloads", **query):
                 if info.id.lower() != model.lower() and (declared or named_after(info.id, name)):
                     found.setdefault(info.id, info)
         except Exception:  # one search failing (HTTP or transport) leaves the others
