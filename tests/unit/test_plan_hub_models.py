@@ -61,6 +61,7 @@ DEVSTRAL = "mistralai/Devstral-Small-2507"
 GLM = "zai-org/GLM-4.5-Air"
 GEMMA = "google/gemma-3-27b-it"
 DEEPSEEK = "deepseek-ai/DeepSeek-V3.1"
+GEMMA4 = "google/gemma-4-31B-it"
 
 # the parsers vLLM is started with, per family (tool-call, reasoning)
 PARSERS = {
@@ -72,6 +73,7 @@ PARSERS = {
     GLM: ("glm45", "glm45"),
     GEMMA: (None, None),  # Gemma 3's template renders no tools
     DEEPSEEK: ("deepseek_v31", "deepseek_v3"),
+    GEMMA4: ("gemma4", "gemma4"),
 }
 
 TABLE = [
@@ -112,6 +114,12 @@ TABLE = [
     (DEEPSEEK, "2x32@12.0", None, "", 0),
     (DEEPSEEK, "1x80@9.0", None, "", 0),
     (DEEPSEEK, "cpu", None, "", 0),
+    # 31B dense with per-layer attention (sliding 16 KV heads x 256, full 4 x 512); the NVFP4 checkpoint
+    # needs compute capability 10.0+ (rejected on 8.9, below); on 12.0 BF16 fits with fewer concessions
+    (GEMMA4, "2x24@8.9", "llamacpp", "Q8_0", 2),
+    (GEMMA4, "2x32@12.0", "vllm", GEMMA4, 2),
+    (GEMMA4, "1x80@9.0", "vllm", GEMMA4, 1),
+    (GEMMA4, "cpu", "llamacpp", "Q4_K_M", 0),
 ]
 
 
@@ -267,3 +275,13 @@ def test_a_gated_model_without_a_token_plans_llamacpp_from_a_public_gguf_and_nam
         "HF_TOKEN=<a token with access> and retry"
     ]
     assert "decision: llamacpp:" in done.stdout and "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF" in done.stdout
+
+
+def test_a_discovered_nvfp4_checkpoint_meets_the_capability_gate(hub: LocalHub) -> None:
+    """On 8.9 the NVFP4 rung is on the ladder and rejected by the gate, with the reason."""
+    data = plan_json(GEMMA4, "2x24@8.9")
+    nvfp4 = [c for c in data["candidates"] if c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4"]
+    assert nvfp4 and not any(c["fits"] for c in nvfp4)
+    assert all("nvfp4 needs compute capability 10.0+, these GPUs have 8.9" in c["reason"] for c in nvfp4)
+    ok = plan_json(GEMMA4, "2x32@12.0")
+    assert any(c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4" and c["fits"] for c in ok["candidates"])

@@ -49,6 +49,8 @@ ARCH = {
     "mistral": "llama",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
     "gpt_oss": "gpt-oss",
     "glm4_moe_lite": "deepseek2",
     "glm4_moe": "glm4moe",
@@ -81,6 +83,12 @@ def nbytes(shape: tuple[int, ...], kind: Q) -> int:
 def more_bits(layer: int, layers: int) -> bool:
     """llama-quantize's ``use_more_bits``: the first and last eighth, and every third layer between."""
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def full_layer(cfg: dict[str, Any], layer: int) -> bool:
+    """A full-attention layer among sliding ones (``layer_types``)."""
+    kinds = cfg.get("layer_types")
+    return isinstance(kinds, list) and layer < len(kinds) and kinds[layer] == "full_attention"
 
 
 def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...], Q]]:
@@ -122,12 +130,21 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
             matrix(f"{b}.attn_k_b.weight", heads * nope, rank, main)
             matrix(f"{b}.attn_v_b.weight", heads * v_head, rank, more)
             matrix(f"{b}.attn_output.weight", hidden, heads * v_head, main)
+        elif full_layer(cfg, i) and cfg.get("global_head_dim"):  # Gemma 4's full layers: their own heads
+            dim, kv = int(cfg["global_head_dim"]), int(cfg.get("num_global_key_value_heads") or kv_heads)
+            matrix(f"{b}.attn_q.weight", heads * dim, hidden, main)
+            matrix(f"{b}.attn_k.weight", kv * dim, hidden, main)
+            if not cfg.get("attention_k_eq_v"):  # K doubles as V: no v_proj
+                matrix(f"{b}.attn_v.weight", kv * dim, hidden, more)
+            matrix(f"{b}.attn_output.weight", hidden, heads * dim, main)
         else:
             matrix(f"{b}.attn_q.weight", heads * head_dim, hidden, main)
             matrix(f"{b}.attn_k.weight", kv_heads * head_dim, hidden, main)
             matrix(f"{b}.attn_v.weight", kv_heads * head_dim, hidden, more)
             matrix(f"{b}.attn_output.weight", hidden, heads * head_dim, main)
-            if str(cfg.get("model_type", "")).startswith(("qwen3", "gemma3")):  # per-head RMS norms of q and k
+            if str(cfg.get("model_type", "")).startswith(
+                ("qwen3", "gemma3", "gemma4")
+            ):  # per-head RMS norms of q and k
                 out.append((f"{b}.attn_q_norm.weight", (head_dim,), Q.F32))
                 out.append((f"{b}.attn_k_norm.weight", (head_dim,), Q.F32))
         out.append((f"{b}.ffn_norm.weight", (hidden,), Q.F32))
@@ -184,6 +201,15 @@ def metadata(config: dict[str, Any], mix: str, name: str, chat_template: str | N
         keys[f"{arch}.attention.head_count_kv"] = 1
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
         keys[f"{arch}.attention.sliding_window"] = int(cfg["sliding_window"])
+    if cfg.get("global_head_dim") and isinstance(cfg.get("layer_types"), list):
+        # convert_hf_to_gguf.py's Gemma 4: per-layer SWA flags and KV heads, the full layers' head size
+        # as key/value_length and the sliding layers' as *_swa
+        layers = int(cfg["num_hidden_layers"])
+        kv, global_kv = int(cfg.get("num_key_value_heads") or heads), int(cfg.get("num_global_key_value_heads") or 0)
+        keys[f"{arch}.attention.sliding_window_pattern"] = [not full_layer(cfg, i) for i in range(layers)]
+        keys[f"{arch}.attention.head_count_kv"] = [global_kv if full_layer(cfg, i) else kv for i in range(layers)]
+        keys[f"{arch}.attention.key_length"] = keys[f"{arch}.attention.value_length"] = int(cfg["global_head_dim"])
+        keys[f"{arch}.attention.key_length_swa"] = keys[f"{arch}.attention.value_length_swa"] = head_dim
     if chat_template:
         keys["tokenizer.chat_template"] = chat_template
     return keys
@@ -211,6 +237,8 @@ def header_bytes(
         for key, value in metadata(config, mix, name, chat_template).items():
             if isinstance(value, str):
                 writer.add_string(key, value)
+            elif isinstance(value, list):  # per-layer values (Gemma 4)
+                writer.add_array(key, value)
             else:
                 writer.add_uint32(key, int(value))
         # a vocabulary of the real length, so the header spans megabytes like a real one (strings made up)
