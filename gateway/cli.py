@@ -45,7 +45,7 @@ PLAN_SETTINGS = (
     "vllm_version", "vllm_command", "llama_server_command", "llama_cpp_python_command",
     "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
     "kv_cache_dtype", "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload", "port",
-    "workers", "worker_api_key", "state_dir",
+    "workers", "worker_api_key", "state_dir", "quant",
 )  # fmt: skip
 
 
@@ -172,7 +172,7 @@ def _configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
+    for noisy in ("httpx", "httpx2", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

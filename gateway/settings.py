@@ -162,6 +162,11 @@ class Settings(BaseSettings):
         "when llama-server is found, else python.",
         json_schema_extra={"flags": ["--llama-launcher", "--launcher"], "choices": ["python", "native"]},
     )
+    quant: str | None = Field(
+        None,
+        description="For a hub model served by llama.cpp: the GGUF quantization (Q5_K_M) or file name to use; "
+        "unset: the largest that fits (see `gateway plan`).",
+    )
     vllm_command: list[str] | None = Field(
         None,
         description="argv prefix that starts vLLM's OpenAI server (`[vllm, serve]` or "
