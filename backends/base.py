@@ -48,6 +48,8 @@ class Launch:
     base: str | None = None  # a server somewhere else (--backend-url); launched engines are on loopback
     # reads the engine's own account of its memory from one log line: (device, term, bytes) or None
     memory_line: Callable[[str], tuple[str, str, int] | None] | None = None
+    # reads the engine's own timings from one log line: ("prompt" | "decode", tokens, seconds) or None
+    speed_line: Callable[[str], tuple[str, int, float] | None] | None = None
 
     @property
     def base_url(self) -> str:

@@ -1,4 +1,4 @@
-"""The hardening figures of issue 11, measured on a real gateway process in front of a fake upstream.
+"""The hardening figures of issues 11 and 23, measured on a real gateway process in front of a fake upstream.
 
     python benchmarks/hardening.py all                 # every figure below, this checkout
     python benchmarks/hardening.py headers huge        # some of them
@@ -12,8 +12,19 @@
 - streams: 256 concurrent slow streams (20 chunks 100 ms apart): how many completed, RSS before/after.
 - load: 64 concurrent non-streamed chat requests for a while: requests, errors, rate.
 - leak: RSS sampled every 10,000 non-streamed requests (c=64) up to --requests.
+- flood: one valid chat request of 900,000 tiny messages (29 MB, under max_body_bytes): its status,
+  the gateway's peak RSS, and the slowest /health answer (polled every 50 ms) while it is handled.
+- idle: 1,100 connections that send nothing, 200 sending a header line every 2 s and 20 sending a
+  body a byte every 2 s (header/body timeouts 5 s): how many are still open after 10 s, the slowest
+  /health meanwhile, peak RSS, and whether the gateway logged the connection cap.
+- stalled: with one engine slot, a client opens an endless stream and reads nothing
+  (stream_idle_timeout_s 5 s): how long until another request gets the slot (200), and peak RSS.
+- endless: the upstream answers a streamed Messages request (translated) with 300 MB and no newline:
+  what the client's stream ends with, how long it took, the slowest /health, peak RSS.
 
-RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs).
+RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
+run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
+those settings (``--source`` of an older checkout) is run with its defaults.
 """
 
 from __future__ import annotations
@@ -53,6 +64,15 @@ ANSWER = {
 async def _chat(request: web.Request) -> web.StreamResponse:
     payload = await request.json()
     cue = json.dumps(payload.get("messages"))
+    if "ENDLESS" in cue or "LONGLINE" in cue:  # a stream that never ends / 300 MB without a newline
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"y" * 65536 + b'"}}]}\n\n'
+        block = b"x" * MB if "LONGLINE" in cue else chunk
+        with contextlib.suppress(ConnectionError):
+            for _ in range(300 if "LONGLINE" in cue else 1_000_000):
+                await response.write(block)
+        return response
     if "HUGE" in cue:  # 300 MB of one JSON answer, written 1 MB at a time
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
@@ -104,14 +124,15 @@ def _wait_port(port: int, timeout_s: float = 60) -> None:
 
 
 @contextlib.contextmanager
-def servers(source: Path) -> Iterator[tuple[str, psutil.Process]]:
-    """The fake upstream and a gateway (from ``source``) fronting it: (gateway URL, gateway process)."""
+def servers(source: Path, extra: list[str] | None = None) -> Iterator[tuple[str, psutil.Process]]:
+    """The fake upstream and a gateway (from ``source``, with ``extra`` flags) fronting it: (gateway URL,
+    gateway process)."""
     up_port, gw_port = _free_port(), _free_port()
     upstream = subprocess.Popen([sys.executable, __file__, "upstream", str(up_port)])
     work = tempfile.mkdtemp(prefix="hardening-")
     argv = [
         sys.executable, "-m", "gateway", "serve", "--backend-url", f"http://127.0.0.1:{up_port}", "--model", "fake",
-        "--backend-native-apis", "include_usage", "--port", str(gw_port), "--state-dir", work,
+        "--backend-native-apis", "include_usage", "--port", str(gw_port), "--state-dir", work, *(extra or []),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(source)}
     gateway = None
@@ -120,6 +141,7 @@ def servers(source: Path) -> Iterator[tuple[str, psutil.Process]]:
         log = open(Path(work) / "gateway.log", "wb")  # noqa: SIM115 - closed with the process
         gateway = subprocess.Popen(argv, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
         _wait_port(gw_port)
+        servers.log = Path(work) / "gateway.log"  # type: ignore[attr-defined]
         yield f"http://127.0.0.1:{gw_port}", psutil.Process(gateway.pid)
     finally:
         for process in (gateway, upstream):
@@ -273,18 +295,208 @@ def load(url: str, gateway: psutil.Process, requests: int) -> dict[str, Any]:
     return {**result, "rss_mb_by_requests": marks}
 
 
+# -- issue 23 ------------------------------------------------------------------------------------------
+class HealthWatch:
+    """Polls /health every 50 ms in a thread; the slowest answer (or the timeout) while the block runs."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.worst, self.failures, self._stop = url + "/health", 0.0, 0, threading.Event()
+
+    def __enter__(self) -> HealthWatch:
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(0.05):
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=30) as answer:
+                    answer.read()
+            except OSError:
+                self.failures += 1
+            self.worst = max(self.worst, time.monotonic() - started)
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def figures(self) -> dict[str, Any]:
+        return {"health_worst_s": round(self.worst, 3), "health_failures": self.failures}
+
+
+def flood(url: str, gateway: psutil.Process) -> dict[str, Any]:
+    """One chat request of 900,000 one-letter messages (29 MB: under max_body_bytes)."""
+    body = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "a"}] * 900_000}).encode()
+
+    async def send() -> int:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session,
+            session.post(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}) as r,
+        ):
+            await r.read()
+            return r.status
+
+    before = rss_mb(gateway)
+    started = time.monotonic()
+    with PeakRss(gateway) as peak, HealthWatch(url) as health:
+        status = asyncio.run(send())
+    return {"body_mb": round(len(body) / MB, 1), "status": status, "seconds": round(time.monotonic() - started, 2),
+            **health.figures(), **_rss(before, peak, gateway)}  # fmt: skip
+
+
+def _raise_fd_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+
+
+def idle_connections(url: str, gateway: psutil.Process) -> dict[str, Any]:
+    """1,100 silent connections, 200 slowloris header senders, 20 slow bodies; what is open 10 s later."""
+    _raise_fd_limit()
+    host, port = url.removeprefix("http://").split(":")
+    address = (host, int(port))
+    before = rss_mb(gateway)
+    conns: list[tuple[str, socket.socket]] = []
+    with PeakRss(gateway) as peak, HealthWatch(url) as health:
+        for kind, count in (("silent", 1100), ("slow header", 200), ("slow body", 20)):
+            for _ in range(count):
+                try:
+                    conn = socket.create_connection(address, timeout=5)
+                except OSError:
+                    continue
+                conn.setblocking(False)
+                if kind == "slow header":
+                    conn.send(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                elif kind == "slow body":
+                    conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                              b"application/json\r\nContent-Length: 1000\r\n\r\n{")  # fmt: skip
+                conns.append((kind, conn))
+        opened = {kind: sum(k == kind for k, _ in conns) for kind in ("silent", "slow header", "slow body")}
+        for _ in range(5):  # 10 s: a header line or a body byte every 2 s from the slow ones
+            time.sleep(2)
+            for kind, conn in conns:
+                with contextlib.suppress(OSError):
+                    if kind == "slow header":
+                        conn.send(b"X-Slow: 1\r\n")
+                    elif kind == "slow body":
+                        conn.send(b" ")
+    still_open: dict[str, int] = {}
+    for kind, conn in conns:
+        try:
+            answer = conn.recv(65536)  # non-blocking: nothing yet means still open
+            alive = answer != b"" and not answer.startswith(b"HTTP/1.1 408")
+        except BlockingIOError:
+            alive = True
+        except OSError:
+            alive = False
+        still_open[kind] = still_open.get(kind, 0) + alive
+        conn.close()
+    log_path: Path = servers.log  # type: ignore[attr-defined]
+    capped = "max_connections" in log_path.read_text(errors="replace")
+    return {"opened": opened, "open_after_10_s": still_open, "cap_logged": capped, **health.figures(),
+            **_rss(before, peak, gateway)}  # fmt: skip
+
+
+def stalled_reader(url: str, gateway: psutil.Process) -> dict[str, Any]:
+    """One slot; a client opens an endless stream and never reads; when does the next request get in?"""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "fake", "stream": True, "messages": [{"role": "user", "content": "ENDLESS"}]})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}").encode()  # fmt: skip
+    before = rss_mb(gateway)
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect((host, int(port)))
+    reader.sendall(head)
+    started = time.monotonic()
+    statuses: list[int] = []
+    import urllib.error
+    import urllib.request
+
+    ask = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with PeakRss(gateway) as peak:
+        while time.monotonic() - started < 60:  # still refused after a minute: held for good
+            request = urllib.request.Request(url + "/v1/chat/completions", ask, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    statuses.append(answer.status)
+                    break
+            except urllib.error.HTTPError as refused:
+                statuses.append(refused.code)
+            time.sleep(0.5)
+    freed_after = time.monotonic() - started
+    reader.close()
+    return {"slot_free_after_s": round(freed_after, 1), "refused_meanwhile": len(statuses) - 1,
+            "last_status": statuses[-1] if statuses else None, **_rss(before, peak, gateway)}  # fmt: skip
+
+
+def endless_line(url: str, gateway: psutil.Process) -> dict[str, Any]:
+    """A streamed Messages request whose upstream sends 300 MB without a newline."""
+    body = {"model": "fake", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "LONGLINE"}]}
+
+    async def ask() -> tuple[int, bytes]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+            return await _post(session, url + "/v1/messages", body)
+
+    before = rss_mb(gateway)
+    started = time.monotonic()
+    with PeakRss(gateway) as peak, HealthWatch(url) as health:
+        status, answer = asyncio.run(ask())
+    events = [line for line in answer.decode(errors="replace").splitlines() if line.startswith("event:")]
+    return {
+        "status": status, "seconds": round(time.monotonic() - started, 1), "last_event": events[-1] if events else None,
+        "tail": answer[-200:].decode(errors="replace"), **health.figures(), **_rss(before, peak, gateway),
+    }  # fmt: skip
+
+
+def _supported(source: Path, flag: str) -> bool:
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    shown = subprocess.run([sys.executable, "-m", "gateway", "serve", "--help"], cwd=source, env=env,
+                           capture_output=True, text=True, check=False).stdout  # fmt: skip
+    return flag in shown
+
+
+def issue_23(source: Path, wanted: set[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    short = ["--client-header-timeout", "5", "--client-body-timeout", "5", "--stream-idle-timeout", "5"]
+    clocks = short if _supported(source, "--client-header-timeout") else ["--stream-idle-timeout", "5"]
+    if wanted & {"flood", "idle", "endless"}:
+        with servers(source, clocks) as (url, gateway):
+            time.sleep(2.5)
+            for name, case in (("flood", flood), ("idle", idle_connections), ("endless", endless_line)):
+                if name in wanted:
+                    results[name] = case(url, gateway)
+    if "stalled" in wanted:
+        with servers(source, [*clocks, "--backend-max-concurrency", "1", "--queue-limit", "0"]) as (url, gateway):
+            time.sleep(2.5)
+            results["stalled"] = stalled_reader(url, gateway)
+    return results
+
+
 def main() -> int:
     if sys.argv[1:2] == ["upstream"]:  # the fake upstream's own process
         run_upstream(int(sys.argv[2]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="+", choices=["all", "headers", "huge", "streams", "load"])
+    parser.add_argument(
+        "what", nargs="+",
+        choices=["all", "headers", "huge", "streams", "load", "flood", "idle", "stalled", "endless"],
+    )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
     parser.add_argument("--streams", type=int, default=256)
     args = parser.parse_args()
-    wanted = {"headers", "huge", "streams", "load"} if "all" in args.what else set(args.what)
+    everything = {"headers", "huge", "streams", "load", "flood", "idle", "stalled", "endless"}
+    wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
+    results.update(issue_23(args.source, wanted))
+    if not wanted & {"headers", "huge", "streams", "load"}:
+        print(json.dumps(results, indent=2))
+        return 0
     with servers(args.source) as (url, gateway):
         time.sleep(2.5)  # the gateway polls the backend's readiness every 2 s
         results["rss_idle_mb"] = round(rss_mb(gateway), 1)

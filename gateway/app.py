@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import status_page
+from gateway.browser_guard import BrowserGuard
 from gateway.disconnect import CancelOnDisconnect
 from gateway.edge import ApiKeys, ASGIApp, RequestMetrics, key_accepted
 from gateway.handlers import Inference
@@ -28,6 +29,7 @@ from gateway.lifecycle import State
 from gateway.metrics import StateCollector
 from gateway.metrics import endpoint as metrics_endpoint
 from gateway.openai_errors import RETRY_AFTER_S, ApiError, as_api_error, shape_for
+from gateway.readiness import EngineProbe, public
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.app")
@@ -38,6 +40,7 @@ class Gateway:
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
+        self.probe = EngineProbe()
 
     async def health(self, _request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -51,9 +54,15 @@ class Gateway:
         the reason only for a request that may see them."""
         backend = self.rt.backend
         detail = key_accepted(request.scope)
+        if backend.ready and backend.launch is not None and not await self.probe.answers(backend.launch):
+            why = f"the engine does not answer its health check within {self.probe.timeout_s:g} s"
+            silent = {"status": "not_answering", **({"reason": why} if detail else {})}
+            return JSONResponse(silent, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         if backend.ready:
             return JSONResponse({"status": "ready", **({"model": self.rt.route.fronted} if detail else {})})
-        body = {"status": backend.state.value, **({"reason": backend.reason} if detail else {})}
+        body: dict[str, str | None] = {"status": backend.state.value}
+        if detail:
+            body["reason"] = public(backend.reason)
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def status_data(self) -> dict[str, Any]:
@@ -151,4 +160,8 @@ def create_app(runtime: Runtime) -> ASGIApp:
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return CancelOnDisconnect(RequestMetrics(ApiKeys(app, runtime.api_keys), registry))
+    guarded = BrowserGuard(
+        ApiKeys(app, runtime.api_keys), keyed=bool(runtime.api_keys), bind_host=runtime.bind_host,
+        allowed_hosts=runtime.allowed_hosts, cors_allow_origins=runtime.cors_allow_origins,
+    )  # fmt: skip
+    return CancelOnDisconnect(RequestMetrics(guarded, registry))

@@ -38,6 +38,8 @@ class ModelEntry(_Strict):
     # one table per engine that can serve it ([vllm], [llamacpp]…), typed by that engine's backend
     engines: dict[str, Any] = Field(default_factory=dict)
     base_dir: Path | None = Field(default=None, exclude=True)  # the entry file's directory: relative paths start here
+    # the known-good configuration of this model on this machine (serve), so engines need not search again
+    remembered: dict[str, Any] | None = Field(default=None, exclude=True)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -129,10 +131,16 @@ class Catalog:
         if entry := self.get(spec):
             return entry
         path = Path(spec).expanduser()
-        for backend in registry.BACKENDS:  # a file, a directory or a hub id that an engine can load
-            if (table := backend.section_for(spec)) is not None:
-                name = (path.resolve().stem if path.is_file() else path.resolve().name) if path.exists() else spec
-                return ModelEntry(name=name, engines={backend.name: backend.parse_section(table)})
+        # a file, a directory or a hub id: every engine that can load it gets its table (a hub id:
+        # vLLM its checkpoints, llama.cpp its GGUF quantizations)
+        engines = {
+            backend.name: backend.parse_section(table)
+            for backend in registry.BACKENDS
+            if (table := backend.section_for(spec)) is not None
+        }
+        if engines:
+            name = (path.resolve().stem if path.is_file() else path.resolve().name) if path.exists() else spec
+            return ModelEntry(name=name, engines=engines)
         if path.is_dir():
             raise ModelError(f"{path} has no config.json: point --model at a checkpoint directory or a .gguf file")
         if path.exists() or path.suffix == ".gguf" or spec.startswith(("/", "./", "../", "~")):

@@ -45,7 +45,7 @@ PLAN_SETTINGS = (
     "vllm_version", "vllm_command", "llama_server_command", "llama_cpp_python_command",
     "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
     "kv_cache_dtype", "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload", "port",
-    "workers", "worker_api_key",
+    "workers", "worker_api_key", "state_dir", "quant",
 )  # fmt: skip
 
 
@@ -172,7 +172,7 @@ def _configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
+    for noisy in ("httpx", "httpx2", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -200,7 +200,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
     from gateway.drain import DrainingServer
-    from gateway.http_limits import bounded_protocol
+    from gateway.http_limits import bounded_protocol, connection_cap
     from gateway.lifecycle import State
     from gateway.proxy import Timeouts, Upstream
     from gateway.startup import decide, plan_summary
@@ -245,7 +245,15 @@ def serve(args: argparse.Namespace) -> int:
         log_config=None,  # uvicorn's lines go through our handlers: one JSON object each with --log-format json
         access_log=False,
         lifespan="on",
-        http=bounded_protocol(settings.max_header_bytes, settings.max_headers),  # 431 before any key is read
+        timeout_keep_alive=int(max(settings.keepalive_timeout_s, 1)),
+        http=bounded_protocol(  # 431 before any key is read; clocks on slow clients; a connection cap
+            settings.max_header_bytes,
+            settings.max_headers,
+            header_timeout_s=settings.client_header_timeout_s,
+            body_timeout_s=settings.client_body_timeout_s,
+            send_timeout_s=settings.stream_idle_timeout_s,
+            max_connections=connection_cap(settings.max_connections),
+        ),
     )
     server = DrainingServer(config, runtime, settings.shutdown_grace_s)  # requests in flight drain
 
@@ -258,11 +266,15 @@ def serve(args: argparse.Namespace) -> int:
 
     # uvicorn handles SIGINT/SIGTERM while serving and re-raises them once it has shut down; these
     # handlers receive that re-raise (and any signal before uvicorn takes over) so that a requested
-    # stop, completed cleanly, exits 0 instead of dying by the signal.
-    def stop_requested(_signum: int, _frame: object) -> None:
+    # stop, completed cleanly, exits 0 instead of dying by the signal. SIGHUP (the terminal closed, or
+    # a service manager's reload) gets the same drain: uvicorn leaves it alone, and by default it kills.
+    def stop_requested(signum: int, _frame: object) -> None:
+        if signum == signal.SIGHUP and not server.should_exit:
+            log.info("SIGHUP: stopping (requests in flight get shutdown_grace_s)")
         server.should_exit = True
 
-    previous = {sig: signal.signal(sig, stop_requested) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, stop_requested) for sig in stop_signals}
     try:
         # the loop uvicorn would pick itself (uvloop when installed), since we call serve() directly
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
@@ -370,9 +382,13 @@ def _runtime(settings: Any, route: Any, backend: ServedBackend, upstream: Any, *
         backend=backend,
         upstream=upstream,
         max_body_bytes=settings.max_body_bytes,
+        max_body_elements=settings.max_body_elements,
         queue_limit=settings.queue_limit,
         queue_wait_s=settings.queue_wait_s,
         api_keys=settings.all_api_keys(),
+        bind_host=settings.host,
+        allowed_hosts=tuple(settings.allowed_hosts),
+        cors_allow_origins=tuple(settings.cors_allow_origins),
         **plan_figures,
     )
 

@@ -63,7 +63,7 @@ class ApiKeys:
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
-        self.keys = [key.encode() for key in keys if key]
+        self.keys = [key.encode("utf-8") for key in keys if key]
 
     def allowed(self, scope: Scope) -> bool:
         """Either header may carry the key (SDKs send both, one of them a placeholder)."""
@@ -71,8 +71,9 @@ class ApiKeys:
         bearer = _header(scope, b"authorization") or ""
         if bearer.lower().startswith("bearer "):
             offered.append(bearer[7:].strip())
-        # every offered value against every key, in constant time
-        matches = [hmac.compare_digest(value.encode(), key) for value in offered for key in self.keys]
+        # every offered value against every key, in constant time; headers arrive as bytes (decoded
+        # Latin-1 above), so a key is compared as the UTF-8 bytes a client sends for it
+        matches = [hmac.compare_digest(value.encode("latin-1"), key) for value in offered for key in self.keys]
         return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

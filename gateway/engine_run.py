@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import httpx
 
 from backends.base import Failure, FailureKind, Launch
-from gateway.process import ChildProcess
+from gateway.process import ChildProcess, LogNotWritable
 
 log = logging.getLogger("gateway.engine")
 
@@ -113,6 +113,7 @@ class EngineRun:
         self.state = RunState.STARTING
         self.failures: list[Failure] = []
         self.memory: dict[str, dict[str, int]] = {}  # device → term → bytes, as the engine logged it
+        self.timings: dict[str, list[float]] = {}  # "prompt" | "decode" → [tokens, seconds], the engine's own
         self.reason: str | None = None
         self.started_at: float | None = None
         self.ready_at: float | None = None
@@ -146,6 +147,12 @@ class EngineRun:
         self.started_at = time.monotonic()
         try:
             await self.child.start()
+        except LogNotWritable as exc:
+            self._fail(str(exc.strerror))
+            self.ended_at = time.monotonic()
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self._settled.set()
+            return
         except OSError as exc:  # the command itself cannot run (missing, not executable)
             self._fail(f"cannot run {self.launch.argv[0]}: {exc.strerror or exc}; check the engine command setting")
             self.ended_at = time.monotonic()
@@ -179,6 +186,15 @@ class EngineRun:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         self._settled.set()
 
+    @property
+    def measured(self) -> dict[str, float]:
+        """Tokens per second the engine itself timed, over every request so far."""
+        return {
+            f"{kind}_tokens_per_s": round(tokens / seconds, 2)
+            for kind, (tokens, seconds) in sorted(self.timings.items())
+            if seconds > 0
+        } | {f"{kind}_tokens": int(tokens) for kind, (tokens, _) in sorted(self.timings.items())}
+
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
         failure = self.failure
@@ -192,6 +208,7 @@ class EngineRun:
             "served_name": self.launch.served_name,
             "context_length": self.launch.context_length,
             "log_path": str(self.log_path),
+            "measured": self.measured,
             "temp_dir": str(self.temp_dir),
             "uptime_s": round(now - self.ready_at, 1) if self.ready_at and self.ready else None,
             "reason": self.reason,
@@ -226,6 +243,11 @@ class EngineRun:
             device, term, size = reported
             terms = self.memory.setdefault(device, {})
             terms[term] = terms.get(term, 0) + size
+        if self.launch.speed_line and (timed := self.launch.speed_line(line)):
+            kind, tokens, seconds = timed
+            total = self.timings.setdefault(kind, [0.0, 0.0])
+            total[0] += tokens
+            total[1] += seconds
         if failure := self.classify(line):
             self.failures.append(failure)
             if failure.kind is not FailureKind.ENGINE_FAILED:

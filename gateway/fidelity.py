@@ -16,7 +16,8 @@ import json
 import time
 from typing import Any
 
-from gateway.openai_errors import overflow_error
+from gateway.openai_errors import ApiError, overflow_error
+from gateway.sse import EventBuffer, EventTooLarge
 
 PER_MESSAGE_OVERHEAD = 8  # chat-template tokens around each message, roughly
 
@@ -71,18 +72,18 @@ class ChatStreamFixer:
         self.completion_tokens = 0
         self.last: dict[str, Any] = {}
         self.saw_usage = False
-        self._pending = b""
+        self._events = EventBuffer()
 
     def feed(self, chunk: bytes) -> bytes:
-        self._pending += chunk
-        out: list[bytes] = []
-        while (cut := self._pending.find(b"\n\n")) >= 0:
-            event, self._pending = self._pending[: cut + 2], self._pending[cut + 2 :]
-            out.append(self._event(event))
-        return b"".join(out)
+        """Complete events, rewritten; an event past the size cap ends the stream (an ApiError)."""
+        try:
+            events = self._events.feed(chunk)
+        except EventTooLarge as exc:
+            raise ApiError(502, str(exc), code="backend_event_too_large") from None
+        return b"".join(self._event(event) for event in events)
 
     def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
+        rest = self._events.rest()
         return self._event(rest) if rest else b""
 
     def _event(self, event: bytes) -> bytes:
@@ -135,7 +136,10 @@ def complete_chat_shape(body: bytes) -> bytes:
         return body
     if not isinstance(payload, dict) or payload.get("object") != "chat.completion":
         return body
-    for choice in payload.get("choices") or []:
+    choices = payload.get("choices") or []
+    if not (isinstance(choices, list) and all(isinstance(choice, dict) for choice in choices)):
+        raise ApiError(502, "the backend's chat completion is malformed ('choices' is not a list of objects)")
+    for choice in choices:
         choice.setdefault("logprobs", None)
         message = choice.get("message")
         if isinstance(message, dict):

@@ -29,39 +29,12 @@ from gateway.fidelity import (
 from gateway.lifecycle import ServedBackend, State
 from gateway.openai_errors import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
 from gateway.proxy import ChunkFilter, chained, translated_stream
+from gateway.readiness import public
+from gateway.request_body import read_json_object
 from gateway.runtime import Runtime
+from gateway.stream_guard import response_failed_event
 
 log = logging.getLogger("gateway.handlers")
-
-
-def _no_constant(name: str) -> Any:
-    """NaN and Infinity are not JSON (Python accepts them, then refuses to write them back)."""
-    raise ValueError(f"{name} is not a JSON value")
-
-
-async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes (max_body_bytes)")
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes (max_body_bytes)")
-        parts.append(part)
-    body = b"".join(parts)
-    if not body.strip():
-        raise ApiError(400, "request body is empty: send a JSON object")
-    try:
-        payload = json.loads(body, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    except RecursionError:
-        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, f"request body must be a JSON object, not a JSON {type(payload).__name__}")
-    return body, payload
 
 
 @dataclass(frozen=True)
@@ -98,10 +71,17 @@ MESSAGES = Dialect(
 )
 
 
+def _is_chat_completion(answer: Any) -> bool:
+    """Enough of a chat completion to translate: ``choices`` a list of objects (``[null]`` or ``"abc"``
+    would break the translator: a 502, not a 500)."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    return isinstance(choices, list) and all(isinstance(choice, dict) for choice in choices)
+
+
 def _not_ready(backend: ServedBackend) -> str:
     """Why requests cannot go through, as the 503 says it: a server the user runs (``--backend-url``)
     is never "starting" here, and one that served and went quiet has stopped answering."""
-    why = backend.reason or "no reason given"
+    why = public(backend.reason) or "no reason given"
     if backend.state is State.STARTING and backend.ever_ready:
         return f"stopped answering ({why})"
     if backend.state is State.STARTING and backend.launch is not None and backend.launch.engine == "external":
@@ -173,12 +153,12 @@ class Inference:
 
     # -- chat and text completions -----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(shapes.ChatCompletionRequest, payload)
         return await self._completion(payload, body, "/v1/chat/completions")
 
     async def completions(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(shapes.CompletionRequest, payload)
         return await self._completion(payload, body, "/v1/completions")
 
@@ -231,6 +211,7 @@ class Inference:
                 rewrite_body=self.rt.route.rewrite_body,
                 on_close=ticket.hand_over(),
                 errors=dialect.errors,
+                error_event=response_failed_event if dialect is RESPONSES else None,
             )
 
     # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
@@ -241,7 +222,7 @@ class Inference:
         return await self._agent_api(MESSAGES, request)
 
     async def _agent_api(self, dialect: Dialect, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(dialect.shape, payload)
         changed = self._route_model(payload)
         target = self._target()
@@ -259,7 +240,7 @@ class Inference:
         async with self.rt.admission.slot() as ticket:
             if not chat["stream"]:
                 status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
-                if status == 200 and not (isinstance(answer, dict) and isinstance(answer.get("choices"), list)):
+                if status == 200 and not _is_chat_completion(answer):
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
                     return dialect.errors.engine_error(status, answer, target.context_length)
@@ -272,10 +253,11 @@ class Inference:
             if failed is not None:
                 return dialect.errors.engine_error(*failed, target.context_length)
             events = dialect.events(chunks, payload, fronted, prompt or 0)
-            return translated_stream(events, ticket.hand_over(), dialect.errors)
+            failed_event = response_failed_event if dialect is RESPONSES else None
+            return translated_stream(events, ticket.hand_over(), dialect.errors, failed_event)
 
     async def count_tokens(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes)
+        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
         shapes.check(shapes.CountTokensRequest, payload)
         changed = self._route_model(payload)
         target = self._target()

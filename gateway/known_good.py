@@ -50,3 +50,18 @@ class KnownGood:
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         replace_atomically(self.path, json.dumps(data, indent=2))
+
+    def record_measured(
+        self, model: str, fingerprint: str, engine: str, memo: dict[str, Any], measured: dict[str, float]
+    ) -> bool:
+        """Store the engine's own timings with the remembered configuration they were measured on
+        (only if it still is the remembered one); True when written."""
+        data = self._load()
+        entry = data.get(self.key(model, fingerprint))
+        if not isinstance(entry, dict) or entry.get("engine") != engine or entry.get("memo") != memo:
+            return False
+        if entry.get("measured") == measured:
+            return False
+        entry["measured"] = {**measured, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        replace_atomically(self.path, json.dumps(data, indent=2))
+        return True

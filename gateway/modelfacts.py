@@ -27,6 +27,8 @@ _LINEAR_BYTES = {
     "mxfp4": 0.5 + 1 / 32,  # e8m0 scale per 32
     "nvfp4": 0.5 + 1 / 16 + 0.0,  # fp8 scale per 16
     "int8": 1.0 + 2 / 128,
+    "int4": 0.5 + 2.5 / 128,
+    "mxfp8": 1.0 + 1 / 32,  # e8m0 scale per 32  # compressed-tensors W4A16 (GPTQ-like groups of 128)
 }
 
 
@@ -79,6 +81,14 @@ class ModelFacts:
     global_kv_heads: int = 0  # KV heads of the full-attention layers where they differ (0: num_kv_heads)
     quant_kept: tuple[str, ...] = ()
     quant_kept_source: str = ""
+    # how the checkpoint names its quantization (config.json quant_method, ModelOpt's quant_algo):
+    # the engine's minimum compute capability depends on it, not on the storage format alone
+    quant_method: str = ""
+    quant_algo: str = ""
+    # multi-token-prediction layers (num_nextn_predict_layers) and their bytes: in a checkpoint's
+    # safetensors (weight_bytes includes them unless estimated), loaded only for speculative decoding
+    mtp_layers: int = 0
+    mtp_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -101,24 +111,49 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quantization(config: dict[str, Any], override: str | None) -> str | None:
+    """The storage format: ModelOpt's ``quant_algo`` and compressed-tensors' weight scheme read
+    exactly (a ModelOpt FP8 checkpoint is ~1 byte per weight, not NVFP4's ~0.56)."""
     if override:
         return override.lower()
     qc = config.get("quantization_config")
     if not isinstance(qc, dict):
         return None
     method = str(qc.get("quant_method", "")).lower()
-    if method in ("modelopt", "modelopt_fp4") or "fp4" in str(qc.get("quant_algo", "")).lower():
+    algo = _quant_algo(qc)
+    if method == "modelopt_fp4":
         return "nvfp4"
+    if method.startswith("modelopt"):
+        return "nvfp4" if "FP4" in algo else "mxfp8" if "MXFP8" in algo else "fp8" if "FP8" in algo else None
     if method == "compressed-tensors":
-        text = json.dumps(qc).lower()
-        return (
-            "nvfp4"
-            if "nvfp4" in text or '"num_bits": 4, "type": "float"' in text
-            else "fp8"
-            if "float" in text
-            else "int8"
-        )
+        return _compressed_tensors_format(qc)
     return method or None
+
+
+def _quant_algo(section: dict[str, Any]) -> str:
+    """``quant_algo`` of a ModelOpt section: top level or under "quantization", upper-cased as
+    vLLM's ``_extract_modelopt_quant_algo`` does."""
+    inner = section.get("quantization")
+    source = inner if isinstance(inner, dict) else section
+    return str(source.get("quant_algo") or "").upper()
+
+
+def _compressed_tensors_format(qc: dict[str, Any]) -> str:
+    """The weight format of compressed-tensors' first config group: 4-bit float in groups of 16
+    is NVFP4, of 32 MXFP4; 8-bit float FP8; integers int8 or int4 (W4A16)."""
+    groups = qc.get("config_groups")
+    weights: dict[str, Any] = {}
+    if isinstance(groups, dict):
+        for group in groups.values():
+            if isinstance(group, dict) and isinstance(group.get("weights"), dict):
+                weights = group["weights"]
+                break
+    bits = int(weights.get("num_bits") or 8)
+    kind = str(weights.get("type") or "int").lower()
+    if kind == "float":
+        if bits == 4:
+            return "mxfp4" if int(weights.get("group_size") or 16) == 32 else "nvfp4"
+        return "fp8"
+    return "int4" if bits == 4 else "int8"
 
 
 def _sliding(cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
@@ -272,6 +307,11 @@ def facts_from_config(
             notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
     window, sliding_layers = _sliding(cfg, layers)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    found = cfg.get("quantization_config")
+    qc: dict[str, Any] = found if isinstance(found, dict) else {}
+    quant_method = str(qc.get("quant_method") or ("modelopt" if quant_file else "")).lower()
+    quant_algo = _quant_algo(qc) or (_quant_algo(quant_file) if isinstance(quant_file, dict) else "")
+    mtp_layers = int(cfg.get("num_nextn_predict_layers") or 0)
     return ModelFacts(
         name=name,
         model_type=str(cfg.get("model_type") or ""),
@@ -302,16 +342,30 @@ def facts_from_config(
         global_kv_heads=int(cfg.get("num_global_key_value_heads") or 0),
         quant_kept=kept,
         quant_kept_source=kept_source,
+        quant_method=quant_method,
+        quant_algo=quant_algo,
+        mtp_layers=mtp_layers,
+        mtp_bytes=mtp_layers * _mtp_layer_bytes(cfg, quant, kept),
         notes=tuple(notes),
     )
+
+
+def _mtp_layer_bytes(cfg: dict[str, Any], quantization: str | None, kept: tuple[str, ...]) -> int:
+    """One multi-token-prediction layer: a decoder layer like the last one (MoE where the model is)
+    plus its projection of [embedding; hidden] (2h × h, 16-bit) and norms. An estimate."""
+    layers = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    one_more = {**cfg, "num_hidden_layers": layers + 1}
+    per_layer = estimate_weight_bytes(one_more, quantization, kept) - estimate_weight_bytes(cfg, quantization, kept)
+    return per_layer + 2 * hidden * hidden * 2 + 3 * hidden * 2
 
 
 def _quantization_of_file(quant_file: dict[str, Any] | None) -> str | None:
     """hf_quant_config.json's ``quant_algo`` (NVFP4, FP8) when config.json names no method."""
     if not isinstance(quant_file, dict):
         return None
-    algo = str((quant_file.get("quantization") or quant_file).get("quant_algo") or "").lower()
-    return "nvfp4" if "fp4" in algo else "fp8" if "fp8" in algo else None
+    algo = _quant_algo(quant_file)
+    return "nvfp4" if "FP4" in algo else "mxfp8" if "MXFP8" in algo else "fp8" if "FP8" in algo else None
 
 
 def _safetensors_header_bytes(path: Path) -> int:
@@ -352,10 +406,14 @@ def facts_from_dir(directory: Path, name: str | None = None) -> ModelFacts:
 def facts_from_hub(repo: str) -> ModelFacts:
     """config.json and the safetensors index (or header metadata) from the hub; never the weights."""
     from huggingface_hub import get_safetensors_metadata, hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
+
+    from gateway.hub.errors import hub_error
 
     try:
         config = json.loads(Path(hf_hub_download(repo, "config.json")).read_text())
+    except GatedRepoError as exc:  # the fix is the user's licence and token, not the network
+        raise hub_error(repo, exc) from exc
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
         raise ModelError(
             f"cannot read config.json of {repo} from the hub ({type(exc).__name__}): check the network "

@@ -58,6 +58,10 @@ class Policy:
     allow_cpu_offload: bool = False
     engines: tuple[str, ...] | None = None  # plan only these engines; None: every registered one
     pins: Pins = field(default_factory=Pins)
+    # the configuration remembered on this machine (known-good.json) with the engine's own measured
+    # speed: a backend may calibrate its estimates on it (llama.cpp's host bandwidth term)
+    remembered: dict[str, Any] | None = None
+    quant: str | None = None  # a hub model's GGUF quantization (or file) the user chose
 
     def plans(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines
@@ -72,7 +76,12 @@ def policy_for(settings: Any, limit: int | None, has_gpus: bool) -> Policy:
     pins = Pins.from_values(settings)
     explicit_min = "min_context" in settings.model_fields_set
     engines = (settings.engine,) if settings.engine else None
-    common = {"allow_cpu_offload": settings.allow_cpu_offload, "engines": engines, "pins": pins}
+    common = {
+        "allow_cpu_offload": settings.allow_cpu_offload,
+        "engines": engines,
+        "pins": pins,
+        "quant": getattr(settings, "quant", None),
+    }
     if pins.context_length is not None:
         if limit is not None and pins.context_length > limit:
             raise ConfigError(

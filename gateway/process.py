@@ -44,6 +44,10 @@ def _runnable(command: str) -> None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
 
 
+class LogNotWritable(OSError):
+    """The engine's log file cannot be created: the process is not started (nothing to clean up)."""
+
+
 class ChildProcess:
     """One running child: its output goes to ``log_path`` and a tail kept in memory."""
 
@@ -63,6 +67,8 @@ class ChildProcess:
         self.returncode: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
+        self._sink: TextIO | None = None
+        self.dropped_lines = 0  # lines not written to the log (its disk full or gone); still read
 
     @property
     def pid(self) -> int | None:
@@ -72,8 +78,23 @@ class ChildProcess:
         """Start ``argv`` under :mod:`gateway.reaper`, which leads the new process group and kills all
         of it with SIGKILL should the gateway die (a busy engine ignores anything gentler)."""
         _runnable(self.argv[0])
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = await asyncio.create_subprocess_exec(
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._sink = self.log_path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise LogNotWritable(
+                exc.errno, f"cannot write the log {self.log_path} ({exc.strerror}): set log_dir or state_dir to a "
+                "writable directory",
+            ) from exc  # fmt: skip
+        try:
+            self._proc = await self._spawn()
+        except BaseException:
+            self._sink.close()
+            raise
+        self._pump = asyncio.create_task(self._pump_output(), name=f"output of pid {self._proc.pid}")
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "gateway.reaper",
@@ -86,14 +107,19 @@ class ChildProcess:
             preexec_fn=_reaper_learns_of_our_death,
             limit=1 << 20,  # engines print long lines (llama.cpp's model metadata dict)
         )
-        self._pump = asyncio.create_task(self._pump_output(), name=f"output of pid {self._proc.pid}")
 
     async def _pump_output(self) -> None:
-        assert self._proc and self._proc.stdout
-        with self.log_path.open("a", encoding="utf-8") as sink:
-            await self._copy_lines(self._proc.stdout, sink)
+        assert self._proc and self._proc.stdout and self._sink
+        try:
+            await self._copy_lines(self._proc.stdout, self._sink)
+        finally:
+            with contextlib.suppress(OSError):  # closing flushes: on a full disk that fails too
+                self._sink.close()
 
     async def _copy_lines(self, stream: asyncio.StreamReader, sink: TextIO) -> None:
+        """Every line is read, whatever happens to the log file: a child whose output nobody reads
+        blocks on its next write once the pipe is full (an engine froze that way on a full disk)."""
+        writable = True
         while True:
             try:
                 raw = await stream.readline()
@@ -102,8 +128,18 @@ class ChildProcess:
             if not raw:
                 return
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            sink.write(line + "\n")
-            sink.flush()
+            if writable:
+                try:
+                    sink.write(line + "\n")
+                    sink.flush()
+                except OSError as exc:
+                    writable = False
+                    log.error(
+                        "cannot write %s (%s): its further lines are dropped (the last ones stay in /status)",
+                        self.log_path, exc.strerror or exc,
+                    )  # fmt: skip
+            if not writable:
+                self.dropped_lines += 1
             self.tail.append(line)
             if self.on_line:
                 self.on_line(line)

@@ -28,6 +28,7 @@ from gateway.edge import request_id
 from gateway.fidelity import PER_MESSAGE_OVERHEAD, flatten_prompt
 from gateway.openai_errors import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
 from gateway.sse import chat_chunks
+from gateway.stream_guard import checked_chunks
 
 log = logging.getLogger("gateway.proxy")
 
@@ -140,7 +141,9 @@ class Upstream:
             deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
         try:
             async with asyncio.timeout_at(deadline):
-                upstream = await self._client().post(target.base_url + path, data=body, headers=headers)
+                upstream = await self._client().post(
+                    target.base_url + path, data=body, headers=headers, allow_redirects=False
+                )  # a redirect is the backend's mistake: following it would re-send the prompt elsewhere
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ClientError):  # connecting took longer than connect_timeout_s
                 raise self._failure("did not accept the connection in time", exc) from exc
@@ -239,6 +242,7 @@ class Upstream:
         chunk_filter: ChunkFilter | None = None,
         on_close: Callable[[], None] = lambda: None,
         errors: ErrorShape = OPENAI,
+        error_event: Callable[[ApiError], bytes] | None = None,
     ) -> Response:
         """Pass the request through; the response comes back as it came (filtered only if asked). A
         stream that breaks or goes silent ends with an error event in ``errors``' dialect."""
@@ -250,23 +254,22 @@ class Upstream:
             raise
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
-            chunks = self._chunks(upstream, deadline, chunk_filter)
+            chunks = self._chunks(upstream, deadline, chunk_filter, error_event or errors.sse_event, on_close)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
                 on_close()
                 if upstream in self._reading:
                     self._finish(upstream, False)
 
-            return ClosingStream(
-                _ending_in(chunks, errors.sse_event, on_close), cleanup, status_code=200, media_type=content_type,
-                headers=SSE_HEADERS,
-            )  # fmt: skip
+            return ClosingStream(chunks, cleanup, status_code=200, media_type=content_type, headers=SSE_HEADERS)
         try:
             data = await self.read(upstream, None if stream else deadline)
         finally:
             on_close()
         if upstream.status >= 400 and (overflow := engine_overflow(_json_or_error(data), target.context_length)):
             return errors.response(overflow)  # every engine's "too long" in the one wording agents act on
+        if broken := _broken_answer(upstream.status, content_type, data, stream):
+            raise broken
         kept = {name: upstream.headers[name] for name in ("Retry-After", "retry-after-ms") if name in upstream.headers}
         return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
 
@@ -277,39 +280,57 @@ class Upstream:
         A broken or silent stream ends with an ``{"error": …}`` chunk the translator words in its dialect."""
         deadline = _after(self.timeouts.first_byte_s)
         upstream = await self.open(target, "/v1/chat/completions", body, stream=True, deadline=deadline)
-        if upstream.status != 200:
-            return (upstream.status, _json_or_error(await self.read(upstream))), _empty()
-        chunks = self._chunks(upstream, deadline, chunk_filter)
-        return None, chat_chunks(_ending_in(chunks, _error_chunk, lambda: None))
+        content_type = upstream.headers.get("Content-Type", "")
+        if upstream.status != 200 or not content_type.startswith("text/event-stream"):
+            data = await self.read(upstream)
+            broken = _broken_answer(upstream.status, content_type, data, True)
+            if broken is not None:
+                return (broken.status, broken.body()), _empty()
+            return (upstream.status, _json_or_error(data)), _empty()
+        chunks = self._chunks(upstream, deadline, chunk_filter, _error_chunk)
+        return None, checked_chunks(chat_chunks(chunks))
 
     async def _chunks(
-        self, upstream: aiohttp.ClientResponse, first_deadline: float, chunk_filter: ChunkFilter | None
+        self,
+        upstream: aiohttp.ClientResponse,
+        first_deadline: float,
+        chunk_filter: ChunkFilter | None,
+        error_event: Callable[[ApiError], bytes],
+        on_close: Callable[[], None] = lambda: None,
     ) -> AsyncGenerator[bytes]:
         """The upstream's bytes as they arrive, the first by ``first_deadline``, each next within the idle
-        bound; a broken or silent stream raises an :class:`ApiError` to end it with."""
-        finished, first = False, True
-        deadline = first_deadline
+        bound; a broken or silent stream ends with ``error_event``; ``on_close`` (the slot) runs as soon as
+        the stream is over, before the response's last message is sent. The bounds are one timer for the
+        whole stream (:class:`_Watchdog`), not one per chunk: a chunk costs a clock read."""
+        loop = asyncio.get_running_loop()
+        watchdog = _Watchdog(loop, upstream.content, first_deadline, self.timeouts.stream_idle_s)
+        finished = False
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await upstream.content.readany()
-                except TimeoutError as exc:
-                    if isinstance(exc, aiohttp.ClientError):
-                        raise self._failure("stopped in the middle of this stream", exc) from exc
-                    raise self._stalled(first) from None
+                    chunk = await upstream.content.readany()
+                except _Silence:
+                    yield error_event(self._stalled(watchdog.first))
+                    break
                 except aiohttp.ClientError as exc:
                     log.warning("backend stream broke: %s", type(exc).__name__)
-                    raise self._failure("stopped in the middle of this stream", exc) from exc
-                if not chunk:
+                    yield error_event(self._failure("stopped in the middle of this stream", exc))
                     break
-                first, deadline = False, _after(self.timeouts.stream_idle_s)
+                if not chunk:
+                    if chunk_filter:
+                        yield chunk_filter.flush()
+                    finished = True
+                    break
+                watchdog.last = loop.time()
+                if watchdog.first:
+                    watchdog.started()
                 yield chunk_filter.feed(chunk) if chunk_filter else chunk
-            if chunk_filter:
-                yield chunk_filter.flush()
-            finished = True
+        except ApiError as error:  # a filter refused what the backend sent (an event over the size cap)
+            yield error_event(error)
         finally:
+            watchdog.cancel()
             self._finish(upstream, finished)
+            on_close()
 
     def _finish(self, upstream: aiohttp.ClientResponse, finished: bool) -> None:
         """A body read to its end returns its connection to the pool; one cut short (the client left)
@@ -347,28 +368,66 @@ def _error_chunk(error: ApiError) -> bytes:
     return b"data: " + json.dumps({"error": {"message": error.message}}).encode() + b"\n\n"
 
 
-async def _ending_in(
-    chunks: AsyncGenerator[bytes], error_event: Callable[[ApiError], bytes], on_close: Callable[[], None]
-) -> AsyncIterator[bytes]:
-    """The chunks; a stream that fails ends with the error as its last event; ``on_close`` runs however
-    it ends (the client leaving included)."""
-    try:
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except ApiError as error:
-            yield error_event(error)
-    finally:
-        on_close()
-        await chunks.aclose()
+class _Silence(Exception):
+    """Set on a stream's reader by its :class:`_Watchdog`: the backend said nothing in time."""
+
+
+class _Watchdog:
+    """One timer per stream instead of one per chunk: it fires at the first-byte deadline, then
+    ``idle_s`` after the last chunk (re-arming itself while chunks keep coming), and wakes the pending
+    read with :class:`_Silence` when the backend has been quiet too long."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, reader: aiohttp.StreamReader, first_deadline: float, idle_s: float
+    ) -> None:
+        self.loop, self.reader, self.idle_s = loop, reader, idle_s
+        self.first = True
+        self.last = loop.time()
+        self._timer = loop.call_at(first_deadline, self._check)
+
+    def _check(self) -> None:
+        due = self.last + self.idle_s
+        if not self.first and due > self.loop.time():
+            self._timer = self.loop.call_at(due, self._check)
+            return
+        self.reader.set_exception(_Silence())
+
+    def started(self) -> None:
+        """The first chunk came: from now on the idle bound applies."""
+        self.first = False
+        self._timer.cancel()
+        self._timer = self.loop.call_at(self.last + self.idle_s, self._check)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _looks_like_json(content_type: str, data: bytes) -> bool:
+    return "json" in content_type.lower() and data.lstrip()[:1] in (b"{", b"[")
+
+
+def _broken_answer(status: int, content_type: str, data: bytes, stream: bool) -> ApiError | None:
+    """A 502 for an answer the client must not get as it came: a redirect (not followed), a body that
+    is not JSON (a proxy's HTML error page names internal paths), or a stream request answered 200
+    without a stream (the client would read an empty success)."""
+    if 300 <= status < 400:
+        return ApiError(502, f"the backend answered with a redirect ({status}), which the gateway does not follow")
+    if stream and status == 200:
+        what = f"{content_type or 'no content type'}, {len(data)} bytes"
+        return ApiError(502, f"the backend answered a stream request without a stream ({what})")
+    if not _looks_like_json(content_type, data):
+        what = f"{content_type or 'no content type'}, {len(data)} bytes"
+        return ApiError(502, f"the backend answered {status} with a body that is not JSON ({what}); see its log")
+    return None
 
 
 def _json_or_error(data: bytes) -> Any:
-    """An engine's JSON answer; anything else (a proxy's HTML page) as an OpenAI-shaped error."""
+    """An engine's JSON answer; anything else (a proxy's HTML page) as an OpenAI-shaped error that does
+    not repeat the page (it can name the server's internal paths)."""
     try:
         return json.loads(data)
     except ValueError:
-        return {"error": {"message": data.decode(errors="replace")[:500]}}
+        return {"error": {"message": f"the backend answered with a body that is not JSON ({len(data)} bytes)"}}
 
 
 async def _empty() -> AsyncIterator[Any]:
@@ -377,10 +436,14 @@ async def _empty() -> AsyncIterator[Any]:
 
 
 def translated_stream(
-    events: AsyncIterator[bytes], on_close: Callable[[], None], errors: ErrorShape = OPENAI
+    events: AsyncIterator[bytes],
+    on_close: Callable[[], None],
+    errors: ErrorShape = OPENAI,
+    error_event: Callable[[ApiError], bytes] | None = None,
 ) -> StreamingResponse:
     """A translator's events as a stream; a bug in it ends the stream with an error event in the
-    dialect rather than a cut connection."""
+    dialect (``error_event``, default the shape's) rather than a cut connection."""
+    final_event = error_event or errors.sse_event
 
     async def guarded() -> AsyncIterator[bytes]:
         try:
@@ -388,7 +451,7 @@ def translated_stream(
                 yield block
         except Exception as exc:  # whatever broke, the client reads an error event
             log.exception("translating a stream failed", exc_info=exc)
-            yield errors.sse_event(ApiError(500, f"internal gateway error ({type(exc).__name__}); see the gateway log"))
+            yield final_event(ApiError(500, f"internal gateway error ({type(exc).__name__}); see the gateway log"))
         finally:
             on_close()
 

@@ -11,6 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.openai_errors import ApiError
+from gateway.sse import MAX_EVENT_BYTES, EventTooLarge
+
 
 @dataclass(frozen=True)
 class ModelRoute:
@@ -68,7 +71,7 @@ class StreamRewriter:
             (b'"model":' + served_json, b'"model":' + fronted_json),
             (b'"model": ' + served_json, b'"model": ' + fronted_json),
         ]
-        self._pending = b""
+        self._pending = bytearray()
 
     def _rename(self, data: bytes) -> bytes:
         for old, new in self._pairs:
@@ -76,11 +79,20 @@ class StreamRewriter:
         return data
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk
-        cut = data.rfind(b"\n") + 1
-        self._pending = data[cut:]
-        return self._rename(data[:cut])
+        """Only the new chunk is searched for the last newline; a line longer than an SSE event may be
+        ends the stream (an ApiError) rather than being held without bound."""
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            self._pending += chunk
+            if len(self._pending) > MAX_EVENT_BYTES:
+                self._pending.clear()
+                raise ApiError(502, str(EventTooLarge(MAX_EVENT_BYTES)), code="backend_event_too_large")
+            return b""
+        data = bytes(self._pending) + chunk[:cut]
+        self._pending = bytearray(chunk[cut:])
+        return self._rename(data)
 
     def flush(self) -> bytes:
-        data, self._pending = self._pending, b""
+        data = bytes(self._pending)
+        self._pending.clear()
         return self._rename(data)

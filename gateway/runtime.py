@@ -24,9 +24,13 @@ class Runtime:
     backend: ServedBackend
     upstream: Upstream
     max_body_bytes: int
+    max_body_elements: int = 100_000
     queue_limit: int = 64
     queue_wait_s: float = 600.0
     api_keys: tuple[str, ...] = ()
+    bind_host: str = "127.0.0.1"  # with allowed_hosts: the Host names accepted without keys (browser_guard)
+    allowed_hosts: tuple[str, ...] = ()
+    cors_allow_origins: tuple[str, ...] = ()
     plan_memory: list[tuple[int, str, int]] = field(default_factory=list)  # (gpu, term, bytes) for /metrics
     plan_kv_tokens: int = 0
     plan_details: dict[str, Any] = field(default_factory=dict)  # candidates for the status page

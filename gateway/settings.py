@@ -76,7 +76,8 @@ class Settings(BaseSettings):
     stream_idle_timeout_s: float = Field(
         120.0,
         gt=0,
-        description="Longest silence between two chunks of a stream before it is ended with an error event.",
+        description="Longest silence between two chunks of a stream before it is ended with an error event; "
+        "also how long a client may leave a stream unread before it is cut and its slot freed.",
         json_schema_extra={"flags": ["--stream-idle-timeout"]},
     )
     connect_timeout_s: float = Field(
@@ -89,7 +90,17 @@ class Settings(BaseSettings):
         "streams end with an error event, and the engine's process group gets SIGTERM and, 5 s later, SIGKILL.",
         json_schema_extra={"flags": ["--shutdown-grace"]},
     )
-    max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond it).")
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="Largest request body accepted (413 beyond it); agents' requests, images included, stay far below.",
+    )
+    max_body_elements: int = Field(
+        100_000,
+        ge=100,
+        description="Most JSON objects and arrays in a request body (413 beyond): bounds the memory and the "
+        "event-loop time one body can cost (a flood of tiny messages).",
+    )
     max_answer_bytes: int = Field(
         32 * 1024 * 1024, gt=0, description="Largest non-streamed backend answer the gateway holds (502 beyond it)."
     )
@@ -97,6 +108,42 @@ class Settings(BaseSettings):
         64 * 1024, ge=1024, description="Largest request line and headers accepted, before the key (431 beyond)."
     )
     max_headers: int = Field(100, ge=8, description="Most request headers accepted (431 beyond).")
+    client_header_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Time a client gets to send a request's line and headers (408 and closed beyond).",
+        json_schema_extra={"flags": ["--client-header-timeout"]},
+    )
+    client_body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest silence between two reads of a request body (408 and closed beyond).",
+        json_schema_extra={"flags": ["--client-body-timeout"]},
+    )
+    keepalive_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long an idle kept-alive client connection stays open between requests.",
+        json_schema_extra={"flags": ["--keepalive-timeout"]},
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Client connections open at once; more are closed at once, with a log line (lowered to fit "
+        "the descriptor limit).",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names clients may use besides IP addresses and localhost, checked when no api_keys are "
+        "set (DNS rebinding); `*` allows any (comma list).",
+        json_schema_extra={"parse": "csv"},
+    )
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description="Web origins allowed to call the API from a browser (comma list; `*` any); none: requests "
+        "carrying another site's Origin are refused.",
+        json_schema_extra={"parse": "csv"},
+    )
     threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
     llama_cpp_python_command: list[str] | None = Field(
         None,
@@ -114,6 +161,11 @@ class Settings(BaseSettings):
         description="llama.cpp's server: native (llama-server) or python (llama-cpp-python); unset: native "
         "when llama-server is found, else python.",
         json_schema_extra={"flags": ["--llama-launcher", "--launcher"], "choices": ["python", "native"]},
+    )
+    quant: str | None = Field(
+        None,
+        description="For a hub model served by llama.cpp: the GGUF quantization (Q5_K_M) or file name to use; "
+        "unset: the largest that fits (see `gateway plan`).",
     )
     vllm_command: list[str] | None = Field(
         None,

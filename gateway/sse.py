@@ -10,42 +10,91 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 DONE = object()  # the `data: [DONE]` sentinel
+MAX_EVENT_BYTES = 16 * 1024 * 1024  # one event (a chunk of a few tokens is ~300 bytes)
 
 
-async def chat_chunks(raw: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any] | object]:
-    """Yield each `data:` payload of an SSE stream as a dict (or DONE), across arbitrary read splits."""
-    pending = b""
-    async for block in raw:
-        pending += block
+class EventTooLarge(Exception):
+    """An upstream event (or a line that never ends) past :data:`MAX_EVENT_BYTES`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the backend sent a stream event over {limit} bytes without ending it")
+
+
+class EventBuffer:
+    """Splits bytes read in arbitrary pieces into complete SSE events (each with its blank line).
+
+    Only the new bytes are scanned for an event's end (a 300 MB line without a newline re-scanned
+    from its start on every read was quadratic: the CPU pegged and /health took seconds), held in
+    a bytearray (appending does not copy what is held), and at most ``max_event_bytes`` are held."""
+
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self._held = bytearray()
+        self._scanned = 0  # bytes of _held already known to hold no event end
+
+    def feed(self, block: bytes) -> list[bytes]:
+        held = self._held
+        held += block
+        events: list[bytes] = []
+        start = 0
+        scan = max(self._scanned - 3, 0)  # an end split across reads: look back 3 bytes
         while True:
-            cut = _event_end(pending)
-            if cut < 0:
+            lf, crlf = held.find(b"\n\n", scan), held.find(b"\r\n\r\n", scan)
+            if lf < 0 and crlf < 0:
                 break
-            event, pending = pending[:cut], pending[cut:].lstrip(b"\r\n")
-            for line in event.splitlines():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    yield DONE
-                elif data:
-                    try:
-                        yield json.loads(data)
-                    except ValueError:
-                        continue
-    for line in pending.splitlines():  # a last event without its blank line
+            end = lf + 2 if crlf < 0 or 0 <= lf < crlf else crlf + 4
+            events.append(bytes(held[start:end]))
+            start = scan = end
+        if start:
+            del held[:start]
+        self._scanned = len(held)
+        if len(held) > self.max_event_bytes:
+            held.clear()
+            self._scanned = 0
+            raise EventTooLarge(self.max_event_bytes)
+        return events
+
+    def rest(self) -> bytes:
+        """What is held (a last event without its blank line), emptied."""
+        rest = bytes(self._held)
+        self._held.clear()
+        self._scanned = 0
+        return rest
+
+
+async def chat_chunks(
+    raw: AsyncIterator[bytes], max_event_bytes: int = MAX_EVENT_BYTES
+) -> AsyncIterator[dict[str, Any] | object]:
+    """Yield each `data:` payload of an SSE stream as a dict (or DONE), across arbitrary read splits;
+    an event too large to hold ends the stream with an ``{"error": …}`` chunk (worded by the translator)."""
+    events = EventBuffer(max_event_bytes)
+    async for block in raw:
+        try:
+            complete = events.feed(block)
+        except EventTooLarge as exc:
+            yield {"error": {"message": str(exc)}}
+            return
+        for whole in complete:
+            for parsed in _payloads(whole):
+                yield parsed
+    for parsed in _payloads(events.rest()):  # a last event without its blank line
+        yield parsed
+
+
+def _payloads(event: bytes) -> list[dict[str, Any] | object]:
+    out: list[dict[str, Any] | object] = []
+    for line in event.splitlines():
+        if not line.startswith(b"data:"):
+            continue
         data = line[5:].strip()
-        if line.startswith(b"data:") and data not in (b"", b"[DONE]"):
+        if data == b"[DONE]":
+            out.append(DONE)
+        elif data:
             try:
-                parsed = json.loads(data)
+                out.append(json.loads(data))
             except ValueError:
                 continue
-            yield parsed
-
-
-def _event_end(buffer: bytes) -> int:
-    positions = [p for p in (buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")) if p >= 0]
-    return min(positions) + 2 if positions else -1
+    return out
 
 
 def event(name: str, payload: dict[str, Any]) -> bytes:

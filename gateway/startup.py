@@ -73,7 +73,27 @@ def plan_for(settings: Settings, entry: ModelEntry, machine: Inventory, *, servi
     }
     engines = read_engines(entry, installations)
     policy = policy_for(settings, model_limit(entry, engines), bool(machine.gpus))
-    return plan_decide(entry.name, engines, machine, policy)
+    remembered = KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
+    policy = replace(policy, remembered=remembered)
+    plan = plan_decide(entry.name, engines, machine, policy)
+    if remembered and (note := measured_note(remembered)):
+        plan.notes.append(note)
+    return plan
+
+
+def measured_note(remembered: dict[str, Any]) -> str | None:
+    """The engine's own speed on the remembered configuration, beside what the plan estimated."""
+    measured = remembered.get("measured") or {}
+    decode = measured.get("decode_tokens_per_s")
+    if not decode:
+        return None
+    estimated = measured.get("estimated_decode_tokens_per_s")
+    prompt = measured.get("prompt_tokens_per_s")
+    text = f"measured on {measured.get('when', '?')} ({remembered.get('engine')}): decode {decode} tokens/s"
+    text += f", prompt {prompt} tokens/s" if prompt else ""
+    if estimated:
+        text += f"; estimated {estimated} tokens/s then (measured/estimated {decode / estimated:.2f})"
+    return text
 
 
 def options_of(plan: Plan, settings: Settings) -> list[Option]:
@@ -113,6 +133,13 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     nodes = Nodes(settings.workers, worker_key(settings)) if settings.workers else None
     machine = with_other_nodes(local, settings, nodes=nodes)
     entry = choose_model(settings, catalog, len(machine.gpus))
+    known = (
+        None
+        if settings.replan or settings.quant
+        else KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
+    )
+    if known:  # e.g. the hub variant that worked here: no new search (a pinned --quant searches again)
+        entry = entry.model_copy(update={"remembered": known})
     plan = plan_for(settings, entry, machine, serving=True)
     for note in plan.notes:
         if note not in machine.notes:  # the inventory's own notes were logged when it was read
@@ -155,11 +182,17 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
 
 
 def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:
-    """The remembered configuration, on top of the current option of the same engine."""
+    """The remembered configuration, on top of the current option of the same engine; one with a
+    malformed field (a hand-edited or old file) is dropped with a warning, found by building its
+    command line now rather than when the engine is launched."""
     for option in options:
         if option.engine == entry.get("engine"):
             try:
-                return option.from_memo(entry["memo"])
-            except (KeyError, TypeError, ValueError):
+                rebuilt = option.from_memo(entry["memo"])
+                rebuilt.launch(0, "check")
+                _ = rebuilt.label
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.warning("ignoring the remembered configuration (%s: %s): planning afresh", type(exc).__name__, exc)
                 return None
+            return rebuilt
     return None

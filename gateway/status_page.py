@@ -44,6 +44,16 @@ def _placed(item: dict[str, Any]) -> dict[str, Any]:
     return {"placed_mib": item.get("placed_mib")}
 
 
+def _speed_row(speed: dict[str, Any]) -> dict[str, Any]:
+    """Measured (the engine's own timings) beside the plan's estimate, tokens per second."""
+    measured = speed.get("measured") or {}
+    return {
+        "decode": f"measured {measured.get('decode_tokens_per_s', '–')}",
+        "prompt": f"measured {measured.get('prompt_tokens_per_s', '–')}",
+        "estimated decode": speed.get("estimated") or "–",
+    }
+
+
 def render(status: dict[str, Any]) -> str:
     plan = status.get("plan") or {}
     backend = status.get("backend") or {}
@@ -85,6 +95,8 @@ def render(status: dict[str, Any]) -> str:
         parts.append(
             "<h2>Live backend</h2>" + _table([backend], ["engine", "state", "pid", "url", "uptime_s", "summary"])
         )
+        if speed := status.get("speed"):
+            parts.append("<h3>Speed</h3>" + _table([_speed_row(speed)], ["decode", "prompt", "estimated decode"]))
         if backend.get("argv"):
             parts.append("<pre>" + html.escape(" ".join(backend["argv"])) + "</pre>")
         if backend.get("last_lines"):

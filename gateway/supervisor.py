@@ -147,6 +147,7 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.live:
+            self._remember_measured(self.live.snapshot().get("measured"))
             await self.live.stop()
         if self.state is not State.FAILED:
             self.state = State.STOPPED
@@ -163,6 +164,8 @@ class Supervisor:
             "restarts": self.restarts,
             "backend": backend,
         }
+        if backend and backend.get("measured"):
+            data["speed"] = self._remember_measured(backend["measured"])
         if self.nodes is not None:
             live = backend if backend and backend.get("state") == "ready" else {}
             data["nodes"] = self.nodes.snapshot(live.get("memory_mib"))
@@ -342,6 +345,26 @@ class Supervisor:
             )
         except OSError as exc:
             log.warning("could not remember the working configuration: %s", exc)
+
+    def _remember_measured(self, measured: dict[str, float] | None) -> dict[str, Any]:
+        """The engine's own decode and prompt speed beside the plan's estimate, stored with the
+        remembered configuration so that `plan` can show it and the CPU term can learn from it."""
+        option = self.live_option
+        if not measured or option is None:
+            return {}
+        speed: dict[str, Any] = {"measured": measured, "estimated": getattr(option, "estimated_tokens_per_s", None)}
+        if self.remember is not None and measured.get("decode_tokens_per_s"):
+            try:
+                self.remember.store.record_measured(
+                    self.remember.model,
+                    self.remember.fingerprint,
+                    option.engine,
+                    option.memo(),
+                    {**measured, "estimated_decode_tokens_per_s": speed["estimated"] or 0.0},
+                )
+            except OSError as exc:
+                log.warning("could not store the measured speed: %s", exc)
+        return speed
 
     def _give_up(self, reason: str | None = None) -> None:
         self.state = State.FAILED

@@ -18,29 +18,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from backends.llamacpp import rpc
+from gateway.edge import ApiKeys, ASGIApp
 from gateway.errors import ConfigError, GatewayError
 from gateway.hardware import GIB, MIB, Gpu, Inventory, host_ram, inventory, parse_size, probe_nvml
+from gateway.http_limits import bounded_protocol
+from gateway.openai_errors import OPENAI, as_api_error
 from gateway.process import ChildProcess
 
 log = logging.getLogger("gateway.worker")
 
 DEFAULT_PORT = 50100  # the worker's HTTP side; its servers take rpc_port, rpc_port + 1, …
-SERVER_START_S = 15.0
+SERVER_START_S = 15.0  # after this a server that is still alive is waited for, with a log line
+SERVER_START_CEILING_S = 180.0  # ... but not beyond this: a server that never listens is a failure
 RESTART_DELAY_S = 2.0
 STOP_GRACE_S = 3.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -100,22 +103,35 @@ class Server:
         self.protocol = self.protocol or rpc.protocol_version(line)
 
     async def start(self, host: str) -> None:
+        _port_is_free(host, self.device.port)  # else the check below would find the other process listening
         self.child = ChildProcess(self.argv, self.log_path, env=dict(rpc.SERVER_ENV), on_line=self._on_line)
         self.starts += 1
         await self.child.start()
         self.exited = asyncio.create_task(self.child.wait(), name=f"ggml-rpc-server {self.device.port}")
-        deadline = time.monotonic() + SERVER_START_S
-        while time.monotonic() < deadline:
+        # Ready once its port accepts. How long that takes depends on how loaded the machine is (a CI
+        # runner took more than 15 s for the second of two servers), so the wait is tied to the process
+        # being alive rather than to a clock: it ends early only when the process exits.
+        started = time.monotonic()
+        patience = started + SERVER_START_S
+        while time.monotonic() - started < SERVER_START_CEILING_S:
             if self.exited.done():
                 break
             if await _accepts(host, self.device.port):
                 self.running = True
                 log.info("ggml-rpc-server for %s listening on %s:%d", self.device.gpu.name, host, self.device.port)
                 return
+            if patience and time.monotonic() > patience:
+                patience = 0.0
+                log.info("ggml-rpc-server on port %d is alive but not listening yet: waiting", self.device.port)
             await asyncio.sleep(0.1)
         tail = " | ".join(list(self.child.tail)[-3:])
         await self.child.stop(STOP_GRACE_S)
-        raise GatewayError(f"ggml-rpc-server on {host}:{self.device.port} did not start: {tail or 'no output'}")
+        how = (
+            f"exited ({self.exited.result()})"
+            if self.exited.done() and not self.exited.cancelled()
+            else "never listened"
+        )
+        raise GatewayError(f"ggml-rpc-server on {host}:{self.device.port} {how}: {tail or 'no output'}")
 
     async def stop(self) -> None:
         self.running = False
@@ -124,6 +140,19 @@ class Server:
         if self.exited is not None:
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await self.exited
+
+
+def _port_is_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise GatewayError(
+                f"port {port} on {host} is taken ({exc.strerror}): pass --rpc-port with a free range (one port per "
+                "device)"
+            ) from exc
 
 
 async def _accepts(host: str, port: int) -> bool:
@@ -159,6 +188,8 @@ class Worker:
         self._stopping = False
 
     async def start(self) -> None:
+        for server in self.servers:  # another process on a port would be taken for our server
+            _port_is_free(self.config.host, server.device.port)
         try:
             for server in self.servers:
                 await server.start(self.config.host)
@@ -223,34 +254,27 @@ def _host_for_url(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def authorized(request: Request, keys: tuple[str, ...]) -> bool:
-    """The same key forms as the gateway's API: ``Authorization: Bearer KEY`` or ``x-api-key``."""
-    auth = request.headers.get("authorization", "")
-    given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-    return bool(given) and any(secrets.compare_digest(given.encode(), key.encode()) for key in keys)
+async def _error(request: Request, exc: Exception) -> Response:
+    """404/405 (and anything else) as JSON, like the gateway's own routes."""
+    return OPENAI.response(as_api_error(exc, request.method, request.url.path))
 
 
-def create_app(worker: Worker, keys: tuple[str, ...]) -> Starlette:
+def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
+    """The head's side: /health open, everything else behind the keys, checked as ``serve`` checks them
+    (:class:`gateway.edge.ApiKeys`: either header may carry a key). The servers are started by
+    :func:`run` before this serves, so that a failed start is one line, not a lifespan traceback."""
+
     async def health(_request: Request) -> Response:
         return JSONResponse({"status": "ok", "node": worker.name})
 
-    async def inventory_route(request: Request) -> Response:
-        if not authorized(request, keys):
-            return JSONResponse({"error": {"message": "a valid API key is required", "type": "auth"}}, status_code=401)
+    async def inventory_route(_request: Request) -> Response:
         return JSONResponse(worker.inventory())
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        await worker.start()
-        try:
-            yield
-        finally:
-            await worker.stop()
-
-    return Starlette(
+    app = Starlette(
         routes=[Route("/health", health), Route("/inventory", inventory_route)],
-        lifespan=lifespan,
+        exception_handlers={HTTPException: _error, Exception: _error},
     )
+    return ApiKeys(app, keys)
 
 
 def run(config: WorkerConfig) -> int:
@@ -259,6 +283,11 @@ def run(config: WorkerConfig) -> int:
 
     if not config.api_keys:
         raise ConfigError("a worker needs an API key (--api-key KEY or --api-key-file): the head sends it")
+    if not all(key.strip() for key in config.api_keys):
+        raise ConfigError("an empty --api-key would refuse every request: give a non-empty key")
+    for flag, port in (("--port", config.port), ("--rpc-port", config.rpc_port)):
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"{flag} {port} is not a TCP port: give one from 1 to 65535")
     if config.host in ("0.0.0.0", "::"):
         log.warning(
             "ggml-rpc-server will listen on every interface with no authentication: anyone who reaches "
@@ -281,8 +310,18 @@ def run(config: WorkerConfig) -> int:
         gpu = rpc_server.device.gpu
         log.info("device %d: %s, %.1f GiB → %s", gpu.index, gpu.name, gpu.total_bytes / GIB, " ".join(rpc_server.argv))
     app = create_app(worker, config.api_keys)
-    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", log_config=None, lifespan="on")
+    uv = uvicorn.Config(
+        app, host=config.host, port=config.port, log_level="warning", log_config=None, lifespan="off",
+        http=bounded_protocol(),  # the header cap (431) before the key, and the clocks on slow clients
+    )  # fmt: skip
     server = uvicorn.Server(uv)
+
+    async def serve() -> None:
+        await worker.start()  # a failure here is a GatewayError: one line from the CLI, exit 1
+        try:
+            await server.serve()
+        finally:
+            await worker.stop()
 
     def stop_requested(_signum: int, _frame: object) -> None:
         server.should_exit = True
@@ -291,7 +330,7 @@ def run(config: WorkerConfig) -> int:
     log.info("worker %s answering the head on http://%s:%d%s", worker.name, config.host, config.port, "/inventory")
     try:
         with asyncio.Runner(loop_factory=uv.get_loop_factory()) as runner:
-            runner.run(server.serve())
+            runner.run(serve())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

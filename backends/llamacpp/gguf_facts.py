@@ -104,6 +104,7 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         gguf_key_length_swa=int(value("attention.key_length_swa")),
         gguf_value_length_swa=int(value("attention.value_length_swa")),
         shared_kv_layers=int(value("attention.shared_kv_layers")),
+        mtp_layers=int(value("nextn_predict_layers")),  # GLM-4.x: the MTP block is the GGUF's last one
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from backends.base import Launch
 from backends.llamacpp.ladder import LlamaCppCandidate
-from backends.llamacpp.logs import memory_line
+from backends.llamacpp.logs import memory_line, speed_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from backends.llamacpp.rpc import rpc_arguments
 from gateway.errors import BackendError
@@ -50,6 +50,7 @@ class LlamaCppConfig:
     launcher: str = "python"  # "python": llama-cpp-python's server; "native": llama-server
     n_cpu_moe: int = 0  # native only: blocks whose MoE experts stay in RAM
     rpc: tuple[str, ...] = ()  # native only: other nodes' ggml-rpc-servers ("host:port"), first in -ts order
+    reasoning_format: str | None = None  # native only: how thinking is split out of content (deepseek)
 
 
 def installed_version() -> str | None:
@@ -114,6 +115,8 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     # the GGUF's own Jinja template (tool calls parsed from it); a catalog's chat_format names one of
     # llama.cpp's built-in templates instead, which only applies with Jinja off
     argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]
+    if config.reasoning_format and not config.chat_format:  # <think>…</think> into reasoning_content
+        argv += ["--reasoning-format", config.reasoning_format]
     # slots share one unified KV cache (with -np alone each slot would get only n_ctx / slots); -lv 4
     # logs each device's model/KV/compute buffers (read back into /status), hidden by default
     argv += ["-np", str(NATIVE_PARALLEL), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
@@ -151,6 +154,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             tokenize_key="content",
             template_path="/apply-template",
             memory_line=memory_line,
+            speed_line=speed_line,
             max_concurrency=NATIVE_PARALLEL,
             env={KEY_VARIABLE["native"]: api_key},
         )
@@ -172,6 +176,7 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         summary=summary,
         tokenize_path="/extras/tokenize/count",  # llama-cpp-python serves no Responses/Messages, no usage chunk
         memory_line=memory_line,
+        speed_line=speed_line,
         env={KEY_VARIABLE["python"]: api_key},
     )
 
@@ -184,6 +189,7 @@ def plan_argv(
     command: list[str] | None = None,
     chat_format: str | None = None,
     rpc: tuple[str, ...] = (),
+    reasoning_format: str | None = None,
 ) -> list[str]:
     """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
     p = candidate.placement
@@ -198,6 +204,7 @@ def plan_argv(
         launcher=candidate.launcher,
         n_cpu_moe=p.n_cpu_moe,
         rpc=rpc if candidate.launcher == "native" else (),
+        reasoning_format=reasoning_format,
     )
     if candidate.launcher == "native":
         return native_argv(config, command=command or ["llama-server"], port="PORT")

@@ -73,3 +73,21 @@ def memory_line(line: str) -> tuple[str, str, int] | None:
     elif device.startswith("CPU"):
         device = "CPU"
     return device, _TERMS[match["term"]], int(float(match["mib"]) * 1024 * 1024)
+
+
+# The engine's own timings after each request. llama-server (tools/server, print_timings):
+#   prompt eval time =      35.28 ms /     9 tokens (    3.92 ms per token,   255.10 tokens per second)
+#          eval time =     512.14 ms /    31 tokens (   16.52 ms per token,    60.53 tokens per second)
+# llama-cpp-python (llama_perf_context_print): the same with "runs" for the generated tokens.
+_TIMING = re.compile(
+    r"(?P<prompt>prompt )?eval time =\s*(?P<ms>[0-9.]+) ms /\s*(?P<n>\d+) (?:tokens|runs)"
+    r"\s*\(\s*[0-9.]+ ms per token,\s*[0-9.]+ tokens per second\)"
+)
+
+
+def speed_line(line: str) -> tuple[str, int, float] | None:
+    """("prompt" | "decode", tokens, seconds) from one timings line, or None."""
+    match = _TIMING.search(line)
+    if match is None or int(match["n"]) == 0:
+        return None
+    return ("prompt" if match["prompt"] else "decode"), int(match["n"]), float(match["ms"]) / 1000

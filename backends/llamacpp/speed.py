@@ -15,6 +15,7 @@ The figure ranks placements and tells people what to expect; it is not a benchma
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
 from gateway.hardware import Gpu
@@ -77,9 +78,33 @@ def bytes_read_per_token(
     return gpu, host
 
 
-def tokens_per_second(facts: ModelFacts, placement: Placement, gpus: Sequence[Gpu], kv_type: str, n_ctx: int) -> float:
-    """Estimated decode tokens/s of one request: 1 / Σ (bytes read on a device / its bandwidth)."""
+def tokens_per_second(
+    facts: ModelFacts,
+    placement: Placement,
+    gpus: Sequence[Gpu],
+    kv_type: str,
+    n_ctx: int,
+    *,
+    host_scale: float = 1.0,
+) -> float:
+    """Estimated decode tokens/s of one request: 1 / Σ (bytes read on a device / its bandwidth).
+    ``host_scale``: measured / estimated decode of a configuration that ran on this host's CPU
+    alone (:func:`host_calibration`), which replaces the assumed host bandwidth by what it did."""
     gpu_bytes, host_bytes = bytes_read_per_token(facts, placement, kv_type, n_ctx, len(gpus))
     seconds = sum(read / (gpu_bandwidth(g) * EFFICIENCY) for read, g in zip(gpu_bytes, gpus, strict=True))
-    seconds += host_bytes / (HOST_BANDWIDTH_GBPS * 1e9 * EFFICIENCY)
+    seconds += host_bytes / (HOST_BANDWIDTH_GBPS * 1e9 * EFFICIENCY * host_scale)
     return 1 / seconds if seconds > 0 else 0.0
+
+
+def host_calibration(remembered: dict[str, Any] | None) -> float:
+    """measured / estimated decode speed of a remembered llama.cpp configuration that ran with no
+    layer on a GPU (memo ``gpu_layers`` 0): the host's bandwidth term learns from its engine's own
+    timings. 1.0 when there is no such measurement."""
+    if not remembered or remembered.get("engine") != "llamacpp":
+        return 1.0
+    memo = remembered.get("memo") or {}
+    measured = remembered.get("measured") or {}
+    decode, estimated = measured.get("decode_tokens_per_s"), measured.get("estimated_decode_tokens_per_s")
+    if memo.get("gpu_layers") != 0 or not decode or not estimated:
+        return 1.0
+    return float(decode) / float(estimated)

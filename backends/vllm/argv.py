@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from backends.vllm.memory import VllmFlags
 
 HEALTH_PATH = "/health"
@@ -40,6 +42,9 @@ def build_argv(
         argv.append("--enforce-eager")
     if flags.cpu_offload_gb:
         argv += ["--cpu-offload-gb", f"{flags.cpu_offload_gb:g}"]
+    if flags.speculative_mtp:  # the model's own MTP layers draft tokens (no second model)
+        config = {"method": "mtp", "num_speculative_tokens": flags.speculative_mtp}
+        argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if flags.language_model_only:  # text only: the vision/audio towers are neither loaded nor profiled
         argv.append("--language-model-only")
     if tool_call_parser:

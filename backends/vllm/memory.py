@@ -18,9 +18,11 @@ from gateway.hardware import GIB, Gpu
 from gateway.modelfacts import ModelFacts
 
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # exists before vLLM's free-memory snapshot
+# In use before that snapshot in the recorded start-ups: total − free = 23.53 − 23.08 = 0.45,
+# 44.42 − 43.93 = 0.49 and 79.2 − 78.6 = 0.60 GiB (tests/data/memory-cases-dev.json: vllm-08,
+# vllm-02, vllm-20). The utilization ceiling keeps the largest of them free.
+PRE_SNAPSHOT_SEEN_BYTES = int(0.60 * GIB)
 BLOCK_TOKENS = 16
-# compute capability each quantization needs on NVIDIA GPUs (vLLM's kernels)
-MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0), "mxfp4": (8, 0), "awq": (7, 5), "gptq": (7, 0), "int8": (7, 5)}
 
 # The total vLLM budgets from is CUDA's, not NVML's. 0.21.0 vllm/utils/mem_utils.py MemorySnapshot:
 #     self.free_memory, self.total_memory = current_platform.mem_get_info(device)
@@ -66,6 +68,7 @@ class VllmFlags:
     cpu_offload_gb: float = 0.0
     kv_cache_memory_bytes: int | None = None
     language_model_only: bool = False  # multimodal checkpoint served as text: towers neither loaded nor profiled
+    speculative_mtp: int = 0  # tokens drafted by the model's own MTP layers (--speculative-config method mtp)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class VllmMemory:
     non_torch: int
     cudagraph: int
     cudagraph_reserved: bool  # subtracted before sizing KV (vLLM >= 0.21) or captured on top
+    mtp_weights: int  # the MTP layers' weights on this GPU: loaded only with speculative decoding
     kv_cache: int
     kv_bytes_per_token: int
     kv_tokens: int
@@ -100,7 +104,7 @@ class KvLayers:
     windowed: bool = False
 
 
-def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str) -> list[KvLayers]:
+def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str, mtp: bool = False) -> list[KvLayers]:
     """The KV cache specs ``kv_cache_interface`` builds, grouped by layer kind.
 
     MLA (``is_deepseek_mla`` of this release): ``kv_lora_rank + qk_rope_head_dim`` per layer, one
@@ -110,7 +114,7 @@ def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str) -> 
     head size (4 × 512, K = V but both slots kept: 0.21.0 models/gemma4.py loads K into V).
     """
     element = 1 if kv_cache_dtype.startswith("fp8") else facts.dtype_bytes
-    layers = facts.num_layers
+    layers = facts.num_layers + (facts.mtp_layers if mtp else 0)  # MTP layers cache KV like the others
     if uses_mla(facts, version):
         return [KvLayers(layers, (facts.kv_lora_rank + facts.qk_rope_head_dim) * element)]
     if facts.is_mla:
@@ -153,12 +157,23 @@ def max_fitting_len(facts: ModelFacts, kinds: list[KvLayers], available: int, ba
     return low
 
 
-def weights_per_gpu(facts: ModelFacts, tp: int, cpu_offload_gb: float, language_model_only: bool = False) -> int:
+def mtp_in_checkpoint(facts: ModelFacts) -> int:
+    """MTP bytes counted in ``weight_bytes``: a checkpoint's safetensors hold them, an estimate
+    from config.json (num_hidden_layers only) does not."""
+    return 0 if facts.weight_bytes_source.startswith("estimated") else facts.mtp_bytes
+
+
+def weights_per_gpu(
+    facts: ModelFacts, tp: int, cpu_offload_gb: float, language_model_only: bool = False, mtp: bool = False
+) -> int:
     """Sharded parts split over TP; norms and the vision tower replicated on every GPU (none of the
-    tower with ``--language-model-only``); ``--cpu-offload-gb`` moves weights to host."""
+    tower with ``--language-model-only``); ``--cpu-offload-gb`` moves weights to host. MTP layers
+    are skipped at load unless speculative decoding uses them (GLM-4.7-Flash's
+    ``num_nextn_predict_layers``: vLLM's model class loads layers < num_hidden_layers only)."""
     replicated = (facts.num_layers * 2 + 1) * facts.hidden_size * facts.dtype_bytes
     tower = 0 if language_model_only else facts.vision_bytes
-    sharded = facts.weight_bytes - facts.vision_bytes - replicated
+    sharded = facts.weight_bytes - mtp_in_checkpoint(facts) - facts.vision_bytes - replicated
+    sharded += facts.mtp_bytes if mtp else 0
     return max(0, sharded // tp + replicated + tower - int(cpu_offload_gb * GIB))
 
 
@@ -225,7 +240,8 @@ def memory(
     total = reported_total or cuda_total(gpu)
     budget = int(total * flags.gpu_memory_utilization)
     tp = flags.tensor_parallel_size
-    weights = weights_per_gpu(facts, tp, flags.cpu_offload_gb, flags.language_model_only)
+    mtp = flags.speculative_mtp > 0
+    weights = weights_per_gpu(facts, tp, flags.cpu_offload_gb, flags.language_model_only, mtp)
     activation = peak_activation(facts, tp, flags.max_num_batched_tokens, flags.max_num_seqs)
     non_torch = non_torch_bytes(tp)
     graphs = cudagraph_bytes(facts, flags)
@@ -234,7 +250,7 @@ def memory(
         available = flags.kv_cache_memory_bytes
     else:
         available = budget - weights - activation - non_torch - (graphs if reserved else 0)
-    kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version)
+    kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version, mtp)
     per_token = sum(kind.count * kind.bytes_per_token for kind in kinds)
     tokens = max(0, available // per_token // BLOCK_TOKENS * BLOCK_TOKENS) if per_token else 0
     cap = facts.max_position or 1 << 22
@@ -247,6 +263,7 @@ def memory(
         non_torch=non_torch,
         cudagraph=graphs,
         cudagraph_reserved=reserved,
+        mtp_weights=facts.mtp_bytes // tp if mtp else 0,
         kv_cache=available,
         kv_bytes_per_token=per_token,
         kv_tokens=tokens,

@@ -15,9 +15,9 @@ import math
 import shlex
 
 from backends.vllm.argv import build_argv
-from backends.vllm.ladder import DEFAULT_UTILIZATION, MAX_UTILIZATION, VllmCandidate, evaluate
+from backends.vllm.ladder import MAX_UTILIZATION, VllmCandidate, evaluate
 from backends.vllm.memory import Checkpoint, VllmFlags, batch_defaults
-from backends.vllm.releases import language_model_only
+from backends.vllm.releases import default_utilization, language_model_only
 from gateway.hardware import Gpu, Inventory
 from gateway.modelfacts import ModelFacts
 from gateway.policy import Policy
@@ -96,7 +96,7 @@ def candidates(
     workers = [node for node in inventory.nodes if node]
     out: list[VllmCandidate] = []
     for eager in (False, True):
-        for util in (DEFAULT_UTILIZATION, MAX_UTILIZATION):
+        for util in (default_utilization(version), MAX_UTILIZATION):
             for seqs in sorted({min(default_seqs, s) for s in SEQS}, reverse=True):
                 flags = VllmFlags(tp, util, length, seqs, tokens, enforce_eager=eager)
                 flags = dataclasses.replace(flags, language_model_only=language_model_only(facts, version))

@@ -1,68 +1,28 @@
-"""What each vLLM release can load and how it stores the KV cache: a small table, read from the
-releases' own source (PyPI sdists 0.14.0, 0.16.0–0.19.0, 0.21.0), each row sourced.
+"""What each vLLM release can load and how it runs it, as its own source says: the gates read the
+per-release tables (backends/vllm/release_table.py, extracted from the sdists by
+scripts/vllm_release_table.py), so every refusal cites the release's file and line.
 
-A plan for a release that cannot load the architecture or the quantization says so and prints no
-command; a release older than every row here is assumed to load what it is not listed as lacking.
+A plan for a release that cannot load the architecture or the quantization, or has no attention
+backend for the KV dtype on these GPUs, says so and prints no command.
 """
 
 from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
+from backends.vllm.release_table import Verdict, first_registering, next_read, table_for, versions
 from gateway.modelfacts import ModelFacts
 
 DEFAULT_VERSION = "0.32.0"  # assumed when vLLM is not installed beside the gateway
 
-# Architectures (config.json "architectures") and the first release whose
-# vllm/model_executor/models/registry.py lists them. Absent from this table: assumed loadable.
-ARCHITECTURE_SINCE = {
-    # absent from 0.14.0's registry.py, present in 0.16.0's; the 0.15.0 wheel has it (issue 15)
-    "Glm4MoeLiteForCausalLM": "0.15.0",
-    # absent from 0.14.0's registry.py, present in 0.16.0's
-    "GlmMoeDsaForCausalLM": "0.16.0",
-    # absent from 0.18.0's registry.py, present in 0.19.0's (models/gemma4.py, gemma4_mm.py)
-    "Gemma4ForCausalLM": "0.19.0",
-    "Gemma4ForConditionalGeneration": "0.19.0",
-}
-
-# vllm/transformers_utils/model_arch_config_convertor.py, ``is_deepseek_mla``:
-#     elif self.hf_text_config.model_type in ("deepseek_v2", "deepseek_v3", "deepseek_v32",
-#         "deepseek_mtp", "kimi_k2", "kimi_linear", "longcat_flash", "pangu_ultra_moe",
-#         "pangu_ultra_moe_mtp"):                                          # 0.14.0
-#         return self.hf_text_config.kv_lora_rank is not None
-# 0.16.0 adds "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp" (glm4_moe_lite: PR #32759, in
-# the 0.15.0 wheel); 0.17.0 adds "AXK1", "bailing_hybrid"; 0.21.0 adds "deepseek_v4" (not in 0.19.0).
-MLA_MODEL_TYPES_SINCE = {
-    "deepseek_v2": "0.7.0",
-    "deepseek_v3": "0.7.0",
-    "deepseek_v32": "0.14.0",
-    "deepseek_mtp": "0.14.0",
-    "kimi_k2": "0.9.0",
-    "kimi_linear": "0.14.0",
-    "longcat_flash": "0.14.0",
-    "pangu_ultra_moe": "0.14.0",
-    "pangu_ultra_moe_mtp": "0.14.0",
-    "glm4_moe_lite": "0.15.0",
-    "glm4_moe_lite_mtp": "0.15.0",
-    "glm_moe_dsa": "0.16.0",
-    "AXK1": "0.17.0",
-    "bailing_hybrid": "0.17.0",
-    "deepseek_v4": "0.21.0",
-}
-
-# On compute capability 12.x the only MLA backend is TRITON_MLA. 0.17.0
-# vllm/v1/attention/backends/mla/triton_mla.py:
-#     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", "bfloat16"]
-#     ...  raise NotImplementedError("FP8 Triton MLA not yet supported")
-# 0.18.0 lists "auto", "float16", "bfloat16", "fp8", "fp8_e4m3".
-MLA_FP8_KV_ON_CC12_SINCE = "0.18.0"
-
-# Quantization methods (``QuantizationMethods`` in vllm/model_executor/layers/quantization/__init__.py):
-# awq, gptq, fp8, modelopt_fp4 (nvfp4), compressed-tensors (nvfp4, fp8, int8) and mxfp4 are all in
-# 0.14.0 and 0.21.0, so no release here refuses the method itself. Per model, what is reported:
-QUANTIZATION_SINCE = {
-    # the NVFP4 GLM-4.7-Flash checkpoints are reported not to load before 0.24 (issue 15, item 4)
-    ("glm4_moe_lite", "nvfp4"): "0.24.0",
+# The ModelOpt NVFP4 GLM-4.7-Flash checkpoint was reported not to load before 0.24 (issue 15), but
+# nothing in 0.16–0.21's source gates it (0.16's CUTLASS FP4 MoE already covers family 120): the
+# plan notes that 0.24 adds a faster SM12x MoE path instead of refusing.
+NOTE_SINCE = {
+    ("glm4_moe_lite", "nvfp4"): (
+        "0.24.0",
+        "vLLM 0.24 adds a faster SM12x NVFP4 MoE backend; earlier releases run it through CUTLASS FP4 MoE",
+    ),
 }
 
 # --language-model-only (MultiModalConfig.language_model_only) appears in 0.17.0's
@@ -86,33 +46,72 @@ def at_least(version: str, since: str) -> bool:
 
 
 def cannot_load(facts: ModelFacts, version: str) -> str | None:
-    """Why this release cannot load the checkpoint (architecture or quantization), or None."""
-    since = ARCHITECTURE_SINCE.get(facts.architecture)
-    if since and not at_least(version, since):
-        return (
-            f"vLLM {version} cannot load {facts.architecture} (in vLLM's model registry since {since}): "
-            f"install vLLM {since} or later"
-        )
-    since = QUANTIZATION_SINCE.get((facts.model_type, facts.quantization or ""))
-    if since and not at_least(version, since):
-        return (
-            f"vLLM {version} cannot load this {facts.quantization} {facts.model_type} checkpoint "
-            f"(reported to load from {since}): install vLLM {since} or later"
-        )
-    return None
+    """Why this release cannot load the architecture, or None: an architecture some later table's
+    registry lists but this release's does not (one no table lists may still load through vLLM's
+    Transformers fallback, so it is not refused)."""
+    if not facts.architecture:
+        return None
+    table = table_for(version)
+    if table.registers(facts.architecture):
+        return None
+    since = first_registering(facts.architecture)
+    if since is None or not at_least(since, table.read):
+        return None
+    if not table.exact and next_read(version) == since:
+        return None  # not read (0.15.x: wheels only): the release before lacks it, the one after has it
+    return (
+        f"vLLM {version} cannot load {facts.architecture} (in vllm/model_executor/models/registry.py since "
+        f"{since}; not in {table.provenance}): install vLLM {since} or later"
+    )
+
+
+def quantization_verdict(facts: ModelFacts, capability: tuple[int, int], version: str) -> Verdict | None:
+    """Whether the checkpoint's quantization runs on this capability (its config class's
+    ``get_min_capability`` in this release), or None when unquantized or unknown."""
+    return table_for(version).quantization_verdict(facts, capability)
+
+
+def notes(facts: ModelFacts, version: str) -> list[str]:
+    """Release notes for this checkpoint that do not change the verdict."""
+    found = NOTE_SINCE.get((facts.model_type, facts.quantization or ""))
+    return [found[1]] if found and not at_least(version, found[0]) else []
 
 
 def uses_mla(facts: ModelFacts, version: str) -> bool:
-    """``is_deepseek_mla`` of this release: the model type is listed and kv_lora_rank is set."""
-    since = MLA_MODEL_TYPES_SINCE.get(facts.model_type)
-    return facts.is_mla and since is not None and at_least(version, since)
+    """``is_deepseek_mla`` of this release: the model type is listed (exact spelling) and
+    kv_lora_rank is set."""
+    return table_for(version).uses_mla(facts)
+
+
+def kv_cache_verdict(facts: ModelFacts, capability: tuple[int, int], kv_cache_dtype: str, version: str) -> Verdict:
+    """The attention backend this release would pick for the KV dtype on this capability, or why
+    none can (e.g. TRITON_MLA, the only MLA backend on 8.x and 12.x, takes no fp8 before 0.18)."""
+    return table_for(version).attention_backend(facts, capability, kv_cache_dtype)
+
+
+def kv_cache_dtype_since(facts: ModelFacts, capability: tuple[int, int], kv_cache_dtype: str, after: str) -> str | None:
+    """The first release read after ``after`` that has a backend for this KV dtype on this capability."""
+    for version in versions():
+        if at_least(version, after) and kv_cache_verdict(facts, capability, kv_cache_dtype, version).ok:
+            return version
+    return None
 
 
 def fp8_kv_supported(facts: ModelFacts, capability: tuple[int, int], version: str) -> bool:
-    """Whether ``--kv-cache-dtype fp8`` has a kernel: MLA on 12.x only since 0.18.0."""
-    if uses_mla(facts, version) and capability[0] == 12:
-        return at_least(version, MLA_FP8_KV_ON_CC12_SINCE)
-    return True
+    return kv_cache_verdict(facts, capability, "fp8", version).ok
+
+
+def mtp_draft(facts: ModelFacts, version: str) -> str | None:
+    """The draft model type vLLM's ``--speculative-config '{"method": "mtp"}'`` builds from this
+    model's own MTP layers in this release (``SpeculativeConfig.hf_config_override``), or None."""
+    found = table_for(version).mtp_draft(facts)
+    return found[0] if found else None
+
+
+def default_utilization(version: str) -> float:
+    """``CacheConfig.gpu_memory_utilization``'s default: what vLLM checks free memory against when
+    the plan passes ``--kv-cache-memory-bytes`` without a utilization (0.9 up to 0.19, 0.92 from 0.21)."""
+    return table_for(version).default_utilization
 
 
 def language_model_only(facts: ModelFacts, version: str) -> bool:

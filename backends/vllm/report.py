@@ -9,8 +9,10 @@ MAX_ROWS = 14
 ACROSS_ROWS = 6
 
 
-def _rank(c: VllmCandidate) -> tuple[bool, int]:
-    return (c.fits, c.context if c.fits else c.memory.max_fitting_model_len)
+def _rank(c: VllmCandidate) -> tuple[bool, int, int]:
+    """Fitting rows show MTP speculative decoding where it fits; rejected rows the plain rung."""
+    mtp = c.concessions.no_mtp
+    return (c.fits, c.context if c.fits else c.memory.max_fitting_model_len, -mtp if c.fits else mtp)
 
 
 def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:

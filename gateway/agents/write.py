@@ -7,12 +7,15 @@ os.replace in the same directory) and the previous version is kept beside it as 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import json
-import shutil
+import math
+import os
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,32 @@ from gateway.errors import ConfigError
 from gateway.files import replace_atomically
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"the number {text} is out of range (it would be written back as Infinity)")
+    return number
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} appears twice (writing it back would keep only the last)")
+        seen[key] = value
+    return seen
+
+
+def _strict_json(text: str) -> Any:
+    """JSON that can be written back exactly as it means: no NaN/Infinity, no numbers that overflow to
+    infinity, no duplicate keys (each would silently change on the way through)."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite, object_pairs_hook=_unique_keys)
+
+
 def parse(text: str, format: str, path: Path) -> Doc:
     """The document in ``text``, as the agent would read it; an empty file is an empty document. A
     ``yaml-list`` file (a YAML list at the top, like aider's model settings) is ``{"entries": [...]}``."""
@@ -33,7 +62,7 @@ def parse(text: str, format: str, path: Path) -> Doc:
     try:
         if format == "toml":
             return tomllib.loads(text)
-        data: Any = json.loads(text) if format == "json" else yaml.safe_load(text)
+        data: Any = _strict_json(text) if format == "json" else yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, ValueError, yaml.YAMLError) as exc:
         kind = "YAML" if format == "yaml-list" else format.upper()
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -82,6 +111,8 @@ def plan(target: Target) -> Change | None:
         old = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         old = None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}): fix it or edit it by hand") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path} ({exc.strerror})") from exc
     before = parse(old, target.format, path) if old is not None else {}
@@ -91,14 +122,41 @@ def plan(target: Target) -> Change | None:
     return Change(target, old, dump(after, target.format))
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` in one step, keeping the old version as ``<file>.bak`` and the old mode."""
+def write_atomically(path: Path, text: str, expected: str | None = None) -> None:
+    """Replace ``path`` in one step, keeping the old version as ``<file>.bak`` and the old mode.
+
+    Under a lock on the directory, and only if the file still holds ``expected`` (what the diff was
+    made from): two runs at once would otherwise back up each other's output and lose the original.
+    The backup is itself replaced atomically, so a ``.bak`` that is a symlink is replaced, not followed.
+    A read-only file is refused rather than replaced behind its mode."""
     if path.is_symlink():  # a dotfile kept elsewhere and linked: write the file, not over the link
         path = path.resolve()
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600  # these files may hold a key
-    if path.exists():
-        shutil.copy2(path, path.with_name(path.name + ".bak"))
-    replace_atomically(path, text, mode)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path.parent):
+            current = path.read_text(encoding="utf-8") if path.exists() else None
+            if current != expected:
+                raise ConfigError(f"{path} changed since the diff was shown: nothing written; run again")
+            if current is not None:
+                mode = path.stat().st_mode & 0o777
+                if not mode & 0o200:
+                    raise ConfigError(f"{path} is read-only (mode {mode:o}): nothing written; chmod u+w it first")
+                replace_atomically(path.with_name(path.name + ".bak"), current, mode)
+            replace_atomically(path, text, mode if current is not None else 0o600)  # these files may hold a key
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+        raise ConfigError(f"cannot write {path} ({why}): nothing changed") from exc
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on ``directory`` itself (flock on its descriptor): no lock file is left behind."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _ask_on_tty(question: str) -> bool:
@@ -135,7 +193,7 @@ def write(
             return 1
     for change in changes:
         had = change.old is not None
-        write_atomically(change.target.path, change.new)
+        write_atomically(change.target.path, change.new, change.old)
         backup = f" (previous version in {change.target.path.name}.bak)" if had else ""
         print(f"wrote {change.target.path}{backup}")
     for note in config.notes:

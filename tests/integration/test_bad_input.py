@@ -68,7 +68,8 @@ def test_oversized_chunked_body_without_length_is_413(gateway: GatewayProcess) -
             yield b"x" * 4096
         yield b'"}]}'
 
-    response = httpx.post(gateway.url + "/v1/chat/completions", content=chunks(), timeout=30)
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(gateway.url + "/v1/chat/completions", content=chunks(), headers=headers, timeout=30)
     _assert_openai_error(response, 413, "exceeds the limit")
 
 

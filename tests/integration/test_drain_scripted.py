@@ -1,4 +1,4 @@
-"""SIGTERM to a real gateway process in front of the scripted upstream: it stops accepting, answers the
+"""SIGTERM (or SIGHUP) to a real gateway process in front of the scripted upstream: it stops accepting, answers the
 queued request 503 + Retry-After in its dialect at once, ends the stream still open after the grace
 with an error event in its dialect, tells the upstream (the stream's connection closes), and exits 0.
 """
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.engine
 GRACE_S = 1.0
 
 
-def test_sigterm_drains_queued_and_open_requests_in_their_dialects(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_drains_queued_and_open_requests_in_their_dialects(tmp_path: Path, stop: signal.Signals) -> None:
     server = Upstream(tmp_path)
     front = _front(tmp_path, server, "--backend-max-concurrency", "1", "--shutdown-grace", str(GRACE_S))
     answers: dict[str, Any] = {}
@@ -42,7 +43,7 @@ def test_sigterm_drains_queued_and_open_requests_in_their_dialects(tmp_path: Pat
             waiting.start()
             time.sleep(0.5)  # queued behind the stream
             assert front.proc is not None
-            front.proc.send_signal(signal.SIGTERM)
+            front.proc.send_signal(stop)
             signalled = time.monotonic()
             rest = list(lines)
             ended_after = time.monotonic() - signalled

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -91,12 +93,64 @@ def test_messages(native: GatewayProcess) -> None:
     assert final.usage.output_tokens > 0
 
 
+def test_a_claude_code_turn_is_counted_by_the_engine_and_a_system_message_may_stand_mid_conversation(
+    native: GatewayProcess,
+) -> None:
+    """Claude Code asks for 32,000 output tokens and puts a system message among the messages: the prompt
+    is counted by the engine's own template (message_start), and message_delta says what the engine used."""
+    claude = anthropic.Anthropic(base_url=native.url, api_key="unused", max_retries=0, timeout=120)
+    messages: list[Any] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": [{"type": "text", "text": "Agent types: general-purpose"}]},
+        {"role": "user", "content": "Reply OK"},
+    ]
+    with claude.messages.stream(model=MODEL, max_tokens=32000, system="Be brief", messages=messages) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    start = next(e for e in events if e.type == "message_start")
+    assert start.message.usage.input_tokens > 10
+    assert final.usage.input_tokens == start.message.usage.input_tokens  # the engine's figure agrees
+    assert final.usage.output_tokens > 0
+
+
+def test_a_prompt_longer_than_the_context_gets_each_dialects_canonical_error(native: GatewayProcess) -> None:
+    """The real engine's refusal ("exceeds the available context size") in the words agents act on."""
+    text = " ".join(["hello world"] * (CONTEXT // 2 + 500))
+    with httpx.Client(base_url=native.url, timeout=120) as http:
+        chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": text}]})
+        responses = http.post("/v1/responses", json={"model": MODEL, "input": text, "stream": True})
+        messages = http.post(
+            "/v1/messages", json={"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": text}]}
+        )
+    for answer in (chat, responses):
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["code"] == "context_length_exceeded"
+        assert error["message"].startswith(f"This model's maximum context length is {CONTEXT} tokens.")
+    assert messages.status_code == 400
+    assert re.fullmatch(rf"prompt is too long: \d+ tokens > {CONTEXT} maximum", messages.json()["error"]["message"])
+    assert "available context size" not in chat.text + responses.text + messages.text
+
+
 def test_status_and_metrics_show_the_placement_the_engine_reported(native: GatewayProcess) -> None:
     memory = native.status()["backend"]["memory_mib"]
     assert set(memory["CPU"]) >= {"model", "kv_cache", "compute"}
     assert 80 < memory["CPU"]["model"] < 110  # the 98 MB GGUF, mapped
     metrics = httpx.get(native.url + "/metrics", timeout=10).text
     assert 'gateway_engine_memory_bytes{device="CPU",term="model"}' in metrics
+
+
+def test_status_shows_the_engines_own_speed_beside_the_estimate(client: openai.OpenAI, native: GatewayProcess) -> None:
+    """Issue 22: the engine's timing lines, summed over the requests, beside the plan's estimate."""
+    question = [{"role": "user", "content": "Count from one to twenty in words."}]
+    client.chat.completions.create(model=MODEL, messages=question, temperature=0, max_tokens=32)  # type: ignore[arg-type]
+    speed = native.status()["speed"]
+    measured = speed["measured"]
+    assert measured["decode_tokens"] >= 16 and measured["decode_tokens_per_s"] > 0
+    assert measured["prompt_tokens"] > 0 and measured["prompt_tokens_per_s"] > 0
+    assert speed["estimated"] > 0  # the plan's figure for the chosen placement
+    page = httpx.get(native.url + "/status", headers={"Accept": "text/html"}, timeout=10).text
+    assert f"measured {measured['decode_tokens_per_s']}" in page and f"{speed['estimated']}" in page
 
 
 def test_the_engine_key_is_in_its_environment_not_on_its_command_line(native: GatewayProcess) -> None:

@@ -125,6 +125,9 @@ class FakeEngine:
     "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
     "SLOW" → a plain answer after 30 s, unless the gateway hangs up first (``disconnected`` either way);
     "OVERFLOW-<engine>" → 400 with that engine's own context-overflow answer (``ENGINE_OVERFLOWS``);
+    "HTML500" / "REDIRECT" / "CHOICESNULL" / "CHOICESABC" / "STREAMJSON200" / "NOFINISH" / "NULLCHOICE" /
+    "LONGLINE" → the upstream faults their names say;
+    "ENDLESS" → a stream of 64 KiB chunks that never ends (``disconnected`` once the gateway hangs up);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
     passthrough tests, when the launch says so) and records every request it gets. Like llama-server it
     renders a chat to its prompt at /apply-template (one line per message; tool schemas only when
@@ -142,6 +145,7 @@ class FakeEngine:
                 Route("/v1/completions", self.echo, methods=["POST"]),
                 Route("/v1/responses", self.echo, methods=["POST"]),
                 Route("/v1/messages", self.echo, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self.count_messages, methods=["POST"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/apply-template", self.apply_template, methods=["POST"]),
             ]
@@ -163,6 +167,10 @@ class FakeEngine:
         payload = await self._record(request)
         return JSONResponse({"count": len(str(payload.get("input", "")).split())})
 
+    async def count_messages(self, request: Request) -> Response:
+        payload = await self._record(request)
+        return JSONResponse({"input_tokens": len(json.dumps(payload.get("messages")).split())})
+
     async def apply_template(self, request: Request) -> Response:
         payload = await self._record(request)
         lines = [f"{m.get('role')} {m.get('content')}" for m in payload.get("messages") or []]
@@ -181,7 +189,10 @@ class FakeEngine:
         payload = await self._record(request)
         if refusal := self._overflow(json.dumps(payload)):
             return refusal
-        return JSONResponse({"engine_path": request.url.path, "model": payload.get("model")})
+        echoed = json.dumps({"engine_path": request.url.path, "model": payload.get("model")})
+        if payload.get("stream"):  # one event, as the engine's own stream would carry it
+            return StreamingResponse(iter([f"event: echo\ndata: {echoed}\n\n"]), media_type="text/event-stream")
+        return Response(echoed, media_type="application/json")
 
     async def chat(self, request: Request) -> Response:
         payload = await self._record(request)
@@ -196,6 +207,15 @@ class FakeEngine:
             return JSONResponse({"error": {"message": "busy"}}, status_code=429, headers={"Retry-After": "7"})
         if "NOTJSON" in cue:
             return Response("<html>bad gateway</html>", status_code=502, media_type="text/html")
+        if "HTML500" in cue:  # a crashed server's debug page
+            return Response("<html>Traceback: /srv/engine/internal.py</html>", status_code=500, media_type="text/html")
+        if "REDIRECT" in cue:  # points the gateway at another origin
+            return Response(status_code=307, headers={"Location": "http://127.0.0.1:9/v1/chat/completions"})
+        if "CHOICESNULL" in cue or "CHOICESABC" in cue:
+            choices: Any = [None] if "CHOICESNULL" in cue else "abc"
+            return JSONResponse({"object": "chat.completion", "model": payload["model"], "choices": choices})
+        if "STREAMJSON200" in cue:  # a stream request answered as if it were not one
+            return JSONResponse({"object": "chat.completion", "choices": []})
         if payload.get("stream"):
             return StreamingResponse(self._stream(payload, cue), media_type="text/event-stream")
         if "SLOW" in cue:  # a long generation: answers after 30 s, unless the gateway hangs up first
@@ -223,6 +243,24 @@ class FakeEngine:
             return b"data: " + json.dumps({**body, **extra}).encode() + b"\n\n"
 
         yield chunk({"role": "assistant", "content": ""})
+        if "NOFINISH" in cue:  # cut short: content, then the end of the stream without a finish reason
+            yield chunk({"content": "Hel"})
+            return
+        if "NULLCHOICE" in cue:
+            yield chunk({"content": "Hel"})
+            yield b'data: {"choices": [null]}\n\n'
+            return
+        if "LONGLINE" in cue:  # a line that never ends: 1 MiB blocks without a newline
+            for _ in range(24):
+                yield b"x" * (1 << 20)
+            return
+        if "ENDLESS" in cue:  # 64 KiB chunks for as long as someone takes them
+            try:
+                while True:
+                    yield chunk({"content": "x" * 65536})
+                    await asyncio.sleep(0.001)  # a point where the cancel of a gone client lands
+            finally:
+                self.disconnected.set()
         if "HANG" in cue:
             yield chunk({"content": "waiting"})
             try:
@@ -308,6 +346,7 @@ def make_runtime(
         queue_limit=queue_limit,
         queue_wait_s=queue_wait_s,
         api_keys=api_keys,
+        allowed_hosts=("testserver",),  # starlette's TestClient's Host
         plan_memory=[(0, "weights", 1000)],
         plan_kv_tokens=12345,
     )
@@ -316,11 +355,12 @@ def make_runtime(
 class Served:
     """An ASGI app on a real loopback port, served by uvicorn in a daemon thread."""
 
-    def __init__(self, app: ASGIApp | Starlette, *, lifespan: str = "on") -> None:
+    def __init__(self, app: ASGIApp | Starlette, *, lifespan: str = "on", http: Any = "auto") -> None:
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none")
+        self.address = self._socket.getsockname()
+        self.url = f"http://127.0.0.1:{self.address[1]}"
+        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none", http=http)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._thread.start()

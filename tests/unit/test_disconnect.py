@@ -23,7 +23,10 @@ def _raw_request(url: str, text: str) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"model": FRONTED, "messages": [{"role": "user", "content": text}]}).encode()
     sock = socket.create_connection((host, int(port)))
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + body)
     return sock
 

@@ -120,3 +120,11 @@ def test_requests_are_counted_by_route_and_status_with_their_tokens() -> None:
     assert _metrics(registry, count, route="other", status="200") == 1
     assert _metrics(registry, "gateway_tokens_total", direction="in") == 6  # two 200s with usage
     assert _metrics(registry, "gateway_tokens_total", direction="out") == 10
+
+
+def test_a_non_ascii_key_matches_what_a_utf8_client_sends() -> None:
+    client = _client("clé-ü")
+    sent = "clé-ü".encode()  # the bytes an SDK puts on the wire
+    assert client.get("/v1/models", headers={"x-api-key": sent}).status_code == 200
+    assert client.get("/v1/models", headers={"authorization": b"Bearer " + sent}).status_code == 200
+    assert client.get("/v1/models", headers={"x-api-key": b"cl-"}).status_code == 401

@@ -223,9 +223,10 @@ def test_an_engine_answer_that_is_not_json_becomes_an_error_in_the_dialect(engin
         for stream in (False, True):
             openai = client.post("/v1/responses", json=_with_cue("/v1/responses", "NOTJSON", stream=stream))
             anthropic = client.post("/v1/messages", json=_with_cue("/v1/messages", "NOTJSON", stream=stream))
-            assert openai.status_code == 502 and openai.json() == {"error": {"message": "<html>bad gateway</html>"}}
-            assert anthropic.status_code == 502
-            assert anthropic.json() == _anthropic("api_error", "<html>bad gateway</html>")
+            # the page itself is not repeated: a proxy's error page can name the server's internal paths
+            assert openai.status_code == 502 and "not JSON" in openai.json()["error"]["message"]
+            assert "<html>" not in openai.text and "<html>" not in anthropic.text
+            assert anthropic.status_code == 502 and anthropic.json()["error"]["type"] == "api_error"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["reply", "stream"])
@@ -243,7 +244,10 @@ def test_an_unreachable_engine_is_503_with_retry_after_in_the_dialect(stream: bo
 
 def test_the_gateway_own_errors_are_in_the_dialect(engine: FakeEngine, engine_url: str) -> None:
     with _gateway(make_runtime(engine_url)) as client:
-        bad_json = {p: client.post(p, content=b'{"model": [}') for p in ("/v1/chat/completions", "/v1/messages")}
+        bad_json = {
+            p: client.post(p, content=b'{"model": [}', headers={"content-type": "application/json"})
+            for p in ("/v1/chat/completions", "/v1/messages")
+        }
         no_max = client.post("/v1/messages", json={"model": FRONTED, "messages": MESSAGES["messages"]})
         no_input = client.post("/v1/responses", json={"model": FRONTED})
         unknown = {p: client.post(p, json={**BODIES[p], "model": "gpt-4o"}) for p in BODIES}
@@ -291,9 +295,9 @@ def test_bodies_over_the_limit_are_413(engine: FakeEngine, engine_url: str) -> N
         yield huge[40_000:]
 
     with _gateway(make_runtime(engine_url, max_body_bytes=64 * 1024)) as client:
-        declared = client.post("/v1/chat/completions", content=huge)
-        streamed = client.post("/v1/chat/completions", content=chunked())
-        anthropic = client.post("/v1/messages", content=huge)
+        declared = client.post("/v1/chat/completions", content=huge, headers={"content-type": "application/json"})
+        streamed = client.post("/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"})
+        anthropic = client.post("/v1/messages", content=huge, headers={"content-type": "application/json"})
         fits = client.post("/v1/chat/completions", json=CHAT)
     assert declared.status_code == 413  # refused on its Content-Length, before reading it
     assert declared.json()["error"]["message"].startswith(f"request body of {len(huge)} bytes exceeds the limit")

@@ -51,7 +51,7 @@ def test_each_request_gets_one_access_line_with_its_tokens(engine_url: str, capl
         streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
         client.post("/v1/chat/completions", json=streamed)
         client.get("/health")  # polled constantly: no line
-        client.post("/v1/chat/completions", content=b"{")
+        client.post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
     lines = [r for r in caplog.records if r.name == "gateway.access"]
     assert [(r.access["path"], r.access["status"]) for r in lines] == [  # type: ignore[attr-defined]
         ("/v1/chat/completions", 200), ("/v1/chat/completions", 200), ("/v1/chat/completions", 400),

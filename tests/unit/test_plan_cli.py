@@ -35,7 +35,7 @@ def test_glm_on_two_5090s_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert expected <= set(chosen)
     assert set(chosen["memory_gib"]) == {
         "total_per_gpu", "budget_per_gpu", "weights_per_gpu", "activation_peak", "non_torch", "cudagraph",
-        "kv_cache_per_gpu",
+        "kv_cache_per_gpu", "mtp_weights_per_gpu",
     }  # fmt: skip
     llama = [c for c in plan["candidates"] if c["backend"] == "llamacpp"]
     assert llama and {"n_gpu_layers", "tensor_split", "n_ctx", "kv_type", "memory_mib"} <= set(llama[0])
@@ -53,7 +53,8 @@ def test_human_output_shows_terms_decision_and_command(capsys: pytest.CaptureFix
 
 def test_the_printed_command_can_be_pasted(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 15 (9): no PORT/KEY placeholders; the real port, the key from the environment."""
-    args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123")
+    # llama.cpp alone: on these cards vLLM now runs the NVFP4 checkpoint (ModelOpt NVFP4 needs 7.5)
+    args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123", "--engine", "llamacpp")
     code, out, _ = _plan(capsys, *args)
     command = out.splitlines()[-1].strip()
     assert code == 0 and command.startswith('LLAMA_API_KEY="$GATEWAY_API_KEY" llama-server ')

@@ -154,3 +154,17 @@ def test_a_plan_made_again_replaces_the_first_on_status_and_metrics(tmp_path: Pa
     assert options and summary["decision"]
     candidates = runtime.plan_details["candidates"]
     assert candidates != ["the first plan"] and candidates[0]["backend"] == "llamacpp"
+
+
+@pytest.mark.parametrize("bad", [{"tensor_split": "ab"}, {"kv_type": None}])
+def test_a_remembered_configuration_with_a_malformed_field_is_dropped_with_a_warning(
+    tmp_path: Path, bad: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = _settings(tmp_path, model="gemma-3-270m")
+    first = decide(settings, machine=CPU)
+    option, remember = first.options[0], first.remember
+    remember.store.put(remember.model, remember.fingerprint, option.engine, remember.versions[option.engine],
+                       {**option.memo(), **bad})  # fmt: skip
+    again = decide(settings, machine=CPU)
+    assert again.options[0].launch(1234, "key").argv == option.launch(1234, "key").argv  # planned afresh
+    assert any("ignoring the remembered configuration" in record.getMessage() for record in caplog.records)

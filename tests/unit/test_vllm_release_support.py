@@ -147,31 +147,39 @@ def test_no_fp8_kv_for_mla_on_compute_capability_12_before_0_18() -> None:
     pinned = _plan("glm-4.7-flash", _glm()[:1], RTX_5090_PAIR, "0.17.0", Pins(kv_cache_dtype="fp8"))
     refused = pinned.candidates_of("vllm")
     assert refused and not any(c.fits or c.argv for c in refused)
-    assert "TRITON_MLA" in refused[0].reason and "since 0.18.0" in refused[0].reason
+    assert "TRITON_MLA takes KV auto/bfloat16" in refused[0].reason and "since vLLM 0.18.0" in refused[0].reason
+    assert "triton_mla.py:" in refused[0].reason  # the line of 0.17.0 it rests on
 
 
 # Item 4 ---------------------------------------------------------------------------------------
 
 
 def test_a_release_that_cannot_load_the_architecture_says_so_and_prints_no_command() -> None:
-    """0.14.0 vllm/model_executor/models/registry.py has no Glm4MoeLiteForCausalLM (0.15.0 does)."""
+    """0.14.0 vllm/model_executor/models/registry.py has no Glm4MoeLiteForCausalLM, 0.16.0's has
+    (0.15.x is on PyPI as wheels only: no source was read for it, and 0.14.0's table answers)."""
     plan = _plan("glm-4.7-flash", _glm(), RTX_5090_PAIR, "0.14.0")
     candidates = plan.candidates_of("vllm")
     assert candidates and not any(c.fits or c.argv or c.startable for c in candidates)
-    assert all("cannot load Glm4MoeLiteForCausalLM" in c.reason and "since 0.15.0" in c.reason for c in candidates)
+    assert all("cannot load Glm4MoeLiteForCausalLM" in c.reason and "since 0.16.0" in c.reason for c in candidates)
     assert plan.decision_backend != "vllm"
     assert "vllm serve" not in render(plan)
     assert any("no vLLM command" in note for note in plan.notes)
+    # 0.15.1: not read; 0.14.0 lacks it and 0.16.0 has it, so it is not refused, and the plan says
+    # which release's source its gates come from
+    assert releases.cannot_load(_glm()[0].facts, "0.15.1") is None
+    gap = _plan("glm-4.7-flash", _glm(), RTX_5090_PAIR, "0.15.1")
+    assert any("0.15.x: wheels only on PyPI, no source read" in note for note in gap.notes)
 
 
-def test_the_nvfp4_glm_checkpoint_is_refused_before_the_release_reported_to_load_it() -> None:
+def test_the_nvfp4_glm_checkpoint_is_not_refused_before_0_24_only_noted() -> None:
+    """Nothing in 0.16–0.21's source gates NVFP4 GLM-4.7-Flash (ModelOptNvFp4Config needs 7.5 in
+    each): the plan starts it and notes that 0.24 adds a faster SM12x MoE path."""
     plan = _plan("glm-4.7-flash", _glm(), RTX_5090_PAIR, "0.21.0")
     nvfp4 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization == "nvfp4"]
-    assert nvfp4 and not any(c.fits or c.argv for c in nvfp4) and "from 0.24.0" in nvfp4[0].reason
-    bf16 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None]
-    assert any(c.fits and c.argv for c in bf16)
+    assert any(c.fits and c.argv for c in nvfp4)
+    assert any("0.24 adds a faster SM12x" in note for note in plan.notes)
     later = _plan("glm-4.7-flash", _glm(), RTX_5090_PAIR, "0.24.0")
-    assert any(c.fits for c in later.candidates_of("vllm") if c.checkpoint.quantization == "nvfp4")
+    assert not any("0.24 adds a faster SM12x" in note for note in later.notes)
 
 
 # Item 5 ---------------------------------------------------------------------------------------
@@ -197,7 +205,10 @@ def test_modelopt_nvfp4_gemma_keeps_attention_in_bf16_and_does_not_fit_two_16_gb
     refused = plan.candidates_of("vllm")
     assert refused and not any(c.fits for c in refused)
     assert refused[0].memory.weights > 14 * GIB and "exceed the 15.47 GiB card" in refused[0].reason
-    naive_config = {**_gemma_config(), "quantization_config": {"quant_method": "modelopt", "ignore": []}}
+    naive_config = {
+        **_gemma_config(),
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": []},
+    }
     naive = facts_from_config(naive_config, "all-linear-nvfp4")
     assert naive.quant_kept == ()
     wrong = _plan("gemma-4-31b", [vllm.Checkpoint("naive", naive)], BLACKWELL_16GB_PAIR, "0.21.0", SEED_003_PINS)

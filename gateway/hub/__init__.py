@@ -1,0 +1,3 @@
+"""A model named by hub id: its quantized variants found through ``huggingface_hub``, GGUF headers read
+over range requests, the chosen files downloaded into the hub cache. Engine-neutral: which variant an
+engine starts is the engine's choice (``backends/<engine>/``)."""

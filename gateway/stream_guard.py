@@ -1,0 +1,52 @@
+"""What a translated stream must have seen to be reported as a success.
+
+An engine that answers a stream request with chunks it should not send (``choices`` that is not a
+list of objects) or that stops without a finish reason (it crashed, or a proxy cut it) was relayed as
+a normal end: ``message_stop`` with ``stop_reason: "end_turn"`` and no content, or
+``response.completed``, while the same request without streaming got a 502. These checks turn either
+into an ``{"error": …}`` chunk, which each translator words as its dialect's error event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.openai_errors import ApiError
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"error": {"message": message}}
+
+
+async def checked_chunks(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The parsed chunks of a chat-completions stream, ending in an error chunk when the stream was
+    malformed or did not finish."""
+    finished = False
+    async for chunk in chunks:
+        if isinstance(chunk, dict):
+            if chunk.get("error"):
+                yield chunk
+                return
+            choices = chunk.get("choices")
+            if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
+                yield _error("the backend sent a malformed stream chunk ('choices' is not a list of objects)")
+                return
+            finished = finished or any(choice.get("finish_reason") for choice in choices or [])
+        yield chunk
+    if not finished:
+        yield _error("the backend's stream ended without a finish reason (it stopped or was cut short)")
+
+
+def response_failed_event(error: ApiError) -> bytes:
+    """A Responses stream's own failure event (``response.failed``), for a stream that cannot go on:
+    Codex reads an unnamed ``data: {"error": …}`` as a broken stream, not as the request's failure."""
+    response = {
+        "object": "response",
+        "status": "failed",
+        "output": [],
+        "error": {"code": "server_error", "message": error.message},
+    }
+    data = {"type": "response.failed", "response": response}
+    return b"event: response.failed\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

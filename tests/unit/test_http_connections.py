@@ -1,0 +1,203 @@
+"""Clients that hold the gateway without using it: a connection that sends nothing, headers or a body
+sent a byte at a time, more connections than the cap, a stream its client stops reading, a head just
+over the limit. Each is cut by a clock or a count, in the route's dialect where a request line came."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.app import create_app
+from gateway.http_limits import bounded_protocol
+from tests.unit.http_harness import FakeEngine, Served, make_runtime, wait_until
+
+TIMEOUT_S = 0.5
+CAP = 5
+
+
+async def _echo(request: Request) -> Response:
+    return JSONResponse({"bytes": len(await request.body())})
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    protocol = bounded_protocol(
+        8192, 20, header_timeout_s=TIMEOUT_S, body_timeout_s=TIMEOUT_S, send_timeout_s=TIMEOUT_S, max_connections=CAP
+    )
+    served = Served(Starlette(routes=[Route("/v1/messages", _echo, methods=["GET", "POST"])]), http=protocol)
+    yield served
+    served.stop()
+
+
+def _closed_within(conn: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """Whether the server closed ``conn`` within ``seconds``, and what it said first."""
+    conn.settimeout(seconds)
+    answer = b""
+    try:
+        while chunk := conn.recv(65536):
+            answer += chunk
+    except TimeoutError:
+        return False, answer
+    except ConnectionResetError:
+        pass
+    return True, answer
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(server: Served) -> None:
+    with socket.create_connection(server.address) as conn:
+        closed, answer = _closed_within(conn, 5)
+    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
+
+
+def test_headers_sent_slowly_are_cut_by_the_header_timeout_in_the_routes_dialect(server: Served) -> None:
+    with socket.create_connection(server.address) as conn:
+        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        for _ in range(8):  # a header line every 0.2 s: never silent for long, never done
+            time.sleep(0.2)
+            try:
+                conn.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                break
+        closed, answer = _closed_within(conn, 5)
+    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["type"] == "error"  # Anthropic's shape on /v1/messages
+    assert time.monotonic() - started < 4
+
+
+def test_a_body_that_stops_coming_is_cut_by_the_body_timeout(server: Served) -> None:
+    with socket.create_connection(server.address) as conn:
+        conn.sendall(b'POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"a": ')
+        closed, answer = _closed_within(conn, 5)
+    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
+
+
+def test_a_body_that_keeps_coming_is_not_cut(server: Served) -> None:
+    with socket.create_connection(server.address) as conn:
+        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 16384\r\nConnection: close\r\n\r\n")
+        for _ in range(8):  # 8 x 0.2 s = 1.6 s in all, more than the timeout, 2 KiB each time
+            time.sleep(0.2)
+            conn.sendall(b"x" * 2048)
+        _, answer = _closed_within(conn, 5)
+    assert answer.startswith(b"HTTP/1.1 200") and b'"bytes":16384' in answer, answer
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut(server: Served) -> None:
+    with socket.create_connection(server.address) as conn:
+        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        started = time.monotonic()
+        for _ in range(20):  # never silent for long, never a KiB
+            time.sleep(0.1)
+            try:
+                conn.sendall(b"x")
+            except OSError:
+                break
+        closed, answer = _closed_within(conn, 5)
+    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
+    assert time.monotonic() - started < 2.5
+
+
+def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
+    server: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.http")
+    held = [socket.create_connection(server.address) for _ in range(CAP)]  # silent: they hold the cap
+    try:
+        time.sleep(0.1)
+        with socket.create_connection(server.address) as newcomer:
+            newcomer.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            _, answer = _closed_within(newcomer, 0.4)  # answered well before the header timeout
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        gone = [conn for conn in held if _closed_within(conn, 0.05)[0]]
+        assert len(gone) == 1  # one silent connection gave way, the rest are still open
+        assert any("max_connections" in record.getMessage() for record in caplog.records)
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused(server: Served) -> None:
+    busy = []
+    for _ in range(CAP):  # each in the middle of sending its head: not idle
+        conn = socket.create_connection(server.address)
+        conn.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\n")
+        busy.append(conn)
+    try:
+        time.sleep(0.1)
+        with socket.create_connection(server.address) as extra:
+            closed, answer = _closed_within(extra, 0.3)
+        assert closed and answer == b""
+    finally:
+        for conn in busy:
+            conn.close()
+
+
+def test_a_head_is_counted_whole_even_when_it_arrives_in_one_read(server: Served) -> None:
+    head = b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 15000 + b"\r\n\r\n"  # ~1.9x the 8 KiB cap
+    with socket.create_connection(server.address) as conn:
+        conn.sendall(head)
+        _, answer = _closed_within(conn, 5)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+
+
+def test_an_overlong_url_is_414_in_the_routes_dialect(server: Served) -> None:
+    with socket.create_connection(server.address) as conn:
+        conn.sendall(b"GET /v1/messages?q=" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        _, answer = _closed_within(conn, 5)
+    assert answer.startswith(b"HTTP/1.1 414"), answer[:100]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["type"] == "error"
+
+
+def test_a_malformed_request_is_a_json_400(server: Served) -> None:
+    with socket.create_connection(server.address) as conn:
+        conn.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        _, answer = _closed_within(conn, 5)
+    assert answer.startswith(b"HTTP/1.1 400") and b"application/json" in answer, answer
+
+
+def test_a_stream_its_client_stops_reading_is_cut_and_its_slot_freed() -> None:
+    engine = FakeEngine()
+    upstream = Served(engine.app)
+    runtime = make_runtime(upstream.url, max_concurrency=1, queue_limit=0)
+    gateway = Served(create_app(runtime), http=bounded_protocol(send_timeout_s=TIMEOUT_S))
+    body = json.dumps(
+        {"model": "front-model", "stream": True, "messages": [{"role": "user", "content": "ENDLESS"}]}
+    ).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    try:
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(gateway.address)
+        reader.sendall(request)  # and never reads a byte
+        wait_until(lambda: runtime.admission.active == 1, what="the stream to take the slot")
+        wait_until(engine.disconnected.is_set, what="the stalled stream to be cut", timeout_s=10)
+        wait_until(lambda: runtime.admission.active == 0, what="the slot to be freed")
+        reader.close()
+    finally:
+        gateway.stop()
+        upstream.stop()
+
+
+def test_the_connection_cap_fits_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from gateway.http_limits import connection_cap
+
+    limits = {"now": (1024, 1024)}  # systemd's default, and no room to raise it
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, value: limits.update(now=value))
+    assert connection_cap(1000) == (1024 - 128) // 2  # each connection may need a second descriptor
+    limits["now"] = (1024, 65536)  # a hard limit to raise the soft one to
+    assert connection_cap(1000) == 1000 and limits["now"] == (65536, 65536)

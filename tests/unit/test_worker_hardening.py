@@ -1,0 +1,156 @@
+"""`gateway worker` under a loaded machine and bad input: a server slow to listen is waited for while it
+lives, a taken port is refused, a failed start is one line, bad flags are refused, and its HTTP side
+answers like `serve`'s (JSON errors, the header cap, one key check)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from gateway import worker as worker_module
+from gateway.errors import GatewayError
+from gateway.hardware import GIB, Inventory, parse_gpu_spec
+from gateway.process import free_port
+from gateway.worker import Worker, WorkerConfig, create_app
+
+ROOT = Path(__file__).resolve().parents[2]
+# a stand-in ggml-rpc-server: prints its device list, waits DELAY seconds, then listens on -p (or exits)
+FAKE = """#!{python}
+import os, socket, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("-p") + 1])
+print("Starting RPC server v3.0.0", flush=True)
+print("devices: CPU", flush=True)
+if os.environ.get("FAKE_RPC_EXIT"):
+    sys.exit(7)
+time.sleep(float(os.environ.get("FAKE_RPC_DELAY", "0")))
+server = socket.socket()
+server.bind((args[args.index("-H") + 1], port))
+server.listen(8)
+while True:
+    connection, _ = server.accept()
+    connection.close()
+"""
+
+
+@pytest.fixture
+def fake_rpc(tmp_path: Path) -> Path:
+    script = tmp_path / "ggml-rpc-server"
+    script.write_text(FAKE.format(python=sys.executable))
+    script.chmod(0o755)
+    return script
+
+
+def _worker(tmp_path: Path, command: Path, rpc_port: int, gpus: str = "1x1GiB") -> Worker:
+    config = WorkerConfig(rpc_port=rpc_port, gpus=gpus, log_dir=tmp_path, api_keys=("k",))
+    machine = Inventory(parse_gpu_spec(gpus), 8 * GIB, 8 * GIB, source="simulated")
+    return Worker(config, machine, [str(command)])
+
+
+def test_a_server_slow_to_listen_is_waited_for_while_it_lives(
+    tmp_path: Path, fake_rpc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "SERVER_START_S", 0.3)  # a machine far slower than its budget
+    monkeypatch.setenv("FAKE_RPC_DELAY", "1.5")
+    worker = _worker(tmp_path, fake_rpc, free_port())
+
+    async def scenario() -> bool:
+        await worker.start()
+        try:
+            return worker.servers[0].running
+        finally:
+            await worker.stop()
+
+    assert asyncio.run(scenario())
+
+
+def test_a_taken_rpc_port_is_refused_not_advertised(tmp_path: Path, fake_rpc: Path) -> None:
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen(4)
+    worker = _worker(tmp_path, fake_rpc, other.getsockname()[1])
+    try:
+        with pytest.raises(GatewayError, match="taken"):
+            asyncio.run(worker.start())
+    finally:
+        other.close()
+    assert all(server.child is None for server in worker.servers)  # nothing was started
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "worker", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )  # fmt: skip
+
+
+def test_a_failed_start_is_one_line_not_a_traceback(tmp_path: Path, fake_rpc: Path) -> None:
+    done = _cli(
+        "--api-key", "k", "--port", str(free_port()), "--rpc-port", str(free_port()), "--gpus", "1x1GiB",
+        "--rpc-server-command", str(fake_rpc), "--state-dir", str(tmp_path), env={"FAKE_RPC_EXIT": "1"},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "gateway: error: ggml-rpc-server" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"), [(["--port", "99999"], "--port 99999"), (["--api-key", ""], "empty --api-key")]
+)
+def test_bad_flags_are_refused_in_one_line(tmp_path: Path, fake_rpc: Path, flags: list[str], said: str) -> None:
+    base = {"--api-key": "k", "--port": str(free_port()), "--rpc-port": str(free_port())}
+    base.update(dict(zip(flags[::2], flags[1::2], strict=True)))
+    args = [part for pair in base.items() for part in pair]
+    done = _cli(*args, "--rpc-server-command", str(fake_rpc), "--state-dir", str(tmp_path), timeout=20)
+    assert done.returncode == 1 and said in done.stderr, done.stderr
+
+
+def test_its_http_side_answers_like_serves(tmp_path: Path, fake_rpc: Path) -> None:
+    worker = _worker(tmp_path, fake_rpc, free_port())
+    client = TestClient(create_app(worker, ("secret",)))  # no `with`: the servers are not started
+    assert client.get("/inventory", headers={"Authorization": "Bearer wrong", "x-api-key": "secret"}).status_code == 200
+    missing, wrong_method = (
+        client.get("/nope", headers={"x-api-key": "secret"}),
+        client.post("/inventory", headers={"x-api-key": "secret"}),
+    )
+    assert missing.status_code == 404 and "error" in missing.json()
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+def test_its_headers_are_capped_before_the_key(tmp_path: Path, fake_rpc: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "worker", "--api-key", "k", "--port", str(port),
+         "--rpc-port", str(free_port()), "--gpus", "1x1GiB", "--rpc-server-command", str(fake_rpc),
+         "--state-dir", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the worker never listened"
+                time.sleep(0.1)
+        with conn:
+            conn.sendall(b"GET /inventory HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+            answer = b""
+            try:
+                for _ in range(64):
+                    conn.sendall(b"a" * 16384)  # 1 MiB of a header that never ends
+                answer = conn.recv(100)
+            except OSError:
+                answer = answer or conn.recv(100)
+        assert answer.startswith(b"HTTP/1.1 431"), answer
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
