@@ -74,8 +74,10 @@ def scripted_gateway(tmp_path_factory: pytest.TempPathFactory, upstream: ToolPro
 
 @pytest.fixture(scope="module")
 def default_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """`gateway serve` as the README's first command runs it: the embedded default model, once."""
-    process = GatewayProcess(tmp_path_factory.mktemp("agents-default"))
+    """`gateway serve` as the README's first command runs it: the embedded default model, once. One engine
+    thread: on two cores shared with the agents (and CI's neighbours) two threads decoded at 2.6-13 tokens/s
+    where one held 8-17, each token waiting for the slower thread."""
+    process = GatewayProcess(tmp_path_factory.mktemp("agents-default"), "--threads", "1")
     with process.serving():
         yield process
 
