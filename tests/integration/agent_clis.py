@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tests.integration.gatewayproc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,12 +180,23 @@ def run(agent: Agent, home: Path, work: Path, prompt: str, timeout_s: float) -> 
         code = None
     finally:
         _kill_group(process.pid)
+        _kill_leftovers(home)
     return Run(argv, code, stdout.decode(errors="replace"), stderr.decode(errors="replace"), time.monotonic() - started)
 
 
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def _kill_leftovers(home: Path) -> None:
+    """What the agent left running in its own session (Cline's hub daemon leaves the process group):
+    every process working in, or started with, this run's HOME."""
+    for process in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        with contextlib.suppress(psutil.Error):
+            cwd = process.info["cwd"] or ""
+            if cwd.startswith(str(home)) or str(home) in " ".join(process.info["cmdline"] or []):
+                process.kill()
 
 
 class ToolProcess:
