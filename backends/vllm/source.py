@@ -9,9 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from backends.vllm import parsers
 from backends.vllm.memory import Checkpoint
+from backends.vllm.parsers import Parsers
 from gateway.core.errors import ModelError
 from gateway.core.model_facts import facts_from_config, facts_from_dir, facts_from_hub
+from gateway.hub.variants import discover, method_of
 
 if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry
@@ -40,6 +43,7 @@ class VllmSource(_Strict):
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     chat_template: str | None = None
+    discover: bool = False  # named by hub id, not in the catalog: search the hub for quantized variants
 
 
 @dataclass
@@ -51,6 +55,7 @@ class VllmModel:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     notes: list[str] = field(default_factory=list)
+    auto_parsers: Parsers | None = None  # chosen from the model's family and template (no catalog entry)
 
     @property
     def max_position(self) -> int | None:
@@ -69,7 +74,7 @@ def section_for(spec: str) -> dict[str, Any] | None:
         return {"checkpoint": str(path.resolve())}
     named_file = spec.lower().endswith((".gguf", ".json", ".safetensors", ".bin"))
     if not path.exists() and spec.count("/") == 1 and all(spec.split("/")) and not spec.startswith((".", "~")):
-        return None if named_file else {"checkpoint": spec}
+        return None if named_file else {"checkpoint": spec, "discover": True}
     return None
 
 
@@ -90,9 +95,80 @@ def read(entry: ModelEntry) -> VllmModel:
                 quantization=variant.quantization,
             )
             model.checkpoints.append(Checkpoint(variant.checkpoint, facts))
+        if source.discover and not source.quantized and entry.remembered:
+            _add_remembered(model, source.checkpoint, bundled, entry.remembered)
+        elif source.discover and not source.quantized:
+            _add_hub_checkpoints(model, source.checkpoint, bundled)
     except ModelError as exc:
         model.notes.append(f"vLLM not planned: {exc}")
+    unnamed = source.tool_call_parser is None and source.reasoning_parser is None
+    if model.checkpoints and unnamed and (source.discover or Path(source.checkpoint).expanduser().is_dir()):
+        original = model.checkpoints[0].facts
+        model.auto_parsers = parsers.choose(original.model_type, source.checkpoint, _chat_template(source.checkpoint))
+        model.tool_call_parser = model.auto_parsers.tool
+        model.reasoning_parser = model.auto_parsers.reasoning
     return model
+
+
+def _add_remembered(
+    model: VllmModel, checkpoint: str, bundled: dict[str, Any] | None, remembered: dict[str, Any]
+) -> None:
+    """A configuration worked here before: its checkpoint (if a quantized one) is the only variant
+    planned besides the original, and the hub is not searched again."""
+    used = str(remembered.get("memo", {}).get("checkpoint") or "")
+    if remembered.get("engine") == "vllm" and used and used != checkpoint and (method := method_of(used)):
+        facts = facts_from_config(bundled or _config_of(checkpoint), used, quantization=method)
+        model.checkpoints.append(Checkpoint(used, facts))
+    model.notes.append("vLLM: quantized checkpoints not searched: a configuration is remembered (--replan searches)")
+
+
+def _add_hub_checkpoints(model: VllmModel, checkpoint: str, bundled: dict[str, Any] | None) -> None:
+    """The hub's pre-quantized checkpoints of the model (FP8, AWQ, GPTQ, NVFP4…) as rungs after the
+    original; their sizes estimated from the original's architecture at the method's bytes/weight."""
+    try:
+        found = discover(checkpoint)
+    except ModelError as exc:
+        model.notes.append(f"vLLM: quantized checkpoints not searched: {exc}")
+        return
+    config = bundled or _config_of(checkpoint)
+    for variant in found.checkpoints:
+        try:  # its own config.json and safetensors sizes when the hub has them (exact kept layers, bytes)
+            facts = facts_from_hub(variant.repo)
+        except ModelError:
+            facts = None
+        if facts is None or facts.quantization is None:  # else the original's shapes at the method's bytes
+            facts = facts_from_config(config, variant.repo, quantization=variant.quantization)
+        model.checkpoints.append(Checkpoint(variant.repo, facts))
+    if found.checkpoints:
+        names = ", ".join(f"{v.repo} ({v.quantization})" for v in found.checkpoints)
+        model.notes.append(f"vLLM: pre-quantized checkpoints found on the hub: {names}")
+
+
+def _chat_template(checkpoint: str) -> str | None:
+    """The chat template: tokenizer_config.json's ``chat_template`` (a string, or named templates of
+    which "default" and "tool_use" count), else chat_template.jinja; None when neither can be read."""
+    path = Path(checkpoint).expanduser()
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        try:
+            if path.is_dir():
+                text = (path / name).read_text()
+            else:
+                from huggingface_hub import hf_hub_download
+
+                text = Path(hf_hub_download(checkpoint, name)).read_text()
+        except Exception:  # absent, gated or offline: the next file, else no template
+            continue
+        if name.endswith(".jinja"):
+            return text
+        try:
+            template = json.loads(text).get("chat_template")
+        except ValueError:
+            continue
+        if isinstance(template, list):
+            return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+        if isinstance(template, str):
+            return template
+    return None
 
 
 def _facts(source: VllmSource, bundled: dict[str, Any] | None) -> Any:

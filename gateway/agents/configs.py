@@ -40,8 +40,11 @@ class Served:
 
     @property
     def max_output(self) -> int:
-        """A quarter of the window for the answer, the rest for the prompt."""
-        return max(256, self.context_length // 4)
+        """An eighth of the window for each answer, the rest for the conversation: agents compact once it
+        reaches the window less this reservation, and a small model that rambles stops here instead of
+        filling the window (Claude Code resumes up to three times after the limit, so long answers still
+        come through)."""
+        return max(256, self.context_length // 8)
 
     @property
     def key_or_placeholder(self) -> str:
@@ -62,12 +65,15 @@ def deep_merge(base: Doc, ours: Doc) -> Doc:
     return merged
 
 
+LIST_KEY = "entries"  # where a yaml-list file's entries are while it is merged (the file holds only the list)
+
+
 @dataclass(frozen=True)
 class Target:
     """A file the agent reads, and how our part goes into what is already there."""
 
     path: Path
-    format: str  # toml | json | yaml
+    format: str  # toml | json | yaml | yaml-list (a YAML list at the top, as {LIST_KEY: [...]})
     merge: Callable[[Doc], Doc]
 
 
@@ -189,7 +195,13 @@ def opencode(s: Served) -> AgentConfig:
 # samplingParams.max_tokens); `security.auth.selectedType` = "openai" and `model.name` = that id select it.
 # A selected provider entry is "impermeable": model.generationConfig.contextWindowSize is then not read,
 # so the window goes in the entry. (The env route OPENAI_BASE_URL/OPENAI_API_KEY/OPENAI_MODEL builds a
-# "runtime model" that only model.generationConfig.contextWindowSize can size.)
+# "runtime model" that only model.generationConfig.contextWindowSize can size.) Its managed auto-memory puts
+# about 1,400 tokens in every system prompt (settings.md: memory.enableManagedAutoMemory, default true); with
+# Qwen Code 0.24.4's own ~7,500 that is more than an 8k window holds (seen: 8,787 tokens on the default
+# model, refused), so below QWEN_MEMORY_MIN_CONTEXT it is turned off.
+QWEN_MEMORY_MIN_CONTEXT = 16384
+
+
 def qwen(s: Served) -> AgentConfig:
     entry: Doc = {
         "id": s.model,
@@ -203,10 +215,13 @@ def qwen(s: Served) -> AgentConfig:
         "security": {"auth": {"selectedType": "openai"}},
         "model": {"name": s.model},
     }
+    if s.context_length < QWEN_MEMORY_MIN_CONTEXT:
+        ours["memory"] = {"enableManagedAutoMemory": False}
+    scalars = {key: value for key, value in ours.items() if key != "modelProviders"}
 
     def merge(old: Doc) -> Doc:
         """Ours replaces an entry with the same id (Qwen Code keeps only the first); the user's others stay."""
-        merged = deep_merge(old, {"security": ours["security"], "model": ours["model"]})
+        merged = deep_merge(old, scalars)
         providers = dict(merged.get("modelProviders") or {})
         entries: list[Any] = []
         for old_entry in providers.get("openai") or []:
@@ -220,9 +235,12 @@ def qwen(s: Served) -> AgentConfig:
         return merged
 
     path = Path.home() / ".qwen" / "settings.json"
+    notes = [f"{s.export_key()} before `qwen` (Qwen Code reads the key only from the envKey variable)"]
+    if "memory" in ours:
+        notes.append(f"auto-memory is off: its prompt does not fit beside Qwen Code's in {s.context_length} tokens")
     return AgentConfig(
         "~/.qwen/settings.json", json.dumps(ours, indent=2) + "\n", "json", (Target(path, "json", merge),),
-        (f"{s.export_key()} before `qwen` (Qwen Code reads the key only from the envKey variable)",),
+        tuple(notes),
     )  # fmt: skip
 
 
@@ -292,7 +310,10 @@ def cline(s: Served) -> AgentConfig:
 # the window goes in .aider.model.metadata.json, read from the home directory, the git root and the current
 # directory (aider.chat/docs/config/adv-model-settings.html: max_input_tokens, max_output_tokens,
 # litellm_provider matching the openai/ prefix); --write also sets model, openai-api-base and openai-api-key
-# in ~/.aider.conf.yml, read from the same three places (aider.chat/docs/config/aider_conf.html).
+# in ~/.aider.conf.yml, read from the same three places (aider.chat/docs/config/aider_conf.html). aider sends
+# no output limit of its own (max_output_tokens above is only for its token report): the limit goes in as
+# `extra_params: {max_tokens: N}` of the model's entry in ~/.aider.model.settings.yml (a YAML list of
+# entries by name, read from the same places; adv-model-settings.html), so a rambling model stops.
 def aider(s: Served) -> AgentConfig:
     metadata: Doc = {
         f"openai/{s.model}": {
@@ -304,16 +325,29 @@ def aider(s: Served) -> AgentConfig:
         }
     }
     conf: Doc = {"model": f"openai/{s.model}", "openai-api-base": s.url + "/v1", "openai-api-key": s.key_or_placeholder}
+    settings: Doc = {"name": f"openai/{s.model}", "extra_params": {"max_tokens": s.max_output}}
+
+    def merge_settings(old: Doc) -> Doc:
+        """Our entry over the user's entry for the same model (its other keys stay); other models' stay."""
+        entries = [entry for entry in old.get(LIST_KEY) or [] if isinstance(entry, dict)]
+        mine = next((entry for entry in entries if entry.get("name") == settings["name"]), None)
+        if mine is None:
+            return {LIST_KEY: [*(old.get(LIST_KEY) or []), settings]}
+        return {LIST_KEY: [deep_merge(e, settings) if e is mine else e for e in old.get(LIST_KEY) or []]}
+
     lines = [
         f"echo {shlex.quote(json.dumps(metadata))} > .aider.model.metadata.json",
+        f"echo {shlex.quote(json.dumps([settings]))} > .aider.model.settings.yml",  # JSON is YAML too
         f'aider --openai-api-base {shlex.quote(s.url + "/v1")} --openai-api-key "${{{KEY_VARIABLE}:-anything}}" '
         f"--model {shlex.quote('openai/' + s.model)}",
     ]
     home = Path.home()
     return AgentConfig(
-        "your shell, in the project (or --write: ~/.aider.model.metadata.json and ~/.aider.conf.yml)",
+        "your shell, in the project (or --write: ~/.aider.model.metadata.json, ~/.aider.model.settings.yml and "
+        "~/.aider.conf.yml)",
         "\n".join(lines) + "\n", "shell",
         (Target(home / ".aider.model.metadata.json", "json", lambda old: deep_merge(old, metadata)),
+         Target(home / ".aider.model.settings.yml", "yaml-list", merge_settings),
          Target(home / ".aider.conf.yml", "yaml", lambda old: deep_merge(old, conf))),
     )  # fmt: skip
 

@@ -23,7 +23,7 @@ from typing import Any
 import tomli_w
 import yaml  # type: ignore[import-untyped,unused-ignore]  # PyYAML comes with uvicorn[standard] and huggingface_hub
 
-from gateway.agents.configs import AgentConfig, Doc, Target
+from gateway.agents.configs import LIST_KEY, AgentConfig, Doc, Target
 from gateway.core.errors import ConfigError
 from gateway.core.files import replace_atomically
 
@@ -55,7 +55,8 @@ def _strict_json(text: str) -> Any:
 
 
 def parse(text: str, format: str, path: Path) -> Doc:
-    """The document in ``text``, as the agent would read it; an empty file is an empty document."""
+    """The document in ``text``, as the agent would read it; an empty file is an empty document. A
+    ``yaml-list`` file (a YAML list at the top, like aider's model settings) is ``{"entries": [...]}``."""
     if not text.strip():
         return {}
     try:
@@ -63,10 +64,15 @@ def parse(text: str, format: str, path: Path) -> Doc:
             return tomllib.loads(text)
         data: Any = _strict_json(text) if format == "json" else yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, ValueError, yaml.YAMLError) as exc:
+        kind = "YAML" if format == "yaml-list" else format.upper()
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{path} is not valid {format.upper()} ({reason}): fix it or edit it by hand") from exc
+        raise ConfigError(f"{path} is not valid {kind} ({reason}): fix it or edit it by hand") from exc
     if data is None:
         return {}
+    if format == "yaml-list":
+        if not isinstance(data, list):
+            raise ConfigError(f"{path} holds a {type(data).__name__}, not a YAML list: edit it by hand")
+        return {LIST_KEY: data}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} holds a {type(data).__name__}, not a {format.upper()} table: edit it by hand")
     return data
@@ -78,7 +84,8 @@ def dump(doc: Doc, format: str) -> str:
         return tomli_w.dumps(doc)
     if format == "json":
         return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-    return str(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True))
+    data = doc.get(LIST_KEY, []) if format == "yaml-list" else doc
+    return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ def configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
+    for noisy in ("httpx", "httpx2", "httpcore", "aiohttp", "asyncio", "multipart"):  # one line per poll or socket op
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

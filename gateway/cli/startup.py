@@ -134,6 +134,13 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     nodes = Nodes(settings.workers, worker_key(settings)) if settings.workers else None
     machine = with_other_nodes(local, settings, nodes=nodes)
     entry = choose_model(settings, catalog, len(machine.gpus))
+    known = (
+        None
+        if settings.replan or getattr(settings, "quant", None)  # a pinned variant (llama.cpp's --quant)
+        else KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
+    )
+    if known:  # e.g. the hub variant that worked here: no new search (a pinned --quant searches again)
+        entry = entry.model_copy(update={"remembered": known})
     plan = plan_for(settings, entry, machine, serving=True)
     for note in plan.notes:
         if note not in machine.notes:  # the inventory's own notes were logged when it was read

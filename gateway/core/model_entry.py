@@ -31,6 +31,8 @@ class ModelEntry(_Strict):
     # one table per engine that can serve it ([vllm], [llamacpp]…), typed by that engine's backend
     engines: dict[str, Any] = Field(default_factory=dict)
     base_dir: Path | None = Field(default=None, exclude=True)  # the entry file's directory: relative paths start here
+    # the known-good configuration of this model on this machine (serve), so engines need not search again
+    remembered: dict[str, Any] | None = Field(default=None, exclude=True)
 
     @property
     def names(self) -> tuple[str, ...]:

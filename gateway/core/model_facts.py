@@ -408,10 +408,14 @@ def facts_from_dir(directory: Path, name: str | None = None) -> ModelFacts:
 def facts_from_hub(repo: str) -> ModelFacts:
     """config.json and the safetensors index (or header metadata) from the hub; never the weights."""
     from huggingface_hub import get_safetensors_metadata, hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
+
+    from gateway.core.hub_errors import hub_error
 
     try:
         config = json.loads(Path(hf_hub_download(repo, "config.json")).read_text())
+    except GatedRepoError as exc:  # the fix is the user's licence and token, not the network
+        raise hub_error(repo, exc) from exc
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
         raise ModelError(
             f"cannot read config.json of {repo} from the hub ({type(exc).__name__}): check the network "

@@ -78,12 +78,18 @@ class Catalog:
         if entry := self.get(spec):
             return entry
         path = Path(spec).expanduser()
-        for backend in registry.BACKENDS:  # a file, a directory or a hub id that an engine can load
-            if (table := backend.section_for(spec)) is not None:
-                name = (path.resolve().stem if path.is_file() else path.resolve().name) if path.exists() else spec
-                return ModelEntry(name=name, engines={backend.name: backend.parse_section(table)})
         endings = tuple(ending for backend in registry.BACKENDS for ending in backend.model_files)
         files = " or ".join(f"a {ending} file" for ending in endings) or "a model file"
+        # a file, a directory or a hub id: every engine that can load it gets its table (a hub id:
+        # vLLM its checkpoints, llama.cpp its GGUF quantizations)
+        engines = {
+            backend.name: backend.parse_section(table)
+            for backend in registry.BACKENDS
+            if (table := backend.section_for(spec)) is not None
+        }
+        if engines:
+            name = (path.resolve().stem if path.is_file() else path.resolve().name) if path.exists() else spec
+            return ModelEntry(name=name, engines=engines)
         if path.is_dir():
             raise ModelError(f"{path} has no config.json: point --model at a checkpoint directory or {files}")
         if path.exists() or path.suffix in endings or spec.startswith(("/", "./", "../", "~")):

@@ -111,7 +111,7 @@ class RequestMetrics:
         token = request_id.set(rid)
         started = time.perf_counter()
         status: dict[str, Any] = {"code": 500, "streaming": False, "first": True, "first_byte_s": None}
-        tokens = {"in": 0, "out": 0}
+        tokens = {"in": 0, "out": 0, "usage": 0}  # usage: whether the answer carried any figures
 
         async def tapped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -146,6 +146,7 @@ class RequestMetrics:
         largest figure per direction (a stream repeats its input count, and Anthropic's message_delta
         restates the engine's final one)."""
         for name, value in _USAGE.findall(body):
+            seen["usage"] = 1
             direction = "in" if name in (b"prompt_tokens", b"input_tokens") else "out"
             grown = int(value) - seen[direction]
             if grown > 0:
@@ -157,22 +158,25 @@ QUIET_PATHS = frozenset({"/health", "/metrics"})  # polled every few seconds: a 
 
 
 def _log_access(scope: Scope, rid: str, status: dict[str, Any], tokens: dict[str, int], seconds: float) -> None:
-    """One line per request; with ``--log-format json`` its fields become the JSON object's keys."""
+    """One line per request; with ``--log-format json`` its fields become the JSON object's keys. Token
+    counts the answer did not carry (a stream without ``include_usage``) are unknown: ``?`` / null."""
     client = scope.get("client")
+    known = bool(tokens["usage"])
     fields = {
         "method": scope.get("method", ""),
         "path": scope["path"],
         "status": status["code"],
         "ms": round(seconds * 1000, 1),
         "first_byte_ms": None if status["first_byte_s"] is None else round(status["first_byte_s"] * 1000, 1),
-        "tokens_in": tokens["in"],
-        "tokens_out": tokens["out"],
+        "tokens_in": tokens["in"] if known else None,
+        "tokens_out": tokens["out"] if known else None,
         "client": f"{client[0]}:{client[1]}" if client else None,
         "user_agent": _header(scope, b"user-agent"),
         "request_id": rid,
     }
+    counted = f"in={tokens['in']} out={tokens['out']}" if known else "in=? out=?"
     access_log.info(
-        '%s %s %s %.0f ms in=%d out=%d client=%s agent="%s" id=%s',
-        fields["method"], fields["path"], fields["status"], fields["ms"], fields["tokens_in"], fields["tokens_out"],
-        fields["client"], fields["user_agent"] or "-", rid, extra={"access": fields},
+        '%s %s %s %.0f ms %s client=%s agent="%s" id=%s',
+        fields["method"], fields["path"], fields["status"], fields["ms"], counted, fields["client"],
+        fields["user_agent"] or "-", rid, extra={"access": fields},
     )  # fmt: skip

@@ -245,10 +245,12 @@ class Inference:
                 if status != 200:
                     return dialect.errors.engine_error(status, answer, target.context_length)
                 return JSONResponse(dialect.reply(answer, payload, fronted))
-            usage: ChunkFilter | None = None
-            if "include_usage" not in target.native:
-                counted = await self._prompt_tokens(target, chat) or 0
-                usage = ChatStreamFixer(mirror=None, usage_prompt_tokens=counted)
+            synthesize = "include_usage" not in target.native
+            if prompt is None and (synthesize or dialect is MESSAGES):  # message_start says the prompt's size
+                prompt = await self._prompt_tokens(target, chat)
+            usage: ChunkFilter | None = (
+                ChatStreamFixer(mirror=None, usage_prompt_tokens=prompt or 0) if synthesize else None
+            )
             failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
             if failed is not None:
                 return dialect.errors.engine_error(*failed, target.context_length)

@@ -38,15 +38,18 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     """A chat-completions request carrying the same conversation, tools and limits."""
     messages: list[dict[str, Any]] = []
     system = body.get("system")
-    if system:
-        text = system if isinstance(system, str) else "".join(b.get("text", "") for b in _blocks(system))
-        messages.append({"role": "system", "content": text})
+    instructions = [system if isinstance(system, str) else "".join(b.get("text", "") for b in _blocks(system or []))]
     for message in body["messages"]:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
             raise ApiError(400, "each message needs role 'user', 'assistant' or 'system'", param="messages")
         blocks = _blocks(message.get("content"))
-        if message["role"] == "system":  # mid-conversation instructions stay where they stand
-            messages.append({"role": "system", "content": "".join(str(b.get("text", "")) for b in blocks)})
+        if message["role"] == "system":
+            # Claude Code's mid-conversation system message (its agent types and skills, after the prompt)
+            # joins the leading one, as vLLM does for templates that want system first: most open models'
+            # templates (Qwen3, Gemma, Llama 3) refuse a system turn after the first, and a chat that ends on
+            # one leaves a small model continuing it instead of answering (measured: 9 of 10 answers ran to
+            # the output limit with it last, none with it folded in)
+            instructions.append("".join(str(b.get("text", "")) for b in blocks))
             continue
         if message["role"] == "assistant":
             text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
@@ -78,6 +81,8 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
                 text_parts.append(str(block.get("text", "")))
         if text_parts:
             messages.append({"role": "user", "content": "".join(text_parts)})
+    if leading := "\n\n".join(text for text in instructions if text):
+        messages.insert(0, {"role": "system", "content": leading})
     chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}
     chat["max_tokens"] = body.get("max_tokens")
     for key, target in (("temperature", "temperature"), ("top_p", "top_p"), ("stop_sequences", "stop")):

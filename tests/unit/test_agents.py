@@ -1,6 +1,6 @@
 """`gateway agent NAME` prints each agent's configuration for the gateway it asks, and each parses the
 way the agent reads it (TOML, JSON, YAML, shell); `--write` merges it into the agent's own files under
-HOME. The Codex one also drives the real Codex CLI in tests/integration/test_agent_apis_scripted.py."""
+HOME. What --write writes drives each agent's real CLI in tests/integration/test_agents_real.py."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from gateway.cli.commands import main
 from tests.unit.http_harness import Served
 
 
-def _gateway(key: str | None = None) -> Starlette:
+def _gateway(key: str | None = None, context: int = 32768) -> Starlette:
     async def models(request: Request) -> Response:
         if key and request.headers.get("authorization") != f"Bearer {key}":
             return JSONResponse({"error": {"message": "no"}}, status_code=401)
-        return JSONResponse({"data": [{"id": "glm-4.7-flash", "context_length": 32768}]})
+        return JSONResponse({"data": [{"id": "glm-4.7-flash", "context_length": context}]})
 
     return Starlette(routes=[Route("/v1/models", models)])
 
@@ -68,7 +68,8 @@ def test_claude_code(gateway: str, capsys: pytest.CaptureFixture[str], tmp_path:
     env = _shell(_printed(capsys, "claude", "--url", gateway), names, tmp_path)
     assert env["ANTHROPIC_BASE_URL"] == gateway  # the Messages API lives at the root, not under /v1
     assert {env[n] for n in names[1:4]} == {"glm-4.7-flash"}
-    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"
+    # an eighth of the window for each answer: a rambling small model stops there
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
     assert env["ANTHROPIC_AUTH_TOKEN"] == "anything"
 
 
@@ -76,15 +77,18 @@ def test_opencode(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
     config = json.loads(_printed(capsys, "opencode", "--url", gateway))
     provider = config["provider"]["gateway"]
     assert provider["options"]["baseURL"] == gateway + "/v1"
-    assert provider["models"]["glm-4.7-flash"]["limit"] == {"context": 32768, "output": 8192}
+    assert provider["models"]["glm-4.7-flash"]["limit"] == {"context": 32768, "output": 4096}
     assert config["model"] == "gateway/glm-4.7-flash"
 
 
 def test_aider(gateway: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    first, command = _printed(capsys, "aider", "--url", gateway).splitlines()
-    subprocess.run(["bash", "-c", first], check=True, cwd=tmp_path)
+    *files, command = _printed(capsys, "aider", "--url", gateway).splitlines()
+    subprocess.run(["bash", "-c", "\n".join(files)], check=True, cwd=tmp_path)
     metadata = json.loads((tmp_path / ".aider.model.metadata.json").read_text())
     assert metadata["openai/glm-4.7-flash"]["max_input_tokens"] == 32768
+    # aider sends no output limit unless the model's settings add one to every request
+    settings = yaml.safe_load((tmp_path / ".aider.model.settings.yml").read_text())
+    assert settings == [{"name": "openai/glm-4.7-flash", "extra_params": {"max_tokens": 4096}}]
     argv = shlex.split(command)
     assert argv[argv.index("--openai-api-base") + 1] == gateway + "/v1"
     assert argv[argv.index("--model") + 1] == "openai/glm-4.7-flash"
@@ -110,8 +114,23 @@ def test_qwen_code(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert entry["id"] == settings["model"]["name"] == "glm-4.7-flash"
     assert entry["baseUrl"] == gateway + "/v1" and entry["envKey"] == "GATEWAY_API_KEY"
     assert entry["generationConfig"]["contextWindowSize"] == 32768
-    assert entry["generationConfig"]["samplingParams"]["max_tokens"] == 8192
+    assert entry["generationConfig"]["samplingParams"]["max_tokens"] == 4096
     assert settings["security"]["auth"]["selectedType"] == "openai"
+    assert "memory" not in settings  # auto-memory stays as the user has it where the window holds it
+
+
+def test_qwen_code_turns_auto_memory_off_in_a_small_window(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its memory prompt (~1,400 tokens) beside Qwen Code's own (~7,500) is more than 8k holds."""
+    served = Served(_gateway(context=8192), lifespan="off")
+    try:
+        assert main(["agent", "qwen", "--url", served.url]) == 0
+    finally:
+        served.stop()
+    printed = capsys.readouterr()
+    settings = json.loads(printed.out)
+    assert settings["memory"] == {"enableManagedAutoMemory": False}
+    assert settings["modelProviders"]["openai"][0]["generationConfig"]["samplingParams"]["max_tokens"] == 1024
+    assert "auto-memory is off" in printed.err
 
 
 def _check_cline_providers(stored: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +149,7 @@ def test_cline(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
     printed = capsys.readouterr()
     settings = _check_cline_providers(json.loads(printed.out))
     assert settings["baseUrl"] == gateway + "/v1" and settings["model"] == "glm-4.7-flash"
-    assert settings["contextWindow"] == 32768 and settings["maxTokens"] == 8192 and settings["apiKey"]
+    assert settings["contextWindow"] == 32768 and settings["maxTokens"] == 4096 and settings["apiKey"]
     assert '"OpenAI Compatible"' in printed.err and "Context Window Size 32768" in printed.err  # the UI steps
 
 
@@ -157,6 +176,7 @@ USER_CLINE = json.dumps(
 )  # fmt: skip
 USER_AIDER_META = json.dumps({"openai/other": {"max_input_tokens": 1000}})
 USER_AIDER_CONF = "# mine\ndark-mode: true\nmodel: gpt-4o\n"
+USER_AIDER_SETTINGS = "- name: openai/other\n  edit_format: diff\n- name: openai/glm-4.7-flash\n  edit_format: whole\n"
 
 
 def _ours_codex(files: dict[str, Any], url: str) -> None:
@@ -203,15 +223,23 @@ def _ours_aider(files: dict[str, Any], url: str) -> None:
     assert metadata["openai/glm-4.7-flash"]["max_input_tokens"] == 32768
     assert conf["dark-mode"] is True and conf["model"] == "openai/glm-4.7-flash"
     assert conf["openai-api-base"] == url + "/v1"
+    other, ours = files[".aider.model.settings.yml"]  # the user's entries kept, ours laid over the same name
+    assert other == {"name": "openai/other", "edit_format": "diff"}
+    assert ours == {"name": "openai/glm-4.7-flash", "edit_format": "whole", "extra_params": {"max_tokens": 4096}}
 
 
+USER_AIDER = {
+    ".aider.model.metadata.json": USER_AIDER_META,
+    ".aider.model.settings.yml": USER_AIDER_SETTINGS,
+    ".aider.conf.yml": USER_AIDER_CONF,
+}
 WRITTEN: dict[str, tuple[dict[str, str], Callable[[dict[str, Any], str], None]]] = {
     "codex": ({".codex/config.toml": USER_TOML}, _ours_codex),
     "claude": ({".claude/settings.json": USER_JSON}, _ours_claude),
     "opencode": ({".config/opencode/opencode.json": USER_JSON}, _ours_opencode),
     "qwen": ({".qwen/settings.json": USER_QWEN}, _ours_qwen),
     "cline": ({".cline/data/settings/providers.json": USER_CLINE}, _ours_cline),
-    "aider": ({".aider.model.metadata.json": USER_AIDER_META, ".aider.conf.yml": USER_AIDER_CONF}, _ours_aider),
+    "aider": (USER_AIDER, _ours_aider),
 }
 
 
@@ -300,6 +328,16 @@ def test_write_refuses_a_file_it_cannot_parse(gateway: str, home: Path, capsys: 
     (error,) = capsys.readouterr().err.splitlines()
     assert "settings.json is not valid JSON" in error
     assert (home / ".claude/settings.json").read_text() == '{"env": {  // a comment\n}'
+
+
+def test_write_refuses_aider_settings_that_are_not_a_list(
+    gateway: str, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / ".aider.model.settings.yml").write_text("name: openai/other\n")
+    assert main(["agent", "aider", "--url", gateway, "--write", "--yes"]) == 1
+    (error,) = capsys.readouterr().err.splitlines()
+    assert ".aider.model.settings.yml holds a dict, not a YAML list" in error
+    assert not (home / ".aider.conf.yml").exists()  # nothing half-written
 
 
 def test_an_agent_configured_by_environment_only_prints_the_exports(capsys: pytest.CaptureFixture[str]) -> None:

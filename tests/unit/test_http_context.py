@@ -118,18 +118,23 @@ def test_tool_schemas_the_template_does_not_render_do_not_count(engine: FakeEngi
 
 
 def test_a_streamed_message_ends_with_the_engines_own_prompt_count(engine: FakeEngine, served_engine: tuple) -> None:
-    """The translate path with a short max_tokens (not counted before): message_delta carries the engine's 11."""
-    with _client(served_engine[1]) as client:
+    """message_start carries the prompt's size as the engine's template makes it ("user hello": 2), even
+    for a short max_tokens; message_delta carries the engine's own final figure (11)."""
+    with _client(served_engine[1], template_path="/apply-template") as client:
         answer = client.post("/v1/messages", json={**ROUTES["/v1/messages"]("hello"), "stream": True})
     events = sse_events(answer.text)
+    start = next(data for name, data in events if name == "message_start")
     delta = next(data for name, data in events if name == "message_delta")
+    assert start["message"]["usage"]["input_tokens"] == 2
     assert delta["usage"]["input_tokens"] == 11 and delta["usage"]["output_tokens"] == 2
 
 
-def test_a_system_message_inside_the_conversation_stays_where_it_stands(
+def test_a_system_message_inside_the_conversation_joins_the_leading_one(
     engine: FakeEngine, served_engine: tuple
 ) -> None:
-    """Claude Code (beta mid-conversation-system-2026-04-07) sends role "system" among the messages."""
+    """Claude Code (beta mid-conversation-system-2026-04-07) sends role "system" among the messages: it is
+    accepted, passed as it came to an engine that speaks Messages (vLLM places it itself), and folded into
+    the leading system message on the translation (templates refuse a later system turn)."""
     messages = [
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "ok"},
@@ -144,6 +149,6 @@ def test_a_system_message_inside_the_conversation_stays_where_it_stands(
         passed = client.post("/v1/messages", json=body)
     assert translated.status_code == 200 and counted.status_code == 200 and passed.status_code == 200
     chat = engine.requests_to("/v1/chat/completions")[-1]["body"]["messages"]
-    assert [m["role"] for m in chat] == ["system", "user", "assistant", "system", "user"]
-    assert chat[3]["content"] == "Agent types: general-purpose"
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
+    assert chat[0]["content"] == "You are Claude Code\n\nAgent types: general-purpose"
     assert json.loads(engine.requests_to("/v1/messages")[-1]["raw"])["messages"][2]["role"] == "system"

@@ -50,15 +50,20 @@ def test_each_request_gets_one_access_line_with_its_tokens(engine_url: str, capl
         client.post("/v1/chat/completions", json=body, headers={"x-request-id": "req-7", "user-agent": "agent/1"})
         streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
         client.post("/v1/chat/completions", json=streamed)
+        client.post("/v1/chat/completions", json={**body, "stream": True})  # no usage asked: counts unknown
         client.get("/health")  # polled constantly: no line
         client.post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
     lines = [r for r in caplog.records if r.name == "gateway.access"]
     assert [(r.access["path"], r.access["status"]) for r in lines] == [  # type: ignore[attr-defined]
-        ("/v1/chat/completions", 200), ("/v1/chat/completions", 200), ("/v1/chat/completions", 400),
+        ("/v1/chat/completions", 200), ("/v1/chat/completions", 200), ("/v1/chat/completions", 200),
+        ("/v1/chat/completions", 400),
     ]  # fmt: skip
     first, stream = lines[0].access, lines[1].access  # type: ignore[attr-defined]
     assert (first["tokens_in"], first["tokens_out"], first["request_id"]) == (11, 7, "req-7")
     assert first["user_agent"] == "agent/1" and first["client"] and first["ms"] >= first["first_byte_ms"] >= 0
     assert (stream["tokens_in"], stream["tokens_out"]) == (11, 2)
+    unknown = lines[2]
+    assert (unknown.access["tokens_in"], unknown.access["tokens_out"]) == (None, None)  # type: ignore[attr-defined]
+    assert "in=? out=?" in unknown.getMessage()
     assert "POST /v1/chat/completions 200" in lines[0].getMessage() and "in=11 out=7" in lines[0].getMessage()
     json.dumps(first)  # the JSON log format writes these fields as they are

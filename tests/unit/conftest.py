@@ -1,0 +1,49 @@
+"""The real huggingface_hub client pointed at the local hub inside this test process.
+
+``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HOME`` and ``HF_HUB_OFFLINE`` once, at import; a
+subprocess gets them in its environment, a test in this process sets the constants they became
+(endpoint, URL template, the cache) and clears the gateway's per-process memory of searches. Offline
+mode follows the environment in every test, so a test's ``setenv("HF_HUB_OFFLINE", "1")`` holds
+whichever test imported huggingface_hub first (without it such a test would reach the real hub)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.hub import variants
+from tests.integration.tools.local_hub import LocalHub, running
+
+
+@pytest.fixture(autouse=True)
+def offline_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(
+        constants, "is_offline_mode", lambda: os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    )
+
+
+@pytest.fixture(scope="session")
+def local_hub() -> Iterator[tuple[str, LocalHub]]:
+    with running() as served:
+        yield served
+
+
+@pytest.fixture
+def hub(local_hub: tuple[str, LocalHub], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalHub:
+    """The client aimed at the local hub with an empty cache under tmp_path; the hub's request log."""
+    from huggingface_hub import constants
+
+    url, served = local_hub
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    monkeypatch.setattr(variants, "_FOUND", {})
+    served.requests.clear()
+    return served

@@ -1,0 +1,298 @@
+"""The planner's JSON for a model named only by hub id, per family and machine: the real
+huggingface_hub client against the local hub (tests/integration/tools/local_hub.py), the GGUF
+headers read over range requests, the quantized checkpoints on vLLM's ladder, the parsers chosen.
+
+Each row: (model, machine) → the engine chosen, what it loads (vLLM checkpoint or GGUF quantization)
+and, for llama.cpp, how many GPUs the layers are split over. The expectations are what the plan's own
+rules give for these sizes (reviewed by hand against the figures in the plan), so a change in
+sizing or ranking shows here as a changed row."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.cli.startup import plan_for
+from gateway.core.devices import GIB, Inventory, inventory
+from gateway.planning.catalog import builtin_catalog
+from gateway.planning.plan_report import to_json
+from gateway.planning.settings import Settings
+from tests.integration.tools.local_hub import LocalHub
+
+ROOT = Path(__file__).resolve().parents[2]
+MACHINES = {
+    "2x16@7.0": "2x16GiB@7.0",
+    "2x24@8.9": "2x24GiB@8.9",
+    "2x32@12.0": "2x32GiB@12.0",
+    "1x80@9.0": "1x80GiB@9.0",
+    "cpu": None,
+}
+
+
+def plan_json(model: str, machine: str) -> dict[str, Any]:
+    spec = MACHINES[machine]
+    if spec is None:
+        ram = 64 * GIB
+        inv = Inventory((), ram, ram, source="simulated")
+    else:
+        inv = inventory(spec, "64GiB")
+    settings = Settings(model=model, llama_launcher="native", vllm_version="0.32.0")
+    entry = builtin_catalog().resolve(model)
+    return to_json(plan_for(settings, entry, inv, serving=False), 8000)
+
+
+def summary(data: dict[str, Any]) -> tuple[str | None, str, int]:
+    """(engine, what it loads, GPUs the llama.cpp layers are split over)."""
+    decision = data["decision"]
+    if decision["candidate"] is None:
+        return None, "", 0
+    chosen = data["candidates"][decision["candidate"]]
+    if decision["backend"] == "vllm":
+        return "vllm", chosen["checkpoint"], int(chosen.get("tensor_parallel_size") or 0)
+    split = [share for share in chosen["tensor_split"] if share > 0]
+    gpus = len(split) if chosen["n_gpu_layers"] else 0
+    return "llamacpp", chosen["gguf_variant"]["quant"], gpus
+
+
+CODER = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+QWEN = "Qwen/Qwen3-8B"
+OSS = "openai/gpt-oss-20b"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+DEVSTRAL = "mistralai/Devstral-Small-2507"
+GLM = "zai-org/GLM-4.5-Air"
+GEMMA = "google/gemma-3-27b-it"
+DEEPSEEK = "deepseek-ai/DeepSeek-V3.1"
+GEMMA4 = "google/gemma-4-31B-it"
+
+# the parsers vLLM is started with, per family (tool-call, reasoning)
+PARSERS = {
+    CODER: ("qwen3_coder", None),
+    QWEN: ("hermes", "qwen3"),
+    OSS: ("openai", "openai_gptoss"),
+    LLAMA: ("llama3_json", None),
+    DEVSTRAL: ("mistral", None),
+    GLM: ("glm45", "glm45"),
+    GEMMA: (None, None),  # Gemma 3's template renders no tools
+    DEEPSEEK: ("deepseek_v31", "deepseek_v3"),
+    GEMMA4: ("gemma4", "gemma4"),
+}
+
+TABLE = [
+    # model, machine, engine, what it loads, GPUs (vLLM: TP size; llama.cpp: GPUs the layers are split over)
+    (CODER, "2x24@8.9", "vllm", "Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8", 2),  # BF16 does not fit; FP8 does
+    (CODER, "2x32@12.0", "vllm", CODER, 2),  # BF16 at one sequence: fewer sequences before another checkpoint
+    (CODER, "1x80@9.0", "vllm", CODER, 1),
+    (CODER, "cpu", "llamacpp", "Q4_K_M", 0),  # nothing reaches 10 tokens/s: the fastest of 4 bits or more
+    (QWEN, "2x24@8.9", "vllm", QWEN, 2),
+    (QWEN, "2x32@12.0", "vllm", QWEN, 2),
+    (QWEN, "1x80@9.0", "vllm", QWEN, 1),
+    (QWEN, "cpu", "llamacpp", "Q4_K_M", 0),
+    (OSS, "2x24@8.9", "vllm", OSS, 2),
+    (OSS, "2x32@12.0", "vllm", OSS, 2),
+    (OSS, "1x80@9.0", "vllm", OSS, 1),
+    (OSS, "cpu", "llamacpp", "MXFP4", 0),
+    (LLAMA, "2x24@8.9", "vllm", LLAMA, 2),
+    (LLAMA, "2x32@12.0", "vllm", LLAMA, 2),
+    (LLAMA, "1x80@9.0", "vllm", LLAMA, 1),
+    (LLAMA, "cpu", "llamacpp", "Q4_K_M", 0),
+    (DEVSTRAL, "2x24@8.9", "llamacpp", "Q8_0", 2),  # 24B BF16 does not fit vLLM; Q8_0 fits both cards whole
+    (DEVSTRAL, "2x32@12.0", "vllm", DEVSTRAL, 2),
+    (DEVSTRAL, "1x80@9.0", "vllm", DEVSTRAL, 1),
+    (DEVSTRAL, "cpu", "llamacpp", "Q4_K_M", 0),
+    # 106B MoE, no vLLM rung. 2x24: nothing fits whole; Q4_K_M (2 parts) with experts in RAM keeps the
+    # most layers whole on the GPUs among 4-bit and up. 2x32: Q2_K fits whole, and the rule takes it
+    (GLM, "2x24@8.9", "llamacpp", "Q4_K_M", 2),
+    (GLM, "2x32@12.0", "llamacpp", "Q2_K", 2),
+    (GLM, "1x80@9.0", "llamacpp", "Q4_K_M", 1),  # every layer on the one card
+    (GLM, "cpu", "llamacpp", "Q2_K", 0),  # nothing of 4 bits fits 64 GiB of RAM: the low-bit one does
+    (GEMMA, "2x24@8.9", "llamacpp", "Q8_0", 2),
+    (GEMMA, "2x32@12.0", "vllm", GEMMA, 2),
+    (GEMMA, "1x80@9.0", "vllm", GEMMA, 1),
+    (GEMMA, "cpu", "llamacpp", "Q4_K_M", 0),
+    # 671B: nothing fits these machines (FP8 weights alone are 313 GiB per GPU at TP2; Q2_K in 5 parts
+    # wants 220 GiB of RAM); the plan says so, with the parsers it would use
+    (DEEPSEEK, "2x24@8.9", None, "", 0),
+    (DEEPSEEK, "2x32@12.0", None, "", 0),
+    (DEEPSEEK, "1x80@9.0", None, "", 0),
+    (DEEPSEEK, "cpu", None, "", 0),
+    # 31B dense with per-layer attention (sliding 16 KV heads x 256, full 4 x 512); the NVFP4 checkpoint
+    # needs compute capability 10.0+ (rejected on 8.9, below); on 12.0 BF16 fits with fewer concessions
+    (GEMMA4, "2x24@8.9", "vllm", "nvidia/Gemma-4-31B-IT-NVFP4", 2),  # ModelOpt NVFP4 runs from 7.5 (Marlin)
+    (GEMMA4, "2x32@12.0", "vllm", "nvidia/Gemma-4-31B-IT-NVFP4", 2),
+    (GEMMA4, "1x80@9.0", "vllm", GEMMA4, 1),
+    (GEMMA4, "cpu", "llamacpp", "Q4_K_M", 0),
+]
+
+
+@pytest.mark.parametrize(("model", "machine", "engine", "loads", "gpus"), TABLE)
+def test_each_family_on_each_machine(
+    hub: LocalHub,
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    machine: str,
+    engine: str | None,
+    loads: str,
+    gpus: int,
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test")  # Llama is gated: the local hub wants a token, any token
+    data = plan_json(model, machine)
+    assert summary(data) == (engine, loads, gpus), data["decision"]["reason"]
+    tool, reasoning = PARSERS[model]
+    notes = " ".join(data["notes"])
+    assert f"tool-call parser {tool or 'none'}, reasoning parser {reasoning or 'none'}" in notes
+    assert ("agents cannot call tools" in notes) == (tool is None)
+    if engine is None:
+        assert data["decision"]["reason"].startswith("nothing fits") and "no GGUF quantization fits" in notes
+        return
+    chosen = data["candidates"][data["decision"]["candidate"]]
+    if engine == "vllm":
+        argv = chosen["argv"]
+        assert ("--enable-auto-tool-choice" in argv) == (tool is not None)
+        assert tool is None or argv[argv.index("--tool-call-parser") + 1] == tool
+        assert ("--reasoning-parser" in argv) == (reasoning is not None)
+        return
+    # llama.cpp: the file and its quantization named, every alternative with its figures, the rule kept
+    table = chosen["gguf_alternatives"]
+    picked = [row for row in table if row["chosen"]]
+    assert len(picked) == 1 and picked[0]["quant"] == loads == chosen["gguf_variant"]["quant"]
+    model_path = chosen["argv"][chosen["argv"].index("-m") + 1]
+    assert model_path == "/".join([chosen["gguf_variant"]["repo"], chosen["gguf_variant"]["files"][0]])
+    assert loads in model_path and "--jinja" in chosen["argv"]
+    whole = [row for row in table if row["fits"] and row["layers_on_gpu"] == row["layers"]]
+    if whole:  # the largest with every layer on the GPUs
+        assert picked[0]["size_bytes"] == max(row["size_bytes"] for row in whole)
+    assert f"chose {chosen['gguf_variant']['repo']}/" in notes
+
+
+def test_the_headline_plans_llamacpp_pooled_over_both_cards(hub: LocalHub) -> None:
+    """`gateway plan --model Qwen/Qwen3-Coder-30B-A3B-Instruct --gpus 2x24GiB@8.9 --ram 64GiB`: vLLM
+    fits only with the FP8 checkpoint (above); llama.cpp, asked for, pools the largest quantization
+    whose every layer fits over both cards, and says why, with the thinking-free Qwen3-Coder template."""
+    settings = Settings(model=CODER, llama_launcher="native", engine="llamacpp")
+    plan = plan_for(settings, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+    data = to_json(plan, 8000)
+    chosen = data["candidates"][data["decision"]["candidate"]]
+    assert data["decision"]["backend"] == "llamacpp"
+    assert chosen["n_gpu_layers"] == 49 and chosen["n_cpu_moe"] == 0  # 48 blocks + output, none in RAM
+    assert len(chosen["tensor_split"]) == 2 and min(chosen["tensor_split"]) > 0.4 * sum(chosen["tensor_split"])
+    assert all(memory["model"] > 10_000 for name, memory in chosen["memory_mib"].items() if name != "host")
+    assert chosen["gguf_variant"] == {
+        "repo": "unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF",
+        "files": ["Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf"],
+        "quant": "Q8_0",
+    }
+    assert "the largest quantization with every layer on the GPUs" in chosen["gguf_choice"]
+    assert chosen["reasoning_format"] is None  # Qwen3-Coder does not think
+
+
+def test_quant_pins_one_quantization_and_an_unknown_one_lists_the_others(hub: LocalHub) -> None:
+    from gateway.core.errors import ConfigError
+
+    settings = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Q5_K_M")
+    plan = plan_for(settings, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+    chosen = to_json(plan, 8000)["candidates"][plan.decision_index or 0]
+    assert chosen["gguf_variant"]["quant"] == "Q5_K_M" and "pinned with --quant" in chosen["gguf_choice"]
+    by_file = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Instruct-Q6_K.gguf")
+    plan = plan_for(by_file, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+    assert to_json(plan, 8000)["candidates"][0]["gguf_variant"]["quant"] == "Q6_K"
+    with pytest.raises(ConfigError, match="--quant Q9_K: no such GGUF among BF16 .*Q8_0 .*Q2_K"):
+        unknown = Settings(model=CODER, llama_launcher="native", engine="llamacpp", quant="Q9_K")
+        plan_for(unknown, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+
+
+def test_a_thinking_model_gets_llama_servers_reasoning_format(hub: LocalHub) -> None:
+    settings = Settings(model=QWEN, llama_launcher="native", engine="llamacpp")
+    plan = plan_for(settings, builtin_catalog().resolve(QWEN), inventory("1x24GiB@8.9", "64GiB"), serving=False)
+    argv = to_json(plan, 8000)["candidates"][plan.decision_index or 0]["argv"]
+    assert argv[argv.index("--reasoning-format") + 1] == "deepseek" and "--jinja" in argv
+
+
+def test_the_headline_command_as_typed(local_hub: tuple[str, LocalHub], tmp_path: Path) -> None:
+    """The issue's command, run as a user runs it, with HF_ENDPOINT aimed at the local hub."""
+    url, _ = local_hub
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": url,
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "gateway", "plan", "--model", CODER, "--gpus", "2x24GiB@8.9", "--ram", "64GiB"]
+    done = subprocess.run([*argv, "--llama-launcher", "native"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "nothing fits" not in out and "no GGUF for this model" not in out
+    assert "=>Q8_0" in out and "chosen: Q8_0: the largest quantization with every layer on the GPUs" in out
+    assert "note: vLLM: tool-call parser qwen3_coder, reasoning parser none" in out
+    assert "--tool-call-parser qwen3_coder" in out.splitlines()[-1]
+    pooled = subprocess.run(
+        [*argv, "--llama-launcher", "native", "--engine", "llamacpp"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    command = pooled.stdout.splitlines()[-1]
+    assert pooled.returncode == 0 and "decision: llamacpp:" in pooled.stdout
+    assert "Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf" in command and " -ngl 49 " in command and " -ts " in command
+    assert "--jinja" in command
+
+
+def test_a_remembered_quantization_does_not_override_a_pinned_one() -> None:
+    from backends.llamacpp import LlamaCppConfig, LlamaCppOption
+
+    q8 = {"repo": "o/r", "files": ["m-Q8_0.gguf"], "size": 8, "quant": "Q8_0"}
+    q5 = {"repo": "o/r", "files": ["m-Q5_K_M.gguf"], "size": 5, "quant": "Q5_K_M"}
+    planned = LlamaCppOption(LlamaCppConfig(Path("m-Q5_K_M.gguf"), "m", 4096), ("llama-server",), variant=q5)
+    memo = {"gguf": "/cache/m-Q8_0.gguf", "context_length": 8192, "gpu_layers": 0, "tensor_split": [], "kv_type": "f16"}
+    with pytest.raises(ValueError, match="another quantization"):
+        planned.from_memo(memo | {"hub_variant": q8})
+    same = planned.from_memo(memo | {"hub_variant": q5, "gguf": "/cache/m-Q5_K_M.gguf"})
+    assert same.config.gguf == Path("/cache/m-Q5_K_M.gguf") and same.memo()["hub_variant"] == q5
+
+
+def test_when_no_quantization_fits_the_plan_says_so_and_shows_the_smallest(hub: LocalHub) -> None:
+    settings = Settings(model=GLM, llama_launcher="native", vllm_version="0.32.0")
+    plan = plan_for(settings, builtin_catalog().resolve(GLM), inventory("1x8GiB@8.9", "16GiB"), serving=False)
+    assert plan.chosen is None and "nothing fits" in plan.decision_reason
+    assert any("no GGUF quantization fits" in note and "GLM-4.5-Air-Q2_K.gguf" in note for note in plan.notes)
+    shown = plan.candidates_of("llamacpp")
+    assert shown and all(not c.fits for c in shown) and shown[0].variant["quant"] == "Q2_K"
+
+
+def test_a_gated_model_without_a_token_plans_llamacpp_from_a_public_gguf_and_names_hf_token(
+    local_hub: tuple[str, LocalHub], tmp_path: Path
+) -> None:
+    """Its metadata is public and the community's GGUFs are not gated; its own files (config.json,
+    for vLLM) are: the plan says so in one line naming HF_TOKEN and serves what it can."""
+    url, _ = local_hub
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env |= {"HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "gateway", "plan", "--model", LLAMA, "--gpus", "1x24GiB@8.9", "--ram", "64GiB"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "HF_TOKEN" in line]
+    assert lines == [
+        f"note: vLLM not planned: {LLAMA} is gated: accept its licence on the hub, then export "
+        "HF_TOKEN=<a token with access> and retry"
+    ]
+    assert "decision: llamacpp:" in done.stdout and "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF" in done.stdout
+
+
+def test_a_discovered_nvfp4_checkpoint_meets_the_capability_gate(hub: LocalHub) -> None:
+    """The NVFP4 rung is on the ladder and judged by the release's gate: refused below 7.5 with the
+    source line it rests on, taken on 8.9 (weight-only through Marlin) and 12.0."""
+    data = plan_json(GEMMA4, "2x16@7.0")
+    nvfp4 = [c for c in data["candidates"] if c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4"]
+    assert nvfp4 and not any(c["fits"] for c in nvfp4)
+    assert all("7.5" in c["reason"] and "7.0" in c["reason"] for c in nvfp4), [c["reason"] for c in nvfp4]
+    assert any(
+        c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4" and c["fits"]
+        for c in plan_json(GEMMA4, "2x24@8.9")["candidates"]
+    )
+    ok = plan_json(GEMMA4, "2x32@12.0")
+    assert any(c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4" and c["fits"] for c in ok["candidates"])
