@@ -11,11 +11,11 @@ from typing import Any
 
 from backends.llamacpp.gguf_facts import GGUF_BITS_PER_WEIGHT, estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_reader import GgufHeader
+from backends.llamacpp.hub_gguf import GgufVariant
 from backends.llamacpp.remote_gguf import read_header, read_local
 from gateway.core.errors import ModelError
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.hub.fetch import cached
-from gateway.hub.variants import GgufVariant
 
 # llama.cpp's ``llama_ftype`` (general.file_type) → the type name files are named after
 FILE_TYPES = {

@@ -12,11 +12,11 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from backends.llamacpp.artifacts import from_hub, from_package, from_wheel
 from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
 from backends.llamacpp.gguf_reader import read_gguf_header
+from backends.llamacpp.hub_gguf import GgufVariant, gguf_variants
 from backends.llamacpp.hub_variants import ReadVariant, read_variant
 from gateway.core.errors import ModelError
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.hub.fetch import cached
-from gateway.hub.variants import GgufVariant, discover
 
 if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry
@@ -152,22 +152,22 @@ def read(entry: ModelEntry) -> LlamaCppModel:
 def _read_hub(model: LlamaCppModel, hub_model: str, bundled: dict[str, Any] | None) -> LlamaCppModel:
     """Every GGUF quantization of ``hub_model`` the hub lists, each read from its header."""
     try:
-        found = discover(hub_model)
+        found = gguf_variants(hub_model)
     except ModelError as exc:
         model.notes.append(f"llama.cpp not planned: {exc}")
         return model
-    if not found.gguf:
+    if not found.variants:
         model.notes.append(
             f"llama.cpp not planned: no GGUF of {hub_model} on the hub (searched its quantized children, its "
             "organisation and the known GGUF publishers): pass --model FILE.gguf"
         )
         return model
     config = bundled or _hub_config(hub_model)
-    to_read = found.gguf
+    to_read = found.variants
     if found.offline:  # the hub cannot be asked: only what is already downloaded can be planned
-        local = [v for v in found.gguf if all(cached(v.repo, f) for f in v.files)]
+        local = [v for v in found.variants if all(cached(v.repo, f) for f in v.files)]
         model.notes.append(
-            f"llama.cpp: the hub is offline; planned from the hub cache ({len(local)} of {len(found.gguf)} "
+            f"llama.cpp: the hub is offline; planned from the hub cache ({len(local)} of {len(found.variants)} "
             "quantizations downloaded)"
         )
         to_read = local

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from backends.vllm import parsers
+from backends.vllm.hub_checkpoints import checkpoint_variants, method_of
 from backends.vllm.memory import Checkpoint
 from backends.vllm.parsers import Parsers
 from gateway.core.errors import ModelError
 from gateway.core.model_facts import facts_from_config, facts_from_dir, facts_from_hub
-from gateway.hub.variants import discover, method_of
 
 if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry
@@ -126,12 +126,12 @@ def _add_hub_checkpoints(model: VllmModel, checkpoint: str, bundled: dict[str, A
     """The hub's pre-quantized checkpoints of the model (FP8, AWQ, GPTQ, NVFP4…) as rungs after the
     original; their sizes estimated from the original's architecture at the method's bytes/weight."""
     try:
-        found = discover(checkpoint)
+        found = checkpoint_variants(checkpoint)
     except ModelError as exc:
         model.notes.append(f"vLLM: quantized checkpoints not searched: {exc}")
         return
     config = bundled or _config_of(checkpoint)
-    for variant in found.checkpoints:
+    for variant in found:
         try:  # its own config.json and safetensors sizes when the hub has them (exact kept layers, bytes)
             facts = facts_from_hub(variant.repo)
         except ModelError:
@@ -139,8 +139,8 @@ def _add_hub_checkpoints(model: VllmModel, checkpoint: str, bundled: dict[str, A
         if facts is None or facts.quantization is None:  # else the original's shapes at the method's bytes
             facts = facts_from_config(config, variant.repo, quantization=variant.quantization)
         model.checkpoints.append(Checkpoint(variant.repo, facts))
-    if found.checkpoints:
-        names = ", ".join(f"{v.repo} ({v.quantization})" for v in found.checkpoints)
+    if found:
+        names = ", ".join(f"{v.repo} ({v.quantization})" for v in found)
         model.notes.append(f"vLLM: pre-quantized checkpoints found on the hub: {names}")
 
 

@@ -1,5 +1,5 @@
-"""A model named by hub id: its quantized variants found through ``huggingface_hub``, GGUF headers read
-over range requests, the chosen files downloaded into the hub cache. Engine-neutral: which variant an
-engine starts is the engine's choice (``backends/<engine>/``); reading a GGUF header remotely is
-llama.cpp's (``backends/llamacpp/remote_gguf.py``). On ``gateway.core``, below ``backends``, which
-use it."""
+"""A model named by hub id: the repositories the hub lists for it (``search``: its quantized children,
+its organisation's, the publishers an engine trusts) and the chosen files downloaded into the hub cache
+(``fetch``). Engine-neutral: which repositories hold something an engine loads, and which of those it
+starts, is the engine's (``backends/llamacpp/hub_gguf.py``, ``backends/vllm/hub_checkpoints.py``). On
+``gateway.core``, below ``backends``, which use it."""

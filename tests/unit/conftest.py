@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.hub import variants
+from gateway.hub import search
 from tests.integration.tools.local_hub import LocalHub, running
 
 
@@ -44,6 +44,6 @@ def hub(local_hub: tuple[str, LocalHub], tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
-    monkeypatch.setattr(variants, "_FOUND", {})
+    monkeypatch.setattr(search, "_SEARCHES", {})
     served.requests.clear()
     return served

@@ -6,19 +6,39 @@ and one-line errors naming HF_TOKEN or the repository."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from backends.llamacpp import hub_gguf
 from backends.llamacpp.gguf_reader import GgufHeader
+from backends.llamacpp.hub_gguf import GgufVariant, gguf_variants, group_gguf_files, quant_of
 from backends.llamacpp.hub_variants import checked_quant, read_variant
 from backends.llamacpp.remote_gguf import FIRST_READ, read_header
+from backends.vllm import hub_checkpoints
+from backends.vllm.hub_checkpoints import CheckpointVariant, checkpoint_variants, method_of
 from gateway.core.errors import ModelError
-from gateway.hub.variants import GgufVariant, discover, group_gguf_files, method_of, named_after, quant_of
+from gateway.hub.search import named_after
 from tests.integration.tools import gguf_shapes
 from tests.integration.tools.local_hub import DATA, LocalHub
 
 CODER = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+
+
+@dataclass
+class Found:
+    """Both engines' answers for one model, as the planner gets them."""
+
+    gguf: list[GgufVariant]
+    checkpoints: list[CheckpointVariant]
+    searched: list[str]
+    offline: bool
+
+
+def discover(model: str) -> Found:
+    ggufs = gguf_variants(model)
+    return Found(ggufs.variants, checkpoint_variants(model), ggufs.searched, ggufs.offline)
 
 
 @pytest.mark.parametrize(
@@ -155,13 +175,13 @@ def test_offline_the_last_search_is_remembered(hub: LocalHub, monkeypatch: pytes
     from huggingface_hub import constants
 
     first = discover("Qwen/Qwen3-8B")
-    monkeypatch.setattr("gateway.hub.variants._FOUND", {})
+    monkeypatch.setattr("gateway.hub.search._SEARCHES", {})
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub.requests.clear()
     again = discover("Qwen/Qwen3-8B")
     assert again.offline and [v.files for v in again.gguf] == [v.files for v in first.gguf]
     assert hub.requests == []
-    assert Path(constants.HF_HOME, "gateway-variants", "Qwen--Qwen3-8B.json").is_file()
+    assert Path(constants.HF_HOME, "gateway-search", "Qwen--Qwen3-8B.json").is_file()
 
 
 def test_a_split_gguf_is_one_variant_and_its_parts_tensor_tables_are_joined(
@@ -206,7 +226,9 @@ def test_a_gguf_repository_named_directly_offers_its_own_files_first(hub: LocalH
     ],
 )
 def test_a_searched_repository_counts_only_when_named_after_the_model(repo: str, name: str, same: bool) -> None:
-    assert named_after(repo, name) is same
+    """Each engine allows its own quantization words after the name."""
+    suffix = hub_gguf.NAME_SUFFIX if repo.endswith("GGUF") else hub_checkpoints.NAME_SUFFIX
+    assert named_after(repo, name, suffix) is same
 
 
 def test_near_miss_repositories_found_by_search_are_left_out(hub: LocalHub) -> None:
