@@ -46,9 +46,12 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, ops_upstream: Upstream) ->
 CHAT = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_keys_close_everything_but_health(guarded: GatewayProcess) -> None:
+def test_keys_close_everything_but_health_readiness_and_the_root(guarded: GatewayProcess) -> None:
     assert httpx.get(guarded.url + "/health").status_code == 200
-    for path in ("/ready", "/v1/models", "/status", "/metrics"):
+    ready = httpx.get(guarded.url + "/ready")  # for probes: the state, no detail without the key
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert httpx.head(guarded.url + "/").status_code == 200
+    for path in ("/v1/models", "/status", "/metrics"):
         assert httpx.get(guarded.url + path).status_code == 401, path
     refused = httpx.post(guarded.url + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer wrong"})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
