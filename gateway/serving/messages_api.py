@@ -48,7 +48,7 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
             # joins the leading one, as vLLM does for templates that want system first: most open models'
             # templates (Qwen3, Gemma, Llama 3) refuse a system turn after the first, and a chat that ends on
             # one leaves a small model continuing it instead of answering (measured: 9 of 10 answers ran to
-            # the output limit with it last, none with it folded in)
+            # the output limit with it last; folded in, two tries stopped after 12 and 16 tokens)
             instructions.append("".join(str(b.get("text", "")) for b in blocks))
             continue
         if message["role"] == "assistant":
