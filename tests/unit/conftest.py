@@ -16,6 +16,7 @@ import pytest
 
 from gateway.hub import search
 from tests.integration.tools.local_hub import LocalHub, running
+from tests.unit.http_harness import FakeEngine, Served
 
 
 @pytest.fixture(autouse=True)
@@ -47,3 +48,23 @@ def hub(local_hub: tuple[str, LocalHub], tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(search, "_SEARCHES", {})
     served.requests.clear()
     return served
+
+
+@pytest.fixture(scope="module")
+def served_engine() -> Iterator[tuple[FakeEngine, str]]:
+    """One stand-in engine on a loopback port per test module (the HTTP tests' upstream)."""
+    engine = FakeEngine()
+    server = Served(engine.app, lifespan="off")
+    yield engine, server.url
+    server.stop()
+
+
+@pytest.fixture
+def engine(served_engine: tuple[FakeEngine, str]) -> FakeEngine:
+    served_engine[0].reset()
+    return served_engine[0]
+
+
+@pytest.fixture
+def engine_url(served_engine: tuple[FakeEngine, str]) -> str:
+    return served_engine[1]

@@ -136,8 +136,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.disconnected = threading.Event()
-        self.sends_usage = True  # honours stream_options.include_usage
-        self.template_renders_tools = False  # many chat templates never show the model the tool schemas
+        self.reset()
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
@@ -150,6 +149,13 @@ class FakeEngine:
                 Route("/apply-template", self.apply_template, methods=["POST"]),
             ]
         )
+
+    def reset(self) -> None:
+        """As new, for the next test (one engine serves a whole module)."""
+        self.seen.clear()
+        self.disconnected.clear()
+        self.sends_usage = True  # honours stream_options.include_usage
+        self.template_renders_tools = False  # many chat templates never show the model the tool schemas
 
     def requests_to(self, path: str) -> list[dict[str, Any]]:
         return [seen for seen in self.seen if seen["path"] == path]

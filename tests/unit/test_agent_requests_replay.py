@@ -6,7 +6,6 @@ a 400 on its mid-conversation system message)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.serving.app import create_app
-from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime
+from tests.unit.http_harness import FRONTED, make_runtime
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "agent-requests"
 FIXTURES = sorted(RECORDED.glob("*/*.json"))
@@ -44,13 +43,6 @@ def _headers(recorded: dict[str, Any]) -> dict[str, str]:
     elif recorded["auth"] == "bearer":
         headers["authorization"] = f"Bearer {KEY}"
     return headers
-
-
-@pytest.fixture(scope="module")
-def engine_url() -> Iterator[str]:
-    server = Served(FakeEngine().app, lifespan="off")
-    yield server.url
-    server.stop()
 
 
 def test_every_agent_was_recorded() -> None:

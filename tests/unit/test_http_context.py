@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from tests.unit.http_harness import (
     ENGINE_OVERFLOWS,
     FRONTED,
     FakeEngine,
-    Served,
     make_runtime,
     sse_events,
 )
@@ -34,21 +32,6 @@ ROUTES = {
     },
 }  # fmt: skip
 ENGINE_WORDS = re.compile(r"available context size|exceed_context_size_error|decoder prompt|your prompt contains")
-
-
-@pytest.fixture(scope="module")
-def served_engine() -> Iterator[tuple[FakeEngine, str]]:
-    engine = FakeEngine()
-    server = Served(engine.app, lifespan="off")
-    yield engine, server.url
-    server.stop()
-
-
-@pytest.fixture
-def engine(served_engine: tuple[FakeEngine, str]) -> FakeEngine:
-    served_engine[0].seen.clear()
-    served_engine[0].template_renders_tools = False
-    return served_engine[0]
 
 
 def _client(engine_url: str, **options: Any) -> TestClient:

@@ -53,27 +53,6 @@ def _with_cue(path: str, cue: str, **extra: Any) -> dict[str, Any]:
     return {**body, **extra}
 
 
-@pytest.fixture(scope="module")
-def served_engine() -> Iterator[tuple[FakeEngine, str]]:
-    engine = FakeEngine()
-    server = Served(engine.app, lifespan="off")
-    yield engine, server.url
-    server.stop()
-
-
-@pytest.fixture
-def engine(served_engine: tuple[FakeEngine, str]) -> FakeEngine:
-    served_engine[0].seen.clear()
-    served_engine[0].disconnected.clear()
-    served_engine[0].sends_usage = True
-    return served_engine[0]
-
-
-@pytest.fixture
-def engine_url(served_engine: tuple[FakeEngine, str]) -> str:
-    return served_engine[1]
-
-
 @contextmanager
 def _gateway(runtime: Runtime) -> Iterator[TestClient]:
     with TestClient(create_app(runtime), raise_server_exceptions=False) as client:

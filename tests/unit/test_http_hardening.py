@@ -14,26 +14,12 @@ from starlette.testclient import TestClient
 from gateway.serving import request_body
 from gateway.serving.app import create_app
 from gateway.serving.runtime import Runtime
-from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events
+from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime, sse_events
 
 JSON = {"content-type": "application/json"}
 CHAT = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": FRONTED, "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": FRONTED, "input": "hi"}
-
-
-@pytest.fixture(scope="module")
-def served_engine() -> Iterator[tuple[FakeEngine, str]]:
-    engine = FakeEngine()
-    served = Served(engine.app)
-    yield engine, served.url
-    served.stop()
-
-
-@pytest.fixture
-def engine(served_engine: tuple[FakeEngine, str]) -> FakeEngine:
-    served_engine[0].seen.clear()
-    return served_engine[0]
 
 
 @contextmanager

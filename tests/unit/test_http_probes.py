@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 from starlette.testclient import TestClient
 
 from gateway.serving.app import create_app
-from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime
+from tests.unit.http_harness import FRONTED, make_runtime
 
 KEY = "sk-probe"
-
-
-@pytest.fixture(scope="module")
-def engine_url() -> Iterator[str]:
-    server = Served(FakeEngine().app, lifespan="off")
-    yield server.url
-    server.stop()
 
 
 @pytest.mark.parametrize("ready", [True, False], ids=["ready", "starting"])
