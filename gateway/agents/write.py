@@ -11,7 +11,6 @@ import contextlib
 import difflib
 import fcntl
 import json
-import math
 import os
 import sys
 import tomllib
@@ -24,34 +23,15 @@ import tomli_w
 import yaml  # type: ignore[import-untyped,unused-ignore]  # PyYAML comes with uvicorn[standard] and huggingface_hub
 
 from gateway.agents.configs import LIST_KEY, AgentConfig, Doc, Target
+from gateway.core import exact_json
 from gateway.core.errors import ConfigError
 from gateway.core.files import replace_atomically
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(f"the number {text} is out of range (it would be written back as Infinity)")
-    return number
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {key!r} appears twice (writing it back would keep only the last)")
-        seen[key] = value
-    return seen
 
 
 def _strict_json(text: str) -> Any:
     """JSON that can be written back exactly as it means: no NaN/Infinity, no numbers that overflow to
     infinity, no duplicate keys (each would silently change on the way through)."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite, object_pairs_hook=_unique_keys)
+    return exact_json.loads(text, unique_keys=True)
 
 
 def parse(text: str, format: str, path: Path) -> Doc:

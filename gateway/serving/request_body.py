@@ -14,25 +14,12 @@ refused like the NaN/Infinity literals (the gateway could not write them back as
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from starlette.requests import Request
 
+from gateway.core import exact_json
 from gateway.serving.error_shapes import ApiError
-
-
-def _no_constant(name: str) -> Any:
-    """NaN and Infinity are not JSON (Python accepts them, then refuses to write them back)."""
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(f"the number {text[:40]} is out of range for a double")
-    return number
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -74,7 +61,7 @@ def parse_object(body: bytes, max_elements: int) -> dict[str, Any]:
             400, f"request body is not UTF-8 (byte {exc.start}): send UTF-8 JSON", code="invalid_json"
         ) from None
     try:
-        payload = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        payload = exact_json.loads(text)
     except ValueError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError:

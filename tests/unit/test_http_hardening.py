@@ -41,13 +41,13 @@ def test_a_flood_of_tiny_messages_is_refused_before_parsing(
     served_engine: tuple[FakeEngine, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed: list[int] = []
-    real_loads = json.loads
+    real_loads = request_body.exact_json.loads
 
     def counting_loads(text: str, **kwargs: Any) -> Any:
         parsed.append(len(text))
         return real_loads(text, **kwargs)
 
-    monkeypatch.setattr(request_body.json, "loads", counting_loads)
+    monkeypatch.setattr(request_body.exact_json, "loads", counting_loads)
     flood = json.dumps({"model": FRONTED, "messages": [{"role": "user", "content": "a"}] * 300_000}).encode()
     fits = {"model": FRONTED, "messages": [{"role": "user", "content": "a"}] * 500}
     with _gateway(make_runtime(served_engine[1], max_body_bytes=32 << 20)) as client:
