@@ -76,6 +76,24 @@ def wait_ok(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
 
 
+def loopback_workers(stack: contextlib.ExitStack, workdir: Path, count: int = 2) -> list[str]:
+    """``count`` ``gateway worker`` processes on loopback, each lending one simulated 4 GiB device over
+    RPC (one thread each), answering /health; stopped when ``stack`` closes. Their host:port addresses."""
+    workers = []
+    for index in range(count):
+        port, rpc_port = free_port(), free_port()
+        log = workdir / f"worker{index}.log"
+        argv = [
+            sys.executable, "-m", "gateway", "worker", "--port", str(port), "--rpc-port", str(rpc_port),
+            "--gpus", "1x4GiB", "--name", f"worker{index}", "--api-key", KEY, "--threads", "1",
+            "--state-dir", str(workdir / f"state-worker{index}"),
+        ]  # fmt: skip
+        proc = stack.enter_context(process(argv, log))
+        wait_ok(f"http://127.0.0.1:{port}/health", proc, log)
+        workers.append(f"127.0.0.1:{port}")
+    return workers
+
+
 def measure(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
     body = {
         "model": MODEL,
@@ -135,18 +153,7 @@ def main() -> int:
         workdir = Path(tmp)
         rows.append(serve(workdir, "one node", [], args.requests, args.max_tokens, args.threads))
         with contextlib.ExitStack() as stack:
-            workers = []
-            for index in range(2):
-                port, rpc_port = free_port(), free_port()
-                log = workdir / f"worker{index}.log"
-                argv = [
-                    sys.executable, "-m", "gateway", "worker", "--port", str(port), "--rpc-port", str(rpc_port),
-                    "--gpus", "1x4GiB", "--name", f"worker{index}", "--api-key", KEY, "--threads", "1",
-                    "--state-dir", str(workdir / f"state-worker{index}"),
-                ]  # fmt: skip
-                proc = stack.enter_context(process(argv, log))
-                wait_ok(f"http://127.0.0.1:{port}/health", proc, log)
-                workers.append(f"127.0.0.1:{port}")
+            workers = loopback_workers(stack, workdir)
             extra = ["--workers", ",".join(workers), "--worker-api-key", KEY]
             rows.append(serve(workdir, "rpc, 2 workers", extra, args.requests, args.max_tokens, args.threads))
     print("| case | start-up to /ready | engine ready | -ngl | decode tok/s | prompt tok/s | end-to-end tok/s |")

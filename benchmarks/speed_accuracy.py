@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.rpc_vs_local import KEY, free_port, measure, process, wait_ok
+from benchmarks.rpc_vs_local import KEY, free_port, loopback_workers, measure, process, wait_ok
 
 
 def replan_estimate(state: Path, extra: list[str]) -> float | None:
@@ -109,18 +109,7 @@ def main() -> int:
         )
         if not args.no_rpc:
             with contextlib.ExitStack() as stack:
-                workers = []
-                for index in range(2):
-                    port, rpc_port = free_port(), free_port()
-                    log = workdir / f"worker{index}.log"
-                    argv = [
-                        sys.executable, "-m", "gateway", "worker", "--port", str(port), "--rpc-port", str(rpc_port),
-                        "--gpus", "1x4GiB", "--name", f"worker{index}", "--api-key", KEY, "--threads", "1",
-                        "--state-dir", str(workdir / f"state-worker{index}"),
-                    ]  # fmt: skip
-                    proc = stack.enter_context(process(argv, log))
-                    wait_ok(f"http://127.0.0.1:{port}/health", proc, log)
-                    workers.append(f"127.0.0.1:{port}")
+                workers = loopback_workers(stack, workdir)
                 extra = ["--llama-launcher", "native", "--workers", ",".join(workers), "--worker-api-key", KEY]
                 rows.append(
                     case(workdir, "RPC, 2 loopback workers", extra, args.requests, args.max_tokens, args.threads)
