@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,24 +24,11 @@ import aiohttp
 import psutil
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from benchmarks.proxy_overhead import free_port, wait_port  # noqa: E402
+
 CHUNKS, DELAY_MS, STREAMS, ROUNDS = 1000, 2, 16, 2
 BODY = {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_port(port: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 async def _streams(url: str) -> None:
@@ -58,12 +44,12 @@ async def _streams(url: str) -> None:
 
 
 def cpu_per_chunk_us(source: Path) -> float:
-    up, gw = _free_port(), _free_port()
+    up, gw = free_port(), free_port()
     argv = [sys.executable, str(HERE / "servers.py"), "upstream", str(up), str(CHUNKS), str(DELAY_MS)]
     upstream = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gateway = None
     try:
-        _wait_port(up)
+        wait_port(up)
         argv = [
             sys.executable, "-m", "gateway", "serve", "--backend-url", f"http://127.0.0.1:{up}", "--port", str(gw),
             "--state-dir", tempfile.mkdtemp(prefix="stream-cpu-"), "--backend-max-concurrency", "1024",
@@ -71,7 +57,7 @@ def cpu_per_chunk_us(source: Path) -> float:
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(source)}
         gateway = subprocess.Popen(argv, cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(gw)
+        wait_port(gw)
         time.sleep(3)  # the first readiness poll
         url, process = f"http://127.0.0.1:{gw}", psutil.Process(gateway.pid)
         asyncio.run(_streams(url))  # warm-up
