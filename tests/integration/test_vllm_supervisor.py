@@ -6,6 +6,7 @@ what worked, and fallback to llama.cpp. Each vLLM start takes about a minute on 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -84,6 +85,34 @@ def test_a_plans_vllm_on_cpu_starts_it_and_serves(
         timeout=120,
     )
     assert message.status_code == 200 and message.json()["type"] == "message", message.text
+    # Claude Code's system message among the messages: vLLM's own Messages API places it
+    inline = [
+        {"role": "user", "content": "Say hello."},
+        {"role": "system", "content": [{"type": "text", "text": "Agent types: general-purpose"}]},
+    ]
+    answer = httpx.post(
+        gateway.url + "/v1/messages", json={"model": "tiny-llama", "max_tokens": 8, "messages": inline}, timeout=120
+    )
+    assert answer.status_code == 200, answer.text
+    # a prompt longer than the context: counted by vLLM's /tokenize with the messages (exact, so the gateway
+    # refuses it itself) and worded as each dialect's agents expect
+    context = models["data"][0]["context_length"]
+    long = [{"role": "user", "content": " ".join(["hello"] * 2 * context)}]
+    chat = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={"model": "tiny-llama", "max_tokens": context, "messages": long},
+        timeout=120,
+    )
+    messages = httpx.post(
+        gateway.url + "/v1/messages", json={"model": "tiny-llama", "max_tokens": 8, "messages": long}, timeout=120
+    )
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "context_length_exceeded", chat.text
+    assert chat.json()["error"]["message"].startswith(f"This model's maximum context length is {context} tokens.")
+    assert messages.status_code == 400, messages.text
+    assert re.fullmatch(rf"prompt is too long: \d+ tokens > {context} maximum", messages.json()["error"]["message"])
+    engine_log = Path(status["backend"]["log_path"]).read_text(errors="replace")
+    assert "POST /tokenize" in engine_log
+    assert '"POST /v1/chat/completions HTTP/1.1" 400' not in engine_log  # refused before it reached vLLM
 
 
 def test_b_steps_down_to_vllms_estimated_length_and_remembers_it(
