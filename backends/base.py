@@ -39,7 +39,8 @@ class Launch:
     inherit: tuple[str, ...] = ()
     max_concurrency: int = 1  # requests the engine runs at once (vLLM max_num_seqs, llama.cpp slots)
     # what the engine does itself, so the gateway does not redo it: "responses", "messages",
-    # "include_usage", "max_completion_tokens"
+    # "include_usage", "max_completion_tokens", "openai_shapes"; and "stream_keepalive": its HTTP
+    # connections stay usable after a stream (llama-server's do not: each stream gets its own)
     native: frozenset[str] = frozenset()
     reasoning_field: str | None = None  # the one of reasoning / reasoning_content the engine emits
     tokenize_path: str | None = None  # counts tokens: POST {tokenize_key: text} → {"count": n}

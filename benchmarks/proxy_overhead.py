@@ -30,6 +30,9 @@ import psutil
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CHUNKS, DELAY_MS = 64, 5.0
+# the fake upstream declared as what it is, a vLLM-like server: it speaks every API the gateway would
+# otherwise translate, and its connections stay usable after a stream (pooled, as for vLLM)
+NATIVE_APIS = "responses,messages,include_usage,max_completion_tokens,openai_shapes,stream_keepalive"
 
 
 def free_port() -> int:
@@ -204,7 +207,7 @@ def main() -> int:
     gateway = start(
         "gateway",
         [python, "-m", "gateway", "serve", "--backend-url", up_url, "--port", str(gw_port), "--state-dir", str(state),
-         "--backend-native-apis", "responses,messages,include_usage,max_completion_tokens,openai_shapes",
+         "--backend-native-apis", NATIVE_APIS,
          "--backend-max-concurrency", "1024", "--queue-limit", "4096"],
         gw_port,
     )  # fmt: skip

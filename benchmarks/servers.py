@@ -4,7 +4,9 @@
     python servers.py httpx-proxy PORT UPSTREAM_URL
     python servers.py aiohttp-proxy PORT UPSTREAM_URL
 
-The upstream answers non-streaming requests at once and streams CHUNKS chunks DELAY_MS apart. The
+The upstream answers non-streaming requests at once and streams CHUNKS chunks DELAY_MS apart, each at
+its own time from the stream's start (an engine's token pace is set by its accelerator: it does not
+drift when a proxy on the same two cores takes CPU, which sleeping DELAY_MS after each write did). The
 references are the ~40-line passthroughs a Python gateway cannot beat (starlette + httpx, starlette +
 aiohttp's client): the floor the gateway is measured against in the same run.
 """
@@ -57,11 +59,13 @@ def upstream(port: int, chunks: int, delay_ms: float) -> None:
             return web.Response(body=answer, content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         for index in range(chunks):
             chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench"}
             chunk["choices"] = [{"index": 0, "delta": {"content": f"{index} {time.time():.6f}"}, "finish_reason": None}]
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            await asyncio.sleep(delay_ms / 1000)
+            await asyncio.sleep(max(0.0, start + (index + 1) * delay_ms / 1000 - loop.time()))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

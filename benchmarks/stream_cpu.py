@@ -25,7 +25,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from benchmarks.proxy_overhead import free_port, wait_port  # noqa: E402
+from benchmarks.proxy_overhead import NATIVE_APIS, free_port, wait_port  # noqa: E402
 
 CHUNKS, DELAY_MS, STREAMS, ROUNDS = 1000, 2, 16, 2
 BODY = {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -53,7 +53,7 @@ def cpu_per_chunk_us(source: Path) -> float:
         argv = [
             sys.executable, "-m", "gateway", "serve", "--backend-url", f"http://127.0.0.1:{up}", "--port", str(gw),
             "--state-dir", tempfile.mkdtemp(prefix="stream-cpu-"), "--backend-max-concurrency", "1024",
-            "--backend-native-apis", "responses,messages,include_usage,max_completion_tokens,openai_shapes",
+            "--backend-native-apis", NATIVE_APIS,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(source)}
         gateway = subprocess.Popen(argv, cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -11,7 +11,9 @@ from backends.vllm.logs import adjust, classify
 from backends.vllm.memory import DEFAULT_VERSION, VllmFlags
 
 ENGINE = "vllm"
-NATIVE_APIS = frozenset({"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes"})
+NATIVE_APIS = frozenset(
+    {"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes", "stream_keepalive"}
+)
 
 
 @dataclass(frozen=True)

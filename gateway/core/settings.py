@@ -173,7 +173,8 @@ class Settings(BaseSettings):
     backend_native_apis: list[str] = Field(
         default_factory=list,
         description="What the backend_url server does itself (comma list): responses, messages, include_usage, "
-        "max_completion_tokens; the gateway translates or adds the rest.",
+        "max_completion_tokens, openai_shapes, stream_keepalive (its connections stay usable after a stream; "
+        "unset, each stream gets its own); the gateway translates or adds the rest.",
         json_schema_extra={"parse": "csv"},
     )
     backend_max_concurrency: int | None = Field(

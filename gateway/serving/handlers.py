@@ -29,7 +29,7 @@ from gateway.serving.fidelity import (
 )
 from gateway.serving.proxy import ChunkFilter, chained, translated_stream
 from gateway.serving.readiness import public
-from gateway.serving.request_body import read_json_object
+from gateway.serving.request_body import BodyReader
 from gateway.serving.runtime import Runtime
 from gateway.serving.stream_guard import response_failed_event
 from gateway.supervision.lifecycle import ServedBackend, State
@@ -92,6 +92,7 @@ def _not_ready(backend: ServedBackend) -> str:
 class Inference:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
+        self.bodies = BodyReader(runtime.max_body_bytes, runtime.max_body_elements)
 
     # -- shared steps ---------------------------------------------------------------------------
     def unknown_model(self, requested: str) -> ApiError:
@@ -153,13 +154,11 @@ class Inference:
 
     # -- chat and text completions -----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
-        shapes.check(shapes.ChatCompletionRequest, payload)
+        body, payload = await self.bodies.read(request, shapes.ChatCompletionRequest)
         return await self._completion(payload, body, "/v1/chat/completions")
 
     async def completions(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
-        shapes.check(shapes.CompletionRequest, payload)
+        body, payload = await self.bodies.read(request, shapes.CompletionRequest)
         return await self._completion(payload, body, "/v1/completions")
 
     async def _completion(self, payload: dict[str, Any], body: bytes, path: str) -> Response:
@@ -222,8 +221,7 @@ class Inference:
         return await self._agent_api(MESSAGES, request)
 
     async def _agent_api(self, dialect: Dialect, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
-        shapes.check(dialect.shape, payload)
+        body, payload = await self.bodies.read(request, dialect.shape)
         changed = self._route_model(payload)
         target = self._target()
         if dialect.native in target.native:
@@ -259,8 +257,7 @@ class Inference:
             return translated_stream(events, ticket.hand_over(), dialect.errors, failed_event)
 
     async def count_tokens(self, request: Request) -> Response:
-        body, payload = await read_json_object(request, self.rt.max_body_bytes, self.rt.max_body_elements)
-        shapes.check(shapes.CountTokensRequest, payload)
+        body, payload = await self.bodies.read(request, shapes.CountTokensRequest)
         changed = self._route_model(payload)
         target = self._target()
         if "messages" in target.native:

@@ -157,6 +157,21 @@ def test_chat_completions_pass_through_renamed_and_completed(engine: FakeEngine,
     assert sent["headers"]["authorization"] == "Bearer engine-key"
 
 
+@pytest.mark.parametrize("keepalive", [False, True], ids=["own-connection", "pooled"])
+def test_a_stream_gets_its_own_connection_unless_the_engine_keeps_them(
+    engine: FakeEngine, engine_url: str, keepalive: bool
+) -> None:
+    """llama-server closes a connection after a stream without saying so; vLLM keeps it usable, and a
+    fresh connection per stream costs the gateway CPU on every stream (benchmarks/proxy_overhead.py)."""
+    native = frozenset({"include_usage", "stream_keepalive"} if keepalive else {"include_usage"})
+    with _gateway(make_runtime(engine_url, native=native)) as client:
+        client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        client.post("/v1/chat/completions", json=CHAT)
+    stream_sent, plain_sent = engine.requests_to("/v1/chat/completions")
+    assert (stream_sent["headers"].get("connection") == "close") is not keepalive
+    assert plain_sent["headers"].get("connection") != "close"
+
+
 def test_a_chat_stream_can_need_usage_and_a_rename_at_once(engine: FakeEngine, engine_url: str) -> None:
     engine.sends_usage = False
     wants_usage = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}

@@ -3,8 +3,9 @@ that must stay JSON, browsers kept out, and upstream faults that must never read
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.serving import request_body
+from gateway.serving import request_shapes as shapes
 from gateway.serving.app import create_app
 from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime, sse_events
@@ -56,6 +58,54 @@ def test_a_flood_of_tiny_messages_is_refused_before_parsing(
         counted = client.post("/v1/messages/count_tokens", json=fits)
     assert answer.status_code == 413 and "max_body_elements" in answer.json()["error"]["message"]
     assert counted.status_code == 200 and parsed
+
+
+class _Arrived:
+    """A request whose body is all there (read without waiting, as a fast client's would be)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.headers: dict[str, str] = {}
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        yield self.body
+
+
+def test_large_bodies_are_parsed_one_per_turn_of_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three large bodies that arrive together are not parsed back to back: the loop polls its sockets
+    (answers /health) between any two. Small bodies do not wait for that turn."""
+    turns = 0
+    parsed_at: dict[int, list[int]] = {}
+    real_parse = request_body.parse_object
+
+    def recording_parse(body: bytes, max_elements: int) -> Any:
+        parsed_at.setdefault(len(body) >= request_body.LARGE_BODY_BYTES, []).append(turns)
+        return real_parse(body, max_elements)
+
+    monkeypatch.setattr(request_body, "parse_object", recording_parse)
+    large = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * request_body.LARGE_BODY_BYTES}]})
+    small = json.dumps(CHAT)
+
+    async def scenario() -> None:
+        nonlocal turns
+        reader = request_body.BodyReader(64 << 20)
+
+        async def ticker() -> None:  # counts the loop's turns
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        bodies = [large, large, small, large]
+        read = await asyncio.gather(*(reader.read(_Arrived(b.encode()), shapes.ChatCompletionRequest) for b in bodies))
+        ticking.cancel()
+        assert [len(body) for body, _ in read] == [len(b) for b in bodies]
+
+    asyncio.run(scenario())
+    assert len(parsed_at[True]) == 3 and len(set(parsed_at[True])) == 3, parsed_at
+    assert parsed_at[False][0] <= min(parsed_at[True])  # the small body did not queue behind them
 
 
 # -- 8, 12: JSON stays JSON ------------------------------------------------------------------------------------
