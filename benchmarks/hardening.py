@@ -14,6 +14,8 @@
 - leak: RSS sampled every 10,000 non-streamed requests (c=64) up to --requests.
 - flood: one valid chat request of 900,000 tiny messages (29 MB, under max_body_bytes): its status,
   the gateway's peak RSS, and the slowest /health answer (polled every 50 ms) while it is handled.
+- large: four valid chat requests at once, each of 99,000 messages (30 MB: under both caps): their
+  statuses, the slowest /health while they are parsed, checked and forwarded, and peak RSS.
 - idle: 1,100 connections that send nothing, 200 sending a header line every 2 s and 20 sending a
   body a byte every 2 s (header/body timeouts 5 s): how many are still open after 10 s, the slowest
   /health meanwhile, peak RSS, and whether the gateway logged the connection cap.
@@ -347,6 +349,31 @@ def flood(url: str, gateway: psutil.Process) -> dict[str, Any]:
             **health.figures(), **_rss(before, peak, gateway)}  # fmt: skip
 
 
+def large_bodies(url: str, gateway: psutil.Process) -> dict[str, Any]:
+    """Four chat requests at once, each as large as both caps allow: /health must stay answered."""
+    content = "x" * 280
+    body = json.dumps({"model": "fake", "messages": [{"role": "user", "content": content}] * 99_000}).encode()
+
+    async def send(session: aiohttp.ClientSession) -> int:
+        async with session.post(
+            url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as answer:
+            await answer.read()
+            return answer.status
+
+    async def send_all() -> list[int]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            return list(await asyncio.gather(*(send(session) for _ in range(4))))
+
+    before = rss_mb(gateway)
+    started = time.monotonic()
+    with PeakRss(gateway) as peak, HealthWatch(url) as health:
+        statuses = asyncio.run(send_all())
+    seconds = round(time.monotonic() - started, 2)
+    return {"body_mb": round(len(body) / MB, 1), "statuses": statuses, "seconds": seconds,
+            **health.figures(), **_rss(before, peak, gateway)}  # fmt: skip
+
+
 def _raise_fd_limit() -> None:
     import resource
 
@@ -464,10 +491,11 @@ def issue_23(source: Path, wanted: set[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     short = ["--client-header-timeout", "5", "--client-body-timeout", "5", "--stream-idle-timeout", "5"]
     clocks = short if _supported(source, "--client-header-timeout") else ["--stream-idle-timeout", "5"]
-    if wanted & {"flood", "idle", "endless"}:
+    if wanted & {"flood", "large", "idle", "endless"}:
         with servers(source, clocks) as (url, gateway):
             time.sleep(2.5)
-            for name, case in (("flood", flood), ("idle", idle_connections), ("endless", endless_line)):
+            cases = (("flood", flood), ("large", large_bodies), ("idle", idle_connections), ("endless", endless_line))
+            for name, case in cases:
                 if name in wanted:
                     results[name] = case(url, gateway)
     if "stalled" in wanted:
@@ -484,13 +512,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "what", nargs="+",
-        choices=["all", "headers", "huge", "streams", "load", "flood", "idle", "stalled", "endless"],
+        choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless"],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
     parser.add_argument("--streams", type=int, default=256)
     args = parser.parse_args()
-    everything = {"headers", "huge", "streams", "load", "flood", "idle", "stalled", "endless"}
+    everything = {"headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless"}
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
     results.update(issue_23(args.source, wanted))
