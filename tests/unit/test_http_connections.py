@@ -95,7 +95,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut(server: Served) -> None:
     with socket.create_connection(server.address) as conn:
         conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
         started = time.monotonic()
-        for _ in range(20):  # never silent for long, never a KiB
+        for _ in range(40):  # never silent for long, never a KiB (4 s if never cut)
             time.sleep(0.1)
             try:
                 conn.sendall(b"x")
@@ -103,7 +103,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut(server: Served) -> None:
                 break
         closed, answer = _closed_within(conn, 5)
     assert closed and answer.startswith(b"HTTP/1.1 408"), answer
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 3.5  # cut by the 1 s body clock, with room for a loaded machine
 
 
 def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
