@@ -55,6 +55,10 @@ class Launch:
     memory_line: Callable[[str], tuple[str, str, int] | None] | None = None
     # reads the engine's own timings from one log line: ("prompt" | "decode", tokens, seconds) or None
     speed_line: Callable[[str], tuple[str, int, float] | None] | None = None
+    # or from its metrics page (GET metrics_path while it serves): {"prompt" | "decode": (tokens, seconds)},
+    # its totals so far, for an engine whose log has no per-request timings (vLLM)
+    speed_metrics: Callable[[str], dict[str, tuple[float, float]]] | None = None
+    metrics_path: str = "/metrics"
 
     @property
     def base_url(self) -> str:

