@@ -37,6 +37,8 @@ def to_json(plan: Plan, port: int) -> dict[str, Any]:
     data = plan.to_json()
     chosen = plan.chosen
     data["command"] = paste_command(chosen, port) if chosen is not None else None
+    if (fallback := plan.fallback) is not None:
+        data["decision"]["fallback"]["command"] = paste_command(fallback, port)
     return data
 
 
@@ -69,4 +71,13 @@ def render(plan: Plan, port: int = 8000) -> str:
     if chosen is not None:
         lines.append(f"command (the engine alone on port {port}, its key from ${API_KEY_VARIABLE}):")
         lines.append("  " + paste_command(chosen, port))
+    if (fallback := plan.fallback) is not None:
+        lines.append(f"fallback: {fallback.engine}: {fallback.label}: {fallback.reason}")
+        if plan.not_installed(plan.decision_backend):
+            lines.append(
+                f"  {plan.decision_backend} is not installed here: `serve` on this machine starts this instead:"
+            )
+        else:
+            lines.append(f"  `serve` starts this if {plan.decision_backend} does not start:")
+        lines.append("  " + paste_command(fallback, port))
     return "\n".join(lines)

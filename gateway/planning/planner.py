@@ -46,6 +46,9 @@ class Plan:
     decision_index: int | None
     decision_reason: str
     notes: list[str]
+    # the next engine's best fitting candidate: what `serve` starts when the chosen engine fails to
+    # start, or instead of it where that engine is not installed
+    fallback_index: int | None = None
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -54,6 +57,15 @@ class Plan:
     @property
     def chosen(self) -> Candidate | None:
         return None if self.decision_index is None else self.candidates[self.decision_index]
+
+    @property
+    def fallback(self) -> Candidate | None:
+        return None if self.fallback_index is None else self.candidates[self.fallback_index]
+
+    def not_installed(self, name: str | None) -> bool:
+        """The engine was planned from an assumed version: `serve` here would skip it."""
+        engine = self.engine(name) if name else None
+        return engine is not None and engine.installation.command is None
 
     def engine(self, name: str) -> EnginePlan | None:
         return next((e for e in self.engines if e.backend.name == name), None)
@@ -75,6 +87,15 @@ class Plan:
                 "backend": self.decision_backend,
                 "candidate": self.decision_index,
                 "reason": self.decision_reason,
+                "fallback": None
+                if (fallback := self.fallback) is None
+                else {
+                    "backend": fallback.engine,
+                    "candidate": self.fallback_index,
+                    "label": fallback.label,
+                    "reason": fallback.reason,
+                },
+                "installed": not self.not_installed(self.decision_backend),
             },
             "engine_version": self.versions(),
             "inventory": self.inventory.to_json(),
@@ -111,11 +132,13 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
             notes.append(f"{engine.backend.title} not planned: {_needs(engine.backend)}")
     passed_over: list[str] = []
     offset = 0
-    for engine in engines:
+    for number, engine in enumerate(engines):
         if (best := engine.best) is not None:
             reason = "; ".join([*passed_over, f"{best.label}: {best.reason}"])
             index = offset + engine.candidates.index(best)
-            return Plan(name, inventory, policy, engines, engine.backend.name, index, reason, notes)
+            plan = Plan(name, inventory, policy, engines, engine.backend.name, index, reason, notes)
+            plan.fallback_index = _fallback(engines, number, offset + len(engine.candidates))
+            return plan
         title = engine.backend.title
         passed_over.append(f"no {title} rung fits" if engine.candidates else f"{title} not planned")
         offset += len(engine.candidates)
@@ -126,6 +149,15 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
         reasons.append(QUANTIZED_HINT)
     reason = "nothing fits: " + ("; ".join(reasons) or "no engine could be planned")
     return Plan(name, inventory, policy, engines, None, None, reason, notes)
+
+
+def _fallback(engines: list[EnginePlan], chosen: int, offset: int) -> int | None:
+    """The index of the first later engine's best fitting candidate, if any."""
+    for engine in engines[chosen + 1 :]:
+        if (best := engine.best) is not None:
+            return offset + engine.candidates.index(best)
+        offset += len(engine.candidates)
+    return None
 
 
 QUANTIZED_HINT = (

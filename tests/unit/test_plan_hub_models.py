@@ -190,6 +190,20 @@ def test_the_headline_plans_llamacpp_pooled_over_both_cards(hub: LocalHub) -> No
     assert chosen["reasoning_format"] is None  # Qwen3-Coder does not think
 
 
+def test_the_headline_decides_vllm_fp8_with_llamacpp_pooled_as_the_fallback(hub: LocalHub) -> None:
+    """Both engines planned: vLLM TP2 on the official FP8 checkpoint fits (14.5 GiB of weights per card);
+    the plan also names what `serve` starts when vLLM does not start or is not installed."""
+    settings = Settings(model=CODER, llama_launcher="native")
+    plan = plan_for(settings, builtin_catalog().resolve(CODER), inventory("2x24GiB@8.9", "64GiB"), serving=False)
+    decision = to_json(plan, 8000)["decision"]
+    assert decision["backend"] == "vllm" and "fp8 TP2" in decision["reason"]
+    fallback = decision["fallback"]
+    assert fallback["backend"] == "llamacpp" and plan.fallback is plan.candidates[fallback["candidate"]]
+    assert plan.fallback is not None and plan.fallback.fits and plan.fallback is plan.engine("llamacpp").best  # type: ignore[union-attr]
+    assert " -ngl 49 " in fallback["command"] and " -ts " in fallback["command"]
+    assert decision["installed"] is (plan.engine("vllm").installation.command is not None)  # type: ignore[union-attr]
+
+
 def test_quant_pins_one_quantization_and_an_unknown_one_lists_the_others(hub: LocalHub) -> None:
     from gateway.core.errors import ConfigError
 
@@ -228,7 +242,15 @@ def test_the_headline_command_as_typed(local_hub: tuple[str, LocalHub], tmp_path
     assert "nothing fits" not in out and "no GGUF for this model" not in out
     assert "=>Q8_0" in out and "chosen: Q8_0: the largest quantization with every layer on the GPUs" in out
     assert "note: vLLM: tool-call parser qwen3_coder, reasoning parser none" in out
-    assert "--tool-call-parser qwen3_coder" in out.splitlines()[-1]
+    lines = out.splitlines()
+    decision = next(number for number, line in enumerate(lines) if line.startswith("decision: vllm:"))
+    assert "--tool-call-parser qwen3_coder" in lines[decision + 2]  # the FP8 checkpoint, TP2
+    # vLLM is not installed in the test's environment: the same command shows what `serve` starts here,
+    # llama.cpp with the Q8_0 GGUF pooled over both cards
+    assert lines[decision + 3].startswith("fallback: llamacpp:") and "all layers on GPU" in lines[decision + 3]
+    assert "vllm is not installed here: `serve` on this machine starts this instead" in lines[decision + 4]
+    fallback = lines[decision + 5]
+    assert "Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf" in fallback and " -ngl 49 " in fallback and " -ts " in fallback
     pooled = subprocess.run(
         [*argv, "--llama-launcher", "native", "--engine", "llamacpp"],
         env=env,
