@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Installation, Option
-from backends.llamacpp import source
+from backends.llamacpp import drafting, source
 from backends.llamacpp.chat import has_tools, reasoning_format
 from backends.llamacpp.hub_variants import ReadVariant
 from backends.llamacpp.install import packaged_binary
@@ -24,7 +24,7 @@ from backends.llamacpp.launchers import (
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from backends.llamacpp.quants import alternative, choose
-from backends.llamacpp.settings import PINS, LlamaCppSettings, pinned_quant
+from backends.llamacpp.settings import PINS, LlamaCppSettings, draft_setting, pinned_quant
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from backends.llamacpp.speed import host_calibration
 from gateway.core.devices import slowest_link
@@ -37,19 +37,6 @@ if TYPE_CHECKING:
     from gateway.core.model_facts import ModelFacts
     from gateway.core.policy import Policy
 
-# llama-server b11434 `--help`: --spec-type none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,
-# draft-dspark,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache. draft-mtp drafts with
-# the model's own nextn block (no --model-draft: the target model is reused); the ngram types need
-# no model at all. Not planned as a rung: the MTP block's weights are already in the GGUF's bytes.
-SELF_DRAFT = (
-    "llama.cpp: this GGUF carries its own MTP (nextn) block: native llama-server can draft with it, "
-    "no second model file (--spec-type draft-mtp --spec-draft-n-max 1); any model: --spec-type ngram-mod"
-)
-SELF_DRAFT_IF_KEPT = (
-    "llama.cpp: the model has an MTP (nextn) block (num_nextn_predict_layers); if the GGUF keeps it "
-    "(nextn_predict_layers in its header; not every conversion does), native llama-server can draft with "
-    "it, no second model file (--spec-type draft-mtp); any model: --spec-type ngram-mod"
-)
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
 
@@ -156,6 +143,9 @@ class LlamaCppBackend:
     ) -> list[LlamaCppCandidate]:
         """One GGUF's ladder on this machine, each rung with its argv."""
         devices = ordered_devices(inventory, installation.variant)
+        drafts, draft_note = drafting.modes(facts, draft_setting(policy), installation.variant)
+        if draft_note and draft_note not in model.notes:
+            model.notes.append(draft_note)
         found = candidates(
             facts,
             gguf,
@@ -166,14 +156,10 @@ class LlamaCppBackend:
             launcher=installation.variant,
             pinned_context_length=policy.pins.context_length,
             host_scale=host_calibration(policy.remembered),
+            drafts=drafts,
         )
         if (scale := host_calibration(policy.remembered)) != 1.0:
             note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"
-            if note not in model.notes:
-                model.notes.append(note)
-        if facts.mtp_layers and installation.variant == "native":
-            read = facts.weight_bytes_source == "gguf tensor table"  # the header says, not config.json
-            note = SELF_DRAFT if read else SELF_DRAFT_IF_KEPT
             if note not in model.notes:
                 model.notes.append(note)
         endpoints = rpc_endpoints(devices)
@@ -250,7 +236,10 @@ class LlamaCppBackend:
             mark = "=>" if c is chosen else "ok" if c.fits else "--"
             p = c.placement
             split = ",".join(f"{s:g}" for s in p.tensor_split) or "-"
-            lines.append(f"  {mark:2}{c.launcher} -ngl {p.n_gpu_layers} -ts {split} ctx {c.n_ctx:,} KV {c.kv_type}")
+            draft = f" draft {c.draft}" if c.draft else ""
+            lines.append(
+                f"  {mark:2}{c.launcher} -ngl {p.n_gpu_layers} -ts {split} ctx {c.n_ctx:,} KV {c.kv_type}{draft}"
+            )
             lines.append(f"      {c.reason}")
         return lines
 
@@ -291,6 +280,7 @@ class LlamaCppBackend:
             n_cpu_moe=chosen.placement.n_cpu_moe,
             rpc=chosen.rpc,
             reasoning_format=chosen.reasoning_format,
+            draft=chosen.draft if chosen.launcher == "native" else None,
         )
         fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
         if variant is not None and not local.is_file():

@@ -108,7 +108,9 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         cache_key_dim_sliding=int(value("attention.key_length_swa")),
         cache_value_dim_sliding=int(value("attention.value_length_swa")),
         shared_kv_layers=int(value("attention.shared_kv_layers")),
-        mtp_layers=int(value("nextn_predict_layers")),  # GLM-4.x: the MTP block is the GGUF's last one
+        # GLM-4.x, DeepSeek-V3, Qwen3-Next: the MTP (nextn) blocks are the GGUF's last ones
+        mtp_layers=(mtp := min(int(value("nextn_predict_layers")), layers)),
+        mtp_bytes=sum(layer_bytes[layers - mtp :]) if mtp else 0,
     )
 
 
@@ -146,13 +148,21 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
         experts_per_block *= (facts.num_layers - dense) / facts.num_layers
     layer = int(block_params * per_weight)
     global_head = int(cfg.get("global_head_dim") or facts.head_dim)
+    # convert_hf_to_gguf.py writes the MTP (nextn) blocks as the last blocks: block_count counts them
+    blocks = facts.num_layers + facts.mtp_layers
+    experts = int(experts_per_block * per_weight)
+    attention = _per_layer_attention(facts, cfg)
     return replace(
-        _per_layer_attention(facts, cfg),
-        layer_bytes=(layer,) * facts.num_layers,
-        expert_layer_bytes=(int(experts_per_block * per_weight),) * facts.num_layers,
+        attention,
+        num_layers=blocks,
+        sliding_per_layer=_extended(attention.sliding_per_layer, facts.mtp_layers, False),
+        kv_heads_per_layer=_extended(attention.kv_heads_per_layer, facts.mtp_layers, facts.num_kv_heads),
+        layer_bytes=(layer,) * blocks,
+        expert_layer_bytes=(experts,) * blocks,
+        mtp_bytes=layer * facts.mtp_layers,
         embedding_bytes=int(embeddings * per_weight),
         output_bytes=int(embeddings * 6.56 / 8),  # llama.cpp quantizes the output matrix to Q6_K
-        weight_bytes=int(layer * facts.num_layers + embeddings * per_weight + embeddings * 6.56 / 8),
+        weight_bytes=int(layer * blocks + embeddings * per_weight + embeddings * 6.56 / 8),
         weight_bytes_source=f"estimated at {bits} bits/weight",
         cache_key_dim=(facts.kv_lora_rank + facts.qk_rope_head_dim) if facts.is_mla else global_head,
         cache_value_dim=global_head,
@@ -160,6 +170,11 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
         # the config's own weight estimate (if any) is replaced by this one: the GGUF's size is what counts
         notes=(f"GGUF size estimated at {bits} bits/weight from the architecture (the file is not local yet)",),
     )
+
+
+def _extended(per_layer: tuple[Any, ...], extra: int, value: Any) -> tuple[Any, ...]:
+    """A per-layer array with ``extra`` more entries of ``value`` (the nextn blocks), when it has any."""
+    return (*per_layer, *(value,) * extra) if per_layer and extra else per_layer
 
 
 def _per_layer_attention(facts: ModelFacts, cfg: dict[str, Any]) -> ModelFacts:

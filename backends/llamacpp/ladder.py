@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.llamacpp import drafting
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
 from backends.llamacpp.speed import tokens_per_second
 from gateway.core.devices import GIB, MIB, Device
@@ -52,6 +53,11 @@ class LlamaCppCandidate:
     reasoning_format: str | None = None  # llama-server's --reasoning-format (thinking split out)
 
     @property
+    def draft(self) -> str | None:
+        """Self-drafting speculative decoding (backends.llamacpp.drafting): "mtp", "ngram" or None."""
+        return self.placement.draft
+
+    @property
     def label(self) -> str:
         return "llama.cpp"
 
@@ -79,6 +85,20 @@ class LlamaCppCandidate:
                 ("compute", p.device_compute[i]),
             )
         ]
+
+    def _draft_json(self) -> dict[str, Any] | None:
+        """Drafting and its memory terms (MiB, already inside ``memory_mib``)."""
+        if self.draft is None:
+            return None
+        weights, kv, compute, host = self.placement.draft_bytes
+        return {
+            "mode": self.draft,
+            "flags": drafting.ARGV[self.draft],
+            "gpu_weights_mib": _mib(weights),
+            "gpu_kv_mib": _mib(kv),
+            "gpu_compute_mib": _mib(compute),
+            "host_mib": _mib(host),
+        }
 
     def to_json(self) -> dict[str, Any]:
         p = self.placement
@@ -110,6 +130,7 @@ class LlamaCppCandidate:
             "env": self.env,
             "rpc": list(self.rpc),
             "reasoning_format": self.reasoning_format,
+            "draft": self._draft_json(),
         }
         if self.variant:  # a hub model: the file chosen, its alternatives, and why
             data |= {
@@ -118,6 +139,19 @@ class LlamaCppCandidate:
                 "gguf_choice": self.choice_reason,
             }
         return data
+
+
+def _draft_phrase(placement: Placement) -> str:
+    """The reason's account of drafting and what it costs: "; MTP drafting (draft-mtp): 0.36 GiB of
+    nextn weights + 0.05 GiB KV + 0.20 GiB compute on the GPUs"."""
+    if placement.draft is None:
+        return ""
+    weights, kv, compute, host = placement.draft_bytes
+    terms = ((weights, "nextn weights"), (kv, "KV"), (compute, "compute"))
+    parts = [f"{value / GIB:.2f} GiB {name}" for value, name in terms if value]
+    where = " + ".join(parts) + " on the GPUs" if parts else ""
+    ram = f"{host / GIB:.2f} GiB in RAM" if host else ""
+    return f"; {drafting.LABEL[placement.draft]}: " + (", ".join(p for p in (where, ram) if p) or "no memory")
 
 
 def candidates(
@@ -131,9 +165,11 @@ def candidates(
     launcher: str,
     pinned_context_length: int | None = None,
     host_scale: float = 1.0,
+    drafts: tuple[str | None, ...] = (None,),
 ) -> list[LlamaCppCandidate]:
     """The ladder: longest context with f16 KV, then q8_0 KV, then shorter contexts (not below the
-    minimum); each placed as well as the GPUs allow; host RAM decides whether it fits."""
+    minimum); each placed as well as the GPUs allow, once per draft mode in ``drafts``; host RAM
+    decides whether it fits."""
     model_max = min(facts.max_position or FALLBACK_CONTEXT, max_context or 1 << 30)
     if pinned_context_length:
         contexts = [pinned_context_length]
@@ -142,54 +178,52 @@ def candidates(
             {c for c in (model_max, 131072, 65536, min_context) if c <= model_max} or {model_max}, reverse=True
         )
     out: list[LlamaCppCandidate] = []
-    for n_ctx in contexts:
-        for kv_index, kv_type in enumerate(("f16", "q8_0")):
-            placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher)
-            host_need = placement.host_total + HOST_MARGIN_BYTES
-            problems = []
-            if host_need > ram_available:
-                have = ram_available / GIB
-                problems.append(
-                    f"needs {host_need / GIB:.1f} GiB of RAM (2 GiB margin included), {have:.1f} GiB available"
-                )
-            if n_ctx < min_context:
-                problems.append(f"context {n_ctx:,} < the {min_context:,} required")
-            gpu_part = ", ".join(
-                f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
-                for i, (m, k, c, u) in enumerate(
-                    zip(
-                        placement.device_model,
-                        placement.device_kv,
-                        placement.device_compute,
-                        placement.device_usable,
-                        strict=True,
-                    )
+    rungs = [(n, k, d) for n in contexts for k in enumerate(("f16", "q8_0")) for d in drafts]
+    for n_ctx, (kv_index, kv_type), draft in rungs:
+        placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher, draft)
+        host_need = placement.host_total + HOST_MARGIN_BYTES
+        problems = []
+        if host_need > ram_available:
+            have = ram_available / GIB
+            problems.append(f"needs {host_need / GIB:.1f} GiB of RAM (2 GiB margin included), {have:.1f} GiB available")
+        if n_ctx < min_context:
+            problems.append(f"context {n_ctx:,} < the {min_context:,} required")
+        gpu_part = ", ".join(
+            f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
+            for i, (m, k, c, u) in enumerate(
+                zip(
+                    placement.device_model,
+                    placement.device_kv,
+                    placement.device_compute,
+                    placement.device_usable,
+                    strict=True,
                 )
             )
-            ram = placement.host_total / GIB
-            summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
-            level = (
-                0
-                if placement.n_gpu_layers > facts.num_layers and not placement.n_cpu_moe
-                else 1
-                if placement.n_cpu_moe
-                else 2
-            ) + 4 * kv_index
-            speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx, host_scale=host_scale)
-            summary += f", ~{_rate(speed)} tokens/s"
-            out.append(
-                LlamaCppCandidate(
-                    checkpoint,
-                    launcher,
-                    n_ctx,
-                    kv_type,
-                    placement,
-                    not problems,
-                    summary + ("; " + "; ".join(problems) if problems else ""),
-                    level,
-                    speed,
-                )
+        )
+        ram = placement.host_total / GIB
+        summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
+        level = (
+            0
+            if placement.n_gpu_layers > facts.num_layers and not placement.n_cpu_moe
+            else 1
+            if placement.n_cpu_moe
+            else 2
+        ) + 4 * kv_index
+        speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx, host_scale=host_scale)
+        summary += f", ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
+        out.append(
+            LlamaCppCandidate(
+                checkpoint,
+                launcher,
+                n_ctx,
+                kv_type,
+                placement,
+                not problems,
+                summary + ("; " + "; ".join(problems) if problems else ""),
+                level,
+                speed,
             )
+        )
     return out
 
 
@@ -197,6 +231,23 @@ NEAR_FASTEST = 0.9  # without an all-GPU candidate, speeds within 10 % of the fa
 
 
 def best(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
+    """The best placement without optional drafting (:func:`_best_placed`); then its twin with MTP
+    drafting when that twin fits with the same context, KV type, layers and experts on the GPUs:
+    drafting is taken only when it costs nothing else. A mode the user pinned is the only one there."""
+    undrafted = [c for c in candidates if c.draft is None] or candidates
+    chosen = _best_placed(undrafted)
+    if chosen is None or chosen.draft is not None:
+        return chosen
+    same = (chosen.n_ctx, chosen.kv_type, chosen.placement.n_gpu_layers, chosen.placement.n_cpu_moe)
+    twins = [
+        c
+        for c in candidates
+        if c.draft and c.fits and (c.n_ctx, c.kv_type, c.placement.n_gpu_layers, c.placement.n_cpu_moe) == same
+    ]
+    return twins[0] if twins else chosen
+
+
+def _best_placed(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
     """The longest context that keeps every layer on the GPUs (f16 KV before q8_0 at equal context);
     when no fitting candidate does, the fastest, then the longer context, then the fewer concessions
     (on a CPU alone: the fewer concessions, then the longer context). Candidates below the minimum

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.base import Launch
+from backends.llamacpp.drafting import ARGV as DRAFT_ARGV
 from backends.llamacpp.ladder import LlamaCppCandidate
 from backends.llamacpp.logs import memory_line, speed_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
@@ -54,6 +55,7 @@ class LlamaCppConfig:
     n_cpu_moe: int = 0  # native only: blocks whose MoE experts stay in RAM
     rpc: tuple[str, ...] = ()  # native only: other nodes' ggml-rpc-servers ("host:port"), first in -ts order
     reasoning_format: str | None = None  # native only: how thinking is split out of content (deepseek)
+    draft: str | None = None  # native only: self-drafting speculative decoding, "mtp" or "ngram"
 
 
 def installed_version() -> str | None:
@@ -120,6 +122,8 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]
     if config.reasoning_format and not config.chat_format:  # <think>…</think> into reasoning_content
         argv += ["--reasoning-format", config.reasoning_format]
+    if config.draft:
+        argv += DRAFT_ARGV[config.draft]
     # slots share one unified KV cache (with -np alone each slot would get only n_ctx / slots); -lv 4
     # logs each device's model/KV/compute buffers (read back into /status), hidden by default
     argv += ["-np", str(NATIVE_PARALLEL), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
@@ -138,9 +142,10 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         argv = native_argv(config, command=command, port=str(port))
         split = split_phrase(config.tensor_split, config.rpc)
         experts = f", experts of {config.n_cpu_moe} layers in RAM" if config.n_cpu_moe else ""
+        draft = f", drafting {config.draft}" if config.draft else ""
         summary = (
             f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
-            f"{config.gpu_layers} GPU layers{split}{experts}"
+            f"{config.gpu_layers} GPU layers{split}{experts}{draft}"
         )
         return Launch(
             ENGINE,
@@ -210,6 +215,7 @@ def plan_argv(
         n_cpu_moe=p.n_cpu_moe,
         rpc=rpc if candidate.launcher == "native" else (),
         reasoning_format=reasoning_format,
+        draft=candidate.draft if candidate.launcher == "native" else None,
     )
     if candidate.launcher == "native":
         return native_argv(config, command=command or ["llama-server"], port="PORT")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Failure, FailureKind, Launch
+from backends.llamacpp.drafting import ARGV as DRAFT_ARGV
 from backends.llamacpp.launchers import ENGINE, LlamaCppConfig, build_launch, split_phrase
 from backends.llamacpp.logs import classify
 
@@ -33,9 +34,10 @@ class LlamaCppOption:
         c = self.config
         split = split_phrase(c.tensor_split, c.rpc)
         server = "llama-server" if c.launcher == "native" else "llama-cpp-python"
+        draft = f", drafting {c.draft}" if c.draft else ""
         return (
             f"llama.cpp ({server}) {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, "
-            f"{c.gpu_layers} GPU layers{split}"
+            f"{c.gpu_layers} GPU layers{split}{draft}"
         )
 
     @property
@@ -53,7 +55,11 @@ class LlamaCppOption:
         return classify(line)
 
     def after(self, failure: Failure) -> LlamaCppOption | None:
-        """Out of memory: a q8_0 KV cache needs about half the memory of f16; try that once."""
+        """Drafting is an extra: whatever stopped a drafting engine (its MTP weights, cache and
+        context, a GGUF without the nextn block), the same placement is tried without it first.
+        Out of memory: a q8_0 KV cache needs about half the memory of f16; try that once."""
+        if self.config.draft and failure.kind not in (FailureKind.PORT_IN_USE, FailureKind.DEVICE_UNREACHABLE):
+            return replace(self, config=replace(self.config, draft=None))
         if failure.kind is FailureKind.OUT_OF_MEMORY and self.config.kv_type == "f16":
             return replace(self, config=replace(self.config, kv_type="q8_0"))
         return None
@@ -66,6 +72,7 @@ class LlamaCppOption:
             "gpu_layers": c.gpu_layers,
             "tensor_split": list(c.tensor_split),
             "kv_type": c.kv_type,
+            "draft": c.draft,
         } | ({"hub_variant": self.variant} if self.variant else {})
 
     def from_memo(self, memo: dict[str, Any]) -> LlamaCppOption:
@@ -79,5 +86,16 @@ class LlamaCppOption:
             gpu_layers=int(memo["gpu_layers"]),
             tensor_split=tuple(memo["tensor_split"]),
             kv_type=str(memo["kv_type"]),
+            # what worked, where the plan still drafts (not after --llama-draft off)
+            draft=_draft(memo.get("draft")) if self.config.draft else None,
         )
         return replace(self, config=config, variant=memo.get("hub_variant", self.variant))
+
+
+def _draft(value: object) -> str | None:
+    """A remembered draft mode: one llama-server knows, or none (older memos have no such field)."""
+    if value is None:
+        return None
+    if value not in DRAFT_ARGV:
+        raise ValueError(f"unknown draft mode {value!r}")
+    return str(value)

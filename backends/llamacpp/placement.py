@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.llamacpp import drafting
 from backends.llamacpp.gguf_facts import SWA_PATTERN
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import ModelFacts
@@ -163,7 +164,8 @@ def compute_buffer_bytes(
     hidden = _hidden(facts)
     blocks = range(facts.num_layers) if blocks is None else blocks
     masks = _mask_bytes(facts, n_ctx, launcher, flash_attention, blocks) if blocks else 0
-    full_ffn = any(block != facts.num_layers - 1 for block in blocks)
+    last_trunk = facts.num_layers - 1 - facts.mtp_layers  # a nextn block runs its FFN on every row
+    full_ffn = any(block != last_trunk for block in blocks)
     activations = activation_bytes(facts, n_ctx, flash_attention, full_ffn) if blocks else 2 * hidden
     kept = 0
     if copies > 1:
@@ -228,6 +230,9 @@ class Placement:
     host_kv: int
     host_compute: int
     slot_devices: tuple[int | None, ...]  # each slot's device (blocks, then the output layer); None: host RAM
+    draft: str | None = None  # llama-server's self-drafting (backends.llamacpp.drafting), counted above
+    # what drafting adds, included in the terms above: weights, KV and compute on the GPUs, and in RAM
+    draft_bytes: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @property
     def host_total(self) -> int:
@@ -241,11 +246,16 @@ class Placement:
 
 
 def _slot_costs(
-    facts: ModelFacts, n_ctx: int, kv_type: str, launcher: str, n_cpu_moe: int
+    facts: ModelFacts, n_ctx: int, kv_type: str, launcher: str, n_cpu_moe: int, draft: str | None = None
 ) -> list[tuple[int, int, int]]:
-    """Per slot (blocks, then the output layer): (weights on the GPU, expert weights kept in RAM, KV)."""
+    """Per slot (blocks, then the output layer): (weights on the GPU, expert weights kept in RAM, KV).
+    A nextn (MTP) block costs nothing unless drafting loads it: then its weights, and the draft
+    context's cache of it (the target's cells and KV type)."""
     costs = []
     for slot in range(facts.num_layers):
+        if not drafting.loaded(facts, slot, draft):
+            costs.append((0, 0, 0))
+            continue
         size = facts.layer_bytes[slot] if facts.layer_bytes else 0
         experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and slot < n_cpu_moe else 0
         costs.append((size - experts, experts, kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher)))
@@ -270,6 +280,7 @@ def place(
     split: tuple[float, ...] | None = None,
     *,
     op_offload: bool = True,
+    draft: str | None = None,
 ) -> Placement:
     """Memory per device for one placement (pure arithmetic; see :func:`best_placement`).
 
@@ -295,7 +306,7 @@ def place(
     host_model, host_kv = facts.embedding_bytes, 0
     output_device: int | None = None
     where: list[int | None] = []
-    for slot, (on_gpu, in_ram, cache) in enumerate(_slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe)):
+    for slot, (on_gpu, in_ram, cache) in enumerate(_slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe, draft)):
         if slot < first_gpu_slot:
             host_model += on_gpu + in_ram
             host_kv += cache
@@ -309,7 +320,7 @@ def place(
         host_model += in_ram
         if slot == layers:
             output_device = device
-        else:
+        elif slot not in drafting.mtp_blocks(facts):  # the trunk's graph never runs a nextn block
             blocks[device].append(slot)
     first_device = next((i for i, held in enumerate(blocks) if held), None)
     compute = [
@@ -333,6 +344,11 @@ def place(
     if offload_to is not None and op_offload and (host_blocks or n_cpu_moe):
         compute[offload_to] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
     host_compute = host_compute_bytes(facts, n_ctx, launcher, flash, output_device is None, copies)
+    extra = _draft_bytes(facts, n_ctx, kv_type, launcher, flash, draft, where)
+    if extra.compute_device is None:
+        host_compute += extra.compute
+    else:
+        compute[extra.compute_device] += extra.compute
     return Placement(
         n_gpu_layers=slots,
         n_cpu_moe=n_cpu_moe,
@@ -345,7 +361,53 @@ def place(
         host_kv=host_kv,
         host_compute=host_compute,
         slot_devices=tuple(where),
+        draft=draft,
+        draft_bytes=extra.totals(),
     )
+
+
+@dataclass(frozen=True)
+class _DraftBytes:
+    weights_gpu: int = 0
+    kv_gpu: int = 0
+    host: int = 0  # weights and KV in RAM (already in the host terms)
+    compute: int = 0  # the draft's own buffers, on ``compute_device``
+    compute_device: int | None = None  # None: host RAM
+
+    def totals(self) -> tuple[int, int, int, int]:
+        """(weights, KV, compute on the GPUs; everything in RAM)."""
+        on_gpu = self.compute if self.compute_device is not None else 0
+        return (self.weights_gpu, self.kv_gpu, on_gpu, self.host + self.compute - on_gpu)
+
+
+def _draft_bytes(
+    facts: ModelFacts,
+    n_ctx: int,
+    kv_type: str,
+    launcher: str,
+    flash: bool,
+    draft: str | None,
+    where: list[int | None],
+) -> _DraftBytes:
+    """What drafting adds. draft-mtp: the nextn blocks' weights and cache (already in the slots'
+    terms), and the MTP context's compute buffer on the device of the last nextn block: its masks,
+    one block's scratch and the logits of one row per slot (estimated the way the trunk's are; no
+    MTP GGUF runs on this machine to check it). ngram-mod: its table, in RAM."""
+    if draft == "ngram":
+        return _DraftBytes(compute=drafting.NGRAM_TABLE_BYTES)
+    if draft != "mtp" or not facts.mtp_layers:
+        return _DraftBytes()
+    nextn = list(drafting.mtp_blocks(facts))
+    weights_gpu = kv_gpu = host = 0
+    for slot in nextn:
+        size = facts.layer_bytes[slot] if facts.layer_bytes else 0
+        cache = kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher)
+        if where[slot] is None:
+            host += size + cache
+        else:
+            weights_gpu, kv_gpu = weights_gpu + size, kv_gpu + cache
+    compute = compute_buffer_bytes(facts, n_ctx, flash, True, launcher=launcher, blocks=nextn)
+    return _DraftBytes(weights_gpu, kv_gpu, host, compute, where[nextn[-1]])
 
 
 def _filled_split(
@@ -356,6 +418,7 @@ def _filled_split(
     launcher: str,
     n_gpu_layers: int,
     n_cpu_moe: int,
+    draft: str | None = None,
 ) -> tuple[float, ...] | None:
     """A split that fills each GPU in turn with whole slots, when the proportional one overflows a
     card (uneven layers, the output layer's logits); None when the slots cannot fit at all."""
@@ -366,7 +429,7 @@ def _filled_split(
     first_extra = _role_compute(facts, n_ctx, launcher, flash, copies, first=True, output=False) - plain
     room = [max(0, g.free_bytes - GPU_MARGIN_BYTES) - plain for g in gpus]
     room[0] -= first_extra
-    costs = _slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe)[facts.num_layers + 1 - n_gpu_layers :]
+    costs = _slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe, draft)[facts.num_layers + 1 - n_gpu_layers :]
     counts = [0] * len(gpus)
     device = 0
     for index, (on_gpu, _, cache) in enumerate(costs):
@@ -381,19 +444,19 @@ def _filled_split(
 
 
 def best_placement(
-    facts: ModelFacts, gpus: tuple[Device, ...], n_ctx: int, kv_type: str, launcher: str
+    facts: ModelFacts, gpus: tuple[Device, ...], n_ctx: int, kv_type: str, launcher: str, draft: str | None = None
 ) -> tuple[Placement, str]:
     """Everything on the GPUs if it fits; else (native) MoE experts to RAM first; else fewer layers."""
     full = facts.num_layers + 1
     if not gpus:
-        return place(facts, gpus, n_ctx, kv_type, launcher, 0), "CPU only"
+        return place(facts, gpus, n_ctx, kv_type, launcher, 0, draft=draft), "CPU only"
 
     def fitting(layers: int, moe: int = 0) -> Placement | None:
-        proportional = place(facts, gpus, n_ctx, kv_type, launcher, layers, moe)
+        proportional = place(facts, gpus, n_ctx, kv_type, launcher, layers, moe, draft=draft)
         if not proportional.overflow():
             return proportional
-        split = _filled_split(facts, gpus, n_ctx, kv_type, launcher, layers, moe)
-        filled = place(facts, gpus, n_ctx, kv_type, launcher, layers, moe, split) if split else None
+        split = _filled_split(facts, gpus, n_ctx, kv_type, launcher, layers, moe, draft)
+        filled = place(facts, gpus, n_ctx, kv_type, launcher, layers, moe, split, draft=draft) if split else None
         return filled if filled and not filled.overflow() else None
 
     if everything := fitting(full):
@@ -405,4 +468,4 @@ def best_placement(
     for layers in range(full - 1, 0, -1):
         if partial := fitting(layers):
             return partial, f"{layers} of {full} layers on GPU"
-    return place(facts, gpus, n_ctx, kv_type, launcher, 0), "CPU only (not one layer fits a GPU)"
+    return place(facts, gpus, n_ctx, kv_type, launcher, 0, draft=draft), "CPU only (not one layer fits a GPU)"

@@ -28,6 +28,14 @@ class LlamaCppSettings(BaseModel):
         description="For a hub model served by llama.cpp: the GGUF quantization (Q5_K_M) or file name to use; "
         "unset: the largest that fits (see `gateway plan`).",
     )
+    llama_draft: str = Field(
+        "auto",
+        pattern="^(auto|mtp|ngram|off)$",
+        description="llama-server's speculative decoding without a second model: auto drafts with the model's "
+        "own MTP block where the GGUF has one and it costs nothing else; mtp or ngram (ngram-mod: repeats of "
+        "the context, good for code rewrites) force one; off: none.",
+        json_schema_extra={"choices": ["auto", "mtp", "ngram", "off"]},
+    )
     llama_launcher: str | None = Field(
         None,
         pattern="^(python|native)$",
@@ -37,10 +45,16 @@ class LlamaCppSettings(BaseModel):
     )
 
 
-PINS: tuple[str, ...] = ("quant",)  # the GGUF quantization a hub model is served at, when the user chose one
+# the GGUF quantization a hub model is served at, and the draft mode, when the user chose them
+PINS: tuple[str, ...] = ("quant", "llama_draft")
 
 
 def pinned_quant(policy: Policy) -> str | None:
     """The quantization (or file name) the user pinned with --quant, if any."""
     value = policy.pins.engine.get("quant")
     return str(value) if value else None
+
+
+def draft_setting(policy: Policy) -> str:
+    """The draft mode the user chose (--llama-draft), else auto."""
+    return str(policy.pins.engine.get("llama_draft") or "auto")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from backends.llamacpp.drafting import mtp_blocks
 from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
 from gateway.core.devices import Device
 from gateway.core.model_facts import ModelFacts
@@ -60,6 +61,8 @@ def bytes_read_per_token(
     gpu = [0.0] * devices
     host = 0.0
     for slot, device in enumerate(placement.slot_devices):
+        if slot in mtp_blocks(facts):  # the trunk's decode step never reads a nextn block
+            continue
         if slot == facts.num_layers:
             read, experts_in_ram = float(facts.output_bytes), 0.0
         else:

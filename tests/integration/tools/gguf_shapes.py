@@ -106,14 +106,16 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
     moe_inter = int(cfg.get("moe_intermediate_size") or inter)
     shared = int(cfg.get("n_shared_experts") or 0) * moe_inter + int(cfg.get("shared_expert_intermediate_size") or 0)
     dense_first = int(cfg.get("first_k_dense_replace") or 0)
+    # convert_hf_to_gguf.py (conversion/glm.py, deepseek.py) writes the MTP layers as the last blocks
+    nextn = int(cfg.get("num_nextn_predict_layers") or 0)
     out: list[tuple[str, tuple[int, ...], Q]] = [("token_embd.weight", (vocab, hidden), _fits(main, hidden))]
 
     def matrix(name: str, rows: int, cols: int, kind: Q) -> None:
         out.append((name, (rows, cols), _fits(kind, cols)))
 
-    for i in range(layers):
+    for i in range(layers + nextn):
         b = f"blk.{i}"
-        more = MIXES[mix][1] if more_bits(i, layers) else main
+        more = MIXES[mix][1] if more_bits(i, layers + nextn) else main
         out.append((f"{b}.attn_norm.weight", (hidden,), Q.F32))
         if cfg.get("kv_lora_rank"):  # MLA (DeepSeek, Kimi, GLM-4.7-Flash)
             rank, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim") or 64)
@@ -161,6 +163,10 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
             matrix(f"{b}.ffn_gate.weight", inter, hidden, main)
             matrix(f"{b}.ffn_up.weight", inter, hidden, main)
             matrix(f"{b}.ffn_down.weight", hidden, inter, more)
+        if i >= layers:  # the MTP block's own tensors (llama.cpp's LLM_TENSOR_NEXTN_*)
+            matrix(f"{b}.nextn.eh_proj.weight", hidden, 2 * hidden, main)
+            for norm in ("enorm", "hnorm", "shared_head_norm"):
+                out.append((f"{b}.nextn.{norm}.weight", (hidden,), Q.F32))
     out.append(("output_norm.weight", (hidden,), Q.F32))
     if not cfg.get("tie_word_embeddings"):
         out.append(("output.weight", (vocab, hidden), _fits(out_type, hidden)))
@@ -177,7 +183,7 @@ def metadata(config: dict[str, Any], mix: str, name: str, chat_template: str | N
     keys: dict[str, Any] = {
         "general.name": name,
         "general.file_type": MIXES[mix][3],
-        f"{arch}.block_count": int(cfg["num_hidden_layers"]),
+        f"{arch}.block_count": int(cfg["num_hidden_layers"]) + int(cfg.get("num_nextn_predict_layers") or 0),
         f"{arch}.context_length": int(cfg.get("max_position_embeddings") or 4096),
         f"{arch}.embedding_length": hidden,
         f"{arch}.feed_forward_length": int(cfg.get("intermediate_size") or 0),
@@ -192,6 +198,8 @@ def metadata(config: dict[str, Any], mix: str, name: str, chat_template: str | N
         keys[f"{arch}.expert_count"] = experts
         keys[f"{arch}.expert_used_count"] = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
         keys[f"{arch}.expert_feed_forward_length"] = int(cfg.get("moe_intermediate_size") or 0)
+    if cfg.get("num_nextn_predict_layers"):
+        keys[f"{arch}.nextn_predict_layers"] = int(cfg["num_nextn_predict_layers"])
     if cfg.get("kv_lora_rank"):
         rank, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim") or 64)
         keys[f"{arch}.attention.kv_lora_rank"] = rank
