@@ -53,7 +53,8 @@ class Launch:
     base: str | None = None  # a server somewhere else (--backend-url); launched engines are on loopback
     # reads the engine's own account of its memory from one log line: (device, term, bytes) or None
     memory_line: Callable[[str], tuple[str, str, int] | None] | None = None
-    # reads the engine's own timings from one log line: ("prompt" | "decode", tokens, seconds) or None
+    # reads the engine's own timings from one log line: ("prompt" | "decode", tokens, seconds), or
+    # ("draft", accepted, drafted) where speculative decoding reports its acceptance, or None
     speed_line: Callable[[str], tuple[str, int, float] | None] | None = None
     # or from its metrics page (GET metrics_path while it serves): {"prompt" | "decode": (tokens, seconds)},
     # its totals so far, for an engine whose log has no per-request timings (vLLM)

@@ -85,8 +85,16 @@ _TIMING = re.compile(
 )
 
 
+# llama-server with speculative decoding, after each request (tools/server, print_timing):
+#   draft acceptance = 0.27778 (   10 accepted /    36 generated), mean len = 11.00
+_DRAFTS = re.compile(r"draft acceptance = [0-9.]+ \(\s*(?P<accepted>\d+) accepted /\s*(?P<drafted>\d+) generated\)")
+
+
 def speed_line(line: str) -> tuple[str, int, float] | None:
-    """("prompt" | "decode", tokens, seconds) from one timings line, or None."""
+    """("prompt" | "decode", tokens, seconds) from one timings line, ("draft", accepted, drafted)
+    from a draft acceptance line, or None."""
+    if drafts := _DRAFTS.search(line):
+        return "draft", int(drafts["accepted"]), float(drafts["drafted"])
     match = _TIMING.search(line)
     if match is None or int(match["n"]) == 0:
         return None

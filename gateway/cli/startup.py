@@ -92,6 +92,8 @@ def measured_note(remembered: dict[str, Any]) -> str | None:
     prompt = measured.get("prompt_tokens_per_s")
     text = f"measured on {measured.get('when', '?')} ({remembered.get('engine')}): decode {decode} tokens/s"
     text += f", prompt {prompt} tokens/s" if prompt else ""
+    if acceptance := measured.get("draft_acceptance"):
+        text += f", {acceptance:.0%} of drafted tokens accepted"
     if estimated:
         text += f"; estimated {estimated} tokens/s then (measured/estimated {decode / estimated:.2f})"
     return text

@@ -49,11 +49,14 @@ def _placed(item: dict[str, Any]) -> dict[str, Any]:
 def _speed_row(speed: dict[str, Any]) -> dict[str, Any]:
     """Measured (the engine's own timings) beside the plan's estimate, tokens per second."""
     measured = speed.get("measured") or {}
-    return {
+    row = {
         "decode": f"measured {measured.get('decode_tokens_per_s', '–')}",
         "prompt": f"measured {measured.get('prompt_tokens_per_s', '–')}",
         "estimated decode": speed.get("estimated") or "–",
     }
+    if "draft_acceptance" in measured:  # speculative decoding: the share of drafted tokens kept
+        row["drafts accepted"] = f"{measured['draft_acceptance']:.0%} of {measured.get('drafted_tokens', '?')}"
+    return row
 
 
 def render(status: dict[str, Any]) -> str:
@@ -98,7 +101,8 @@ def render(status: dict[str, Any]) -> str:
             "<h2>Live backend</h2>" + _table([backend], ["engine", "state", "pid", "url", "uptime_s", "summary"])
         )
         if speed := status.get("speed"):
-            parts.append("<h3>Speed</h3>" + _table([_speed_row(speed)], ["decode", "prompt", "estimated decode"]))
+            row = _speed_row(speed)
+            parts.append("<h3>Speed</h3>" + _table([row], list(row)))
         if backend.get("argv"):
             parts.append("<pre>" + html.escape(" ".join(backend["argv"])) + "</pre>")
         if backend.get("last_lines"):

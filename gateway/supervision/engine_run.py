@@ -190,12 +190,14 @@ class EngineRun:
 
     @property
     def measured(self) -> dict[str, float]:
-        """Tokens per second the engine itself timed, over every request so far."""
-        return {
-            f"{kind}_tokens_per_s": round(tokens / seconds, 2)
-            for kind, (tokens, seconds) in sorted(self.timings.items())
-            if seconds > 0
-        } | {f"{kind}_tokens": int(tokens) for kind, (tokens, _) in sorted(self.timings.items())}
+        """Tokens per second the engine itself timed, over every request so far; with speculative
+        decoding, the share of drafted tokens it accepted."""
+        timed = sorted((kind, total) for kind, total in self.timings.items() if kind != "draft")
+        speeds = {f"{kind}_tokens_per_s": round(tokens / seconds, 2) for kind, (tokens, seconds) in timed if seconds}
+        counts = {f"{kind}_tokens": int(tokens) for kind, (tokens, _) in timed}
+        accepted, drafted = self.timings.get("draft", (0.0, 0.0))
+        draft = {"draft_acceptance": round(accepted / drafted, 3), "drafted_tokens": int(drafted)} if drafted else {}
+        return speeds | counts | draft
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()

