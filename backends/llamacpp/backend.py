@@ -143,9 +143,9 @@ class LlamaCppBackend:
     ) -> list[LlamaCppCandidate]:
         """One GGUF's ladder on this machine, each rung with its argv."""
         devices = ordered_devices(inventory, installation.variant)
-        drafts, draft_note = drafting.modes(facts, draft_setting(policy), installation.variant)
-        if draft_note and draft_note not in model.notes:
-            model.notes.append(draft_note)
+        drafts = drafting.modes(facts, draft_setting(policy), installation.variant)
+        if drafts.note and drafts.note not in model.notes:
+            model.notes.append(drafts.note)
         found = candidates(
             facts,
             gguf,
@@ -156,7 +156,8 @@ class LlamaCppBackend:
             launcher=installation.variant,
             pinned_context_length=policy.pins.context_length,
             host_scale=host_calibration(policy.remembered),
-            drafts=drafts,
+            draft=drafts.base,
+            optional_draft=drafts.optional,
         )
         if (scale := host_calibration(policy.remembered)) != 1.0:
             note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"

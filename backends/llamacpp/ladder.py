@@ -41,6 +41,7 @@ class LlamaCppCandidate:
     reason: str
     level: int  # concessions: 0 all layers on the GPUs, 1 experts in RAM, 2 layers in RAM; +4 q8_0 KV
     tokens_per_s: float = 0.0  # estimated decode speed of one request (backends.llamacpp.speed)
+    optional: bool = False  # a twin with optional drafting: chosen only where it costs nothing else
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     engine: str = ENGINE
@@ -165,11 +166,12 @@ def candidates(
     launcher: str,
     pinned_context_length: int | None = None,
     host_scale: float = 1.0,
-    drafts: tuple[str | None, ...] = (None,),
+    draft: str | None = None,
+    optional_draft: str | None = None,
 ) -> list[LlamaCppCandidate]:
     """The ladder: longest context with f16 KV, then q8_0 KV, then shorter contexts (not below the
-    minimum); each placed as well as the GPUs allow, once per draft mode in ``drafts``; host RAM
-    decides whether it fits."""
+    minimum); each placed as well as the GPUs allow with ``draft``, and again with ``optional_draft``
+    (a twin :func:`best` takes only where it costs nothing else); host RAM decides whether it fits."""
     model_max = min(facts.max_position or FALLBACK_CONTEXT, max_context or 1 << 30)
     if pinned_context_length:
         contexts = [pinned_context_length]
@@ -178,6 +180,7 @@ def candidates(
             {c for c in (model_max, 131072, 65536, min_context) if c <= model_max} or {model_max}, reverse=True
         )
     out: list[LlamaCppCandidate] = []
+    drafts = (draft, optional_draft) if optional_draft else (draft,)
     rungs = [(n, k, d) for n in contexts for k in enumerate(("f16", "q8_0")) for d in drafts]
     for n_ctx, (kv_index, kv_type), draft in rungs:
         placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher, draft)
@@ -222,6 +225,7 @@ def candidates(
                 summary + ("; " + "; ".join(problems) if problems else ""),
                 level,
                 speed,
+                optional=draft is not None and draft == optional_draft,
             )
         )
     return out
@@ -233,16 +237,15 @@ NEAR_FASTEST = 0.9  # without an all-GPU candidate, speeds within 10 % of the fa
 def best(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
     """The best placement without optional drafting (:func:`_best_placed`); then its twin with MTP
     drafting when that twin fits with the same context, KV type, layers and experts on the GPUs:
-    drafting is taken only when it costs nothing else. A mode the user pinned is the only one there."""
-    undrafted = [c for c in candidates if c.draft is None] or candidates
-    chosen = _best_placed(undrafted)
-    if chosen is None or chosen.draft is not None:
-        return chosen
+    optional drafting is taken only when it costs nothing else."""
+    chosen = _best_placed([c for c in candidates if not c.optional])
+    if chosen is None:
+        return None
     same = (chosen.n_ctx, chosen.kv_type, chosen.placement.n_gpu_layers, chosen.placement.n_cpu_moe)
     twins = [
         c
         for c in candidates
-        if c.draft and c.fits and (c.n_ctx, c.kv_type, c.placement.n_gpu_layers, c.placement.n_cpu_moe) == same
+        if c.optional and c.fits and (c.n_ctx, c.kv_type, c.placement.n_gpu_layers, c.placement.n_cpu_moe) == same
     ]
     return twins[0] if twins else chosen
 

@@ -31,9 +31,9 @@ class LlamaCppSettings(BaseModel):
     llama_draft: str = Field(
         "auto",
         pattern="^(auto|mtp|ngram|off)$",
-        description="llama-server's speculative decoding without a second model: auto drafts with the model's "
-        "own MTP block where the GGUF has one and it costs nothing else; mtp or ngram (ngram-mod: repeats of "
-        "the context, good for code rewrites) force one; off: none.",
+        description="llama-server's speculative decoding without a second model: auto drafts from the context "
+        "(ngram-mod: text it repeats, e.g. code being rewritten) and with the model's own MTP block instead where "
+        "the GGUF has one and it costs nothing else; mtp or ngram force one; off: none.",
         json_schema_extra={"choices": ["auto", "mtp", "ngram", "off"]},
     )
     llama_launcher: str | None = Field(

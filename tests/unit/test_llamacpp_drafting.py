@@ -89,7 +89,7 @@ def test_mtp_drafting_is_chosen_where_it_costs_nothing_else() -> None:
     facts, _ = _air_q4()
     gpus = _gpus("2x80GiB@9.0")
     found = candidates(facts, "air.gguf", gpus, 256 * GIB, min_context=32768, max_context=None, launcher="native",
-                       drafts=("mtp", None))  # fmt: skip
+                       optional_draft="mtp")  # fmt: skip
     chosen = best(found)
     assert chosen is not None and chosen.draft == "mtp" and chosen.all_on_gpus
     assert chosen.n_ctx == 131072 and chosen.kv_type == "f16"  # the longest context, f16 KV, as without it
@@ -111,7 +111,7 @@ def test_mtp_drafting_is_not_bought_with_a_shorter_context_or_a_smaller_kv() -> 
     free = need + extra // 2 + 1024 * MIB  # the 1 GiB llama.cpp keeps free
     gpu = (Device(0, "tight", free, free, (9, 0)),)
     found = candidates(facts, "air.gguf", gpu, 256 * GIB, min_context=n_ctx, max_context=None, launcher="native",
-                       pinned_context_length=n_ctx, drafts=("mtp", None))  # fmt: skip
+                       pinned_context_length=n_ctx, optional_draft="mtp")  # fmt: skip
     by = {(c.kv_type, c.draft): c for c in found}
     assert by[("f16", None)].fits and by[("f16", None)].all_on_gpus
     assert not by[("f16", "mtp")].all_on_gpus  # drafting at f16 pushes layers off the card
@@ -120,31 +120,32 @@ def test_mtp_drafting_is_not_bought_with_a_shorter_context_or_a_smaller_kv() -> 
 
 
 @pytest.mark.parametrize(
-    ("setting", "launcher", "modes", "noted"),
+    ("setting", "launcher", "base", "optional", "noted"),
     [
-        ("auto", "native", ("mtp", None), False),
-        ("off", "native", (None,), False),
-        ("mtp", "native", ("mtp",), False),
-        ("ngram", "native", ("ngram",), False),
-        ("auto", "python", (None,), False),  # llama-cpp-python has no speculative decoding
-        ("mtp", "python", (None,), True),
+        ("auto", "native", "ngram", "mtp", False),
+        ("off", "native", None, None, False),
+        ("mtp", "native", "mtp", None, False),
+        ("ngram", "native", "ngram", None, False),
+        ("auto", "python", None, None, False),  # llama-cpp-python's server is not drafted for
+        ("mtp", "python", None, None, True),
     ],
 )
-def test_the_setting_decides_which_modes_are_planned(setting: str, launcher: str, modes: tuple, noted: bool) -> None:
+def test_the_setting_decides_which_modes_are_planned(
+    setting: str, launcher: str, base: str | None, optional: str | None, noted: bool
+) -> None:
     facts, _ = _air_q4()
-    found, note = drafting.modes(facts, setting, launcher)
-    assert found == modes and (note is not None) is noted
+    found = drafting.modes(facts, setting, launcher)
+    assert (found.base, found.optional, found.note is not None) == (base, optional, noted)
 
 
 def test_mtp_is_not_offered_where_the_file_or_the_architecture_has_no_block() -> None:
     facts, _ = _air_q4()
     stripped = replace(facts, layer_bytes=(*facts.layer_bytes[:-1], 0))  # converted with --no-mtp
-    assert drafting.modes(stripped, "auto", "native") == ((None,), None)
-    modes, note = drafting.modes(stripped, "mtp", "native")
-    assert modes == (None,) and note and "no MTP (nextn) block" in note
-    other = replace(facts, model_type="llama")
-    modes, note = drafting.modes(other, "mtp", "native")
-    assert modes == (None,) and note and "llama" in note
+    assert drafting.modes(stripped, "auto", "native") == drafting.DraftPlan(base="ngram")
+    found = drafting.modes(stripped, "mtp", "native")
+    assert found.base is None and found.note and "no MTP (nextn) block" in found.note
+    found = drafting.modes(replace(facts, model_type="llama"), "mtp", "native")
+    assert found.base is None and found.note and "llama" in found.note
 
 
 def test_the_plan_starts_llama_server_with_the_draft_flags_and_says_so() -> None:
@@ -234,3 +235,13 @@ def test_the_measured_figures_carry_the_acceptance_and_status_shows_it() -> None
     status = {"model": "m", "state": "ready", "backend": {"engine": "llamacpp", "state": "ready"}}
     page = render(status | {"speed": {"measured": measured, "estimated": 60.0}})
     assert "76% of 107" in page
+
+
+def test_by_default_a_model_without_an_mtp_block_drafts_from_the_context() -> None:
+    facts, _ = _air_q4()
+    plain = replace(facts, model_type="qwen3moe", mtp_layers=0, mtp_bytes=0)
+    inventory = Inventory(_gpus("2x80GiB@9.0"), 256 * GIB, 256 * GIB, source="simulated")
+    plan = decide("m", engine_plans("m", gguf_facts=plain, launcher="native"), inventory, Policy())
+    assert plan.chosen is not None and plan.chosen.draft == "ngram" and not any(c.optional for c in plan.candidates)
+    python = decide("m", engine_plans("m", gguf_facts=plain, launcher="python"), inventory, Policy())
+    assert python.chosen is not None and python.chosen.draft is None and "--spec-type" not in python.chosen.argv
