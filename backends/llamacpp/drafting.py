@@ -100,4 +100,7 @@ def modes(facts: ModelFacts, setting: str, launcher: str) -> DraftPlan:
     note = None
     if has_block and supported and not read:
         note = "llama.cpp: MTP drafting planned if the GGUF keeps the nextn block (some omit it)"
-    return DraftPlan(base="ngram", optional="mtp" if has_block and supported else None, note=note)
+    # a recurrent layer's state cannot be rolled back to a rejected draft without the per-draft rows
+    # only MTP reserves (n_rs_seq): no n-gram drafting by default for hybrid models
+    base = None if facts.recurrent_layers else "ngram"
+    return DraftPlan(base=base, optional="mtp" if has_block and supported else None, note=note)

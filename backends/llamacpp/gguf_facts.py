@@ -73,6 +73,8 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         every = SWA_PATTERN.get(arch, 1)
         sliding_layers = layers - layers // every if every > 1 else layers
     total = sum(t.nbytes for t in header.tensors)
+    mtp = min(int(value("nextn_predict_layers")), layers)
+    recurrent, kind, dims = _recurrent(value, layers - mtp, kv_array)
     return ModelFacts(
         name=name,
         model_type=arch,
@@ -109,9 +111,33 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
         cache_value_dim_sliding=int(value("attention.value_length_swa")),
         shared_kv_layers=int(value("attention.shared_kv_layers")),
         # GLM-4.x, DeepSeek-V3, Qwen3-Next: the MTP (nextn) blocks are the GGUF's last ones
-        mtp_layers=(mtp := min(int(value("nextn_predict_layers")), layers)),
+        mtp_layers=mtp,
         mtp_bytes=sum(layer_bytes[layers - mtp :]) if mtp else 0,
+        recurrent_layers=sum(recurrent),
+        recurrent_kind=kind,
+        recurrent_dims=dims,
+        recurrent_pattern=recurrent,
     )
+
+
+def _recurrent(value: Any, trunk: int, kv_heads: tuple[int, ...]) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
+    """A hybrid GGUF's recurrent layers as llama.cpp's loader finds them (src/models/qwen3next.cpp:
+    all but every ``full_attention_interval``-th trunk layer; granite-hybrid.cpp: layers with no KV
+    head) and their ``ssm.*`` sizes, in the terms of :class:`ModelFacts`."""
+    inner, heads = int(value("ssm.inner_size")), int(value("ssm.time_step_rank"))
+    if not inner or not heads:
+        return (), "", ()
+    state, groups, kernel = (
+        int(value("ssm.state_size")),
+        int(value("ssm.group_count")) or 1,
+        int(value("ssm.conv_kernel")),
+    )
+    if interval := int(value("full_attention_interval")):  # gated delta-net (Qwen3-Next)
+        pattern = tuple((i + 1) % interval != 0 for i in range(trunk))
+        return pattern, "gated_delta_net", (groups, heads, state, inner // heads, kernel)
+    if kv_heads:  # Mamba-2 among attention layers (Granite 4.0-H)
+        return tuple(n == 0 for n in kv_heads[:trunk]), "mamba2", (inner, groups, heads, inner // heads, state, kernel)
+    return (), "", ()
 
 
 # bits per weight of common GGUF quantization mixes (llama.cpp's quantize table, whole-model averages)

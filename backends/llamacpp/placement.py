@@ -38,12 +38,30 @@ KV_PAD = 256  # llama.cpp pads cache sizes to 256 cells
 _F32 = 4
 
 
+def recurrent_state_bytes(facts: ModelFacts, launcher: str, draft: str | None = None) -> int:
+    """One recurrent layer's states (llama_memory_recurrent, f32): ``n_embd_r`` (conv: (kernel − 1) ×
+    (inner + 2 groups × state)) and ``n_embd_s`` (state × inner) per row; a row per slot, times
+    1 + the drafted tokens with MTP (``n_rs_seq``: common.h need_n_rs_seq, ``--spec-draft-n-max`` 3)."""
+    if facts.recurrent_kind == "gated_delta_net":
+        k_heads, v_heads, k_dim, v_dim, kernel = facts.recurrent_dims
+        inner, groups, state = v_heads * v_dim, k_heads, k_dim
+    elif facts.recurrent_kind == "mamba2":
+        inner, groups, _, _, state, kernel = facts.recurrent_dims
+    else:
+        return 0
+    per_row = (kernel - 1) * (inner + 2 * groups * state) + state * inner
+    rows = (NATIVE_PARALLEL if launcher == "native" else 1) * (1 + (3 if draft == "mtp" else 0))
+    return per_row * _F32 * rows
+
+
 def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str, layer: int) -> float:
     """K and V of one token in ``layer`` (MLA: the 576-element latent only, recent builds). Layers
     differ where the GGUF says so (llama.cpp's ``n_embd_k_gqa(il)``): per-layer KV head counts and,
     for sliding layers, their own head sizes (Gemma 4: 16 × (256 + 256) sliding, 4 × (512 + 512)
     full); layers that reuse an earlier layer's cache (``shared_kv_layers``) store nothing."""
     size = KV_TYPES[kv_type][0]
+    if facts.is_recurrent(layer):  # a fixed state instead (recurrent_state_bytes)
+        return 0.0
     if facts.is_mla:
         return (facts.kv_lora_rank + facts.qk_rope_head_dim) * size
     if facts.shared_kv_layers and layer >= facts.num_layers - facts.shared_kv_layers:
@@ -80,8 +98,12 @@ def kv_cells(facts: ModelFacts, layer: int, n_ctx: int, launcher: str) -> int:
     return n_ctx
 
 
-def kv_layer_bytes(facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, launcher: str) -> int:
-    """One layer's KV cache."""
+def kv_layer_bytes(
+    facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, launcher: str, draft: str | None = None
+) -> int:
+    """One layer's KV cache, or a recurrent layer's states."""
+    if facts.is_recurrent(layer):
+        return recurrent_state_bytes(facts, launcher, draft)
     return int(kv_cells(facts, layer, n_ctx, launcher) * kv_bytes_per_token_layer(facts, kv_type, layer))
 
 
@@ -258,7 +280,7 @@ def _slot_costs(
             continue
         size = facts.layer_bytes[slot] if facts.layer_bytes else 0
         experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and slot < n_cpu_moe else 0
-        costs.append((size - experts, experts, kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher)))
+        costs.append((size - experts, experts, kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher, draft)))
     costs.append((facts.output_bytes, 0, 0))
     return costs
 

@@ -22,6 +22,7 @@ from backends.vllm.memory import (
     batch_defaults,
     cuda_total,
     kv_bytes_per_token,
+    kv_layers,
     memory,
 )
 from backends.vllm.settings import VllmPins
@@ -472,7 +473,8 @@ def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, poli
     length = pins.context_length or model_max
     kv_dtype = pins.kv_cache_dtype or "auto"
     per_token = kv_bytes_per_token(facts, 1, kv_dtype, version)
-    kv_bytes = pins.kv_cache_memory_bytes or max(64 * 1024**2, per_token * length * 2)
+    states = sum(kind.count * kind.state_bytes for kind in kv_layers(facts, 1, kv_dtype, version))  # hybrid
+    kv_bytes = pins.kv_cache_memory_bytes or max(64 * 1024**2, (per_token * length + states) * 2)
     flags = VllmFlags(
         tensor_parallel_size=1,
         gpu_memory_utilization=pins.gpu_memory_utilization or DEFAULT_UTILIZATION,

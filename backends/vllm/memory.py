@@ -97,11 +97,40 @@ def batch_defaults(gpu: Device) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class KvLayers:
-    """Layers that store the same KV bytes per token on each GPU; ``windowed``: sliding-window layers."""
+    """Layers that store the same KV bytes per token on each GPU; ``windowed``: sliding-window layers;
+    ``state_bytes``: a hybrid model's recurrent layers, a fixed state per request instead."""
 
     count: int
     bytes_per_token: int
     windowed: bool = False
+    state_bytes: int = 0
+
+
+# With prefix caching (on by default, mamba_cache_mode "align") a recurrent layer keeps two state
+# pages per request (0.32.0 v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes:
+# ``page_size_bytes * (2 + num_speculative_blocks + ...)``; one each with speculative decoding).
+STATE_PAGES_PER_REQUEST = 2
+
+
+def recurrent_state_bytes(facts: ModelFacts, tp: int, speculative: int = 0) -> int:
+    """One recurrent layer's state for one request on each GPU (0.32.0 model_executor/layers/mamba/
+    mamba_utils.py): gated delta-net: conv ``(2 k_heads k_dim + v_heads v_dim) / TP × (kernel − 1 +
+    spec)`` + ``v_heads / TP × v_dim × k_dim``; Mamba-2: conv ``(intermediate + 2 groups' state) / TP ×
+    (kernel − 1 + spec)`` + ``heads / TP × head_dim × state``; in the model's dtype (mamba_cache_dtype
+    and mamba_ssm_cache_dtype "auto")."""
+    if facts.recurrent_kind == "gated_delta_net":
+        k_heads, v_heads, k_dim, v_dim, kernel = facts.recurrent_dims
+        conv = (2 * k_heads * k_dim + v_heads * v_dim) // tp * (kernel - 1 + speculative)
+        temporal = v_heads // tp * v_dim * k_dim
+    elif facts.recurrent_kind == "mamba2":
+        inner, groups, heads, head_dim, state, kernel = facts.recurrent_dims
+        groups += 0 if groups % tp == 0 else tp - groups  # groups replicated to follow the head shards
+        conv = (inner + 2 * groups * state) // tp * (kernel - 1 + speculative)
+        temporal = heads // tp * head_dim * state
+    else:
+        return 0
+    pages = STATE_PAGES_PER_REQUEST + (1 if speculative else 0)
+    return (conv + temporal) * facts.dtype_bytes * pages
 
 
 def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str, mtp: bool = False) -> list[KvLayers]:
@@ -126,7 +155,13 @@ def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str, mtp
     full_heads = facts.global_kv_heads or facts.num_kv_heads
     full_dim = facts.global_head_dim or facts.head_dim
     full_layer = 2 * max(1, full_heads // tp) * full_dim * element
-    kinds = [KvLayers(sliding, per_layer, windowed=True), KvLayers(layers - sliding, full_layer)]
+    recurrent = facts.recurrent_layers
+    state = recurrent_state_bytes(facts, tp, facts.mtp_layers if mtp else 0)
+    kinds = [
+        KvLayers(sliding, per_layer, windowed=True),
+        KvLayers(layers - sliding - recurrent, full_layer),
+        KvLayers(recurrent, 0, state_bytes=state),
+    ]
     return [kind for kind in kinds if kind.count]
 
 
@@ -138,7 +173,8 @@ def kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, version:
 def _one_request_bytes(facts: ModelFacts, kinds: list[KvLayers], length: int, batched_tokens: int) -> int:
     """KV for one request of ``length`` tokens; sliding-window layers keep only their window."""
     window = min((facts.sliding_window or length) - 1 + batched_tokens, length)
-    return sum(kind.count * kind.bytes_per_token * (window if kind.windowed else length) for kind in kinds)
+    tokens = sum(kind.count * kind.bytes_per_token * (window if kind.windowed else length) for kind in kinds)
+    return tokens + sum(kind.count * kind.state_bytes for kind in kinds)
 
 
 def max_fitting_len(facts: ModelFacts, kinds: list[KvLayers], available: int, batched_tokens: int, cap: int) -> int:
@@ -253,6 +289,11 @@ def memory(
     kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version, mtp)
     per_token = sum(kind.count * kind.bytes_per_token for kind in kinds)
     tokens = max(0, available // per_token // BLOCK_TOKENS * BLOCK_TOKENS) if per_token else 0
+    if any(kind.state_bytes for kind in kinds) and available > 0:
+        # vLLM reports concurrency × max_model_len (kv_cache_utils get_kv_cache_capacity): each
+        # request also holds its recurrent state
+        one = _one_request_bytes(facts, kinds, flags.max_model_len, flags.max_num_batched_tokens)
+        tokens = int(available / one * flags.max_model_len) if one else 0
     cap = facts.max_position or 1 << 22
     fitting = max_fitting_len(facts, kinds, available, flags.max_num_batched_tokens, cap)
     return VllmMemory(

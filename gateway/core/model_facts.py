@@ -91,6 +91,18 @@ class ModelFacts:
     # safetensors (weight_bytes includes them unless estimated), loaded only for speculative decoding
     mtp_layers: int = 0
     mtp_bytes: int = 0
+    # hybrid models: layers with no per-token KV cache (linear attention, Mamba) that keep a fixed
+    # recurrent state per sequence instead; its kind and the dimensions the engines size it from
+    # ("gated_delta_net": k heads, v heads, k head dim, v head dim, conv kernel; "mamba2":
+    # intermediate, groups, heads, head dim, state size, conv kernel)
+    recurrent_layers: int = 0
+    recurrent_kind: str = ""
+    recurrent_dims: tuple[int, ...] = ()
+    recurrent_pattern: tuple[bool, ...] = ()  # per layer: True where it is recurrent
+
+    def is_recurrent(self, layer: int) -> bool:
+        return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
+
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -314,6 +326,7 @@ def facts_from_config(
     quant_method = str(qc.get("quant_method") or ("modelopt" if quant_file else "")).lower()
     quant_algo = _quant_algo(qc) or (_quant_algo(quant_file) if isinstance(quant_file, dict) else "")
     mtp_layers = int(cfg.get("num_nextn_predict_layers") or 0)
+    recurrent_pattern, recurrent_kind, recurrent_dims = _recurrent(cfg, layers)
     return ModelFacts(
         name=name,
         model_type=str(cfg.get("model_type") or ""),
@@ -348,8 +361,36 @@ def facts_from_config(
         quant_algo=quant_algo,
         mtp_layers=mtp_layers,
         mtp_bytes=mtp_layers * _mtp_layer_bytes(cfg, quant, kept),
+        recurrent_layers=sum(recurrent_pattern),
+        recurrent_kind=recurrent_kind,
+        recurrent_dims=recurrent_dims,
+        recurrent_pattern=recurrent_pattern,
         notes=tuple(notes),
     )
+
+
+def _recurrent(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
+    """(which layers have no KV, their kind, its dimensions) of a hybrid model, as its config.json
+    says: Qwen3-Next's gated delta-net layers (``layer_types`` "linear_attention", else all but every
+    ``full_attention_interval``-th), Granite 4.0-H's Mamba-2 layers (``layer_types`` "mamba")."""
+    kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else None
+    if cfg.get("linear_num_value_heads"):
+        every = int(cfg.get("full_attention_interval") or 4)
+        pattern = tuple(
+            kinds[i] == "linear_attention" if kinds and len(kinds) == layers else (i + 1) % every != 0
+            for i in range(layers)
+        )
+        names = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+        kernel = int(cfg.get("linear_conv_kernel_dim") or 4)
+        return pattern, "gated_delta_net", (*(int(cfg[name]) for name in names), kernel)
+    if cfg.get("mamba_n_heads") and kinds and len(kinds) == layers:
+        inner = int(cfg.get("mamba_expand") or 2) * int(cfg["hidden_size"])
+        head, state, kernel = (
+            int(cfg.get(k) or d) for k, d in (("mamba_d_head", 64), ("mamba_d_state", 128), ("mamba_d_conv", 4))
+        )
+        dims = (inner, int(cfg.get("mamba_n_groups") or 1), int(cfg["mamba_n_heads"]), head, state, kernel)
+        return tuple(kind == "mamba" for kind in kinds), "mamba2", dims
+    return (), "", ()
 
 
 def _mtp_layer_bytes(cfg: dict[str, Any], quantization: str | None, kept: tuple[str, ...]) -> int:

@@ -1,0 +1,117 @@
+"""Hybrid models (issue 21): Qwen3-Next's gated delta-net layers and Granite 4.0-H's Mamba-2 layers keep
+no per-token KV but a fixed recurrent state per sequence. Both engines are planned that way: vLLM 0.32
+(model_executor/layers/mamba/mamba_utils.py shapes, two state pages per request with prefix caching)
+and llama.cpp b11434 (llama_memory_recurrent: f32 rows of n_embd_r + n_embd_s per slot). The
+expected figures below are computed by hand from the published dimensions, not by the planner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
+from backends.llamacpp.gguf_facts import estimate_gguf_facts
+from backends.llamacpp.placement import kv_layer_bytes, place
+from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory
+from gateway.core.devices import GIB, parse_gpu_spec
+from gateway.core.model_facts import ModelFacts, facts_from_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def _facts(name: str) -> ModelFacts:
+    config = json.loads((CONFIGS / f"{name}.json").read_text())
+    return facts_from_config(config, name, weight_bytes=40 * GIB, weight_source="safetensors index")
+
+
+def test_the_recurrent_layers_are_read_from_the_config() -> None:
+    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    assert (qwen.recurrent_kind, qwen.recurrent_layers) == ("gated_delta_net", 36)
+    assert [i for i in range(48) if not qwen.is_recurrent(i)] == list(range(3, 48, 4))  # every 4th attends
+    granite = _facts("granite-4.0-h-small")
+    assert (granite.recurrent_kind, granite.recurrent_layers) == ("mamba2", 36)
+    assert [i for i in range(40) if not granite.is_recurrent(i)] == [5, 15, 25, 35]
+    plain = facts_from_config(json.loads((CONFIGS / "Qwen2.5-3B.json").read_text()), "q")
+    assert plain.recurrent_layers == 0 and not plain.is_recurrent(0)
+
+
+# one request's state per recurrent layer in vLLM, bf16, 2 pages (prefix caching's "align" mode):
+# gated delta-net at TP t: conv (2·16·128 + 32·128)/t × 3, temporal 32/t × 128 × 128
+QWEN_STATE_TP1 = ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2 * 2
+QWEN_STATE_TP2 = ((2 * 16 * 128 + 32 * 128) // 2 * 3 + 16 * 128 * 128) * 2 * 2
+# Mamba-2 at TP 2: one group replicated to 2; conv (8192 + 2·2·128)/2 × 3, temporal 64 × 64 × 128
+GRANITE_STATE_TP2 = ((8192 + 2 * 2 * 128) // 2 * 3 + 64 * 64 * 128) * 2 * 2
+
+
+def test_vllm_caches_tokens_for_the_attention_layers_only_and_a_state_for_the_others() -> None:
+    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    kinds = {kind.state_bytes > 0: kind for kind in kv_layers(qwen, 1, "auto", "0.32.0")}
+    assert kinds[False].count == 12 and kinds[False].bytes_per_token == 2 * 2 * 256 * 2
+    assert kinds[True].count == 36 and kinds[True].bytes_per_token == 0
+    assert kinds[True].state_bytes == QWEN_STATE_TP1
+    assert kv_bytes_per_token(qwen, 2, "auto", "0.32.0") == 12 * 2 * 1 * 256 * 2
+    at_tp2 = {kind.state_bytes > 0: kind for kind in kv_layers(qwen, 2, "auto", "0.32.0")}
+    assert at_tp2[True].state_bytes == QWEN_STATE_TP2
+    granite = _facts("granite-4.0-h-small")
+    states = [kind for kind in kv_layers(granite, 2, "auto", "0.32.0") if kind.state_bytes]
+    assert states[0].count == 36 and states[0].state_bytes == GRANITE_STATE_TP2
+
+
+def test_vllm_reports_concurrency_times_length_with_each_request_holding_its_state() -> None:
+    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    flags = VllmFlags(2, 0.9, 65536, 16, 2048)
+    m = memory(Checkpoint("q", qwen), parse_gpu_spec("2x80GiB@9.0")[0], flags, "0.32.0")
+    one = 12 * (2 * 1 * 256 * 2) * 65536 + 36 * QWEN_STATE_TP2
+    assert m.kv_tokens == int(m.kv_cache / one * 65536)
+    as_if_all_attention = m.kv_cache // (48 * 2 * 1 * 256 * 2)
+    assert m.kv_tokens > 3.5 * as_if_all_attention  # 12 of 48 layers cache tokens
+    assert m.max_fitting_model_len == min(qwen.max_position or 0, (m.kv_cache - 36 * QWEN_STATE_TP2) // (12 * 1024))
+
+
+# llama.cpp: f32 rows of n_embd_r + n_embd_s, one per slot (4 natively), 4 × (1 + 3) with MTP drafting
+QWEN_ROW = (4 - 1) * (32 * 128 + 2 * 16 * 128) + 128 * 32 * 128
+GRANITE_ROW = (4 - 1) * (8192 + 2 * 1 * 128) + 128 * 8192
+
+
+@pytest.mark.parametrize(("launcher", "rows"), [("native", 4), ("python", 1)])
+def test_llama_cpp_keeps_a_state_row_per_slot_for_each_recurrent_layer(launcher: str, rows: int) -> None:
+    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    assert kv_layer_bytes(qwen, 0, "f16", 32768, launcher) == QWEN_ROW * 4 * rows
+    assert kv_layer_bytes(qwen, 3, "f16", 32768, launcher) == 32768 * 2 * (256 + 256) * 2  # attention: 2 KV heads
+    assert kv_layer_bytes(qwen, 0, "f16", 32768, "native", "mtp") == QWEN_ROW * 4 * 4 * 4  # n_rs_seq 3
+    granite = _facts("granite-4.0-h-small")
+    assert kv_layer_bytes(granite, 0, "q8_0", 32768, launcher) == GRANITE_ROW * 4 * rows  # always f32
+
+
+def test_a_placement_of_a_hybrid_gguf_counts_twelve_caches_and_thirty_six_states() -> None:
+    config = json.loads((CONFIGS / "Qwen3-Next-80B-A3B-Instruct.json").read_text())
+    facts = estimate_gguf_facts(facts_from_config(config, "qn"), config, 4.85)
+    placed = place(facts, parse_gpu_spec("2x80GiB@9.0"), 65536, "f16", "native", facts.num_layers + 1)
+    assert sum(placed.device_kv) == 12 * 65536 * 2 * (256 + 256) * 2 + 36 * QWEN_ROW * 4 * 4
+
+
+def test_a_hybrid_gguf_header_is_read_the_way_llama_cpp_loads_it() -> None:
+    """qwen3next.cpp: recurrent unless (il + 1) % full_attention_interval == 0; granite-hybrid.cpp:
+    recurrent where the layer has no KV head; sizes from ssm.*."""
+    qwen = {"ssm.inner_size": 4096, "ssm.time_step_rank": 32, "ssm.state_size": 128, "ssm.group_count": 16}
+    qwen |= {"ssm.conv_kernel": 4, "full_attention_interval": 4}
+    pattern, kind, dims = gguf_recurrent(lambda key, default=0: qwen.get(key, default), 48, ())
+    assert kind == "gated_delta_net" and dims == (16, 32, 128, 128, 4) and sum(pattern) == 36
+    granite = {"ssm.inner_size": 8192, "ssm.time_step_rank": 128, "ssm.state_size": 128, "ssm.group_count": 1}
+    granite |= {"ssm.conv_kernel": 4}
+    kv = tuple(8 if i in (5, 15, 25, 35) else 0 for i in range(40))
+    pattern, kind, dims = gguf_recurrent(lambda key, default=0: granite.get(key, default), 40, kv)
+    assert kind == "mamba2" and dims == (8192, 1, 128, 64, 128, 4) and sum(pattern) == 36
+    assert gguf_recurrent(lambda key, default=0: default, 32, ()) == ((), "", ())
+
+
+def test_a_hybrid_model_is_not_drafted_from_the_context_by_default() -> None:
+    """n-gram drafting would need the recurrent state of each rejected draft token (only MTP reserves
+    those rows), so auto leaves it off for hybrids; asked for, it is used."""
+    from backends.llamacpp import drafting
+
+    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    assert drafting.modes(qwen, "auto", "native").base is None
+    assert drafting.modes(qwen, "ngram", "native").base == "ngram"
