@@ -35,6 +35,7 @@ MTP_ARCHITECTURES = frozenset(
 MTP_MODEL_TYPES = frozenset(
     {"glm4_moe", "glm4_moe_lite", "deepseek_v3", "deepseek_v32", "qwen3_next", "qwen3_5", "qwen3_5_moe"}
 )
+MTP_DRAFT_TOKENS = 3  # --spec-draft-n-max's default (common.h), the recurrent rows n_rs_seq reserves
 NGRAM_TABLE_BYTES = 4 * 1024 * 1024 * 4  # common_ngram_mod(n_match, 4*1024*1024) entries of int32
 ARGV = {"mtp": ["--spec-type", "draft-mtp"], "ngram": ["--spec-type", "ngram-mod"]}
 LABEL = {"mtp": "MTP drafting (draft-mtp)", "ngram": "n-gram drafting (ngram-mod)"}

@@ -180,10 +180,10 @@ def candidates(
             {c for c in (model_max, 131072, 65536, min_context) if c <= model_max} or {model_max}, reverse=True
         )
     out: list[LlamaCppCandidate] = []
-    drafts = (draft, optional_draft) if optional_draft else (draft,)
-    rungs = [(n, k, d) for n in contexts for k in enumerate(("f16", "q8_0")) for d in drafts]
-    for n_ctx, (kv_index, kv_type), draft in rungs:
-        placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher, draft)
+    modes = [(draft, False)] + ([(optional_draft, True)] if optional_draft else [])
+    rungs = [(n, k, m) for n in contexts for k in enumerate(("f16", "q8_0")) for m in modes]
+    for n_ctx, (kv_index, kv_type), (mode, optional) in rungs:
+        placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher, mode)
         host_need = placement.host_total + HOST_MARGIN_BYTES
         problems = []
         if host_need > ram_available:
@@ -225,7 +225,7 @@ def candidates(
                 summary + ("; " + "; ".join(problems) if problems else ""),
                 level,
                 speed,
-                optional=draft is not None and draft == optional_draft,
+                optional=optional,
             )
         )
     return out
@@ -241,13 +241,14 @@ def best(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
     chosen = _best_placed([c for c in candidates if not c.optional])
     if chosen is None:
         return None
-    same = (chosen.n_ctx, chosen.kv_type, chosen.placement.n_gpu_layers, chosen.placement.n_cpu_moe)
-    twins = [
-        c
-        for c in candidates
-        if c.optional and c.fits and (c.n_ctx, c.kv_type, c.placement.n_gpu_layers, c.placement.n_cpu_moe) == same
-    ]
+    twins = [c for c in candidates if c.optional and c.fits and _concessions(c) == _concessions(chosen)]
     return twins[0] if twins else chosen
+
+
+def _concessions(candidate: LlamaCppCandidate) -> tuple[int, str, int, int]:
+    """What a placement gives up: context, KV type, layers and experts on the GPUs."""
+    p = candidate.placement
+    return candidate.n_ctx, candidate.kv_type, p.n_gpu_layers, p.n_cpu_moe
 
 
 def _best_placed(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:

@@ -50,7 +50,7 @@ def recurrent_state_bytes(facts: ModelFacts, launcher: str, draft: str | None = 
     else:
         return 0
     per_row = (kernel - 1) * (inner + 2 * groups * state) + state * inner
-    rows = (NATIVE_PARALLEL if launcher == "native" else 1) * (1 + (3 if draft == "mtp" else 0))
+    rows = (NATIVE_PARALLEL if launcher == "native" else 1) * (1 + (drafting.MTP_DRAFT_TOKENS if draft == "mtp" else 0))
     return per_row * _F32 * rows
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from backends.llamacpp.drafting import MODES as DRAFT_MODES
 from gateway.core.policy import Policy
 
 
@@ -30,11 +31,11 @@ class LlamaCppSettings(BaseModel):
     )
     llama_draft: str = Field(
         "auto",
-        pattern="^(auto|mtp|ngram|off)$",
+        pattern=f"^({'|'.join(DRAFT_MODES)})$",
         description="llama-server's speculative decoding without a second model: auto drafts from the context "
         "(ngram-mod: text it repeats, e.g. code being rewritten) and with the model's own MTP block instead where "
         "the GGUF has one and it costs nothing else; mtp or ngram force one; off: none.",
-        json_schema_extra={"choices": ["auto", "mtp", "ngram", "off"]},
+        json_schema_extra={"choices": list(DRAFT_MODES)},
     )
     llama_launcher: str | None = Field(
         None,
