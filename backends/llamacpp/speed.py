@@ -71,7 +71,8 @@ def bytes_read_per_token(
             in_ram = experts if slot < placement.n_cpu_moe else 0
             window = facts.sliding_window if facts.sliding_window and is_sliding(facts, slot) else cached
             kv = kv_bytes_per_token_layer(facts, kv_type, slot) * min(cached, window)
-            read = size - in_ram - experts * (1 - routed) + kv
+            # the GPU reads the block less its experts, plus the routed share of the experts it holds
+            read = size - experts + (experts - in_ram) * routed + kv
             experts_in_ram = in_ram * routed
         host += experts_in_ram
         if device is None:

@@ -142,6 +142,16 @@ def _statuses(requests: list[dict[str, Any]]) -> str:
     return "\n".join(f"{r['method']} {r['path']} -> {r['status']} {r.get('error', '')[:300]}" for r in requests)
 
 
+# How each dialect says a streamed answer stopped at its output limit rather than at a stop token
+AT_THE_LIMIT = {"response.incomplete", "length", "max_tokens"}
+
+
+def wrote_to_its_limit(requests: list[dict[str, Any]]) -> bool:
+    """Whether the last answered model request was a 200 stream that ended at the output limit."""
+    answered = [r for r in requests if r["method"] == "POST" and r["path"].startswith("/v1/") and r["status"] == 200]
+    return bool(answered) and bool(AT_THE_LIMIT & set(answered[-1].get("stream_finish", ())))
+
+
 def shown_answer(name: str, result: Run) -> str:
     """What the agent printed on stdout that is not its own banner or status lines."""
     banners = BANNERS.get(name, ())
@@ -156,6 +166,13 @@ def test_the_agent_answers_from_the_default_model(
 ) -> None:
     session = session_for(name, default_gateway)
     result = session.run(DEFAULT_PROMPT, DEFAULT_MODEL_TIMEOUT_S)
+    left_s = DEFAULT_MODEL_TIMEOUT_S - result.seconds
+    if result.returncode != 0 and wrote_to_its_limit(session.seen()) and left_s > 60:
+        # SmolLM2 135M, sampling at the engine's default temperature, now and then loops ("AI AI AI ...")
+        # until the window is full; Codex, which sends no output limit, then exits 1 on the incomplete
+        # answer. The gateway's part held (a 200 that ended at the limit in the dialect's words): that
+        # is the model's doing, so the agent gets one more try in the time left
+        result = session.run(DEFAULT_PROMPT, left_s)
     requests = session.model_requests()
     assert result.returncode == 0, f"{result.tail()}\n{_statuses(session.seen())}"
     assert requests, "the agent never asked the gateway"

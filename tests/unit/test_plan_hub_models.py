@@ -68,6 +68,9 @@ GLM = "zai-org/GLM-4.5-Air"
 GEMMA = "google/gemma-3-27b-it"
 DEEPSEEK = "deepseek-ai/DeepSeek-V3.1"
 GEMMA4 = "google/gemma-4-31B-it"
+NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+GRANITE = "ibm-granite/granite-4.0-h-small"
+KIMI = "moonshotai/Kimi-K2-Instruct"
 
 # the parsers vLLM is started with, per family (tool-call, reasoning)
 PARSERS = {
@@ -80,6 +83,9 @@ PARSERS = {
     GEMMA: (None, None),  # Gemma 3's template renders no tools
     DEEPSEEK: ("deepseek_v31", "deepseek_v3"),
     GEMMA4: ("gemma4", "gemma4"),
+    NEXT: ("hermes", None),  # the Instruct model does not think
+    GRANITE: ("granite4", None),
+    KIMI: ("kimi_k2", None),
 }
 
 TABLE = [
@@ -126,6 +132,24 @@ TABLE = [
     (GEMMA4, "2x32@12.0", "vllm", "nvidia/Gemma-4-31B-IT-NVFP4", 2),
     (GEMMA4, "1x80@9.0", "vllm", GEMMA4, 1),
     (GEMMA4, "cpu", "llamacpp", "Q4_K_M", 0),
+    # 80B MoE, 36 of 48 layers gated delta-net (a state per sequence, no KV): 12 attention layers x 2 KV
+    # heads x 256 cache 24 KiB a token, so the whole 262k context costs 6 GiB. FP8 (74 GiB) fits only the
+    # 80 GB card; elsewhere the largest GGUF with every layer on the cards, 262k context included
+    (NEXT, "2x24@8.9", "llamacpp", "Q3_K_M", 2),
+    (NEXT, "2x32@12.0", "llamacpp", "Q5_K_M", 2),
+    (NEXT, "1x80@9.0", "vllm", "Qwen/Qwen3-Next-80B-A3B-Instruct-FP8", 1),
+    (NEXT, "cpu", "llamacpp", "Q6_K", 0),  # 3B active: Q6_K still reads fast enough from RAM
+    # 32B MoE, 36 of 40 layers Mamba-2: FP8 TP2 on 2x24; BF16 TP2 at one sequence on 2x32 (the ladder's
+    # rule: fewer sequences before another checkpoint); 9B active is under 10 tokens/s from RAM at 4 bits
+    (GRANITE, "2x24@8.9", "vllm", "ibm-granite/granite-4.0-h-small-FP8", 2),
+    (GRANITE, "2x32@12.0", "vllm", GRANITE, 2),
+    (GRANITE, "1x80@9.0", "vllm", GRANITE, 1),
+    (GRANITE, "cpu", "llamacpp", "Q4_K_M", 0),
+    # 1T MoE: nothing fits (FP8 weights 479 GiB per GPU at TP2; Q2_K in 8 parts wants 300+ GiB of RAM)
+    (KIMI, "2x24@8.9", None, "", 0),
+    (KIMI, "2x32@12.0", None, "", 0),
+    (KIMI, "1x80@9.0", None, "", 0),
+    (KIMI, "cpu", None, "", 0),
 ]
 
 

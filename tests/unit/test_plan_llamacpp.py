@@ -96,6 +96,31 @@ def test_moe_experts_go_to_ram_first_with_the_native_server() -> None:
     assert python.n_cpu_moe == 0 and python.n_gpu_layers < facts.num_layers, how
 
 
+def test_experts_moved_to_ram_move_their_routed_share_of_the_reads_there() -> None:
+    """Decode reads a block's shared part and its routed experts' share: moving experts to RAM takes
+    exactly that share off the GPU and puts it on the host, so the GPU never reads less than the
+    blocks' non-expert part and more experts in RAM is never faster."""
+    from backends.llamacpp import speed
+
+    config = json.loads((CONFIGS / "Qwen3-30B-A3B.json").read_text())
+    config.setdefault("vocab_size", 151936)
+    facts = estimate_gguf_facts(facts_from_config(config, "qwen3-30b-a3b"), config, 16.0)
+    gpus = parse_gpu_spec("1x80GiB@9.0")
+    routed = facts.experts_per_token / facts.num_experts
+    whole = llamacpp.place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1)
+    base_gpu, base_host = speed.bytes_read_per_token(facts, whole, "f16", 32768, 1)
+    previous = speed.tokens_per_second(facts, whole, gpus, "f16", 32768)
+    for n_cpu_moe in (8, 24, facts.num_layers):
+        moved = llamacpp.place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1, n_cpu_moe)
+        gpu_bytes, host_bytes = speed.bytes_read_per_token(facts, moved, "f16", 32768, 1)
+        share = sum(facts.expert_layer_bytes[:n_cpu_moe]) * routed
+        assert host_bytes - base_host == pytest.approx(share)
+        assert base_gpu[0] - gpu_bytes[0] == pytest.approx(share)
+        now = speed.tokens_per_second(facts, moved, gpus, "f16", 32768)
+        assert 0 < now < previous
+        previous = now
+
+
 def _gqa_facts(layers: int, kv_heads: int, head: int) -> ModelFacts:
     config = {
         "hidden_size": 4096,

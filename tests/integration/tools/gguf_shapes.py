@@ -91,6 +91,54 @@ def full_layer(cfg: dict[str, Any], layer: int) -> bool:
     return isinstance(kinds, list) and layer < len(kinds) and kinds[layer] == "full_attention"
 
 
+def recurrent_layer(cfg: dict[str, Any], layer: int) -> bool:
+    """A hybrid model's recurrent layer: Qwen3-Next's gated delta-net (all but every
+    ``full_attention_interval``-th), Granite 4.0-H's Mamba-2 (``layer_types`` "mamba")."""
+    if cfg.get("model_type") == "qwen3_next":
+        return layer < int(cfg["num_hidden_layers"]) and (layer + 1) % int(cfg.get("full_attention_interval") or 4) != 0
+    kinds = cfg.get("layer_types")
+    return isinstance(kinds, list) and layer < len(kinds) and kinds[layer] == "mamba"
+
+
+def _recurrent_tensors(cfg: dict[str, Any], b: str, main: Q, more: Q) -> list[tuple[str, tuple[int, ...], Q]]:
+    """One recurrent layer's tensors in place of attention, as llama.cpp b11434 loads them
+    (src/models/qwen3next.cpp, granite-hybrid.cpp; small vectors and the conv kernel stay F32)."""
+    hidden = int(cfg["hidden_size"])
+    out: list[tuple[str, tuple[int, ...], Q]] = []
+
+    def matrix(name: str, rows: int, cols: int, kind: Q) -> None:
+        out.append((name, (rows, cols), _fits(kind, cols)))
+
+    if cfg.get("model_type") == "qwen3_next":  # head_k_dim = head_v_dim = ssm.state_size
+        state, k_heads, v_heads = (
+            int(cfg["linear_key_head_dim"]),
+            int(cfg["linear_num_key_heads"]),
+            int(cfg["linear_num_value_heads"]),
+        )
+        key_dim, value_dim = state * k_heads, state * v_heads
+        matrix(f"{b}.attn_qkv.weight", 2 * key_dim + value_dim, hidden, main)
+        matrix(f"{b}.attn_gate.weight", value_dim, hidden, main)
+        matrix(f"{b}.ssm_ba.weight", 2 * v_heads, hidden, main)
+        out.append((f"{b}.ssm_conv1d.weight", (2 * key_dim + value_dim, int(cfg["linear_conv_kernel_dim"])), Q.F32))
+        out.append((f"{b}.ssm_dt.bias", (v_heads,), Q.F32))
+        out.append((f"{b}.ssm_a", (v_heads,), Q.F32))
+        out.append((f"{b}.ssm_norm.weight", (state,), Q.F32))
+        matrix(f"{b}.ssm_out.weight", hidden, value_dim, more)
+        return out
+    heads, groups, state = int(cfg["mamba_n_heads"]), int(cfg.get("mamba_n_groups") or 1), int(cfg["mamba_d_state"])
+    inner = heads * int(cfg["mamba_d_head"])
+    conv = inner + 2 * groups * state
+    matrix(f"{b}.ssm_in.weight", 2 * inner + 2 * groups * state + heads, hidden, main)
+    out.append((f"{b}.ssm_conv1d.weight", (conv, int(cfg.get("mamba_d_conv") or 4)), Q.F32))
+    out.append((f"{b}.ssm_conv1d.bias", (conv,), Q.F32))
+    out.append((f"{b}.ssm_dt.bias", (heads,), Q.F32))
+    out.append((f"{b}.ssm_a", (heads, 1), Q.F32))
+    out.append((f"{b}.ssm_d", (heads, 1), Q.F32))
+    out.append((f"{b}.ssm_norm.weight", (groups, inner // groups), Q.F32))
+    matrix(f"{b}.ssm_out.weight", hidden, inner, more)
+    return out
+
+
 def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...], Q]]:
     """(name, numpy shape, type) of every tensor, in llama.cpp's naming."""
     cfg = _text(config)
@@ -104,7 +152,12 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
     inter = int(cfg.get("intermediate_size") or 0)
     experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     moe_inter = int(cfg.get("moe_intermediate_size") or inter)
-    shared = int(cfg.get("n_shared_experts") or 0) * moe_inter + int(cfg.get("shared_expert_intermediate_size") or 0)
+    shared = (
+        int(cfg.get("n_shared_experts") or 0) * moe_inter
+        + int(cfg.get("shared_expert_intermediate_size") or 0)
+        + int(cfg.get("shared_intermediate_size") or 0)  # Granite 4.0-H
+    )
+    gated_q = 2 if cfg.get("model_type") == "qwen3_next" else 1  # Qwen3-Next's attn_q carries its output gate
     dense_first = int(cfg.get("first_k_dense_replace") or 0)
     # convert_hf_to_gguf.py (conversion/glm.py, deepseek.py) writes the MTP layers as the last blocks
     nextn = int(cfg.get("num_nextn_predict_layers") or 0)
@@ -117,7 +170,9 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
         b = f"blk.{i}"
         more = MIXES[mix][1] if more_bits(i, layers + nextn) else main
         out.append((f"{b}.attn_norm.weight", (hidden,), Q.F32))
-        if cfg.get("kv_lora_rank"):  # MLA (DeepSeek, Kimi, GLM-4.7-Flash)
+        if recurrent_layer(cfg, i):
+            out.extend(_recurrent_tensors(cfg, b, main, more))
+        elif cfg.get("kv_lora_rank"):  # MLA (DeepSeek, Kimi, GLM-4.7-Flash)
             rank, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim") or 64)
             nope, v_head = int(cfg.get("qk_nope_head_dim") or 128), int(cfg.get("v_head_dim") or 128)
             q_rank = int(cfg.get("q_lora_rank") or 0)
@@ -140,7 +195,7 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
                 matrix(f"{b}.attn_v.weight", kv * dim, hidden, more)
             matrix(f"{b}.attn_output.weight", hidden, heads * dim, main)
         else:
-            matrix(f"{b}.attn_q.weight", heads * head_dim, hidden, main)
+            matrix(f"{b}.attn_q.weight", gated_q * heads * head_dim, hidden, main)
             matrix(f"{b}.attn_k.weight", kv_heads * head_dim, hidden, main)
             matrix(f"{b}.attn_v.weight", kv_heads * head_dim, hidden, more)
             matrix(f"{b}.attn_output.weight", hidden, heads * head_dim, main)
@@ -156,6 +211,8 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
             out.append((f"{b}.ffn_up_exps.weight", (experts, moe_inter, hidden), _fits(main, hidden)))
             out.append((f"{b}.ffn_down_exps.weight", (experts, hidden, moe_inter), _fits(more, moe_inter)))
             if shared:
+                if cfg.get("shared_expert_intermediate_size"):  # Qwen2/3-MoE style: a gated shared expert
+                    out.append((f"{b}.ffn_gate_inp_shexp.weight", (hidden,), Q.F32))
                 matrix(f"{b}.ffn_gate_shexp.weight", shared, hidden, main)
                 matrix(f"{b}.ffn_up_shexp.weight", shared, hidden, main)
                 matrix(f"{b}.ffn_down_shexp.weight", hidden, shared, more)
@@ -200,6 +257,7 @@ def metadata(config: dict[str, Any], mix: str, name: str, chat_template: str | N
         keys[f"{arch}.expert_feed_forward_length"] = int(cfg.get("moe_intermediate_size") or 0)
     if cfg.get("num_nextn_predict_layers"):
         keys[f"{arch}.nextn_predict_layers"] = int(cfg["num_nextn_predict_layers"])
+    keys.update(_recurrent_keys(cfg, arch))
     if cfg.get("kv_lora_rank"):
         rank, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim") or 64)
         keys[f"{arch}.attention.kv_lora_rank"] = rank
@@ -221,6 +279,33 @@ def metadata(config: dict[str, Any], mix: str, name: str, chat_template: str | N
     if chat_template:
         keys["tokenizer.chat_template"] = chat_template
     return keys
+
+
+def _recurrent_keys(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The ``ssm.*`` keys as conversion/qwen.py (Qwen3NextModel) and conversion/granite.py
+    (GraniteHybridModel) write them; Granite marks its Mamba layers by zero KV heads."""
+    if cfg.get("model_type") == "qwen3_next":
+        return {
+            f"{arch}.ssm.conv_kernel": int(cfg["linear_conv_kernel_dim"]),
+            f"{arch}.ssm.state_size": int(cfg["linear_key_head_dim"]),
+            f"{arch}.ssm.group_count": int(cfg["linear_num_key_heads"]),
+            f"{arch}.ssm.time_step_rank": int(cfg["linear_num_value_heads"]),
+            f"{arch}.ssm.inner_size": int(cfg["linear_value_head_dim"]) * int(cfg["linear_num_value_heads"]),
+            f"{arch}.full_attention_interval": int(cfg.get("full_attention_interval") or 4),
+            f"{arch}.expert_shared_feed_forward_length": int(cfg.get("shared_expert_intermediate_size") or 0),
+        }
+    if cfg.get("model_type") == "granitemoehybrid":
+        layers, kv = int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        return {
+            f"{arch}.ssm.conv_kernel": int(cfg.get("mamba_d_conv") or 4),
+            f"{arch}.ssm.state_size": int(cfg["mamba_d_state"]),
+            f"{arch}.ssm.group_count": int(cfg.get("mamba_n_groups") or 1),
+            f"{arch}.ssm.inner_size": int(cfg["mamba_n_heads"]) * int(cfg["mamba_d_head"]),
+            f"{arch}.ssm.time_step_rank": int(cfg["mamba_n_heads"]),
+            f"{arch}.attention.head_count_kv": [0 if recurrent_layer(cfg, i) else kv for i in range(layers)],
+            f"{arch}.expert_shared_feed_forward_length": int(cfg.get("shared_intermediate_size") or 0),
+        }
+    return {}
 
 
 def header_bytes(

@@ -5,13 +5,15 @@
 Every request is forwarded to TARGET_URL unchanged (bodies and streams byte for byte) and written to
 OUT_DIR as ``NN-<route>.json`` in arrival order: method, path, query, the headers minus credentials and
 hop-by-hop ones, the JSON body, and the status the gateway answered (with its body when it was an
-error). tests/data/agent-requests/ keeps such recordings as fixtures; tests/integration/test_agents_real.py
-reads them to see which statuses the agent got.
+error). A streamed answer is relayed untouched; when it ends, the record gains how it finished, as each
+dialect says it (``stream_finish``: a stop, or the output limit). tests/data/agent-requests/ keeps such
+recordings as fixtures; tests/integration/test_agents_real.py reads them to see what the agent got.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -30,6 +32,9 @@ from starlette.routing import Route
 DROPPED = {"authorization", "x-api-key", "cookie", "host", "content-length", "connection", "transfer-encoding"}
 HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 ERROR_BODY_LIMIT = 4096
+# how a stream says it finished: a Responses event, a chat chunk's finish reason, a Messages stop reason
+FINISH = re.compile(rb'event: ?(response\.(?:completed|incomplete|failed))|"(?:finish|stop)_reason": ?"(\w+)"')
+FINISH_OVERLAP = 256  # bytes kept from the previous chunk, so a marker split across two is still seen
 
 _lock = threading.Lock()
 
@@ -88,11 +93,19 @@ def make_app(target: str, out_dir: Path) -> Starlette:
             _write(out_dir, record)
             answer_headers.pop("content-encoding", None)
             return Response(upstream.content, upstream.status_code, answer_headers)
-        _write(out_dir, record)
+        path = _write(out_dir, record)
 
         async def relay() -> AsyncIterator[bytes]:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
+            carry, finishes = b"", set[str]()
+            try:
+                async for chunk in upstream.aiter_raw():
+                    window = carry + chunk
+                    finishes.update((m[1] or m[2]).decode() for m in FINISH.finditer(window))
+                    carry = window[-FINISH_OVERLAP:]
+                    yield chunk
+            finally:
+                record["stream_finish"] = sorted(finishes)
+                path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
 
         closing = BackgroundTask(upstream.aclose)
         return StreamingResponse(relay(), upstream.status_code, answer_headers, background=closing)
