@@ -21,6 +21,7 @@ _GGUF_MAGIC = b"GGUF"
 # GGUF value types → struct format of one scalar
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")  # a string's byte length, before its bytes
 _SMALL_ARRAY = 4096  # arrays of numbers up to this length are kept: one value per layer (a vocabulary is not)
 
 
@@ -78,6 +79,16 @@ class _Cursor:
         self.offset += length
         return raw.decode("utf-8", errors="replace")
 
+    def skip_strings(self, count: int) -> None:
+        """Step over ``count`` strings without decoding them: a vocabulary holds 150,000-250,000, and
+        nothing the planner reads is among them."""
+        offset, buffer, length_at = self.offset, self.buffer, _LENGTH.unpack_from
+        for _ in range(count):
+            offset += 8 + length_at(buffer, offset)[0]
+        if offset > len(buffer):
+            raise struct.error("string runs past the end of the file")
+        self.offset = offset
+
     def value(self, kind: int) -> Any:
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
@@ -89,6 +100,8 @@ class _Cursor:
                 return _ArrayOf(item_kind, count, tuple(self.scalar(_SCALARS[item_kind]) for _ in range(count)))
             if item_kind in _SCALARS:
                 self.offset += struct.calcsize(_SCALARS[item_kind]) * count
+            elif item_kind == _STRING:
+                self.skip_strings(count)
             else:
                 for _ in range(count):
                     self.value(item_kind)
