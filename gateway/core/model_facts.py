@@ -298,10 +298,12 @@ def facts_from_config(
     weight_source: str = "",
     quantization: str | None = None,
     quant_file: dict[str, Any] | None = None,
+    tensor_names: list[str] | None = None,
 ) -> ModelFacts:
     """Facts from a Hugging Face config.json (as a dict); missing essentials raise ModelError.
     ``quant_file``: the checkpoint's hf_quant_config.json (ModelOpt), whose exclude list says which
-    layers stay in 16 bits."""
+    layers stay in 16 bits. ``tensor_names``: the checkpoint's, where its index or headers were read
+    (they show MTP layers a config does not count)."""
     cfg = text_config(config)
     try:
         hidden = int(cfg["hidden_size"])
@@ -325,7 +327,7 @@ def facts_from_config(
     qc: dict[str, Any] = found if isinstance(found, dict) else {}
     quant_method = str(qc.get("quant_method") or ("modelopt" if quant_file else "")).lower()
     quant_algo = _quant_algo(qc) or (_quant_algo(quant_file) if isinstance(quant_file, dict) else "")
-    mtp_layers = int(cfg.get("num_nextn_predict_layers") or 0)
+    mtp_layers = _mtp_layers(cfg, tensor_names)
     recurrent_pattern, recurrent_kind, recurrent_dims = _recurrent(cfg, layers)
     return ModelFacts(
         name=name,
@@ -403,6 +405,24 @@ def _mtp_layer_bytes(cfg: dict[str, Any], quantization: str | None, kept: tuple[
     return per_layer + 2 * hidden * hidden * 2 + 3 * hidden * 2
 
 
+# Families whose checkpoints ship MTP layers their config.json does not count: Qwen3-Next's
+# ``mtp.layers.0`` (vLLM 0.32 models/qwen3_next_mtp.py: ``getattr(config, "num_nextn_predict_layers", 1)``)
+UNCOUNTED_MTP_LAYERS = {"qwen3_next": 1}
+_MTP_TENSOR = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\.")
+
+
+def _mtp_layers(cfg: dict[str, Any], tensor_names: list[str] | None) -> int:
+    """The model's own multi-token-prediction layers: config.json's ``num_nextn_predict_layers``
+    (GLM-4.x, DeepSeek-V3) or ``mtp_num_hidden_layers`` (Qwen3.5); else the ``mtp.layers.N`` tensors
+    where the checkpoint's names were read; else what the family is known to ship."""
+    for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        if cfg.get(key) is not None:
+            return int(cfg[key] or 0)
+    if tensor_names is not None:
+        return len({found.group(1) for name in tensor_names if (found := _MTP_TENSOR.match(name))})
+    return UNCOUNTED_MTP_LAYERS.get(str(cfg.get("model_type") or ""), 0)
+
+
 def _quantization_of_file(quant_file: dict[str, Any] | None) -> str | None:
     """hf_quant_config.json's ``quant_algo`` (NVFP4, FP8) when config.json names no method."""
     if not isinstance(quant_file, dict):
@@ -411,11 +431,16 @@ def _quantization_of_file(quant_file: dict[str, Any] | None) -> str | None:
     return "nvfp4" if "FP4" in algo else "mxfp8" if "MXFP8" in algo else "fp8" if "FP8" in algo else None
 
 
-def _safetensors_header_bytes(path: Path) -> int:
-    """Sum of tensor sizes declared in one shard's header (the weights themselves are not read)."""
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    """One shard's header: each tensor's dtype, shape and offsets (the weights themselves are not read)."""
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
+        header: dict[str, Any] = json.loads(handle.read(length))
+    return header
+
+
+def _tensor_bytes(header: dict[str, Any]) -> int:
+    """Sum of the tensor sizes a shard's header declares."""
     return sum(
         end - start for key, value in header.items() if key != "__metadata__" for start, end in [value["data_offsets"]]
     )
@@ -430,19 +455,28 @@ def facts_from_dir(directory: Path, name: str | None = None) -> ModelFacts:
     index = directory / "model.safetensors.index.json"
     weight_bytes: int | None = None
     source = ""
+    names: list[str] | None = None
     if index.is_file():
-        weight_bytes = int(json.loads(index.read_text()).get("metadata", {}).get("total_size") or 0) or None
-        source = "safetensors index"
+        read = json.loads(index.read_text())
+        weight_bytes = int(read.get("metadata", {}).get("total_size") or 0) or None
+        names, source = list(read.get("weight_map") or {}) or None, "safetensors index"
     shards = sorted(directory.glob("*.safetensors"))
     if weight_bytes is None and shards:
-        weight_bytes, source = sum(_safetensors_header_bytes(shard) for shard in shards), "safetensors headers"
+        headers = [_safetensors_header(shard) for shard in shards]
+        weight_bytes, source = sum(_tensor_bytes(header) for header in headers), "safetensors headers"
+        names = [key for header in headers for key in header if key != "__metadata__"]
     quant_file = directory / "hf_quant_config.json"
     try:
         quant = json.loads(quant_file.read_text()) if quant_file.is_file() else None
     except (OSError, ValueError):
         quant = None
     return facts_from_config(
-        config, name or directory.name, weight_bytes=weight_bytes, weight_source=source, quant_file=quant
+        config,
+        name or directory.name,
+        weight_bytes=weight_bytes,
+        weight_source=source,
+        quant_file=quant,
+        tensor_names=names,
     )
 
 
@@ -468,11 +502,14 @@ def facts_from_hub(repo: str) -> ModelFacts:
             sum(info.data_offsets[1] - info.data_offsets[0] for info in shard.tensors.values())
             for shard in metadata.files_metadata.values()
         )
+        names: list[str] | None = list(metadata.weight_map)
         source = "hub safetensors metadata"
     except Exception:  # no safetensors on the hub: estimate from the architecture instead
-        weight_bytes, source = None, ""
+        weight_bytes, source, names = None, "", None
     try:  # ModelOpt checkpoints name their 16-bit layers here
         quant: dict[str, Any] | None = json.loads(Path(hf_hub_download(repo, "hf_quant_config.json")).read_text())
     except Exception:  # most checkpoints have none
         quant = None
-    return facts_from_config(config, repo, weight_bytes=weight_bytes, weight_source=source, quant_file=quant)
+    return facts_from_config(
+        config, repo, weight_bytes=weight_bytes, weight_source=source, quant_file=quant, tensor_names=names
+    )

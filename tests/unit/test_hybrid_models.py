@@ -95,6 +95,36 @@ def test_vllm_reports_concurrency_times_length_with_each_request_holding_its_sta
     assert m.max_fitting_model_len == min(qwen.max_position or 0, (m.kv_cache - 36 * QWEN_STATE_TP2) // (12 * 1024))
 
 
+def test_qwen3_nexts_mtp_layer_is_counted_though_its_config_does_not_name_it() -> None:
+    """Qwen3-Next's config.json has no num_nextn_predict_layers, yet its checkpoints ship ``mtp.layers.0``
+    and vLLM 0.32's Qwen3NextMTP builds ``getattr(config, "num_nextn_predict_layers", 1)`` layers: one
+    layer, unless the checkpoint's own tensor names (where read) show none."""
+    config = json.loads((CONFIGS / "Qwen3-Next-80B-A3B-Instruct.json").read_text())
+    assert facts_from_config(config, "q").mtp_layers == 1
+    shipped = ["model.layers.0.mlp.gate.weight", "mtp.fc.weight", "mtp.layers.0.mlp.gate.weight"]
+    assert facts_from_config(config, "q", tensor_names=shipped).mtp_layers == 1
+    assert facts_from_config(config, "q", tensor_names=shipped[:1]).mtp_layers == 0  # stripped of its MTP
+    assert facts_from_config({**config, "num_nextn_predict_layers": 0}, "q").mtp_layers == 0
+    from backends.vllm import releases
+
+    assert releases.mtp_draft(_facts("Qwen3-Next-80B-A3B-Instruct"), "0.32.0") == "qwen3_next_mtp"
+
+
+def test_vllm_drafting_with_qwen3_nexts_mtp_layer_costs_its_weights_one_attention_layer_and_a_state_page() -> None:
+    """With the MTP layer on: 13 attention layers and 36 recurrent ones, so groups of 13 (36 is not
+    under 1.5 x 13): 1 attention group, 3 recurrent groups; each recurrent layer keeps a third state page
+    for the draft (mamba_utils: 2 pages with prefix caching + 1 speculative)."""
+    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    gpu = parse_gpu_spec("2x80GiB@9.0")[0]
+    off = memory(Checkpoint("q", qwen), gpu, VllmFlags(2, 0.9, 65536, 16, 2048), "0.32.0")
+    on = memory(Checkpoint("q", qwen), gpu, VllmFlags(2, 0.9, 65536, 16, 2048, speculative_mtp=1), "0.32.0")
+    assert on.weights - off.weights == qwen.mtp_bytes // 2 == on.mtp_weights
+    kinds = {kind.state_bytes > 0: kind for kind in kv_layers(qwen, 2, "auto", "0.32.0", mtp=True)}
+    assert kinds[False].count == 13 and kinds[True].state_bytes == QWEN_STATE_TP2 // 2 * 3
+    blocks = on.kv_cache // (13 * 544 * 1024)
+    assert on.kv_tokens == int(blocks / (121 + 3 * 3) * 65536)
+
+
 # llama.cpp: f32 rows of n_embd_r + n_embd_s, one per slot (4 natively), 4 × (1 + 3) with MTP drafting
 QWEN_ROW = (4 - 1) * (32 * 128 + 2 * 16 * 128) + 128 * 32 * 128
 GRANITE_ROW = (4 - 1) * (8192 + 2 * 1 * 128) + 128 * 8192
