@@ -115,7 +115,7 @@ class KvLayers:
 
 # With prefix caching (on by default, mamba_cache_mode "align") a recurrent layer keeps two state
 # pages per request (0.32.0 v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes:
-# ``page_size_bytes * (2 + num_speculative_blocks + ...)``; one each with speculative decoding).
+# ``page_size_bytes * (2 + num_speculative_blocks + ...)``; one more per draft token with speculative decoding).
 STATE_PAGES_PER_REQUEST = 2
 
 
@@ -183,7 +183,9 @@ def recurrent_state_bytes(
         temporal = heads // tp * head_dim * state
     else:
         return 0
-    pages = STATE_PAGES_PER_REQUEST + (1 if speculative else 0)
+    # v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes ("align"): 2 + num_speculative_blocks
+    # pages, one per draft token (mamba/abstract.py: num_speculative_tokens)
+    pages = STATE_PAGES_PER_REQUEST + speculative
     page = conv * facts.dtype_bytes + temporal * (layout.ssm_element_bytes or facts.dtype_bytes)
     return padded_state_page(page, attention_token_bytes, layout.alignment) * pages
 
@@ -215,7 +217,7 @@ def kv_layers(
     recurrent = facts.recurrent_layers
     speculative = facts.mtp_layers if mtp else 0
     state = recurrent_state_bytes(facts, tp, speculative, full_layer, layout)
-    page = state // (STATE_PAGES_PER_REQUEST + (1 if speculative else 0))
+    page = state // (STATE_PAGES_PER_REQUEST + speculative)
     kinds = [
         KvLayers(sliding, per_layer, windowed=True),
         KvLayers(layers - sliding - recurrent, full_layer, block_tokens=page // full_layer if state else 0),

@@ -16,7 +16,7 @@ import pytest
 from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
 from backends.llamacpp.gguf_facts import estimate_gguf_facts
 from backends.llamacpp.placement import kv_layer_bytes, place
-from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory
+from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
 from gateway.core.devices import GIB, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 
@@ -123,6 +123,9 @@ def test_vllm_drafting_with_qwen3_nexts_mtp_layer_costs_its_weights_one_attentio
     assert kinds[False].count == 13 and kinds[True].state_bytes == QWEN_STATE_TP2 // 2 * 3
     blocks = on.kv_cache // (13 * 544 * 1024)
     assert on.kv_tokens == int(blocks / (121 + 3 * 3) * 65536)
+    # two draft tokens: 2 + 2 pages (num_speculative_blocks = num_speculative_tokens), and a conv state of
+    # kernel - 1 + 2 rows: ((2·16·128 + 32·128)/2 × 5 + 16·128·128) × 2 = 565,248 B, padded to 35 × 16 tokens
+    assert recurrent_state_bytes(qwen, 2, 2, 1024) == 4 * 35 * 16 * 1024
 
 
 # llama.cpp: f32 rows of n_embd_r + n_embd_s, one per slot (4 natively), 4 × (1 + 3) with MTP drafting
