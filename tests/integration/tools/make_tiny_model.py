@@ -50,14 +50,23 @@ def main(out: Path, arch: str = "llama") -> None:
     fast.save_pretrained(out)
 
     torch.manual_seed(0)
+    # what both tiny models share: the tokenizer's ids, a 128-wide bf16 body with tied embeddings
+    common = {
+        "vocab_size": len(fast),
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "bos_token_id": fast.bos_token_id,
+        "eos_token_id": fast.eos_token_id,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    }
     if arch == "qwen3_next":
         hybrid = Qwen3NextConfig(
-            vocab_size=len(fast),
-            hidden_size=128,
-            intermediate_size=256,
+            **common,
             num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             head_dim=32,
             num_experts=4,
             num_experts_per_tok=2,
@@ -69,27 +78,10 @@ def main(out: Path, arch: str = "llama") -> None:
             linear_value_head_dim=64,
             linear_conv_kernel_dim=4,
             full_attention_interval=4,
-            max_position_embeddings=2048,
-            bos_token_id=fast.bos_token_id,
-            eos_token_id=fast.eos_token_id,
-            tie_word_embeddings=True,
-            torch_dtype="bfloat16",
         )
         Qwen3NextForCausalLM(hybrid).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
         return
-    config = LlamaConfig(
-        vocab_size=len(fast),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
-        tie_word_embeddings=True,
-        torch_dtype="bfloat16",
-    )
+    config = LlamaConfig(**common, num_hidden_layers=2)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
 
 
