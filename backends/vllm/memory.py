@@ -162,16 +162,12 @@ def cpu_layout() -> StateLayout:
     return StateLayout(CPU_BLOCK_TOKENS, 4 if _host_has_avx512_bf16() else None)
 
 
-def recurrent_state_bytes(
-    facts: ModelFacts, tp: int, speculative: int = 0, attention_token_bytes: int = 0, layout: StateLayout = CUDA_LAYOUT
-) -> int:
-    """One recurrent layer's state for one request on each GPU (0.32.0 model_executor/layers/mamba/
-    mamba_utils.py): gated delta-net: conv ``(2 k_heads k_dim + v_heads v_dim) / TP × (kernel − 1 +
-    spec)`` + ``v_heads / TP × v_dim × k_dim``; Mamba-2: conv ``(intermediate + 2 groups' state) / TP ×
+def recurrent_state_page(facts: ModelFacts, tp: int, speculative: int = 0, layout: StateLayout = CUDA_LAYOUT) -> int:
+    """One recurrent layer's state page, before padding, on each GPU (0.32.0 model_executor/layers/
+    mamba/mamba_utils.py): gated delta-net: conv ``(2 k_heads k_dim + v_heads v_dim) / TP × (kernel − 1
+    + spec)`` + ``v_heads / TP × v_dim × k_dim``; Mamba-2: conv ``(intermediate + 2 groups' state) / TP ×
     (kernel − 1 + spec)`` + ``heads / TP × head_dim × state``; in the model's dtype (mamba_cache_dtype
-    and mamba_ssm_cache_dtype "auto"); each page padded to the attention page
-    (:func:`padded_state_page`) when ``attention_token_bytes`` (one attention layer's KV per token) is
-    given."""
+    and mamba_ssm_cache_dtype "auto"), the temporal state in the layout's. 0 for a model without."""
     if facts.recurrent_kind == "gated_delta_net":
         k_heads, v_heads, k_dim, v_dim, kernel = facts.recurrent_dims
         conv = (2 * k_heads * k_dim + v_heads * v_dim) // tp * (kernel - 1 + speculative)
@@ -183,11 +179,18 @@ def recurrent_state_bytes(
         temporal = heads // tp * head_dim * state
     else:
         return 0
-    # v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes ("align"): 2 + num_speculative_blocks
-    # pages, one per draft token (mamba/abstract.py: num_speculative_tokens)
-    pages = STATE_PAGES_PER_REQUEST + speculative
-    page = conv * facts.dtype_bytes + temporal * (layout.ssm_element_bytes or facts.dtype_bytes)
-    return padded_state_page(page, attention_token_bytes, layout.alignment) * pages
+    return conv * facts.dtype_bytes + temporal * (layout.ssm_element_bytes or facts.dtype_bytes)
+
+
+def recurrent_state_bytes(
+    facts: ModelFacts, tp: int, speculative: int = 0, attention_token_bytes: int = 0, layout: StateLayout = CUDA_LAYOUT
+) -> int:
+    """One recurrent layer's state for one request: its page padded to the attention page
+    (:func:`padded_state_page`) when ``attention_token_bytes`` (one attention layer's KV per token) is
+    given, times the pages a request keeps (v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes,
+    "align": 2 + num_speculative_blocks, one per draft token, mamba/abstract.py)."""
+    page = recurrent_state_page(facts, tp, speculative, layout)
+    return padded_state_page(page, attention_token_bytes, layout.alignment) * (STATE_PAGES_PER_REQUEST + speculative)
 
 
 def kv_layers(
@@ -217,10 +220,11 @@ def kv_layers(
     recurrent = facts.recurrent_layers
     speculative = facts.mtp_layers if mtp else 0
     state = recurrent_state_bytes(facts, tp, speculative, full_layer, layout)
-    page = state // (STATE_PAGES_PER_REQUEST + speculative)
+    page = recurrent_state_page(facts, tp, speculative, layout)
+    block = attention_block_tokens(page, full_layer, layout.alignment) if state else 0
     kinds = [
         KvLayers(sliding, per_layer, windowed=True),
-        KvLayers(layers - sliding - recurrent, full_layer, block_tokens=page // full_layer if state else 0),
+        KvLayers(layers - sliding - recurrent, full_layer, block_tokens=block),
         KvLayers(recurrent, 0, state_bytes=state),
     ]
     return [kind for kind in kinds if kind.count]
