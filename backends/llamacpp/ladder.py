@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.llamacpp import drafting
+import backends.llamacpp.drafting as drafting
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
 from backends.llamacpp.speed import tokens_per_second
 from gateway.core.devices import GIB, MIB, Device

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.llamacpp import drafting
+import backends.llamacpp.drafting as drafting
 from backends.llamacpp.gguf_facts import SWA_PATTERN
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import ModelFacts

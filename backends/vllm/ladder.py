@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from backends.vllm import releases
+import backends.vllm.releases as releases
 from backends.vllm.memory import (
     CUDA_CONTEXT_BYTES,
     PRE_SNAPSHOT_SEEN_BYTES,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from backends.vllm import parsers
+import backends.vllm.parsers as parsers
 from backends.vllm.hub_checkpoints import checkpoint_variants, method_of
 from backends.vllm.memory import Checkpoint
 from backends.vllm.parsers import Parsers

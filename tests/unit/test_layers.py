@@ -3,8 +3,14 @@
 Layers, bottom first (README "Layout"): ``gateway.core`` < ``gateway.hub`` < ``backends`` < ``gateway.agents`` <
 ``gateway.planning`` and ``gateway.supervision`` < ``gateway.serving`` < ``gateway.nodes`` (the
 worker serves HTTP with the serving layer's parts) < ``gateway.cli`` < ``gateway`` itself (``__main__``).
-Packages on one level do not import each other.
-Imports under ``if TYPE_CHECKING:`` count too: a type from above is still an arrow up.
+Packages on one level do not import each other. Inside ``backends`` each engine is a sealed room: the
+gateway reaches engines only through ``backends.base`` and ``backends.registry``, and one engine never
+imports the other. Imports under ``if TYPE_CHECKING:`` count too (a type from above is still an arrow up),
+relative imports are resolved, and ``from package import name`` is an arrow to the package's
+``__init__``: a circle through an ``__init__`` is a circle.
+
+Each rule is a function over an import graph, so that a small seeded tree can prove the rule catches
+what it is meant to catch.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = {
@@ -26,6 +34,10 @@ LAYERS = {
     "gateway.cli": 6,
     "gateway": 7,
 }
+# the only parts of backends/ the generic layers may name: the contract and the list of engines
+ENGINE_SEAMS = ("backends", "backends.base", "backends.registry")
+
+Graph = dict[str, set[str]]
 
 
 def _package(module: str) -> str:
@@ -33,63 +45,149 @@ def _package(module: str) -> str:
     return max((name for name in LAYERS if module == name or module.startswith(name + ".")), key=len)
 
 
-def _modules() -> dict[str, Path]:
+def _engine(module: str) -> str | None:
+    """``backends.vllm`` for any module inside that engine's folder; None outside every engine."""
+    parts = module.split(".")
+    if parts[0] != "backends" or len(parts) < 2 or ".".join(parts[:2]) in ENGINE_SEAMS:
+        return None
+    return ".".join(parts[:2])
+
+
+def modules(root: Path) -> dict[str, Path]:
     found = {}
     for top in ("gateway", "backends"):
-        for path in (ROOT / top).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+        for path in (root / top).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
-def _imports(module: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules this one imports (``from pkg import submodule`` names the submodule)."""
+def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module a ``from`` import names, relative ones resolved against the importing module's package."""
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules this one imports. ``from pkg import submodule`` names both: the package's
+    ``__init__`` runs and hands the name over."""
     targets = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            targets.add(node.module)
-            targets |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, path, node)
+            targets.add(source)
+            targets |= {f"{source}.{alias.name}" for alias in node.names}
     return {target for target in targets if target in known and target != module}
 
 
-GRAPH = {module: _imports(module, path, set(_modules())) for module, path in _modules().items()}
+def import_graph(root: Path) -> Graph:
+    found = modules(root)
+    return {module: imports(module, path, set(found)) for module, path in found.items()}
 
 
-def test_every_import_points_down_a_layer() -> None:
-    upward = [
+def upward_imports(graph: Graph) -> list[str]:
+    """Arrows to a higher layer, or across to another package of the same level. A package's own
+    modules importing each other, or its ``__init__`` re-exporting them, are inside one layer."""
+    return sorted(
         f"{module} -> {target}"
-        for module, targets in GRAPH.items()
+        for module, targets in graph.items()
         for target in targets
-        if _package(target) != _package(module)
-        and LAYERS[_package(target)] >= LAYERS[_package(module)]
-        and not module.startswith(_package(target) + ".")  # a package's own __init__ re-exports
-    ]
-    assert not upward, "imports that do not point down:\n" + "\n".join(sorted(upward))
+        if _package(target) != _package(module) and LAYERS[_package(target)] >= LAYERS[_package(module)]
+    )
 
 
-def test_no_module_circle() -> None:
-    """Package ``__init__`` re-exports are left out: importing a package's own parts is not a circle."""
-    edges = {
-        m: {t for t in ts if not (m == t.rsplit(".", 1)[0] or t == m.rsplit(".", 1)[0])} for m, ts in GRAPH.items()
-    }
+def engine_reach(graph: Graph) -> list[str]:
+    """Arrows into an engine's room from outside it: the generic layers, the seams, or the other engine."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if _engine(target) is not None and _engine(module) != _engine(target)
+    )
+
+
+def circles(graph: Graph) -> list[str]:
     state: dict[str, int] = {}
-    circles: list[str] = []
+    found: list[str] = []
 
     def visit(module: str, trail: list[str]) -> None:
         state[module] = 1
-        for target in sorted(edges[module]):
+        for target in sorted(graph[module]):
             if state.get(target) == 1:
-                circles.append(" -> ".join([*trail[trail.index(target) :], target]))
+                found.append(" -> ".join([*trail[trail.index(target) :], target]))
             elif target not in state:
                 visit(target, [*trail, target])
         state[module] = 2
 
-    for module in sorted(edges):
+    for module in sorted(graph):
         if module not in state:
             visit(module, [module])
-    assert not circles, "import circles:\n" + "\n".join(circles)
+    return found
+
+
+GRAPH = import_graph(ROOT)
+
+
+def test_every_import_points_down_a_layer() -> None:
+    upward = upward_imports(GRAPH)
+    assert not upward, "imports that do not point down:\n" + "\n".join(upward)
+
+
+def test_engines_are_reached_only_through_the_contract_and_the_registry() -> None:
+    """The registry is the one module that names every engine; everything else asks it."""
+    reaching = [arrow for arrow in engine_reach(GRAPH) if not arrow.startswith("backends.registry -> ")]
+    assert not reaching, "imports into an engine from outside it:\n" + "\n".join(reaching)
+
+
+def test_no_module_circle() -> None:
+    found = circles(GRAPH)
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+SEEDED_VIOLATIONS = {
+    "a relative import pointing up": (
+        {"gateway/core/files.py": "from ..serving import app\n", "gateway/serving/app.py": ""},
+        upward_imports,
+        "gateway.core.files -> gateway.serving.app",
+    ),
+    "the core importing the top package": (
+        {"gateway/__init__.py": "", "gateway/core/files.py": "from gateway import __version__\n"},
+        upward_imports,
+        "gateway.core.files -> gateway",
+    ),
+    "the generic layers importing an engine module": (
+        {"gateway/planning/planner.py": "from backends.vllm.ladder import ladder\n", "backends/vllm/ladder.py": ""},
+        engine_reach,
+        "gateway.planning.planner -> backends.vllm.ladder",
+    ),
+    "one engine importing the other": (
+        {"backends/llamacpp/ladder.py": "import backends.vllm.memory\n", "backends/vllm/memory.py": ""},
+        engine_reach,
+        "backends.llamacpp.ladder -> backends.vllm.memory",
+    ),
+    "a circle through a package __init__": (
+        {
+            "backends/vllm/__init__.py": "from backends.vllm.backend import VllmBackend\n",
+            "backends/vllm/backend.py": "from backends.vllm import releases\n",
+            "backends/vllm/releases.py": "",
+        },
+        circles,
+        "backends.vllm -> backends.vllm.backend -> backends.vllm",
+    ),
+}
+
+
+@pytest.mark.parametrize("files, rule, arrow", SEEDED_VIOLATIONS.values(), ids=SEEDED_VIOLATIONS.keys())
+def test_each_rule_catches_its_seeded_violation(tmp_path: Path, files: dict[str, str], rule, arrow: str) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert arrow in rule(import_graph(tmp_path))
 
 
 def test_every_package_says_what_it_holds() -> None:
