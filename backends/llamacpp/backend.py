@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.base import Installation, Option
 import backends.llamacpp.drafting as drafting
 import backends.llamacpp.source as source
+from backends.base import Installation, Option
 from backends.llamacpp.chat import has_tools, reasoning_format
 from backends.llamacpp.hub_variants import ReadVariant
 from backends.llamacpp.install import packaged_binary

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from backends.base import Installation, Option
 import backends.vllm.install as install
 import backends.vllm.multinode as multinode
 import backends.vllm.parsers as parsers
 import backends.vllm.releases as releases
 import backends.vllm.report as report
 import backends.vllm.source as source
+from backends.base import Installation, Option
 from backends.vllm.argv import build_argv, build_env
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from tests.integration.gatewayproc import free_port
+from tests.waiting import exited, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS_DIR = ROOT / ".agents"
@@ -205,16 +206,17 @@ class ToolProcess:
     def __init__(self, script: str, *args: str) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, str(TOOLS_DIR / script), str(self.port), *args])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{script} exited with {self.proc.returncode}")
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.1)
-        self.stop()
-        raise AssertionError(f"{script} did not start")
+        try:
+            wait_until(
+                self._listening, what=f"{script} to listen", timeout_s=30, interval_s=0.1, abort=exited(self.proc)
+            )
+        except AssertionError:
+            self.stop()
+            raise
+
+    def _listening(self) -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", self.port)) == 0
 
     @property
     def url(self) -> str:

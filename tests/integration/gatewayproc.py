@@ -8,13 +8,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+
+from tests.waiting import exited, wait_until
 
 
 def free_port() -> int:
@@ -56,20 +57,19 @@ class GatewayProcess:
     def wait_ready_with(self, timeout_s: float = 180, headers: dict[str, str] | None = None) -> None:
         """Poll /ready, recording every status seen, until 200; fail with the log if it never comes."""
         assert self.proc
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
+
+        def ready() -> bool:
             try:
                 status = httpx.get(self.url + "/ready", timeout=5, headers=headers).status_code
             except httpx.TransportError:
-                time.sleep(0.1)
-                continue
+                return False
             self.ready_statuses.append(status)
-            if status == 200:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"gateway not ready after {timeout_s} s:\n{self.log()}")
+            return status == 200
+
+        try:
+            wait_until(ready, what="the gateway's /ready", timeout_s=timeout_s, interval_s=0.1, abort=exited(self.proc))
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}:\n{self.log()}") from None
 
     @contextlib.contextmanager
     def serving(self, headers: dict[str, str] | None = None) -> Iterator[GatewayProcess]:

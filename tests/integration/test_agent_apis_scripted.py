@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +21,9 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gatewayproc import GatewayProcess, free_port
+from tests.integration.agent_clis import ToolProcess
+from tests.integration.gatewayproc import GatewayProcess
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -29,31 +31,17 @@ TOOLS_DIR = Path(__file__).resolve().parent / "tools"
 READ_FILE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 
 
-class Upstream:
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.events = workdir / f"upstream-{self.port}.events"
-        self.events.touch()
-        script = TOOLS_DIR / "scripted_upstream.py"
-        self.proc = subprocess.Popen([sys.executable, str(script), str(self.port), str(self.events)])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.1)
-        raise AssertionError("scripted upstream did not start")
+class Upstream(ToolProcess):
+    """The scripted upstream, with the file where it writes what it saw (requests, a client gone)."""
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __init__(self, workdir: Path) -> None:
+        handle, events = tempfile.mkstemp(dir=workdir, prefix="upstream-", suffix=".events")
+        os.close(handle)
+        self.events = Path(events)
+        super().__init__("scripted_upstream.py", str(self.events))
 
     def seen(self, needle: str) -> bool:
         return needle in self.events.read_text()
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 def _front(workdir: Path, upstream: Upstream, *extra: str) -> GatewayProcess:
@@ -245,10 +233,7 @@ def test_a_client_that_leaves_cancels_the_upstream_request(gateway: GatewayProce
         for line in response.iter_lines():
             if "waiting" in line:
                 break
-    deadline = time.monotonic() + 5
-    while not upstream.seen("disconnect") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert upstream.seen("disconnect"), "the upstream never saw the client leave"
+    wait_until(lambda: upstream.seen("disconnect"), what="the upstream to see the client leave", timeout_s=5)
 
 
 def test_usage_chunk_and_reasoning_pass_through(gateway: GatewayProcess) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.gatewayproc import port_closed
 from tests.integration.test_agent_apis_scripted import Upstream, _front
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -60,7 +61,4 @@ def test_a_stop_signal_drains_queued_and_open_requests_in_their_dialects(tmp_pat
     assert "event: error" in rest and "shutting down" in rest[rest.index("event: error") + 1], rest
     assert GRACE_S - 0.2 <= ended_after < GRACE_S + 5
     assert port_closed(front.port)
-    deadline = time.monotonic() + 5
-    while not server.seen("disconnect") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.seen("disconnect"), "the upstream stream was not closed"
+    wait_until(lambda: server.seen("disconnect"), what="the upstream stream to be closed", timeout_s=5)

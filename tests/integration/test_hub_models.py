@@ -17,6 +17,7 @@ import pytest
 
 from tests.integration.gatewayproc import GatewayProcess
 from tests.integration.tools.local_hub import LocalHub, running
+from tests.waiting import answers, exited, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -101,7 +102,6 @@ def test_a_hub_model_is_pooled_over_two_cards(tmp_path: Path, hub: tuple[str, Lo
     each (1 GiB of it kept free, as on a GPU), too small alone for the model and its 4k cache."""
     import subprocess
     import sys
-    import time
 
     from tests.integration.gatewayproc import free_port
 
@@ -114,15 +114,13 @@ def test_a_hub_model_is_pooled_over_two_cards(tmp_path: Path, hub: tuple[str, Lo
     with (tmp_path / "worker.log").open("wb") as log:
         worker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **_env(url, tmp_path)})
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert worker.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
-            time.sleep(0.2)
+        wait_until(
+            lambda: answers(f"http://127.0.0.1:{port}/health"),
+            what="the worker's /health",
+            timeout_s=60,
+            interval_s=0.2,
+            abort=exited(worker, (tmp_path / "worker.log").read_text),
+        )
         (tmp_path / "head").mkdir()
         head = GatewayProcess(
             tmp_path / "head", "--model", MODEL, "--context-length", "4096",

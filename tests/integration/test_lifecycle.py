@@ -11,26 +11,25 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.integration.gatewayproc import GatewayProcess, free_port, pid_alive, port_closed
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
 CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-def _wait_for(condition: object, timeout_s: float) -> float:
+def _wait_for(condition: Callable[[], object], timeout_s: float) -> float:
     """Seconds until ``condition()`` held; fails after ``timeout_s``."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if condition():  # type: ignore[operator]
-            return time.monotonic() - start
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met within {timeout_s} s")
+    wait_until(condition, what="the condition", timeout_s=timeout_s, interval_s=0.1)
+    return time.monotonic() - start
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import httpx
 import pytest
 
 from tests.integration.netns import Inside, Namespaces, unavailable
+from tests.waiting import answers, exited, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -75,30 +75,33 @@ class Cluster:
             "--gpus", DEVICE, "--name", f"node-{node}", "--api-key", KEY, "--threads", "1",
             "--state-dir", str(self.workdir / f"state-{node}"),
         )  # fmt: skip
-        self.wait(lambda: self.inside.call(_answers, f"http://{address}:{WORKER_PORT}/health"), f"worker-{node}")
+        self.wait(lambda: self.inside.call(answers, f"http://{address}:{WORKER_PORT}/health"), f"worker-{node}")
 
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
 
     def wait(self, ready: Any, name: str, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.procs[name].poll() is not None:
-                raise AssertionError(f"{name} exited with {self.procs[name].returncode}:\n{self.log(name)[-4000:]}")
-            if ready():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{name} not ready after {timeout_s} s:\n{self.log(name)[-4000:]}")
+        try:
+            wait_until(
+                ready, what=f"{name} to be ready", timeout_s=timeout_s, interval_s=0.2, abort=exited(self.procs[name])
+            )
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}:\n{self.log(name)[-4000:]}") from None
+
+    def status_when(self, holds: Callable[[dict[str, Any]], bool], what: str, timeout_s: float = 120) -> dict[str, Any]:
+        """The first /status for which ``holds`` is true; fails with the head's log."""
+
+        def matching() -> dict[str, Any] | None:
+            status = self.status()
+            return status if holds(status) else None
+
+        try:
+            return wait_until(matching, what=what, timeout_s=timeout_s, interval_s=0.5)
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}:\n{self.log('head')[-4000:]}") from None
 
     def wait_serving(self, timeout_s: float = 120) -> None:
-        self.wait(lambda: self.inside.call(_answers, self.url + "/ready"), "head", timeout_s)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
+        self.wait(lambda: self.inside.call(answers, self.url + "/ready"), "head", timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +149,11 @@ def _argv(status: dict[str, Any]) -> list[str]:
     return list(status["backend"]["argv"])
 
 
+def _rpc(status: dict[str, Any]) -> str | None:
+    """The engine's ``--rpc`` devices, None while no engine runs."""
+    return _flag(_argv(status), "--rpc") if status.get("backend") else None
+
+
 def _flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
@@ -188,14 +196,10 @@ def test_a_lost_worker_is_planned_around_and_a_returning_one_used_again(cluster:
     before = _argv(cluster.status())
     cluster.nets.kill_all(f"{cluster.nets.prefix}-b")  # node b is gone: worker and ggml-rpc-server
     cluster.chat()  # the engine notices on its next use of the device (this request may fail with 503)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        status = cluster.status()
-        if status["state"] == "ready" and _flag(_argv(status), "--rpc") == f"{NODES['a'][1]}:{RPC_PORT}":
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"no re-plan without node b:\n{cluster.log('head')[-4000:]}")
+    status = cluster.status_when(
+        lambda status: status["state"] == "ready" and _rpc(status) == f"{NODES['a'][1]}:{RPC_PORT}",
+        "a re-plan without node b",
+    )
     reply = cluster.chat()
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"], reply.text
     after = _argv(status)
@@ -210,15 +214,9 @@ def test_a_lost_worker_is_planned_around_and_a_returning_one_used_again(cluster:
     cluster.start_worker("b")
     engine = int(status["backend"]["pid"])
     os.kill(engine, signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        status = cluster.status()
-        rpc = _flag(_argv(status), "--rpc") if status.get("backend") else None
-        if status["state"] == "ready" and rpc and NODES["b"][1] in rpc:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"node b not used again:\n{cluster.log('head')[-4000:]}")
+    cluster.status_when(
+        lambda status: status["state"] == "ready" and NODES["b"][1] in (_rpc(status) or ""), "node b used again"
+    )
     assert cluster.chat().status_code == 200
 
 
@@ -237,10 +235,13 @@ def test_a_workers_servers_do_not_outlive_it(tmp_path: Path, stop: signal.Signal
     with (tmp_path / "worker.log").open("wb") as log:
         worker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while not _answers(f"http://127.0.0.1:{port}/health"):
-            assert worker.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
-            time.sleep(0.1)
+        wait_until(
+            lambda: answers(f"http://127.0.0.1:{port}/health"),
+            what="the worker's /health",
+            timeout_s=60,
+            interval_s=0.1,
+            abort=exited(worker, (tmp_path / "worker.log").read_text),
+        )
         inventory = httpx.get(f"http://127.0.0.1:{port}/inventory", headers={"x-api-key": KEY}, timeout=5).json()
         assert [d["running"] for d in inventory["devices"]] == [True, True]
         servers = [p for p in psutil.Process(worker.pid).children(recursive=True) if "ggml-rpc" in p.name()]
@@ -260,14 +261,9 @@ def test_an_unplugged_worker_is_noticed_without_a_request_and_planned_around(clu
     that would wait on the device, and the re-plan leaves the node out."""
     assert _flag(_argv(cluster.status()), "--rpc") == f"{NODES['a'][1]}:{RPC_PORT},{NODES['b'][1]}:{RPC_PORT}"
     cluster.nets.unplug(f"{cluster.nets.prefix}-a")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        status = cluster.status()
-        rpc = _flag(_argv(status), "--rpc") if status.get("backend") else None
-        if status["state"] == "ready" and rpc == f"{NODES['b'][1]}:{RPC_PORT}":
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"node a never left out:\n{cluster.log('head')[-4000:]}")
+    status = cluster.status_when(
+        lambda status: status["state"] == "ready" and _rpc(status) == f"{NODES['b'][1]}:{RPC_PORT}",
+        "node a left out",
+    )
     assert {n["name"]: n["state"] for n in status["nodes"]}["node-a"] == "lost"
     assert cluster.chat().status_code == 200

@@ -13,7 +13,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import psutil
 import pytest
 
 from tests.integration.gatewayproc import GatewayProcess, pid_alive
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -192,13 +192,12 @@ def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, c
     leader = int(native.status()["backend"]["pid"])
     engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
     os.kill(engine.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        status = native.status()
-        if status["restarts"] >= 1 and status["state"] == "ready":
-            break
-        time.sleep(0.2)
-    assert status["state"] == "ready" and status["restarts"] >= 1
+    wait_until(
+        lambda: (status := native.status())["restarts"] >= 1 and status["state"] == "ready",
+        what="the engine restarted and ready",
+        timeout_s=60,
+        interval_s=0.2,
+    )
     assert not pid_alive(leader), "the old reaper is gone with its engine"
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert reply.choices[0].message.content is not None

@@ -13,7 +13,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
@@ -28,6 +28,7 @@ from gateway.serving.model_names import ModelRoute
 from gateway.serving.proxy import Timeouts, Upstream
 from gateway.serving.runtime import Runtime
 from gateway.supervision.lifecycle import State
+from tests.waiting import wait_until
 
 FRONTED = "front-model"
 SERVED = "engine-model"  # the engine answers to another name, so responses are renamed
@@ -376,14 +377,6 @@ class Served:
         self.server.should_exit = True
         self._thread.join(timeout=10)
         self._socket.close()
-
-
-def wait_until(condition: Callable[[], bool], *, what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def sse_events(body: str) -> list[tuple[str | None, Any]]:

@@ -15,7 +15,8 @@ import pytest
 from gateway.serving.app import create_app
 from gateway.serving.disconnect import CancelOnDisconnect
 from gateway.serving.runtime import Runtime
-from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, wait_until
+from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime
+from tests.waiting import wait_until
 
 
 def _raw_request(url: str, text: str) -> socket.socket:

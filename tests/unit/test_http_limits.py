@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from gateway.serving.edge import ApiKeys
 from gateway.serving.http_limits import bounded_protocol
-from tests.unit.http_harness import wait_until
+from tests.waiting import wait_until
 
 MAX_BYTES = 8192
 MAX_HEADERS = 20

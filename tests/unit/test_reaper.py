@@ -13,12 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from gateway.core.process import child_environment
+from tests.waiting import holds_within
 
 # the stand-in engine: ignores SIGTERM, starts a helper that ignores it too, prints both pids, sleeps
 ENGINE = """
@@ -47,13 +47,13 @@ asyncio.run(main())
 
 
 def _gone(pids: list[int], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-        if not alive:
-            return True
-        time.sleep(0.05)
-    return False
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != "zombie"
+        except psutil.NoSuchProcess:
+            return False
+
+    return holds_within(lambda: not any(alive(pid) for pid in pids), within_s, interval_s=0.05)
 
 
 def test_a_gateway_killed_with_sigkill_takes_a_busy_engine_and_its_helpers_with_it(tmp_path: Path) -> None:

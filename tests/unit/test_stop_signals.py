@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gateway.core.process import free_port
 from tests.unit.http_harness import FakeEngine, Served
+from tests.waiting import answers, exited, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,15 +28,13 @@ def test_a_stop_signal_drains_and_exits_0(tmp_path: Path, stop: signal.Signals) 
     with log.open("wb") as out:
         gateway = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=out)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and gateway.poll() is None, log.read_text()
-            time.sleep(0.1)
+        wait_until(
+            lambda: answers(f"http://127.0.0.1:{port}/health"),
+            what="the gateway's /health",
+            timeout_s=30,
+            interval_s=0.1,
+            abort=exited(gateway, log.read_text),
+        )
         gateway.send_signal(stop)
         assert gateway.wait(timeout=30) == 0, log.read_text()
     finally:

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
 from gateway.nodes import worker as worker_module
 from gateway.nodes.worker import Worker, WorkerConfig, create_app
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # a stand-in ggml-rpc-server: prints its device list, waits DELAY seconds, then listens on -p (or exits).
@@ -131,6 +131,13 @@ def test_its_http_side_answers_like_serves(tmp_path: Path, fake_rpc: Path) -> No
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
 
 
+def _connect(port: int) -> socket.socket | None:
+    try:
+        return socket.create_connection(("127.0.0.1", port), timeout=10)
+    except OSError:
+        return None
+
+
 def test_its_headers_are_capped_before_the_key(tmp_path: Path, fake_rpc: Path) -> None:
     port = free_port()
     process = subprocess.Popen(
@@ -140,14 +147,7 @@ def test_its_headers_are_capped_before_the_key(tmp_path: Path, fake_rpc: Path) -
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the worker never listened"
-                time.sleep(0.1)
+        conn = wait_until(lambda: _connect(port), what="the worker to listen", timeout_s=30, interval_s=0.1)
         with conn:
             conn.sendall(b"GET /inventory HTTP/1.1\r\nHost: x\r\nX-Pad: ")
             answer = b""

@@ -32,7 +32,6 @@ import hashlib
 import json
 import socket
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +47,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.integration.tools.gguf_shapes import ShapedGguf, build
+from tests.waiting import wait_until
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "hub"
 CHUNK = 1 << 20
@@ -304,11 +304,12 @@ def running(real: dict[str, Path] | None = None, port: int | None = None) -> Ite
     server = uvicorn.Server(uvicorn.Config(hub.app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the local hub did not start")
-        time.sleep(0.02)
+    wait_until(
+        lambda: server.started,
+        what="the local hub to start",
+        timeout_s=10,
+        abort=lambda: None if thread.is_alive() else "its thread ended",
+    )
     try:
         yield f"http://127.0.0.1:{port}", hub
     finally:
