@@ -16,7 +16,7 @@ from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, text_con
 # pattern: layer il slides unless il % n == n - 1 (the one table; placement reads it too)
 SWA_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma3n": 5, "gpt-oss": 2, "gpt_oss": 2, "cohere2": 4, "gemma2": 2}
 
-_BIG = 1 << 31  # llama.cpp holds these in 32-bit integers
+_BIG = (1 << 31) - 1  # llama.cpp holds these in 32-bit integers
 # the header's sizes and counts (``<arch>.<key>``), each checked before use: (lowest, highest) a real model has
 GGUF_LIMITS = {
     "block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention.head_count": (0, 1 << 14),

@@ -120,7 +120,7 @@ def check_names(response: Any, url: Any) -> None:
 
 def _capped(inner: Any, url: Any, limit: int, what: str) -> Any:
     """A response body that stops with UntrustedAnswer past its byte cap or its deadline."""
-    import httpx2
+    import httpx2  # huggingface_hub 2.x's HTTP library
 
     allowed = BASE_SECONDS + limit / MIN_RATE
     deadline = time.monotonic() + allowed
@@ -143,7 +143,7 @@ def _capped(inner: Any, url: Any, limit: int, what: str) -> Any:
 
 
 def _transport() -> Any:
-    import httpx2
+    import httpx2  # huggingface_hub 2.x's HTTP library
 
     class GuardedTransport(httpx2.HTTPTransport):
         def handle_request(self, request: httpx2.Request) -> httpx2.Response:

@@ -119,7 +119,7 @@ class ModelFacts:
         return 4 if self.dtype == "float32" else 2
 
 
-_BIG = 1 << 31  # llama.cpp and vLLM hold these in 32-bit integers
+_BIG = (1 << 31) - 1  # llama.cpp and vLLM hold these in 32-bit integers
 # config.json's sizes and counts, each checked before use: (lowest, highest) a real model has
 CONFIG_LIMITS = {
     "hidden_size": (1, 1 << 20), "num_hidden_layers": (1, 4096), "num_attention_heads": (1, 1 << 14),

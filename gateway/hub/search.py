@@ -199,7 +199,7 @@ def _remember(found: Search) -> None:
 def _remembered(model: str) -> Search | None:
     try:
         found = Search.from_json(json.loads(_record(model).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     found.offline = True
     return found
