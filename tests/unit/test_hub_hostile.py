@@ -29,6 +29,7 @@ from tests.integration.tools.hostile_hub import (
     recorder,
     renamed_etag,
     serving,
+    slow_json,
 )
 from tests.integration.tools.local_hub import HubRepo, LocalHub
 
@@ -114,6 +115,34 @@ def test_an_endless_model_info_or_listing_is_cut_off(
     else:
         assert search.search("Qwen/Qwen3-8B").repositories == {}  # the named model found, its listings cut off
     assert sent.bytes < 160 << 20  # before: all 256 MiB, once per search
+
+
+def test_an_answer_that_trickles_forever_is_cut_at_its_deadline(hub: LocalHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few bytes every 0.2 s never trips a read timeout; the deadline (here 1 s plus the cap at the
+    minimum rate) ends it."""
+    from gateway.core import hub_guard
+
+    monkeypatch.setattr(hub_guard, "BASE_SECONDS", 1.0)
+    monkeypatch.setattr(hub_guard, "DEFAULT_BYTES", 1024)
+    sent = Sent()
+    monkeypatch.setitem(hub.hostile, "/api/models/evil/slow", slow_json(sent))
+    started = time.monotonic()
+    with pytest.raises(ModelError, match=r"bytes in more than 1 s: refused"):
+        search.search("evil/slow")
+    assert time.monotonic() - started < 3
+
+
+def test_every_module_that_asks_the_hub_installs_the_guard() -> None:
+    """By construction: a module calling huggingface_hub's network functions calls guard_hub() too."""
+    network = ("hf_hub_download", "HfApi", "HfFileSystem", "get_hf_file_metadata", "get_safetensors_metadata")
+    root = Path(__file__).resolve().parents[2]
+    unguarded = [
+        str(path.relative_to(root))
+        for top in ("gateway", "backends")
+        for path in (root / top).rglob("*.py")
+        if any(f"{name}(" in (text := path.read_text()) for name in network) and "guard_hub()" not in text
+    ]
+    assert unguarded == []
 
 
 def test_listed_names_that_lead_out_of_the_cache_are_not_planned_from(

@@ -8,7 +8,8 @@ adversarial run against the gateway found it trusting (issue 30):
   (here another port), which records the headers it was sent;
 - :func:`endless_body`: a file whose HEAD declares its size but whose GET never ends;
 - :func:`ignores_range`: a file whose GET ignores ``Range`` and sends the file, then zeros without end;
-- :func:`endless_json`: an API route (model info, listing) whose JSON never ends.
+- :func:`endless_json`: an API route (model info, listing) whose JSON never ends;
+- :func:`slow_json`: one that never ends slowly (a few bytes at a time, under any read timeout).
 
 "Never ends" is ``limit`` bytes (4 GiB by default): far more than any cap, and still finite should a
 client under test read it all. ``Sent`` counts what each answer put on the wire.
@@ -16,6 +17,7 @@ client under test read it all. ``Sent`` counts what each answer put on the wire.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -118,6 +120,22 @@ def endless_json(sent: Sent, limit: int = ENDLESS) -> Answer:
     async def answer(_request: Request) -> Response:
         opening = b'{"id": "x/y", "siblings": ['
         return StreamingResponse(_endless(sent, opening, items, limit), media_type="application/json")
+
+    return answer
+
+
+def slow_json(sent: Sent, every_s: float = 0.2) -> Answer:
+    """A JSON answer that trickles: a few bytes every ``every_s`` seconds, for as long as it is read."""
+
+    async def trickle() -> Any:
+        yield b'{"id": "x/y", "siblings": ['
+        while sent.bytes < ENDLESS:
+            await asyncio.sleep(every_s)
+            sent.bytes += 8
+            yield b"1,2,3,4,"
+
+    async def answer(_request: Request) -> Response:
+        return StreamingResponse(trickle(), media_type="application/json")
 
     return answer
 
