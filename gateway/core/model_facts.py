@@ -9,7 +9,6 @@ architecture, and the facts say so.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass, field
@@ -472,12 +471,16 @@ def _quantization_of_file(quant_file: dict[str, Any] | None) -> str | None:
     return "nvfp4" if "FP4" in algo else "mxfp8" if "MXFP8" in algo else "fp8" if "FP8" in algo else None
 
 
+SAFETENSORS_MAX_HEADER = 100_000_000  # the format's own limit (safetensors' MAX_HEADER_SIZE)
+
+
 def _safetensors_header(path: Path) -> dict[str, Any]:
     """One shard's header: each tensor's dtype, shape and offsets (the weights themselves are not read)."""
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        header: dict[str, Any] = json.loads(handle.read(length))
-    return header
+        if length > SAFETENSORS_MAX_HEADER:
+            raise ModelError(f"{path}: a safetensors header of {length:,} bytes (at most {SAFETENSORS_MAX_HEADER:,})")
+        return json_object(handle.read(length), str(path))
 
 
 MAX_WEIGHT_BYTES = 1 << 50  # a pebibyte: no checkpoint is larger

@@ -252,6 +252,16 @@ def test_an_index_without_weights_is_estimated_from_config_json_and_said(
     assert any("safetensors index or headers were not usable" in note for note in facts.notes), facts.notes
 
 
+def test_a_local_shard_whose_header_claims_exabytes_is_estimated_and_said(tmp_path: Path) -> None:
+    from gateway.core.model_facts import facts_from_dir
+
+    (tmp_path / "config.json").write_text(json.dumps(_QWEN))
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 60) + b"{}")
+    facts = facts_from_dir(tmp_path, "local")  # before: MemoryError or OverflowError reading 2^60 bytes
+    assert 15e9 < facts.weight_bytes < 18e9 and facts.weight_bytes_source == "estimated from the architecture"
+    assert any("safetensors header of 1,152,921,504,606,846,976 bytes" in note for note in facts.notes), facts.notes
+
+
 # -- names and counts from the command line ---------------------------------------------------------------
 def test_a_5000_character_repo_id_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, errors, took = _one_line(capsys, "plan", "--model", "org/" + "x" * 5000, "--gpus", "1x24GiB")
