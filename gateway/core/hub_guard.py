@@ -1,5 +1,5 @@
-"""Every answer from the hub treated as someone else's input: ``huggingface_hub``'s HTTP client is given a
-transport that checks what the library would otherwise trust.
+"""Every answer from the hub treated as someone else's input: ``huggingface_hub``'s HTTP client is given
+request and response hooks that check what the library would otherwise trust.
 
 - the hub's credentials (``Authorization``) go only to the hub's own origin (``HF_ENDPOINT``, or a
   Hugging Face host: huggingface_hub's rule for redirects), never to a host or port a redirect names;
@@ -142,44 +142,40 @@ def _capped(inner: Any, url: Any, limit: int, what: str) -> Any:
     return Capped()
 
 
-def _transport() -> Any:
-    import httpx2  # huggingface_hub 2.x's HTTP library
+def _strip_foreign_token(request: Any) -> None:
+    """Request hook: the hub token leaves only for the hub's own origin (the library's rule, for every request)."""
+    if "authorization" in request.headers and origin(str(request.url)) not in trusted_origins():
+        del request.headers["authorization"]
 
-    class GuardedTransport(httpx2.HTTPTransport):
-        def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-            if "authorization" in request.headers and origin(str(request.url)) not in trusted_origins():
-                del request.headers["authorization"]
-            limit, what = _limit(request)
-            response = super().handle_request(request)
-            try:
-                check_names(response, request.url)
-            except UntrustedAnswer:
-                response.close()
-                raise
-            response.stream = _capped(response.stream, request.url, limit, what)
-            return response
 
-    return GuardedTransport()
+def _check_and_cap(response: Any) -> None:
+    """Response hook (before any body is read): names checked, the body capped in bytes and time."""
+    check_names(response, response.request.url)
+    limit, what = _limit(response.request)
+    response.stream = _capped(response.stream, response.request.url, limit, what)
 
 
 def client() -> Any:
-    """The client huggingface_hub's default would be, over the guarded transport, with default timeouts."""
+    """huggingface_hub's own default client (its proxies and hooks kept), with the guard's hooks and
+    default timeouts (the library leaves some requests without one)."""
     import httpx2
-    from huggingface_hub.utils._http import hf_request_event_hook
+    from huggingface_hub.utils._http import default_client_factory
 
-    return httpx2.Client(
-        transport=_transport(),
-        event_hooks={"request": [hf_request_event_hook]},
-        follow_redirects=True,
-        timeout=httpx2.Timeout(READ_SECONDS, connect=CONNECT_SECONDS),
-    )
+    made = default_client_factory()
+    made.timeout = httpx2.Timeout(READ_SECONDS, connect=CONNECT_SECONDS)
+    hooks = made.event_hooks
+    made.event_hooks = {
+        "request": [*hooks["request"], _strip_foreign_token],
+        "response": [*hooks["response"], _check_and_cap],
+    }
+    return made
 
 
 _INSTALLED = False
 
 
 def guard_hub() -> None:
-    """Make every request huggingface_hub sends from this process go through the guarded transport (once)."""
+    """Make every request huggingface_hub sends from this process go through the guard (installed once)."""
     global _INSTALLED
     if _INSTALLED:
         return
