@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.core.files import replace_atomically
+from gateway.core.files import inside, replace_atomically
 from gateway.core.hub_errors import hub_error
 from gateway.core.hub_guard import MAX_DECLARED, guard_hub
 from gateway.core.hub_names import check_repo_id, file_name_ok, repo_id_problem
@@ -188,7 +188,8 @@ def _record(model: str) -> Path:
     """Where the last search for ``model`` is kept, beside the hub cache (``HF_HOME``)."""
     from huggingface_hub import constants
 
-    return Path(constants.HF_HOME) / "gateway-search" / (model.replace("/", "--") + ".json")
+    folder = Path(constants.HF_HOME) / "gateway-search"
+    return inside(folder, folder / (model.replace("/", "--") + ".json"), f"the search record of {model}")
 
 
 def _remember(found: Search) -> None:
