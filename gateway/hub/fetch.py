@@ -9,6 +9,10 @@ the library's ``http_get`` from where the last process stopped, under the librar
 renamed to ``blobs/<etag>`` when whole; ``hf_hub_download`` then finds the blob and only links it into
 the snapshot, as it does for any blob already present. Before it starts, one line says what and how
 big; afterwards, where it is. Offline (``HF_HUB_OFFLINE=1``) only the cache is looked at.
+
+The hub's answers are not trusted (:mod:`gateway.core.hub_guard`): the blob's name (the ETag) must stay
+inside the cache, the token is not sent where the file is served from another origin, and the file
+never grows past the size the hub declared: an answer that tries is refused and its partial deleted.
 """
 
 from __future__ import annotations
@@ -118,8 +122,6 @@ def download(repo: str, files: tuple[str, ...], size: int) -> Path:
             declared = _fetch_blob(repo, name) if name in missing else None
             with budget(declared or size or DEFAULT_BYTES, name):  # what hf_hub_download may still fetch
                 paths.append(inside(Path(constants.HF_HUB_CACHE), Path(hf_hub_download(repo_id=repo, filename=name))))
-        except UntrustedAnswer:
-            raise
         except (HfHubHTTPError, OfflineModeIsEnabled, OSError) as exc:
             raise hub_error(repo, exc, name) from exc
     if not paths:
