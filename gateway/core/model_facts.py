@@ -150,8 +150,9 @@ def check_config(config: dict[str, Any], name: str) -> None:
             raise ModelError(f"config.json of {name}: {key} is a {type(config[key]).__name__}, not an object")
     for prefix, section in sections:
         for key, (low, high) in CONFIG_LIMITS.items():
-            if section.get(key) is not None:
-                integer(section[key], f"config.json of {name}", prefix + key, low, high)
+            value = section.get(key)
+            if value is not None and value is not False:  # null and false mean "none" in real configs
+                integer(value, f"config.json of {name}", prefix + key, low, high)
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
