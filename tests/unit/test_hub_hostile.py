@@ -27,6 +27,7 @@ from tests.integration.tools.hostile_hub import (
     ignores_range,
     moved_to,
     recorder,
+    renamed,
     renamed_etag,
     serving,
     slow_json,
@@ -60,6 +61,15 @@ def test_an_etag_that_leads_out_of_the_cache_writes_nothing_outside_it(
     with pytest.raises(ModelError, match="is not a plain name: refused"):
         download(REPO, (FILE,), len(BODY))
     assert _files_outside(tmp_path, tmp_path / "hf" / "hub") == []  # before: tmp_path/outside, the hub's bytes
+
+
+def test_a_commit_that_leads_out_of_the_cache_writes_nothing_outside_it(
+    evil: LocalHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(evil.hostile, _resolve(), renamed(evil, "x-repo-commit", "../../../../../outside"))
+    with pytest.raises(ModelError, match="is not a commit hash: refused"):
+        download(REPO, (FILE,), len(BODY))
+    assert _files_outside(tmp_path, tmp_path / "hf" / "hub") == []  # before: a raw ValueError, "a bug"
 
 
 def test_a_redirect_to_another_origin_is_followed_without_the_token(

@@ -2,8 +2,8 @@
 (``LocalHub.hostile``). A NAMED stand-in: no real hub misbehaves on demand, and these are what an
 adversarial run against the gateway found it trusting (issue 30):
 
-- :func:`renamed_etag`: a file answered as usual but with an ETag such as ``"../../outside"`` (the cache
-  names the blob after it);
+- :func:`renamed_etag`, :func:`renamed`: a file answered as usual but with an ETag such as
+  ``"../../outside"`` (the cache names the blob after it) or such an ``X-Repo-Commit`` (its snapshot);
 - :func:`moved_to`: a file's resolve URL redirects, as the hub redirects to its CDN, to another origin
   (here another port), which records the headers it was sent;
 - :func:`endless_body`: a file whose HEAD declares its size but whose GET never ends;
@@ -62,13 +62,19 @@ async def _as_usual(hub: LocalHub, request: Request) -> Response:
     return await hub.resolve(request)
 
 
-def renamed_etag(hub: LocalHub, etag: str) -> Answer:
+def renamed(hub: LocalHub, header: str, value: str) -> Answer:
+    """A file answered as usual but with ``header`` (``ETag``, ``X-Repo-Commit``) set to ``value``."""
+
     async def answer(request: Request) -> Response:
         response = await _as_usual(hub, request)
-        response.headers["etag"] = f'"{etag}"'
+        response.headers[header] = value
         return response
 
     return answer
+
+
+def renamed_etag(hub: LocalHub, etag: str) -> Answer:
+    return renamed(hub, "etag", f'"{etag}"')
 
 
 def moved_to(hub: LocalHub, location: str) -> Answer:
