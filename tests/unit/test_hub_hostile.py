@@ -99,13 +99,14 @@ def test_a_download_that_never_ends_stops_at_its_declared_size_and_is_deleted(
     assert sent.bytes < 32 << 20  # cut off, not read to the server's end
 
 
+@pytest.mark.parametrize("status", [200, 206], ids=["200, Range ignored", "206 with an endless body"])
 def test_a_header_read_whose_server_ignores_range_is_cut_at_the_bytes_asked(
-    evil: LocalHub, monkeypatch: pytest.MonkeyPatch
+    evil: LocalHub, monkeypatch: pytest.MonkeyPatch, status: int
 ) -> None:
     from backends.llamacpp.remote_gguf import read_header
 
     sent = Sent()
-    monkeypatch.setitem(evil.hostile, _resolve(), ignores_range(evil, sent, limit=256 << 20))
+    monkeypatch.setitem(evil.hostile, _resolve(), ignores_range(evil, sent, limit=256 << 20, status=status))
     with pytest.raises(ModelError, match="runs past the .* bytes asked for: refused"):
         read_header(REPO, (FILE,), (len(BODY),))
     assert sent.bytes < 32 << 20  # before: all 256 MiB held in memory

@@ -104,8 +104,9 @@ def endless_body(hub: LocalHub, sent: Sent, limit: int = ENDLESS) -> Answer:
     return answer
 
 
-def ignores_range(hub: LocalHub, sent: Sent, limit: int = ENDLESS) -> Answer:
-    """GET answered 200 whatever the Range: the file's first bytes, then zeros without end."""
+def ignores_range(hub: LocalHub, sent: Sent, limit: int = ENDLESS, status: int = 200) -> Answer:
+    """GET answered ``status`` (200, or 206 as if the range were honoured) whatever the Range: the
+    file's first bytes, then zeros without end."""
 
     async def answer(request: Request) -> Response:
         if request.method == "HEAD":
@@ -114,7 +115,9 @@ def ignores_range(hub: LocalHub, sent: Sent, limit: int = ENDLESS) -> Answer:
         name = request.url.path.split("/", 5)[-1]
         hub_file = hub.repos[path.lower()].files[name]
         first = hub_file.read(0, hub_file.size)
-        return StreamingResponse(_endless(sent, first, limit=limit), media_type="application/octet-stream")
+        return StreamingResponse(
+            _endless(sent, first, limit=limit), status_code=status, media_type="application/octet-stream"
+        )
 
     return answer
 
