@@ -23,6 +23,8 @@
   (stream_idle_timeout_s 5 s): how long until another request gets the slot (200), and peak RSS.
 - endless: the upstream answers a streamed Messages request (translated) with 300 MB and no newline:
   what the client's stream ends with, how long it took, the slowest /health, peak RSS.
+- hub: the hub families of issue 30 (benchmarks/hardening_hub.py): the hub code in its own process
+  against a malicious local hub, and hostile GGUF headers, configs and names given to `gateway plan`.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -512,7 +514,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "what", nargs="+",
-        choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless"],
+        choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless", "hub"],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -522,6 +524,11 @@ def main() -> int:
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
     results.update(issue_23(args.source, wanted))
+    if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.hardening_hub import hub_families
+
+        results["hub"] = hub_families(args.source.resolve())
     if not wanted & {"headers", "huge", "streams", "load"}:
         print(json.dumps(results, indent=2))
         return 0

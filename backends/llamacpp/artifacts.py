@@ -32,16 +32,13 @@ def from_package(module_name: str, pip_name: str) -> Path:
 
 
 def from_hub(repo: str, filename: str) -> Path:
-    from huggingface_hub import hf_hub_download  # heavy import, only when the hub is used
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    """A catalog entry's GGUF from the hub cache, downloaded (resumably, within its declared size) if needed."""
+    from gateway.hub.fetch import download
 
     try:
-        return Path(hf_hub_download(repo_id=repo, filename=filename))
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        raise ModelError(
-            f"cannot fetch {filename} from hub repo {repo} ({type(exc).__name__}): "
-            "check the network or HF_TOKEN, or download it yourself and pass --model /path/to/file.gguf"
-        ) from exc
+        return download(repo, (filename,), 0)
+    except ModelError as exc:
+        raise ModelError(f"{exc}; or download it yourself and pass --model /path/to/file.gguf") from exc
 
 
 def cache_dir() -> Path:

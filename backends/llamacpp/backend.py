@@ -264,13 +264,18 @@ class LlamaCppBackend:
                 else "llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
                 "(or set llama_cpp_python_command to a Python that has it)"
             )
-        local = Path(chosen.checkpoint)
         gguf_source = model.source
         variant = model.chosen
-        if variant is not None:  # a hub model's chosen quantization: downloaded into the hub cache if needed
-            local = variant.local or Path(variant.variant.files[0])
+        # a file on this machine only where the source names one; a hub file comes from the hub cache
+        # (downloaded if needed), never from a file of the same name in the current directory
+        local: Path | None = None
+        if variant is not None:
+            local = variant.local
+        elif gguf_source.gguf_path or gguf_source.gguf_package or gguf_source.gguf_wheel:
+            local = Path(chosen.checkpoint)
+        shown_as = local or Path(variant.variant.files[0] if variant else gguf_source.gguf_file or chosen.checkpoint)
         config = LlamaCppConfig(
-            gguf=local,
+            gguf=shown_as,
             served_name=model.name,
             context_length=chosen.n_ctx,
             chat_format=gguf_source.chat_format,
@@ -284,8 +289,9 @@ class LlamaCppBackend:
             reasoning_format=chosen.reasoning_format,
             draft=chosen.draft if chosen.launcher == "native" else None,
         )
-        fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
-        if variant is not None and not local.is_file():
+        on_disk = local is not None and local.is_file()
+        fetch = None if on_disk else (lambda: ensure_gguf(gguf_source))
+        if variant is not None and not on_disk:
             picked = variant.variant
             fetch = lambda: download(picked.repo, picked.files, picked.size)  # noqa: E731
         remembered = None

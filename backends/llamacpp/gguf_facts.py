@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from backends.llamacpp.gguf_reader import GgufHeader
+from gateway.core.checked import integer
 from gateway.core.errors import ModelError
 from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, text_config
 
@@ -15,6 +16,20 @@ from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, text_con
 # pattern: layer il slides unless il % n == n - 1 (the one table; placement reads it too)
 SWA_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma3n": 5, "gpt-oss": 2, "gpt_oss": 2, "cohere2": 4, "gemma2": 2}
 
+_BIG = (1 << 31) - 1  # llama.cpp holds these in 32-bit integers
+# the header's sizes and counts (``<arch>.<key>``), each checked before use: (lowest, highest) a real model has
+GGUF_LIMITS = {
+    "block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention.head_count": (0, 1 << 14),
+    "attention.head_count_kv": (0, 1 << 14), "attention.key_length": (0, 1 << 16),
+    "attention.value_length": (0, 1 << 16), "attention.key_length_mla": (0, 1 << 16),
+    "attention.key_length_swa": (0, 1 << 16), "attention.value_length_swa": (0, 1 << 16),
+    "attention.kv_lora_rank": (0, 1 << 16), "rope.dimension_count": (0, 1 << 16), "context_length": (0, _BIG),
+    "feed_forward_length": (0, 1 << 24), "vocab_size": (0, 1 << 24), "attention.sliding_window": (0, _BIG),
+    "attention.shared_kv_layers": (0, 4096), "expert_count": (0, 1 << 16), "expert_used_count": (0, 1 << 16),
+    "expert_feed_forward_length": (0, 1 << 24), "nextn_predict_layers": (0, 64), "full_attention_interval": (0, 4096),
+    "ssm.inner_size": (0, 1 << 24), "ssm.time_step_rank": (0, 1 << 14), "ssm.state_size": (0, 1 << 16),
+    "ssm.group_count": (0, 1 << 14), "ssm.conv_kernel": (0, 1 << 10),
+}  # fmt: skip
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"ffn_(up|down|gate|gate_up)_(ch)?exps")
 
@@ -25,7 +40,7 @@ def _per_layer(found: Any, layers: int) -> tuple[Any, ...]:
     return values if len(values) == layers else ()
 
 
-def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
+def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> ModelFacts:
     """Facts from a GGUF header; per-layer bytes come from the tensor table.
 
     Per-layer attention follows llama.cpp's loader: ``head_count_kv`` may be an array (one count per
@@ -34,14 +49,23 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
     ``num_global_key_value_heads``; the sliding layers' head sizes are ``key_length_swa`` /
     ``value_length_swa`` (Gemma 4 31B: 50 sliding layers of 16 KV heads × 256, 10 full of 4 × 512)."""
     arch = header.architecture
+    where = where or name
 
     def value(key: str, default: Any = 0) -> Any:
-        found = header.metadata.get(f"{arch}.{key}", default)
-        return default if not isinstance(found, int | float | str) else found
+        found = header.metadata.get(f"{arch}.{key}")
+        if found is None or not isinstance(found, int | float | str):
+            return default
+        if key in GGUF_LIMITS:  # a count or size: a whole number a real model could have, or one line
+            return integer(found, where, f"{arch}.{key}", *GGUF_LIMITS[key])
+        return found
 
+    def per_layer(key: str, layers: int) -> tuple[int, ...]:
+        values = _per_layer(header.metadata.get(f"{arch}.{key}"), layers)
+        return tuple(integer(v, where, f"{arch}.{key}[]", *GGUF_LIMITS[key]) for v in values)
+
+    if header.metadata.get(f"{arch}.block_count") is None:
+        raise ModelError(f"{where}: GGUF has no {arch}.block_count")
     layers = int(value("block_count"))
-    if not layers:
-        raise ModelError(f"{name}: GGUF has no {arch}.block_count")
     layer_bytes = [0] * layers
     expert_bytes = [0] * layers
     embedding = output = 0
@@ -57,10 +81,10 @@ def facts_from_gguf(header: GgufHeader, name: str) -> ModelFacts:
             output += tensor.nbytes
     if not any(t.name == "output.weight" for t in header.tensors):
         output += embedding  # tied embeddings: llama.cpp duplicates the matrix for the output layer
-    head_array = _per_layer(header.metadata.get(f"{arch}.attention.head_count"), layers)
+    head_array = per_layer("attention.head_count", layers)
     heads = (max(head_array) if head_array else int(value("attention.head_count", 1))) or 1
     hidden = int(value("embedding_length"))
-    kv_array = tuple(int(n) for n in _per_layer(header.metadata.get(f"{arch}.attention.head_count_kv"), layers))
+    kv_array = per_layer("attention.head_count_kv", layers)
     kv_heads = (max(kv_array) if kv_array else int(value("attention.head_count_kv", heads))) or heads
     key_length = int(value("attention.key_length", hidden // heads))
     window = int(value("attention.sliding_window")) or None

@@ -23,6 +23,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 _LENGTH = struct.Struct("<Q")  # a string's byte length, before its bytes
 _SMALL_ARRAY = 4096  # arrays of numbers up to this length are kept: one value per layer (a vocabulary is not)
+GGML_MAX_DIMS = 4  # ggml.h: a tensor has at most four dimensions (gguf.cpp refuses more)
+MAX_ALIGNMENT = 1 << 20  # gguf.cpp needs a non-zero power of two; real files use 32
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class _Cursor:
             return self.string()
         if kind == _ARRAY:
             item_kind, count = self.scalar("<I"), self.scalar("<Q")
+            if count > len(self.buffer) - self.offset and item_kind not in _SCALARS:
+                raise struct.error(f"an array of {count:,} items runs past the end of the file")
             if item_kind in _SCALARS and count <= _SMALL_ARRAY:  # per-layer values (head counts, SWA pattern)
                 return _ArrayOf(item_kind, count, tuple(self.scalar(_SCALARS[item_kind]) for _ in range(count)))
             if item_kind in _SCALARS:
@@ -143,6 +147,9 @@ def parse_gguf_header(buffer: Any, file_size: int, where: str) -> GgufHeader:
     cursor.offset = 4
     try:
         version, tensor_count, kv_count = cursor.scalar("<I"), cursor.scalar("<Q"), cursor.scalar("<Q")
+        for field, count, least in (("tensor_count", tensor_count, 24), ("kv_count", kv_count, 13)):
+            if count * least > file_size:  # each takes at least this many bytes of the file
+                raise ModelError(f"{where}: GGUF {field} = {count:,} does not fit in a {file_size:,}-byte file")
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key = cursor.string()
@@ -151,13 +158,21 @@ def parse_gguf_header(buffer: Any, file_size: int, where: str) -> GgufHeader:
         for _ in range(tensor_count):
             name = cursor.string()
             dims = cursor.scalar("<I")
+            if dims > GGML_MAX_DIMS:
+                raise ModelError(
+                    f"{where}: GGUF tensor {name[:80]!r} has {dims:,} dimensions (at most {GGML_MAX_DIMS})"
+                )
             shape = tuple(cursor.scalar("<Q") for _ in range(dims))
             raw_tensors.append((name, shape, cursor.scalar("<I"), cursor.scalar("<Q")))
     except (struct.error, ValueError) as exc:
         if len(buffer) < file_size:
             raise HeaderIncomplete(f"{where}: header continues past the first {len(buffer):,} bytes") from exc
         raise ModelError(f"{where}: truncated or corrupt GGUF header ({exc}): re-download it") from exc
-    alignment = int(metadata.get("general.alignment", 32))
+    alignment = metadata.get("general.alignment", 32)
+    if not (isinstance(alignment, int) and 0 < alignment <= MAX_ALIGNMENT and alignment & (alignment - 1) == 0):
+        raise ModelError(
+            f"{where}: GGUF general.alignment = {alignment!r} is not a power of two up to {MAX_ALIGNMENT:,}"
+        )
     data_start = -(-cursor.offset // alignment) * alignment
     data_size = file_size - data_start
     ends = sorted({offset for *_, offset in raw_tensors} | {data_size})

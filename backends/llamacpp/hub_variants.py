@@ -13,7 +13,10 @@ from backends.llamacpp.gguf_facts import GGUF_BITS_PER_WEIGHT, estimate_gguf_fac
 from backends.llamacpp.gguf_reader import GgufHeader
 from backends.llamacpp.hub_gguf import GgufVariant
 from backends.llamacpp.remote_gguf import read_header, read_local
+from gateway.core.checked import integer
 from gateway.core.errors import ModelError
+from gateway.core.hub_errors import hub_error
+from gateway.core.hub_guard import MAX_DECLARED, guard_hub
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.hub.fetch import cached
 
@@ -73,7 +76,7 @@ def read_variant(variant: GgufVariant, name: str, config: dict[str, Any] | None,
     except ModelError as exc:
         return _estimated(variant, name, config, str(exc))
     quant, note = checked_quant(variant, header)
-    facts = facts_from_gguf(header, name)
+    facts = facts_from_gguf(header, name, variant.label)
     facts = replace(facts, quantization=quant, weight_bytes_source=f"GGUF tensor table ({quant})")
     template = header.metadata.get("tokenizer.chat_template")
     return ReadVariant(
@@ -87,9 +90,16 @@ def _part_sizes(variant: GgufVariant) -> tuple[int, ...]:
         return (variant.size,)
     from huggingface_hub import HfApi
 
-    infos = HfApi().get_paths_info(variant.repo, list(variant.files))
-    by_name = {info.path: int(getattr(info, "size", 0) or 0) for info in infos}
-    return tuple(by_name.get(f, 0) for f in variant.files)
+    guard_hub()
+    try:
+        infos = HfApi().get_paths_info(variant.repo, list(variant.files))
+    except Exception as exc:  # HTTP errors, offline mode, the transport's own, the guard's refusals
+        raise hub_error(variant.repo, exc, f"the part sizes of {variant.files[0]}") from exc
+    by_name = {info.path: getattr(info, "size", 0) or 0 for info in infos}
+    return tuple(
+        integer(by_name.get(f, 0), f"the hub's listing of {variant.repo}", f"size of {f}", 1, MAX_DECLARED)
+        for f in variant.files
+    )
 
 
 def _estimated(variant: GgufVariant, name: str, config: dict[str, Any] | None, why: str) -> ReadVariant:

@@ -17,6 +17,7 @@ from typing import Any
 from backends.llamacpp.gguf_reader import GgufHeader, HeaderIncomplete, parse_gguf_header, read_gguf_header
 from gateway.core.errors import ModelError
 from gateway.core.hub_errors import hub_error
+from gateway.core.hub_guard import guard_hub
 
 FIRST_READ = 4 << 20  # a 150k-token vocabulary makes a header of about 3-4 MB
 MAX_READ = 256 << 20  # a header larger than this is not a header
@@ -50,6 +51,7 @@ def read_header(repo: str, files: tuple[str, ...], sizes: tuple[int, ...], endpo
     key = (endpoint or constants.ENDPOINT, repo, files)
     if key in _READ:
         return _READ[key]
+    guard_hub()  # each range read gets the bytes it asked for, no more (a server ignoring Range is cut off)
     fs = HfFileSystem(endpoint=endpoint, skip_instance_cache=True)
     headers = []
     try:

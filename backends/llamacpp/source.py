@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,9 @@ from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, g
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.hub_gguf import GgufVariant, gguf_variants
 from backends.llamacpp.hub_variants import ReadVariant, read_variant
+from gateway.core.checked import json_object
 from gateway.core.errors import ModelError
+from gateway.core.hub_guard import guard_hub
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.hub.fetch import cached
 
@@ -137,7 +138,7 @@ def read(entry: ModelEntry) -> LlamaCppModel:
             model.notes.append(f"llama.cpp not planned: {exc}")
     bundled = entry.bundled_config()
     if local is not None and local.is_file():
-        model.facts = facts_from_gguf(read_gguf_header(local), entry.name)
+        model.facts = facts_from_gguf(read_gguf_header(local), entry.name, str(local))
         model.gguf = str(local)
     elif source.gguf_file and bundled is not None and (bits := gguf_bits_from_name(source.gguf_file)):
         model.facts = estimate_gguf_facts(facts_from_config(bundled, entry.name), bundled, bits)
@@ -207,6 +208,7 @@ def _hub_config(repo: str) -> dict[str, Any] | None:
     try:
         from huggingface_hub import hf_hub_download
 
-        return dict(json.loads(Path(hf_hub_download(repo, "config.json")).read_text()))
+        guard_hub()
+        return json_object(Path(hf_hub_download(repo, "config.json")).read_bytes(), f"config.json of {repo}")
     except Exception:  # an estimate is a fallback; without config.json there is none
         return None

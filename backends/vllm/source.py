@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,7 +12,9 @@ import backends.vllm.parsers as parsers
 from backends.vllm.hub_checkpoints import checkpoint_variants, method_of
 from backends.vllm.memory import Checkpoint
 from backends.vllm.parsers import Parsers
+from gateway.core.checked import json_object
 from gateway.core.errors import ModelError
+from gateway.core.hub_guard import guard_hub
 from gateway.core.model_facts import facts_from_config, facts_from_dir, facts_from_hub
 
 if TYPE_CHECKING:
@@ -155,14 +156,15 @@ def _chat_template(checkpoint: str) -> str | None:
             else:
                 from huggingface_hub import hf_hub_download
 
+                guard_hub()
                 text = Path(hf_hub_download(checkpoint, name)).read_text()
         except Exception:  # absent, gated or offline: the next file, else no template
             continue
         if name.endswith(".jinja"):
             return text
         try:
-            template = json.loads(text).get("chat_template")
-        except ValueError:
+            template = json_object(text, f"{name} of {checkpoint}").get("chat_template")
+        except ModelError:
             continue
         if isinstance(template, list):
             return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
@@ -184,7 +186,8 @@ def _facts(source: VllmSource, bundled: dict[str, Any] | None) -> Any:
 def _config_of(checkpoint: str) -> dict[str, Any]:
     path = Path(checkpoint)
     if path.is_dir():
-        return dict(json.loads((path / "config.json").read_text()))
+        return json_object((path / "config.json").read_bytes(), str(path / "config.json"))
     from huggingface_hub import hf_hub_download
 
-    return dict(json.loads(Path(hf_hub_download(checkpoint, "config.json")).read_text()))
+    guard_hub()
+    return json_object(Path(hf_hub_download(checkpoint, "config.json")).read_bytes(), f"config.json of {checkpoint}")

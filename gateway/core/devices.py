@@ -185,6 +185,11 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+# the most simulated GPUs a plan is asked about (a node has up to 8-16; a few nodes together): more is a
+# typo, and planning 100,000 of them would run for minutes
+MAX_GPUS = 64
+
+
 def parse_gpu_spec(spec: str) -> tuple[Device, ...]:
     """'2x32GiB', '1x12GiB,1x24GiB', '2x32GiB@12.0', '1x24GiB:free=20GiB' → simulated GPUs."""
     gpus: list[Device] = []
@@ -202,6 +207,10 @@ def parse_gpu_spec(spec: str) -> tuple[Device, ...]:
         free = parse_size(match.group(5)) if match.group(5) else total
         if count < 1 or free > total:
             raise ConfigError(f"GPU spec {part!r}: need at least one GPU and free memory no larger than total")
+        if len(gpus) + count > MAX_GPUS:
+            raise ConfigError(
+                f"GPU spec {spec[:80]!r}: more than {MAX_GPUS} GPUs (a node has 8-16): write it like 8x80GiB"
+            )
         for _ in range(count):
             gpus.append(Device(len(gpus), f"simulated {total / GIB:g}GiB", total, free, capability))
     if not gpus:
@@ -228,6 +237,8 @@ def parse_remote_gpus(spec: str) -> tuple[Device, ...]:
         if not sep or not node.strip():
             raise ConfigError(f"cannot read remote GPU spec {part!r}: write it like node2=2x24GiB;node3=1x12GiB")
         gpus += [replace(g, node=node.strip(), link="simulated") for g in parse_gpu_spec(gpu_spec)]
+        if len(gpus) > MAX_GPUS:
+            raise ConfigError(f"remote GPU spec {spec[:80]!r}: more than {MAX_GPUS} GPUs in all: name fewer nodes")
     if not gpus:
         raise ConfigError("empty remote GPU spec: write it like node2=2x24GiB")
     return tuple(gpus)

@@ -22,3 +22,15 @@ def replace_atomically(path: Path, text: str, mode: int = 0o600) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def inside(root: Path, path: Path, what: str = "") -> Path:
+    """``path``, made absolute and normal, when it stays under ``root``: a name from elsewhere (a hub's
+    ETag, a listing's file name) whose ``..`` or ``/`` leads out raises ModelError. Symlinks are not
+    followed: the cache's own snapshot links may point wherever its owner keeps the blobs."""
+    from gateway.core.errors import ModelError
+
+    normal, top = Path(os.path.normpath(path.absolute())), Path(os.path.normpath(root.absolute()))
+    if not normal.is_relative_to(top):
+        raise ModelError(f"{what or path.name[:80]!r} would be written outside {root}: refused")
+    return normal

@@ -17,6 +17,9 @@ def hub_error(repo: str, exc: Exception, what: str = "") -> ModelError:
     )
 
     where = f"{what} of {repo}" if what else repo
+    refused = _refusal(exc)
+    if refused is not None:  # the guard's own line already names what was refused
+        return refused
     if isinstance(exc, GatedRepoError):
         return ModelError(
             f"{repo} is gated: accept its licence on the hub, then export HF_TOKEN=<a token with access> and retry"
@@ -31,3 +34,15 @@ def hub_error(repo: str, exc: Exception, what: str = "") -> ModelError:
             "unset HF_HUB_OFFLINE with network access once, or pass a local file or directory"
         )
     return ModelError(f"cannot read {where} from the hub ({type(exc).__name__}: {exc}): check the network or HF_TOKEN")
+
+
+def _refusal(exc: BaseException | None) -> ModelError | None:
+    """The guard's refusal (hub_guard.UntrustedAnswer) behind ``exc``, however the library wrapped it."""
+    from gateway.core.hub_guard import UntrustedAnswer
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, UntrustedAnswer):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None

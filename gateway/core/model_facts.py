@@ -9,13 +9,13 @@ architecture, and the facts say so.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.core.checked import integer, json_object
 from gateway.core.errors import ModelError
 
 # bytes per weight for linear layers by checkpoint quantization (scales and zero points included)
@@ -116,6 +116,43 @@ class ModelFacts:
     @property
     def dtype_bytes(self) -> int:
         return 4 if self.dtype == "float32" else 2
+
+
+_BIG = (1 << 31) - 1  # llama.cpp and vLLM hold these in 32-bit integers
+# config.json's sizes and counts, each checked before use: (lowest, highest) a real model has
+CONFIG_LIMITS = {
+    "hidden_size": (1, 1 << 20), "num_hidden_layers": (1, 4096), "num_attention_heads": (1, 1 << 14),
+    "num_key_value_heads": (0, 1 << 14), "head_dim": (0, 1 << 16), "intermediate_size": (0, 1 << 24),
+    "vocab_size": (0, 1 << 24), "max_position_embeddings": (0, _BIG), "sliding_window": (0, _BIG),
+    "sliding_window_pattern": (0, 4096), "kv_lora_rank": (0, 1 << 16), "q_lora_rank": (0, 1 << 16),
+    "qk_rope_head_dim": (0, 1 << 16), "qk_nope_head_dim": (0, 1 << 16), "v_head_dim": (0, 1 << 16),
+    "n_routed_experts": (0, 1 << 16), "num_experts": (0, 1 << 16), "num_local_experts": (0, 1 << 16),
+    "num_experts_per_tok": (0, 1 << 16), "experts_per_token": (0, 1 << 16), "moe_intermediate_size": (0, 1 << 24),
+    "first_k_dense_replace": (0, 4096), "n_shared_experts": (0, 1 << 16),
+    "shared_expert_intermediate_size": (0, 1 << 24), "global_head_dim": (0, 1 << 16),
+    "num_global_key_value_heads": (0, 1 << 14), "num_nextn_predict_layers": (0, 64), "mtp_num_hidden_layers": (0, 64),
+    "num_kv_shared_layers": (0, 4096), "full_attention_interval": (0, 4096), "linear_num_key_heads": (0, 1 << 14),
+    "linear_num_value_heads": (0, 1 << 14), "linear_key_head_dim": (0, 1 << 16), "linear_value_head_dim": (0, 1 << 16),
+    "linear_conv_kernel_dim": (0, 1 << 10), "mamba_n_heads": (0, 1 << 14), "mamba_d_head": (0, 1 << 16),
+    "mamba_d_state": (0, 1 << 16), "mamba_d_conv": (0, 1 << 10), "mamba_expand": (0, 64),
+    "mamba_n_groups": (0, 1 << 14), "depth": (0, 4096),
+}  # fmt: skip
+
+
+def check_config(config: dict[str, Any], name: str) -> None:
+    """Every size and count config.json gives (the model's, its text model's, its vision tower's) within
+    what a real model has; ModelError naming the field and value otherwise."""
+    sections = [("", config)]
+    for key in ("text_config", "llm_config", "vision_config"):
+        if isinstance(config.get(key), dict):
+            sections.append((f"{key}.", config[key]))
+        elif config.get(key) is not None:
+            raise ModelError(f"config.json of {name}: {key} is a {type(config[key]).__name__}, not an object")
+    for prefix, section in sections:
+        for key, (low, high) in CONFIG_LIMITS.items():
+            value = section.get(key)
+            if value is not None and value is not False:  # null and false mean "none" in real configs
+                integer(value, f"config.json of {name}", prefix + key, low, high)
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -299,11 +336,15 @@ def facts_from_config(
     quantization: str | None = None,
     quant_file: dict[str, Any] | None = None,
     tensor_names: list[str] | None = None,
+    no_weights: str = "no safetensors index available",
 ) -> ModelFacts:
     """Facts from a Hugging Face config.json (as a dict); missing essentials raise ModelError.
     ``quant_file``: the checkpoint's hf_quant_config.json (ModelOpt), whose exclude list says which
     layers stay in 16 bits. ``tensor_names``: the checkpoint's, where its index or headers were read
     (they show MTP layers a config does not count)."""
+    if not isinstance(config, dict):
+        raise ModelError(f"config.json of {name}: a JSON {type(config).__name__} where an object belongs")
+    check_config(config, name)
     cfg = text_config(config)
     try:
         hidden = int(cfg["hidden_size"])
@@ -318,7 +359,7 @@ def facts_from_config(
     if weight_bytes is None:
         weight_bytes = estimate_weight_bytes(cfg, quant, kept) + vision
         weight_source = "estimated from the architecture"
-        notes.append(f"weights estimated from config.json ({quant or 'unquantized'}): no safetensors index available")
+        notes.append(f"weights estimated from config.json ({quant or 'unquantized'}): {no_weights}")
         if kept_source.startswith("estimate") and set(kept) - {"lm_head"}:  # lm_head is 16-bit here anyway
             notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
     window, sliding_layers = _sliding(cfg, layers)
@@ -431,12 +472,19 @@ def _quantization_of_file(quant_file: dict[str, Any] | None) -> str | None:
     return "nvfp4" if "FP4" in algo else "mxfp8" if "MXFP8" in algo else "fp8" if "FP8" in algo else None
 
 
+SAFETENSORS_MAX_HEADER = 100_000_000  # the format's own limit (safetensors' MAX_HEADER_SIZE)
+
+
 def _safetensors_header(path: Path) -> dict[str, Any]:
     """One shard's header: each tensor's dtype, shape and offsets (the weights themselves are not read)."""
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        header: dict[str, Any] = json.loads(handle.read(length))
-    return header
+        if length > SAFETENSORS_MAX_HEADER:
+            raise ModelError(f"{path}: a safetensors header of {length:,} bytes (at most {SAFETENSORS_MAX_HEADER:,})")
+        return json_object(handle.read(length), str(path))
+
+
+MAX_WEIGHT_BYTES = 1 << 50  # a pebibyte: no checkpoint is larger
 
 
 def _tensor_bytes(header: dict[str, Any]) -> int:
@@ -446,29 +494,73 @@ def _tensor_bytes(header: dict[str, Any]) -> int:
     )
 
 
+def weights_read(total: int, names: list[str] | None, where: str) -> int:
+    """The weight bytes an index or headers gave, when they describe weights: an index that lists no
+    tensor, or offsets adding up to nothing, negative or beyond any checkpoint, raises ModelError
+    (the caller estimates from config.json instead and says why)."""
+    if names is not None and not names:
+        raise ModelError(f"{where} lists no tensors")
+    if not 0 < total <= MAX_WEIGHT_BYTES:
+        raise ModelError(f"{where} gives {total:,} bytes of weights")
+    return total
+
+
+def _hub_weights(repo: str) -> tuple[int | None, list[str] | None, str]:
+    """(weight bytes, tensor names, why not) from the hub's safetensors index or headers."""
+    from huggingface_hub import get_safetensors_metadata
+    from huggingface_hub.errors import NotASafetensorsRepoError
+
+    try:
+        metadata = get_safetensors_metadata(repo)
+        offsets = [info.data_offsets for shard in metadata.files_metadata.values() for info in shard.tensors.values()]
+        if any(not (isinstance(a, int) and isinstance(b, int) and 0 <= a <= b) for a, b in offsets):
+            raise ModelError(f"the safetensors headers of {repo} give impossible offsets")
+        names = list(metadata.weight_map)
+        return weights_read(sum(b - a for a, b in offsets), names, f"the safetensors index of {repo}"), names, ""
+    except NotASafetensorsRepoError:
+        return None, None, "no safetensors index available"
+    except Exception as exc:  # unreadable index or headers, or ones that describe no weights
+        why = str(exc).splitlines()[0][:200] if isinstance(exc, ModelError) else type(exc).__name__
+        return None, None, f"the hub's safetensors index or headers were not usable ({why})"
+
+
 def facts_from_dir(directory: Path, name: str | None = None) -> ModelFacts:
     config_path = directory / "config.json"
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
+        config = json_object(config_path.read_bytes(), str(config_path))
+    except OSError as exc:
         raise ModelError(f"cannot read {config_path}: {exc}") from exc
     index = directory / "model.safetensors.index.json"
     weight_bytes: int | None = None
     source = ""
     names: list[str] | None = None
-    if index.is_file():
-        read = json.loads(index.read_text())
-        weight_bytes = int(read.get("metadata", {}).get("total_size") or 0) or None
-        names, source = list(read.get("weight_map") or {}) or None, "safetensors index"
-    shards = sorted(directory.glob("*.safetensors"))
-    if weight_bytes is None and shards:
-        headers = [_safetensors_header(shard) for shard in shards]
-        weight_bytes, source = sum(_tensor_bytes(header) for header in headers), "safetensors headers"
-        names = [key for header in headers for key in header if key != "__metadata__"]
+    unusable = "no safetensors index available"
+    try:
+        if index.is_file():
+            read = json_object(index.read_bytes(), str(index))
+            meta, mapped = read.get("metadata"), read.get("weight_map")
+            total = meta.get("total_size") if isinstance(meta, dict) else None
+            names = list(mapped) if isinstance(mapped, dict) and mapped else None
+            if total:
+                weight_bytes = weights_read(
+                    integer(total, str(index), "metadata.total_size", 1, MAX_WEIGHT_BYTES), names, str(index)
+                )
+                source = "safetensors index"
+        shards = sorted(directory.glob("*.safetensors"))
+        if weight_bytes is None and shards:
+            headers = [_safetensors_header(shard) for shard in shards]
+            names = [key for header in headers for key in header if key != "__metadata__"]
+            weight_bytes = weights_read(
+                sum(_tensor_bytes(h) for h in headers), names, f"the safetensors headers in {directory}"
+            )
+            source = "safetensors headers"
+    except (ModelError, OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
+        weight_bytes, source, names = None, "", None
+        unusable = f"the safetensors index or headers were not usable ({str(exc)[:200]})"
     quant_file = directory / "hf_quant_config.json"
     try:
-        quant = json.loads(quant_file.read_text()) if quant_file.is_file() else None
-    except (OSError, ValueError):
+        quant = json_object(quant_file.read_bytes(), str(quant_file)) if quant_file.is_file() else None
+    except (OSError, ModelError):
         quant = None
     return facts_from_config(
         config,
@@ -477,39 +569,43 @@ def facts_from_dir(directory: Path, name: str | None = None) -> ModelFacts:
         weight_source=source,
         quant_file=quant,
         tensor_names=names,
+        no_weights=unusable,
     )
 
 
 def facts_from_hub(repo: str) -> ModelFacts:
-    """config.json and the safetensors index (or header metadata) from the hub; never the weights."""
-    from huggingface_hub import get_safetensors_metadata, hf_hub_download
+    """config.json and the safetensors index (or header metadata) from the hub; never the weights. An
+    index that lists no tensors or headers that cannot be parsed leave the weights estimated from
+    config.json, and the facts say so."""
+    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
 
     from gateway.core.hub_errors import hub_error
+    from gateway.core.hub_guard import UntrustedAnswer, guard_hub
 
+    guard_hub()
     try:
-        config = json.loads(Path(hf_hub_download(repo, "config.json")).read_text())
-    except GatedRepoError as exc:  # the fix is the user's licence and token, not the network
+        config = json_object(Path(hf_hub_download(repo, "config.json")).read_bytes(), f"config.json of {repo}")
+    except (GatedRepoError, UntrustedAnswer) as exc:  # the fix is the user's licence and token, not the network
         raise hub_error(repo, exc) from exc
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         raise ModelError(
             f"cannot read config.json of {repo} from the hub ({type(exc).__name__}): check the network "
             "or HF_TOKEN, or pass a local checkpoint directory"
         ) from exc
-    try:
-        metadata = get_safetensors_metadata(repo)
-        weight_bytes: int | None = sum(
-            sum(info.data_offsets[1] - info.data_offsets[0] for info in shard.tensors.values())
-            for shard in metadata.files_metadata.values()
-        )
-        names: list[str] | None = list(metadata.weight_map)
-        source = "hub safetensors metadata"
-    except Exception:  # no safetensors on the hub: estimate from the architecture instead
-        weight_bytes, source, names = None, "", None
+    weight_bytes, names, why = _hub_weights(repo)
     try:  # ModelOpt checkpoints name their 16-bit layers here
-        quant: dict[str, Any] | None = json.loads(Path(hf_hub_download(repo, "hf_quant_config.json")).read_text())
+        quant: dict[str, Any] | None = json_object(
+            Path(hf_hub_download(repo, "hf_quant_config.json")).read_bytes(), f"hf_quant_config.json of {repo}"
+        )
     except Exception:  # most checkpoints have none
         quant = None
     return facts_from_config(
-        config, repo, weight_bytes=weight_bytes, weight_source=source, quant_file=quant, tensor_names=names
+        config,
+        repo,
+        weight_bytes=weight_bytes,
+        weight_source="hub safetensors metadata" if weight_bytes else "",
+        quant_file=quant,
+        tensor_names=names,
+        no_weights=why,
     )

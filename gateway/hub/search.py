@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.core.files import replace_atomically
+from gateway.core.files import inside, replace_atomically
 from gateway.core.hub_errors import hub_error
+from gateway.core.hub_guard import MAX_DECLARED, guard_hub
+from gateway.core.hub_names import check_repo_id, file_name_ok, repo_id_problem
 
 DECLARED = "declared"  # found by the base_model:quantized filter
 ORGANISATION = "organisation"  # found by searching the model's own organisation
@@ -95,6 +97,8 @@ def search(model: str, publishers: Iterable[str] = (), api: Any = None) -> Searc
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+    check_repo_id(model)
+    guard_hub()
     api = api or HfApi()
     key = (model.lower(), str(api.endpoint))
     found = _SEARCHES.get(key)
@@ -125,8 +129,8 @@ def search(model: str, publishers: Iterable[str] = (), api: Any = None) -> Searc
 def _query(found: Search, api: Any, via: str, query: dict[str, str]) -> None:
     try:
         for info in api.list_models(limit=100, sort="downloads", **query):
-            if info.id.lower() == found.model.lower():
-                continue
+            if not isinstance(info.id, str) or repo_id_problem(info.id) or info.id.lower() == found.model.lower():
+                continue  # the named model itself, or a name no repository can have
             old = found.repositories.get(info.id)
             seen = old.via if old else frozenset()
             found.repositories[info.id] = Repository(
@@ -145,11 +149,17 @@ def files(found: Search, repo_id: str, api: Any = None) -> list[tuple[str, int]]
         return None
     from huggingface_hub import HfApi
 
+    guard_hub()
     try:
         info = (api or HfApi()).model_info(repo_id, files_metadata=True)
+        listed = [(s.rfilename, s.size or 0) for s in info.siblings or []]
     except Exception:  # a repository that cannot be listed is left out
         return None
-    found.listings[repo_id] = [(s.rfilename, int(s.size or 0)) for s in info.siblings or []]
+    found.listings[repo_id] = [
+        (name, size)
+        for name, size in listed
+        if isinstance(name, str) and file_name_ok(name) and isinstance(size, int) and 0 <= size <= MAX_DECLARED
+    ]  # a name that would lead out of the cache, or a size no file has, is not a file to plan from
     _remember(found)
     return found.listings[repo_id]
 
@@ -178,7 +188,8 @@ def _record(model: str) -> Path:
     """Where the last search for ``model`` is kept, beside the hub cache (``HF_HOME``)."""
     from huggingface_hub import constants
 
-    return Path(constants.HF_HOME) / "gateway-search" / (model.replace("/", "--") + ".json")
+    folder = Path(constants.HF_HOME) / "gateway-search"
+    return inside(folder, folder / (model.replace("/", "--") + ".json"), f"the search record of {model}")
 
 
 def _remember(found: Search) -> None:
@@ -189,7 +200,7 @@ def _remember(found: Search) -> None:
 def _remembered(model: str) -> Search | None:
     try:
         found = Search.from_json(json.loads(_record(model).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     found.offline = True
     return found

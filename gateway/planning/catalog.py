@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from backends import registry
 from gateway.core.errors import ModelError
+from gateway.core.hub_names import check_repo_id, shown
 from gateway.core.model_entry import ModelEntry, builtin_catalog_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -79,6 +80,16 @@ class Catalog:
             return entry
         path = Path(spec).expanduser()
         endings = tuple(ending for backend in registry.BACKENDS for ending in backend.model_files)
+        hub_like = spec.count("/") == 1 and not spec.startswith((".", "~"))
+        hub_like = hub_like and not spec.lower().endswith((*endings, ".json", ".safetensors", ".bin"))
+        try:
+            on_disk = path.exists()
+        except OSError as exc:  # a name too long for this file system, for one
+            if hub_like:
+                check_repo_id(spec)
+            raise ModelError(f"{shown(spec)}: {exc.strerror or exc}: pass a file, a directory or a hub id") from exc
+        if not on_disk and hub_like:
+            check_repo_id(spec)  # org/name is taken as a hub id: one huggingface_hub accepts, or one line
         files = " or ".join(f"a {ending} file" for ending in endings) or "a model file"
         # a file, a directory or a hub id: every engine that can load it gets its table (a hub id:
         # vLLM its checkpoints, llama.cpp its GGUF quantizations)

@@ -66,7 +66,7 @@ def test_serve_a_hub_id_downloads_the_chosen_gguf_and_chats_then_replans_offline
     assert f"downloading {GGUF_REPO}/{GGUF_FILE} ({size_mb:.1f} MB) into the hub cache" in log
     cached = list((hf_home / "hub").glob(f"models--*SmolLM2-135M-Instruct-GGUF/snapshots/*/{GGUF_FILE}"))
     assert len(cached) == 1 and cached[0].stat().st_size == smollm2_gguf.stat().st_size
-    engine_model = argv[argv.index("-m") + 1] if "-m" in argv else argv[argv.index("--model") + 1]
+    engine_model = argv[argv.index("--model") + 1] if "--model" in argv else argv[argv.index("-m") + 1]
     assert Path(engine_model).resolve() == cached[0].resolve()
     header_reads = [r for r in local_hub.requests if r[1].endswith(GGUF_FILE) and r[2].startswith("bytes=0-")]
     assert header_reads, "the header was read with a range request before the download"

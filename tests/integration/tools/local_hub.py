@@ -18,8 +18,12 @@ Routes, as ``huggingface_hub`` 1.x builds them (hf_api.py, file_download.py, hf_
 Each repository is one JSON file in tests/data/hub/repos/ (its id, tags, downloads, where its figures
 come from, its files). A file is ``{"text": ...}``, ``{"path": "configs/x.json"}`` (relative to
 tests/data/hub/), ``{"shaped": {"config", "mix", "template"}}`` (a GGUF header built to the real
-shapes by :mod:`tests.integration.tools.gguf_shapes`, zeros after it), or ``{"real": NAME}`` (a real
-local file the caller maps NAME to: the small GGUFs that engines really load).
+shapes by :mod:`tests.integration.tools.gguf_shapes`, zeros after it), ``{"real": NAME}`` (a real
+local file the caller maps NAME to: the small GGUFs that engines really load), or ``{"raw": bytes}``
+(in a repository a test adds in code: a hostile header, say).
+
+``hostile`` maps a request path to an answer of the test's own (a malicious hub:
+:mod:`tests.integration.tools.hostile_hub`), given before any route is looked at.
 
 Run as a script: ``python -m tests.integration.tools.local_hub --port 8765`` then
 ``HF_ENDPOINT=http://127.0.0.1:8765 gateway plan --model Qwen/Qwen3-Coder-30B-A3B-Instruct ...``.
@@ -33,7 +37,7 @@ import json
 import socket
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -84,6 +88,8 @@ class HubFile:
 
     @cached_property
     def size(self) -> int:
+        if "raw" in self.spec:
+            return len(self.spec["raw"])
         if self._shaped is not None:
             return self._shaped.size
         if self._local is not None:
@@ -91,6 +97,8 @@ class HubFile:
         return len(str(self.spec.get("text", "")).encode())
 
     def read(self, start: int, end: int) -> bytes:
+        if "raw" in self.spec:
+            return bytes(self.spec["raw"][start:end])
         if self._shaped is not None:
             return self._shaped.read(start, end)
         if self._local is not None:
@@ -101,7 +109,8 @@ class HubFile:
 
     @cached_property
     def etag(self) -> str:
-        return hashlib.sha256(f"{self.name}:{self.size}:{json.dumps(self.spec, sort_keys=True)}".encode()).hexdigest()
+        spec = json.dumps(self.spec, sort_keys=True, default=lambda raw: hashlib.sha256(raw).hexdigest())
+        return hashlib.sha256(f"{self.name}:{self.size}:{spec}".encode()).hexdigest()
 
     @property
     def is_lfs(self) -> bool:
@@ -177,7 +186,9 @@ class LocalHub:
         self.requests: list[tuple[str, str, str]] = []
         # request path → bytes after which the next GET of it breaks off (a dropped connection, once)
         self.cut_once: dict[str, int] = {}
-        self.app = Starlette(
+        # request path → the test's own answer (a malicious hub), looked at before the routes
+        self.hostile: dict[str, Callable[[Request], Awaitable[Response]]] = {}
+        self.routes = Starlette(
             routes=[
                 Route("/api/models", self.list_models, methods=["GET"]),
                 Route("/api/models/{org}/{name}/paths-info/{rev}", self.paths_info, methods=["POST"]),
@@ -188,6 +199,16 @@ class LocalHub:
                 Route("/{org}/{name}/resolve/{rev}/{path:path}", self.resolve, methods=["GET", "HEAD"]),
             ]
         )
+
+    async def app(self, scope: Any, receive: Any, send: Any) -> None:
+        """The routes, unless a test gave this path an answer of its own."""
+        answer = self.hostile.get(scope["path"]) if scope["type"] == "http" else None
+        if answer is None:
+            await self.routes(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        self.requests.append((request.method, request.url.path, request.headers.get("range", "")))
+        await (await answer(request))(scope, receive, send)
 
     def _repo(self, request: Request, files: bool = False) -> HubRepo | Response:
         self.requests.append((request.method, request.url.path, request.headers.get("range", "")))
@@ -301,7 +322,9 @@ def running(real: dict[str, Path] | None = None, port: int | None = None) -> Ite
     """The hub on 127.0.0.1 in a thread, for as long as the block runs: (endpoint URL, hub)."""
     hub = LocalHub(load_repos(real))
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(hub.app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(hub.app, host="127.0.0.1", port=port, log_level="warning", interface="asgi3")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(
@@ -325,7 +348,7 @@ def main() -> None:
     real = {name: Path(path) for name, _, path in (item.partition("=") for item in args.real)}
     hub = LocalHub(load_repos(real))
     print(f"HF_ENDPOINT=http://127.0.0.1:{args.port}", flush=True)
-    uvicorn.run(hub.app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(hub.app, host="127.0.0.1", port=args.port, log_level="warning", interface="asgi3")
 
 
 if __name__ == "__main__":
