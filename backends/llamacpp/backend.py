@@ -117,11 +117,17 @@ def native_would_change(
     faster = chosen is None or native.tokens_per_s >= NATIVE_FASTER * chosen.tokens_per_s
     if chosen is not None and native.n_ctx <= chosen.n_ctx and not faster:
         return None
-    now = f"context {chosen.n_ctx:,} at ~{chosen.tokens_per_s:,.0f} tokens/s" if chosen else "nothing fits"
+    now = f"{chosen.n_ctx:,} at ~{chosen.tokens_per_s:,.0f}" if chosen else "nothing fits"
+    why = [
+        "keeps full-size sliding-window caches" if facts.sliding_window else "",
+        "cannot keep MoE experts alone in RAM" if facts.is_moe else "",
+    ]
+    because = " and ".join(w for w in why if w)
     return (
-        f"llama.cpp: the native llama-server would plan context {native.n_ctx:,} KV {native.kv_type} at "
-        f"~{native.tokens_per_s:,.0f} tokens/s here (llama-cpp-python: {now}): install '.[llamacpp-native]' "
-        "or set llama_server_command"
+        f"llama.cpp: the native llama-server would plan this GGUF at context {native.n_ctx:,} KV {native.kv_type}, "
+        f"~{native.tokens_per_s:,.0f} tokens/s here (llama-cpp-python: {now}"
+        + (f"; it {because}" if because else "")
+        + "): install '.[llamacpp-native]' or set llama_server_command"
     )
 
 

@@ -329,11 +329,12 @@ def test_a_python_plan_says_when_the_native_server_would_plan_more() -> None:
     python = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts), machine, Policy())
     chosen = python.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.launcher == "python"
-    notes = [n for n in python.notes if "the native llama-server would plan" in n]
+    notes = [n for n in python.notes if "the native llama-server would plan this GGUF" in n]
     assert len(notes) == 1, python.notes
     native = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher="native"), machine, Policy())
     best = native.chosen
     assert isinstance(best, llamacpp.LlamaCppCandidate) and best.launcher == "native"
     assert best.n_ctx > chosen.n_ctx or best.tokens_per_s > 1.25 * chosen.tokens_per_s
-    assert f"context {best.n_ctx:,} KV {best.kv_type} at ~{best.tokens_per_s:,.0f} tokens/s" in notes[0]
+    assert f"context {best.n_ctx:,} KV {best.kv_type}, ~{best.tokens_per_s:,.0f} tokens/s" in notes[0]
+    assert "sliding-window caches" in notes[0]
     assert not any("the native llama-server would plan" in n for n in native.notes)
