@@ -182,9 +182,25 @@ def evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
         base = evaluate(node.value, env)
         if isinstance(base, Capability) and node.attr in ("major", "minor"):
             return getattr(base, node.attr)
+        if isinstance(base, dict):  # a namespace the caller described (``envs``: environment defaults)
+            return base.get(node.attr, UNKNOWN)
         return UNKNOWN
+    if isinstance(node, ast.JoinedStr):  # an f-string: a message, never a decision
+        return "".join(str(v.value) for v in node.values if isinstance(v, ast.Constant))
+    if isinstance(node, ast.IfExp):
+        test = evaluate(node.test, env)
+        return UNKNOWN if test is UNKNOWN else evaluate(node.body if test else node.orelse, env)
     if isinstance(node, ast.Call):
         name = ast.unparse(node.func)
+        if isinstance(node.func, ast.Name) and callable(env.get(node.func.id)):
+            return env[node.func.id](node, env)  # a function of the release, bound by the caller
+        platform = _platform_probe(node, env)
+        if platform is not UNKNOWN:
+            return platform
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "endswith") and node.args:
+            text, affix = evaluate(node.func.value, env), evaluate(node.args[0], env)
+            if isinstance(text, str) and isinstance(affix, str):
+                return getattr(text, node.func.attr)(affix)
         if name.endswith("DeviceCapability") and len(node.args) == 2:
             major, minor = (evaluate(a, env) for a in node.args)
             return Capability((major, minor)) if isinstance(major, int) and isinstance(minor, int) else UNKNOWN
@@ -197,11 +213,25 @@ def evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
             if isinstance(arg, int) and isinstance(cap, Capability):
                 return cap.to_int() // 10 == arg // 10
         return UNKNOWN
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        left, right = evaluate(node.left, env), evaluate(node.right, env)
+        if isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool):
+            return _ARITHMETIC[type(node.op)](left, right)
+        return UNKNOWN
+    if isinstance(node, ast.Subscript):
+        base, index = evaluate(node.value, env), evaluate(node.slice, env)
+        if isinstance(base, list) and isinstance(index, int) and -len(base) <= index < len(base):
+            return base[index]
+        return UNKNOWN
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         value = evaluate(node.operand, env)
         return UNKNOWN if value is UNKNOWN else not value
     if isinstance(node, ast.BoolOp):
-        values = [evaluate(v, env) for v in node.values]
+        values = []
+        for operand in node.values:  # in order, stopping where Python would
+            values.append(evaluate(operand, env))
+            if values[-1] is not UNKNOWN and bool(values[-1]) != isinstance(node.op, ast.And):
+                break
         if isinstance(node.op, ast.And):
             if any(v is not UNKNOWN and not v for v in values):
                 return False
@@ -223,8 +253,43 @@ def evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
     return UNKNOWN
 
 
+_ARITHMETIC = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b if b else UNKNOWN,
+    ast.Mod: lambda a, b: a % b if b else UNKNOWN,
+}
+
+
+def _platform_probe(node: ast.Call, env: dict[str, Any]) -> Any:
+    """``current_platform.X(...)`` on a CUDA device of ``env["capability"]``; UNKNOWN otherwise."""
+    cap = env.get("capability")
+    func = node.func
+    if not env.get("platform_probes"):  # only the FlashAttention facts ask (the older facts never did)
+        return UNKNOWN
+    if not (isinstance(func, ast.Attribute) and ast.unparse(func.value) == "current_platform"):
+        return UNKNOWN
+    if not isinstance(cap, Capability):
+        return UNKNOWN
+    arg = evaluate(node.args[0], env) if node.args else UNKNOWN
+    probes = {
+        "is_cuda": lambda: True,
+        "is_rocm": lambda: False,
+        "is_xpu": lambda: False,
+        "is_cpu": lambda: False,
+        "get_device_capability": lambda: cap,
+        "is_device_capability": lambda: cap.to_int() == arg if isinstance(arg, int) else UNKNOWN,
+        "has_device_capability": lambda: cap.to_int() >= arg if isinstance(arg, int) else UNKNOWN,
+    }
+    probe = probes.get(func.attr)
+    return probe() if probe else UNKNOWN
+
+
 def _compare(op: ast.cmpop, left: Any, right: Any) -> Any:
     table = {
+        ast.Is: lambda a, b: a is b,
+        ast.IsNot: lambda a, b: a is not b,
         ast.Eq: lambda a, b: a == b,
         ast.NotEq: lambda a, b: a != b,
         ast.Lt: lambda a, b: a < b,
@@ -235,7 +300,10 @@ def _compare(op: ast.cmpop, left: Any, right: Any) -> Any:
         ast.NotIn: lambda a, b: a not in b,
     }
     function = table.get(type(op))
-    return UNKNOWN if function is None else function(left, right)
+    try:
+        return UNKNOWN if function is None else function(left, right)
+    except TypeError:  # None > 256: the guard before it in an ``and`` decides
+        return UNKNOWN
 
 
 def run_body(body: list[ast.stmt], env: dict[str, Any]) -> list[Any]:
@@ -252,6 +320,8 @@ def run_body(body: list[ast.stmt], env: dict[str, Any]) -> list[Any]:
             return run_body((statement.body if test else statement.orelse) + rest, env)
         if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name):
             env[statement.targets[0].id] = evaluate(statement.value, env)
+        if isinstance(statement, ast.Try) and env.get("enter_try"):  # the import inside succeeds
+            return run_body(statement.body + body[index + 1 :], env)
     return []
 
 
@@ -487,7 +557,166 @@ def attention(src: Source) -> dict[str, Any]:
             "kv_cache_dtypes_source": dtypes_at,
             **({"kv_cache_dtypes_note": note} if note else {}),
         }
-    return {"backends": backends, "priorities": order["order"], "priorities_source": order["source"]}
+    out = {"backends": backends, "priorities": order["order"], "priorities_source": order["source"]}
+    if flash := flash_attention(src):
+        out["flash_attn"] = flash
+    if mixed := heterogeneous_heads(src):
+        out["heterogeneous_head_dims"] = mixed
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention: which FA version a capability gets, its fp8 KV and head sizes
+# ---------------------------------------------------------------------------------------------
+
+FA_UTILS = ("vllm/v1/attention/backends/fa_utils.py", "vllm/attention/utils/fa_utils.py")
+FA_INTERFACE = "vllm/vllm_flash_attn/flash_attn_interface.py"
+HEAD_SIZES = (128, 256, 512)
+# what the interpreter assumes of the machine: the CUDA wheel built every FA version
+# (``FAn_AVAILABLE``), no configuration or environment variable overrides the FA version
+FA_ASSUMED = (
+    "the CUDA wheel's FA2/FA3/FA4 builds present; no --attention-config flash_attn_version; "
+    "without flash_attn_interface.py in the sdist: FA2 from 8.0, FA3 on 9.x"
+)
+
+
+_UNQUANTIZED = ("auto", "float16", "bfloat16", None)
+
+
+def _fa_assumed(node: ast.Call, env: dict[str, Any], cap: tuple[int, int]) -> Any:
+    """``is_fa_version_supported`` where the sdist has no flash_attn_interface.py (before 0.17):
+    what every later interface says, FA2 from 8.0, FA3 on 9.x, FA4 on 9.x–11.x."""
+    version = evaluate(node.args[0], env) if node.args else UNKNOWN
+    return {2: cap >= (8, 0), 3: cap[0] == 9, 4: cap[0] in (9, 10, 11)}.get(version, UNKNOWN)
+
+
+def _bind(function: ast.FunctionDef, module: dict[str, Any]) -> Any:
+    """A release function as a callable of the interpreter: its parameters bound from the call's
+    arguments (else their defaults), its body run; its value where every path that returns agrees."""
+
+    def call(node: ast.Call, env: dict[str, Any]) -> Any:
+        local = dict(module)
+        params = function.args
+        positional = [a.arg for a in params.posonlyargs + params.args]
+        if positional and positional[0] == "cls":
+            positional = positional[1:]
+        for name, default in zip(positional[len(positional) - len(params.defaults) :], params.defaults, strict=True):
+            local[name] = evaluate(default, local)
+        for arg, default in zip(params.kwonlyargs, params.kw_defaults, strict=True):
+            if default is not None:
+                local[arg.arg] = evaluate(default, local)
+        for name, value in zip(positional, node.args, strict=False):
+            local[name] = evaluate(value, env)
+        for keyword in node.keywords:
+            if keyword.arg:
+                local[keyword.arg] = evaluate(keyword.value, env)
+        results = run_body(function.body, local)
+        if not results or any(r is UNKNOWN for r in results) or any(r != results[0] for r in results):
+            return UNKNOWN
+        return results[0]
+
+    return call
+
+
+def _call(name: str, *args: Any) -> ast.Call:
+    return ast.Call(ast.Name(name), [ast.Constant(a) for a in args], [])
+
+
+def flash_attention(src: Source) -> dict[str, Any] | None:
+    """Per capability: the FA version ``get_flash_attn_version`` picks by default, whether
+    FlashAttention takes fp8 KV there (``flash_attn_supports_kv_cache_dtype``, earlier
+    ``flash_attn_supports_fp8``: FA3 on Hopper) and which head sizes its ``supports_head_size``
+    accepts (512 only with FA4). Each function is run by the interpreter for that capability."""
+    utils = next((p for p in FA_UTILS if p in src.files), None)
+    if utils is None:
+        return None
+    index = class_index(src, BACKEND_PREFIXES)
+    head = lookup(index, "FlashAttentionBackend", "supports_head_size")
+    kv = lookup(index, "FlashAttentionBackend", "supports_kv_cache_dtype")
+    listed = lookup(index, "FlashAttentionBackend", "supported_kv_cache_dtypes")
+    listed_value = listed[1].value if listed and isinstance(listed[1], ast.Assign | ast.AnnAssign) else None
+    functions: dict[str, tuple[str, ast.FunctionDef]] = {}
+    for path in (FA_INTERFACE, utils):
+        for node in src.tree(path).body if path in src.files else []:
+            if isinstance(node, ast.FunctionDef):
+                functions.setdefault(node.name, (path, node))
+    if "get_flash_attn_version" not in functions or kv is None or not isinstance(kv[1], ast.FunctionDef):
+        return None
+    by_capability: dict[str, Any] = {}
+    for cap in CAPABILITIES:
+        module: dict[str, Any] = {
+            "capability": Capability(cap),
+            "platform_probes": True,
+            "enter_try": True,
+            "envs": {"VLLM_BATCH_INVARIANT": False},
+            "get_current_vllm_config_or_none": lambda node, env: None,
+            **{f"FA{n}_AVAILABLE": True for n in (2, 3, 4)},
+        }
+        if FA_INTERFACE not in src.files:  # older sdists ship no interface: FA3 on Hopper, FA2 from 8.0
+            module["is_fa_version_supported"] = lambda node, env, cap=cap: _fa_assumed(node, env, cap)
+        # vLLM's own test of the dtype's name, simplified: anything but the unquantized spellings
+        module["is_quantized_kv_cache"] = lambda node, env: evaluate(node.args[0], env) not in _UNQUANTIZED
+        for name, (_, function) in functions.items():
+            module.setdefault(name, _bind(function, module))
+        module["_is_fa_version_supported"] = module.get("is_fa_version_supported")
+        module["cls"] = {"supported_kv_cache_dtypes": strings(listed_value) if listed_value is not None else []}
+        version = evaluate(_call("get_flash_attn_version"), module)
+        fp8 = _bind(kv[1], module)(_call("supports_kv_cache_dtype", "fp8"), module)
+        sizes: dict[str, Any] = {}
+        if head is not None and isinstance(head[1], ast.FunctionDef):
+            accepts = _bind(head[1], module)
+            for size in HEAD_SIZES:
+                value = accepts(_call("supports_head_size", size), module)
+                sizes[str(size)] = value if isinstance(value, bool) else "unknown"
+        by_capability[f"{cap[0]}.{cap[1]}"] = {
+            "fa_version": version if isinstance(version, int) else None,
+            "fp8_kv": fp8 if isinstance(fp8, bool) else "unknown",
+            "head_sizes": sizes,
+        }
+    version_path, version_function = functions["get_flash_attn_version"]
+    return {
+        "by_capability": by_capability,
+        "fa_version_source": cite(version_path, version_function),
+        "fp8_kv_source": cite(kv[0].path, kv[1]),
+        "head_sizes_source": cite(head[0].path, head[1]) if head else "",
+        "assumes": FA_ASSUMED,
+    }
+
+
+def heterogeneous_heads(src: Source) -> dict[str, Any] | None:
+    """Models whose config hook picks the attention backend for layers of different head sizes
+    (Gemma 4: 256 sliding, 512 full): the model types ``MODELS_CONFIG_MAP`` sends to a
+    ``verify_and_update_config`` that forces TRITON_ATTN, and whether it first tries FA4 on every
+    layer where ``is_fa_version_supported(4)``."""
+    path = "vllm/model_executor/models/config.py"
+    if path not in src.files:
+        return None
+    tree = src.tree(path)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    hooks = {
+        name: node
+        for name, node in classes.items()
+        if "TRITON_ATTN" in ast.unparse(node) and "head_dim" in ast.unparse(node) and "Gemma" in name
+    }
+    if not hooks:
+        return None
+    model_types: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict) and any(isinstance(v, ast.Name) and v.id in hooks for v in node.values):
+            model_types += [
+                k.value
+                for k, v in zip(node.keys, node.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Name) and v.id in hooks
+            ]
+    hook = next(iter(hooks.values()))
+    text = ast.unparse(hook)
+    return {
+        "names": sorted(set(model_types)),  # MODELS_CONFIG_MAP keys: architectures (0.32) or model types
+        "tries_fa4": "is_fa_version_supported(4)" in text,
+        "max_fa4_head_size": 512 if "<= 512" in text else None,
+        "fallback": "TRITON_ATTN",
+        "source": cite(path, hook),
+    }
 
 
 # ---------------------------------------------------------------------------------------------

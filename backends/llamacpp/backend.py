@@ -92,6 +92,46 @@ def remote_phrase(devices: tuple[Device, ...], split: tuple[float, ...]) -> str:
     return f"; devices in llama.cpp's order: {', '.join(named)}" + (f"; slowest link: {link}" if link else "")
 
 
+NATIVE_FASTER = 1.25  # the native server's estimate this much faster is worth a note
+
+
+def native_would_change(
+    facts: ModelFacts, chosen: LlamaCppCandidate | None, inventory: Inventory, policy: Policy
+) -> str | None:
+    """One note line where llama-cpp-python is planned and the native llama-server would give this
+    GGUF a longer context or a clearly faster decode on the same devices (its sliding-window layers
+    keep each slot's window, not the whole context; MoE experts can stay in RAM), else None."""
+    native = best(
+        candidates(
+            facts,
+            "",
+            inventory.gpus,
+            inventory.ram_available_bytes,
+            min_context=policy.min_context,
+            max_context=policy.max_context,
+            launcher="native",
+            pinned_context_length=policy.pins.context_length,
+        )
+    )
+    if native is None:
+        return None
+    faster = chosen is None or native.tokens_per_s >= NATIVE_FASTER * chosen.tokens_per_s
+    if chosen is not None and native.n_ctx <= chosen.n_ctx and not faster:
+        return None
+    now = f"{chosen.n_ctx:,} at ~{chosen.tokens_per_s:,.0f}" if chosen else "nothing fits"
+    why = [
+        "keeps full-size sliding-window caches" if facts.sliding_window else "",
+        "cannot keep MoE experts alone in RAM" if facts.is_moe else "",
+    ]
+    because = " and ".join(w for w in why if w)
+    return (
+        f"llama.cpp: the native llama-server would plan this GGUF at context {native.n_ctx:,} KV {native.kv_type}, "
+        f"~{native.tokens_per_s:,.0f} tokens/s here (llama-cpp-python: {now}"
+        + (f"; it {because}" if because else "")
+        + "): install '.[llamacpp-native]' or set llama_server_command"
+    )
+
+
 class LlamaCppBackend:
     name = "llamacpp"
     title = "llama.cpp"
@@ -127,10 +167,17 @@ class LlamaCppBackend:
         self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
     ) -> list[LlamaCppCandidate]:
         if model.variants:
-            return self._by_fit(model, inventory, policy, installation)
-        if model.facts is None:
+            found = self._by_fit(model, inventory, policy, installation)
+        elif model.facts is None:
             return []
-        return self._ladder(model, model.facts, model.gguf or model.name, inventory, policy, installation, None)
+        else:
+            found = self._ladder(model, model.facts, model.gguf or model.name, inventory, policy, installation, None)
+        facts = model.chosen.facts if model.chosen else model.facts
+        if installation.variant == "python" and facts is not None:
+            note = native_would_change(facts, best(found), inventory, policy)
+            if note and note not in model.notes:
+                model.notes.append(note)
+        return found
 
     def _ladder(
         self,

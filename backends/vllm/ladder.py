@@ -27,6 +27,7 @@ from backends.vllm.memory import (
     memory,
 )
 from backends.vllm.settings import VllmPins
+from backends.vllm.weight_kernels import weight_only
 from gateway.core.devices import GIB, Device
 from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import Policy
@@ -74,6 +75,7 @@ class VllmCandidate:
     nodes: tuple[str, ...] = ()
     pipeline_parallel_size: int = 1
     steps: list[str] = field(default_factory=list)
+    weight_kernel: str = ""  # "W8A16" / "W4A16": FP8 / NVFP4 run as Marlin weight-only kernels on these GPUs
 
     @property
     def planned_only(self) -> bool:
@@ -109,6 +111,7 @@ class VllmCandidate:
             "backend": ENGINE,
             "checkpoint": self.checkpoint.name,
             "quantization": self.checkpoint.quantization,
+            "weight_kernel": f"{self.weight_kernel} Marlin" if self.weight_kernel else None,
             "fits": self.fits,
             "reason": self.reason,
             "rung": self.rung,
@@ -190,6 +193,9 @@ def evaluate(
     m = memory(checkpoint, gpu, flags, version)
     facts = checkpoint.facts
     head = f"{checkpoint.quantization or facts.dtype} TP{flags.tensor_parallel_size}"
+    marlin = weight_only(facts, min(g.compute_capability for g in gpus[: flags.tensor_parallel_size]))
+    if marlin:  # the checkpoint loads, but runs 16-bit activations through Marlin (weight_kernels.py)
+        head += f" as {marlin.scheme} Marlin"
     problems: list[str] = []
     # 0.21.0 v1/worker/gpu_worker.py init_device calls request_memory whatever the KV pin:
     #     if init_snapshot.free_memory < requested_memory: raise ValueError(f"Free memory on device ...")
@@ -258,7 +264,9 @@ def evaluate(
         if fits
         else f"{summary}; " + "; ".join(problems)
     )
-    return VllmCandidate(checkpoint, flags, m, fits, reason, concessions, rung)
+    return VllmCandidate(
+        checkpoint, flags, m, fits, reason, concessions, rung, weight_kernel=marlin.scheme if marlin else ""
+    )
 
 
 def _estimated(facts: ModelFacts) -> str:

@@ -120,8 +120,10 @@ class ReleaseTable:
 
     def attention_backend(self, facts: ModelFacts, capability: tuple[int, int], kv_cache_dtype: str) -> Verdict:
         """The backend ``_get_backend_priorities`` order gives for this model, GPU and KV dtype:
-        the first that supports the capability and accepts the dtype (sparse MLA backends serve
-        only sparse-attention models and are skipped)."""
+        the first that supports the capability, accepts the dtype and the model's head sizes (sparse
+        MLA backends serve only sparse-attention models and are skipped). FlashAttention's fp8 KV
+        and head sizes follow the FA version it runs there (FA3's fp8 KV on Hopper, 512 only with
+        FA4); a model whose config hook picks the backend for mixed head sizes (Gemma 4) gets that."""
         attention = self.data["attention"]
         kind = "mla" if self.uses_mla(facts) else "standard"
         order_by_cap = attention["priorities"][kind]
@@ -130,28 +132,81 @@ class ReleaseTable:
         if key is None:
             return Verdict(True, f"compute capability {capability[0]}.{capability[1]} not in the table", where)
         dtype = "fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype
+        order, why = order_by_cap[key], ""
+        if kind == "standard" and (hooked := self._mixed_heads_backend(facts, key)):
+            order, where = [hooked[0]], hooked[1]
+            heads = f"{facts.head_dim}/{facts.global_head_dim}"
+            why = f"; set for head sizes {heads} where FA4 does not run, {hooked[1]}"
         refused: list[str] = []
-        for name in order_by_cap[key]:
+        for name in order:
             backend = attention["backends"].get(name, {})
             if backend.get("sparse") or backend.get("missing"):
                 continue
             if backend["capabilities"].get(key) is not True:
                 refused.append(f"{name} not on {key} ({backend['capabilities_source']})")
                 continue
-            if dtype not in backend["kv_cache_dtypes"]:
-                refused.append(
-                    f"{name} takes KV {'/'.join(backend['kv_cache_dtypes'])} ({backend['kv_cache_dtypes_source']})"
-                )
+            dtypes, dtypes_at = self._kv_dtypes(name, key)
+            if dtype not in dtypes:
+                refused.append(f"{name} takes KV {'/'.join(dtypes)} ({dtypes_at})")
                 continue
-            return Verdict(
-                True, f"{name} ({'MLA' if kind == 'mla' else 'attention'} backend)", backend["kv_cache_dtypes_source"]
-            )
+            if (head := self._head_refused(name, key, facts)) is not None:
+                refused.append(head)
+                continue
+            fa = self._flash(key) if name == "FLASH_ATTN" else None
+            fa_version = fa.get("fa_version") if fa else None
+            if fa_version and max(facts.head_dim, facts.global_head_dim) > 256:
+                fa_version = 4  # get_flash_attn_version: FA3 on SM90 takes no head size above 256, FA4 does
+            version = f", FA{fa_version}" if fa_version else ""
+            what = "MLA" if kind == "mla" else "attention"
+            return Verdict(True, f"{name} ({what} backend{version}{why})", dtypes_at)
         return Verdict(
             False,
             f"no {'MLA ' if kind == 'mla' else ''}attention backend of vLLM {self.read} runs {kv_cache_dtype} KV on "
             f"compute capability {key}: " + "; ".join(refused),
             where,
         )
+
+    def _flash(self, key: str) -> dict[str, Any] | None:
+        """FlashAttention's facts on this capability (FA version, fp8 KV, head sizes), if read."""
+        flash = self.data["attention"].get("flash_attn")
+        found: dict[str, Any] | None = flash["by_capability"].get(key) if flash else None
+        return found
+
+    def _kv_dtypes(self, name: str, key: str) -> tuple[list[str], str]:
+        """The KV dtypes a backend takes on this capability, and the line that says so."""
+        backend = self.data["attention"]["backends"][name]
+        dtypes, where = list(backend["kv_cache_dtypes"]), backend["kv_cache_dtypes_source"]
+        fa = self._flash(key) if name == "FLASH_ATTN" else None
+        if fa and fa.get("fp8_kv") is True:
+            dtypes += [d for d in ("fp8", "fp8_e4m3") if d not in dtypes]
+            where = self.data["attention"]["flash_attn"]["fp8_kv_source"]
+        return dtypes, where
+
+    def _head_refused(self, name: str, key: str, facts: ModelFacts) -> str | None:
+        """Why FlashAttention on this capability refuses the model's largest head size, or None."""
+        fa = self._flash(key) if name == "FLASH_ATTN" else None
+        head = max(facts.head_dim, facts.global_head_dim)
+        if not fa or fa["head_sizes"].get(str(head)) is not False:
+            return None
+        source = self.data["attention"]["flash_attn"]["head_sizes_source"]
+        return f"{name} takes no head size {head} on {key} without FA4 ({source})"
+
+    def _mixed_heads_backend(self, facts: ModelFacts, key: str) -> tuple[str, str] | None:
+        """(backend, source) a model's config hook sets for layers of different head sizes (Gemma 4's
+        256 sliding, 512 full): TRITON_ATTN where FA4 does not run; None where it does (the usual
+        order, FlashAttention at FA4 on every layer), for other models and for uniform heads."""
+        hook = self.data["attention"].get("heterogeneous_head_dims")
+        names = {facts.architecture, facts.model_type}
+        if not hook or not names & set(hook["names"]) or not facts.global_head_dim:
+            return None
+        if facts.global_head_dim == facts.head_dim:
+            return None
+        fa = self._flash(key)
+        largest = max(facts.head_dim, facts.global_head_dim)
+        fa4 = hook["tries_fa4"] and fa and largest <= (hook["max_fa4_head_size"] or 0)
+        if fa4 and fa and fa["head_sizes"].get(str(largest)) is True:  # FA4 runs: the usual order, FA4 everywhere
+            return None
+        return hook["fallback"], hook["source"]
 
     # quantization ------------------------------------------------------------------------
 

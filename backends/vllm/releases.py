@@ -11,13 +11,16 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from backends.vllm.release_table import Verdict, first_registering, next_read, table_for, versions
+from backends.vllm.weight_kernels import weight_only
 from gateway.core.model_facts import ModelFacts
 
 DEFAULT_VERSION = "0.32.0"  # assumed when vLLM is not installed beside the gateway
 
 # The ModelOpt NVFP4 GLM-4.7-Flash checkpoint was reported not to load before 0.24 (issue 15), but
 # nothing in 0.16–0.21's source gates it (0.16's CUTLASS FP4 MoE already covers family 120): the
-# plan notes that 0.24 adds a faster SM12x MoE path instead of refusing.
+# plan notes that 0.24 adds a faster SM12x MoE path instead of refusing. The note speaks of the
+# native FP4 kernels: on GPUs without them (below 10.0) the checkpoint runs as Marlin W4A16
+# (backends/vllm/weight_kernels.py), and the note is not given.
 NOTE_SINCE = {
     ("glm4_moe_lite", "nvfp4"): (
         "0.24.0",
@@ -71,8 +74,13 @@ def quantization_verdict(facts: ModelFacts, capability: tuple[int, int], version
     return table_for(version).quantization_verdict(facts, capability)
 
 
-def notes(facts: ModelFacts, version: str) -> list[str]:
-    """Release notes for this checkpoint that do not change the verdict."""
+def notes(facts: ModelFacts, version: str, capability: tuple[int, int] = (0, 0)) -> list[str]:
+    """Release notes for this checkpoint that do not change the verdict; on these GPUs
+    (``capability``: the lowest), where the checkpoint runs as Marlin weight-only kernels, that
+    instead of notes about its native kernels."""
+    marlin = weight_only(facts, capability)
+    if marlin:
+        return [marlin.phrase]
     found = NOTE_SINCE.get((facts.model_type, facts.quantization or ""))
     return [found[1]] if found and not at_least(version, found[0]) else []
 

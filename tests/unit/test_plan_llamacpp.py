@@ -294,3 +294,47 @@ def test_an_estimated_gemma4_gguf_has_the_same_per_layer_kv_as_the_file(shape_gg
     per_layer = [kv_bytes_per_token_layer(estimated, "q8_0", layer) for layer in range(60)]
     assert per_layer == [kv_bytes_per_token_layer(read, "q8_0", layer) for layer in range(60)]
     assert estimated.weight_bytes == pytest.approx(read.weight_bytes, rel=0.1)
+
+
+@pytest.mark.parametrize(("n_ctx", "kv_type"), [(131072, "q8_0"), (65536, "q8_0")])
+def test_moe_split_search_keeps_the_fewest_experts_in_ram_that_any_split_fits(n_ctx: int, kv_type: str) -> None:
+    """Qwen3-Coder-30B BF16 on 2×24 GB: the search used to fill GPU0 to the brim without the weights
+    op offload copies onto it, so place() rejected its split and the search went on to more experts in
+    RAM (21 at 131k q8_0, GPU1 two-thirds empty). Every split of whole slots is tried here: the plan's
+    n_cpu_moe is the smallest for which one fits, and its split fits."""
+    config = json.loads((CONFIGS.parent / "hub" / "configs" / "Qwen3-Coder-30B-A3B-Instruct.json").read_text())
+    facts = estimate_gguf_facts(facts_from_config(config, "qwen3-coder"), config, 16.0)
+    gpus = parse_gpu_spec("2x24GiB")
+    slots = facts.num_layers + 1
+    placement, how = llamacpp.best_placement(facts, gpus, n_ctx, kv_type, "native")
+    assert not placement.overflow() and placement.n_gpu_layers == slots, how
+
+    def any_split_fits(moe: int) -> bool:
+        splits = [(float(k), float(slots - k)) for k in range(slots + 1)]
+        return any(not llamacpp.place(facts, gpus, n_ctx, kv_type, "native", slots, moe, s).overflow() for s in splits)
+
+    assert placement.n_cpu_moe > 0 and not any_split_fits(placement.n_cpu_moe - 1), how
+    terms = zip(placement.device_model, placement.device_kv, placement.device_compute, strict=True)
+    used = [sum(term) / GIB for term in terms]
+    assert min(used) > 0.9 * max(used), used  # balanced: neither card left mostly empty
+
+
+def test_a_python_plan_says_when_the_native_server_would_plan_more() -> None:
+    """Gemma 4 31B (Q4_K_M) on 2×16 GB with llama-cpp-python: its 50 sliding-window layers keep
+    caches of the whole context there, llama-server keeps each slot's 1,024-token window. The plan
+    states the native server's context and speed in one note; a native plan has no such note."""
+    config = json.loads((CONFIGS / "gemma-4-31B-it.json").read_text())
+    facts = estimate_gguf_facts(facts_from_config(config, "gemma-4-31b"), config, 4.85)
+    machine = _machine("2x16GiB@8.9", 64)
+    python = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts), machine, Policy())
+    chosen = python.chosen
+    assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.launcher == "python"
+    notes = [n for n in python.notes if "the native llama-server would plan this GGUF" in n]
+    assert len(notes) == 1, python.notes
+    native = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher="native"), machine, Policy())
+    best = native.chosen
+    assert isinstance(best, llamacpp.LlamaCppCandidate) and best.launcher == "native"
+    assert best.n_ctx > chosen.n_ctx or best.tokens_per_s > 1.25 * chosen.tokens_per_s
+    assert f"context {best.n_ctx:,} KV {best.kv_type}, ~{best.tokens_per_s:,.0f} tokens/s" in notes[0]
+    assert "sliding-window caches" in notes[0]
+    assert not any("the native llama-server would plan" in n for n in native.notes)

@@ -171,3 +171,51 @@ def test_default_utilization_per_release() -> None:
         table = table_for(release)
         assert table.default_utilization == (0.9 if _v(release) < (0, 21) else 0.92), release
         assert table.default_utilization_source.startswith("vllm/config/cache.py:")
+
+
+@pytest.mark.parametrize(("release", "line"), [("0.17.0", 156), ("0.21.0", 191), ("0.32.0", 433), ("0.33.0", 438)])
+def test_fp8_kv_on_hopper_runs_on_flashattention_3_as_the_release_picks_it(release: str, line: int) -> None:
+    """FlashAttentionBackend.supports_kv_cache_dtype takes fp8 where get_flash_attn_version gives FA3
+    and the GPU is 9.x (0.17 flash_attn.py:156–160; 0.32 :433 → fa_utils.py flash_attn_supports_kv_cache_dtype),
+    and FLASH_ATTN comes first on 9.0: an H100 plan names it, not FlashInfer. Elsewhere (8.x, 12.x: FA2)
+    fp8 KV still goes to FlashInfer."""
+    facts = _facts("Qwen3-8B", "bf16")
+    table = table_for(release)
+    hopper = table.attention_backend(facts, (9, 0), "fp8")
+    assert hopper.ok and hopper.reason.startswith("FLASH_ATTN (attention backend, FA3"), hopper.reason
+    assert hopper.source == f"vllm/v1/attention/backends/flash_attn.py:{line}"
+    for capability in ((8, 6), (8, 9), (12, 0)):
+        other = table.attention_backend(facts, capability, "fp8")
+        assert other.ok and other.reason.startswith("FLASHINFER"), (capability, other.reason)
+
+
+def test_the_h100_plan_notes_flashattention_for_its_fp8_kv() -> None:
+    facts = _facts("Qwen3-8B", "bf16")
+    engines = engine_plans(facts.name, checkpoints=[vllm.Checkpoint(facts.name, facts)], vllm_version="0.32.0")
+    inventory = Inventory(parse_gpu_spec("1x80GiB@9.0"), 64 * GIB, 64 * GIB, source="simulated")
+    pins = Pins(context_length=4096, engine={"kv_cache_dtype": "fp8", "tensor_parallel_size": 1})
+    plan = decide(facts.name, engines, inventory, Policy(min_context=4096, pins=pins))
+    notes = [n for n in plan.notes if "fp8 KV runs on" in n]
+    assert notes and "FLASH_ATTN (attention backend, FA3)" in notes[0], plan.notes
+
+
+@pytest.mark.parametrize(
+    ("capability", "backend"),
+    [((8, 6), "TRITON_ATTN"), ((8, 9), "TRITON_ATTN"), ((9, 0), "FLASH_ATTN"), ((12, 0), "TRITON_ATTN")],
+)
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_gemma4_head_size_512_gets_the_backend_its_config_hook_sets(
+    capability: tuple[int, int], backend: str, kv: str
+) -> None:
+    """Gemma 4's full layers have 512-wide heads, its sliding ones 256. vLLM 0.32's Gemma4Config
+    (models/config.py:229) keeps FlashAttention at FA4 on every layer where FA4 runs (9.x: its
+    supports_head_size takes 512 only with FA4), else forces TRITON_ATTN; FA2 (8.x, 12.x) takes no 512."""
+    config = json.loads((CONFIGS / "gemma-4-31B-it.json").read_text())
+    facts = facts_from_config(config, "gemma-4-31B-it")
+    assert (facts.head_dim, facts.global_head_dim) == (256, 512)
+    verdict = table_for("0.32.0").attention_backend(facts, capability, kv)
+    assert verdict.ok and verdict.reason.startswith(backend), verdict.reason
+    if backend == "FLASH_ATTN":
+        assert "FA4" in verdict.reason
+    else:
+        assert "vllm/model_executor/models/config.py:229" in verdict.reason
