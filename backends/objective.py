@@ -8,13 +8,15 @@ For serving coding agents, in this order (README "Plan it" gives the reasons):
 1. **floor**: context at least the floor (65,536 by default, the model's maximum when smaller). A
    candidate below it is a last resort, ranked after every one that reaches it (and said loudly);
 2. **no fragile settings**: weights in host RAM beside GPUs (CPU offload), a GGUF below 4 bits per
-   weight, an estimated decode under :data:`ACCEPTABLE_TOKENS_PER_S`, utilization above the
-   release's default, eager mode, fewer than :data:`MIN_SEQUENCES` sequences, each ranked below
-   any candidate without it, most severe first: so a pre-quantized checkpoint or a smaller GGUF
-   quantization comes before any of them (the engines offer only checkpoints from the model's own
-   organisation or a known quantizer). What the user pinned is never counted: they asked for it;
+   weight, utilization above the release's default, eager mode, fewer than :data:`MIN_SEQUENCES`
+   sequences, each ranked below any candidate without it, most severe first: so a pre-quantized
+   checkpoint or a smaller GGUF quantization comes before any of them (the engines offer only
+   checkpoints from the model's own organisation or a known quantizer). What the user pinned is
+   never counted: they asked for it;
 3. **target**: more context, up to the target (131,072 by default, the model's maximum when smaller),
-   in steps of :data:`CONTEXT_STEP`;
+   in steps of :data:`CONTEXT_STEP`; then an estimated decode under :data:`ACCEPTABLE_TOKENS_PER_S`
+   ranks after every faster one (the slower, the later), so that precision never buys a crawl
+   (a BF16 GGUF at 2 tokens/s from RAM before a 4-bit one at 8);
 4. **precision**: weight bits (BF16 16 > FP8 > INT8/W8A16 > FP4/INT4/AWQ; a GGUF by its bits per
    weight), then the KV cache's where it loses precision (vLLM's fp8 KV: one scale per tensor;
    llama.cpp's q8_0 KV keeps a scale per 32 values and is priced by speed alone);
@@ -72,7 +74,6 @@ class Traits:
         named = [
             (self.offload, "weights in RAM"),
             (self.low_bit, f"{self.weight_bits:g} bits per weight"),
-            (self.slowness > 0, f"~{self.tokens_per_s:.1f} tokens/s"),
             (self.raised_utilization, "utilization above the default"),
             (self.eager, "eager mode"),
             (self.few_sequences, f"fewer than {MIN_SEQUENCES} sequences"),
@@ -86,6 +87,8 @@ class Traits:
         out += self.fragile()
         if not self.below_floor and self.context < self.goal.target:
             out.append(f"context {self.context:,} < {self.goal.target:,}")
+        if self.slowness:
+            out.append(f"~{self.tokens_per_s:.1f} tokens/s")
         return out
 
 
@@ -96,11 +99,11 @@ def key(traits: Traits) -> tuple[float | int | bool, ...]:
         t.below_floor,
         t.offload,
         t.low_bit,
-        t.slowness,
         t.raised_utilization,
         t.eager,
         t.few_sequences,
         -(min(t.context, t.goal.target) // CONTEXT_STEP),
+        t.slowness,
         -t.weight_bits,
         -t.kv_bits,
         not t.drafting,
@@ -143,11 +146,13 @@ def lost_on(chosen: Traits, other: Traits) -> str:
     if other.below_floor and not chosen.below_floor:
         return f"context {other.context:,} below the {other.goal.floor:,} floor"
     mine, theirs = chosen.fragile(), other.fragile()
-    if key(other)[1:7] > key(chosen)[1:7]:
+    if key(other)[1:6] > key(chosen)[1:6]:
         extra = [s for s in theirs if s not in mine] or theirs
         return "needs " + ", ".join(extra)
     if min(other.context, other.goal.target) // CONTEXT_STEP < min(chosen.context, chosen.goal.target) // CONTEXT_STEP:
         return f"context {other.context:,} only"
+    if other.slowness > chosen.slowness:
+        return f"too slow (~{other.tokens_per_s:.1f} tokens/s)"
     if (other.weight_bits, other.kv_bits) < (chosen.weight_bits, chosen.kv_bits):
         return f"less precise ({other.weight_bits:g} bits per weight" + (
             f", {other.kv_bits:g}-bit KV)" if other.kv_bits < chosen.kv_bits else ")"

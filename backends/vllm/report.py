@@ -40,7 +40,8 @@ def summary(candidates: list[VllmCandidate], chosen: object) -> list[str]:
         figures += f", ~{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else ""
         fragile = best.traits.shortfalls()
         lines.append(f"  {mark} {what}: {figures}" + (f" (gives up: {', '.join(fragile)})" if fragile else ""))
-    return lines
+    across = [c for c in candidates if c.planned_only]
+    return lines + (_across_nodes(across) if any(c.fits for c in across) else [])
 
 
 def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:

@@ -64,8 +64,8 @@ def gguf_standing(row: dict[str, Any], policy: dict[str, Any], has_gpus: bool) -
         row["n_ctx"] < policy["min_context"],
         has_gpus and row["layers_on_gpu"] < row["layers"],
         bits < 4,
-        round(ACCEPTABLE_TOKENS_PER_S - speed, 1) if 0 < speed < ACCEPTABLE_TOKENS_PER_S else 0.0,
         -(min(row["n_ctx"], policy["target_context"]) // 8192),
+        round(ACCEPTABLE_TOKENS_PER_S - speed, 1) if 0 < speed < ACCEPTABLE_TOKENS_PER_S else 0.0,
         -bits,
         -round(speed, 1),
     )

@@ -91,11 +91,13 @@ def test_glm_on_two_5090s_tries_vllm_rungs_then_falls_back_to_llamacpp(tmp_path:
     decision = decide(settings, machine=gpus)
     engines = [option.engine for option in decision.options]
     assert engines[:4] == ["vllm"] * 4 and engines[-1] == "llamacpp"
-    first = decision.options[0]
-    assert isinstance(first, vllm.VllmOption) and first.flags.max_num_seqs <= 32  # few seqs: few CUDA graphs
+    first = decision.options[0]  # the plan's decision: NVFP4 at the release's default share
+    assert isinstance(first, vllm.VllmOption) and first.flags.gpu_memory_utilization == vllm.DEFAULT_UTILIZATION
+    chosen = decision.plan.chosen
+    assert chosen is not None and first.context_length == chosen.context_length >= 131072
     launch = first.launch(4321, "secret")
     argv = launch.argv
-    assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]
+    assert argv[:3] == ["vllm", "serve", "unsloth/GLM-4.7-Flash-NVFP4"]
     assert launch.env["VLLM_API_KEY"] == "secret" and "secret" not in argv and argv[argv.index("--port") + 1] == "4321"
 
 
