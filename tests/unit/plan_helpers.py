@@ -90,7 +90,7 @@ def objective_broken(data: dict[str, Any], default_util: float) -> str | None:
     if steady:
         return f"llama.cpp chosen though vLLM {steady[0]['rung']} meets the floor without offload"
     table = chosen.get("gguf_alternatives") or []
-    has_gpus = bool(data["inventory"]["gpus"])
+    has_gpus = any(d["kind"] == "gpu" for d in data["inventory"]["devices"])
     picked = [row for row in table if row["chosen"]]
     fitting = [row for row in table if row["fits"]]
     if picked and fitting:
