@@ -125,9 +125,7 @@ def why(chosen: Traits, runner_up: Traits | None = None, runner_up_name: str = "
     """One line: what the choice reaches, and what the next best would give up to do better."""
     reach = f"context {chosen.context:,}"
     if chosen.below_floor:
-        reach = (
-            f"LAST RESORT: context {chosen.context:,} is below the {chosen.goal.floor:,} floor and nothing reaches it"
-        )
+        reach = f"context {chosen.context:,}, the longest below the {chosen.goal.floor:,} floor"
     elif chosen.context >= chosen.goal.target:
         reach += f" (the {chosen.goal.target:,} target reached)"
     else:

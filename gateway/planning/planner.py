@@ -191,7 +191,7 @@ def _why(engine: EnginePlan, best: Candidate, runner_up: tuple[EnginePlan, Candi
     """The decision's one line of why: the engine rule, what it reaches, what the other engine lacks."""
     traits = best.traits
     if traits.below_floor:
-        rule = "nothing reaches the context floor"
+        rule = f"LAST RESORT: nothing reaches the {traits.goal.floor:,}-token floor"
     elif not traits.offload and (runner_up is None or _before(engine, runner_up[0])):
         rule = f"{engine.backend.title} meets the floor without offload"
     elif not traits.offload:
