@@ -69,7 +69,9 @@ def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) 
     argv = decision.options[0].launch(1234, "key").argv
     assert argv[argv.index("--n_gpu_layers") + 1] == "0"
     assert argv[argv.index("--n_ctx") + 1] == "32768" == str(decision.route.context_length)
-    assert "--tensor_split" not in argv and "--flash_attn" not in argv
+    assert "--tensor_split" not in argv
+    # q8_0 KV (faster from RAM by the plan's estimate), which llama.cpp keeps only with flash attention
+    assert argv[argv.index("--type_k") + 1] == "8" and argv[argv.index("--flash_attn") + 1] == "True"
 
 
 @needs_embedded_model
