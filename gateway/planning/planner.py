@@ -157,7 +157,8 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
         runner_up = objective.ranked(others, lambda pair: pair[1].traits)[0] if others else None
         plan = Plan(name, inventory, policy, engines, engine.backend.name, _index(engines, best), reason, notes)
         plan.fallback_index = _index(engines, runner_up[1]) if runner_up else None
-        plan.why = _why(engine, best, runner_up)
+        unfit = [f"no {e.backend.title} rung fits" for e, b in bests if b is None and e.candidates]
+        plan.why = "; ".join([_why(engine, best, runner_up), *unfit])
         return plan
     # one reason per engine: its ladder's rungs fail alike, and the notes say what was not planned
     reasons = [engine.candidates[0].reason for engine in engines if engine.candidates]
