@@ -75,6 +75,17 @@ def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) 
 
 
 @needs_embedded_model
+def test_serve_logs_the_decision_and_its_why_first(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 29: `serve`'s start-up lines lead with what `plan` decides, and why."""
+    caplog.set_level("INFO", logger="gateway.startup")
+    decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
+    lines = [record.getMessage() for record in caplog.records if record.name == "gateway.startup"]
+    chosen = decision.plan.chosen
+    assert chosen is not None and lines[0] == f"plan: llamacpp: {chosen.headline}"
+    assert lines[1] == f"plan: why: {decision.plan.why}" and "meets the floor" in lines[1]
+
+
+@needs_embedded_model
 def test_on_two_gpus_the_option_carries_the_planned_split(tmp_path: Path) -> None:
     gpus = Inventory(parse_gpu_spec("1x12GiB,1x24GiB"), 64 * GIB, 64 * GIB, source="simulated")
     decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=gpus)
