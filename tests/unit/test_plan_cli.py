@@ -65,7 +65,7 @@ def test_the_printed_command_can_be_pasted(capsys: pytest.CaptureFixture[str]) -
     # llama.cpp alone: on these cards vLLM now runs the NVFP4 checkpoint (ModelOpt NVFP4 needs 7.5)
     args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123", "--engine", "llamacpp")
     code, out, _ = _plan(capsys, *args)
-    command = out.splitlines()[-1].strip()
+    command = out.splitlines()[3].strip()  # under the decision, its why and the command's heading
     assert code == 0 and command.startswith('LLAMA_API_KEY="$GATEWAY_API_KEY" llama-server ')
     assert command.endswith("--port 9123") and " PORT" not in command and "KEY " not in command.split("llama-server")[1]
     code, out, _ = _plan(capsys, *args, "--json")
