@@ -82,7 +82,7 @@ class LlamaCppCandidate:
 
     @property
     def where(self) -> str:
-        """Where the layers are: "2 GPUs (-ts 24,25), all 49 layers", "experts of 3 blocks in RAM"."""
+        """Where the layers are: "2 GPUs (-ts 24,25), all layers", "…, experts of 3 blocks in RAM"."""
         p = self.placement
         gpus = sum(1 for share in p.tensor_split if share > 0) or (1 if p.n_gpu_layers and p.device_usable else 0)
         if not gpus or not p.n_gpu_layers:

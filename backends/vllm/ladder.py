@@ -1,8 +1,10 @@
 """vLLM's tuned ladder: every rung for every checkpoint and TP size, each sized to its longest context.
 
-Concessions, most comfortable first: defaults; fewer sequences; higher utilization; eager mode;
-fp8 KV cache; a quantized checkpoint; CPU offload (only if allowed). Pinned flags are evaluated
-exactly as given and never varied.
+The rungs of each checkpoint: defaults; fewer sequences; higher utilization; eager mode; fp8 KV
+cache; CPU offload (only if allowed). They are ranked by the plan's one objective
+(``backends/objective.py``: the floor, no fragile setting, context up to the target, precision,
+speed), so a pre-quantized checkpoint at the release's defaults comes before the original with a
+raised utilization. Pinned flags are evaluated exactly as given and never varied.
 """
 
 from __future__ import annotations
