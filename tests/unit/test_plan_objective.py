@@ -128,3 +128,18 @@ def test_what_the_user_pinned_is_never_counted_as_fragile(pinned: str) -> None:
     plan = _glm("2x32GiB@12.0", **{pinned: values[pinned]})
     chosen = plan.chosen
     assert isinstance(chosen, vllm.VllmCandidate) and not chosen.traits.fragile()
+
+
+def test_no_third_party_progress_bar_while_the_model_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's "Parse safetensors files" bars landed in the plan's text (issue 29): they are
+    off while the engines read the model's facts, and as they were afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars  # type: ignore[attr-defined]
+
+    from gateway.cli import startup
+
+    seen: list[bool] = []
+    real = startup.read_engines
+    monkeypatch.setattr(startup, "read_engines", lambda *args: seen.append(are_progress_bars_disabled()) or real(*args))
+    enable_progress_bars()
+    _glm("2x32GiB@12.0")
+    assert seen == [True] and not are_progress_bars_disabled()
