@@ -158,7 +158,7 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
         plan = Plan(name, inventory, policy, engines, engine.backend.name, _index(engines, best), reason, notes)
         plan.fallback_index = _index(engines, runner_up[1]) if runner_up else None
         unfit = [f"no {e.backend.title} rung fits" for e, b in bests if b is None and e.candidates]
-        plan.why = "; ".join([_why(engine, best, runner_up), *unfit])
+        plan.why = "; ".join([_why(engine, best, runner_up, bool(inventory.gpus)), *unfit])
         return plan
     # one reason per engine: its ladder's rungs fail alike, and the notes say what was not planned
     reasons = [engine.candidates[0].reason for engine in engines if engine.candidates]
@@ -188,13 +188,13 @@ def _passed_over(engine: EnginePlan, best: Candidate | None, chosen: Candidate) 
     return f"{title}'s best gives up " + (", ".join(lost) if lost else "more than the chosen one")
 
 
-def _why(engine: EnginePlan, best: Candidate, runner_up: tuple[EnginePlan, Candidate] | None) -> str:
+def _why(engine: EnginePlan, best: Candidate, runner_up: tuple[EnginePlan, Candidate] | None, gpus: bool = True) -> str:
     """The decision's one line of why: the engine rule, what it reaches, what the other engine lacks."""
     traits = best.traits
     if traits.below_floor:
         rule = f"LAST RESORT: nothing reaches the {traits.goal.floor:,}-token floor"
     elif not traits.offload and (runner_up is None or _before(engine, runner_up[0])):
-        rule = f"{engine.backend.title} meets the floor without offload"
+        rule = f"{engine.backend.title} meets the floor" + (" without offload" if gpus else " on the CPU")
     elif not traits.offload:
         rule = f"{engine.backend.title} meets the floor without offload and the engines before it do not"
     else:
