@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from backends.objective import Traits
     from gateway.core.devices import Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
@@ -205,9 +206,13 @@ class Candidate(Protocol):
     @property
     def label(self) -> str: ...  # what it is, for the decision line ("vLLM TP2, util 0.95, 8 seqs")
     @property
+    def headline(self) -> str: ...  # the decision's figures: checkpoint or file, TP or split, context, KV…
+    @property
     def context_length(self) -> int: ...
     @property
     def kv_tokens(self) -> int: ...  # tokens the KV cache holds (0 when the engine does not say)
+    @property
+    def traits(self) -> Traits: ...  # what it gives and gives up, as the one objective ranks (backends/objective.py)
     def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (device, term, bytes) for /metrics
     def to_json(self) -> dict[str, Any]: ...
 
@@ -276,11 +281,16 @@ class Backend(Protocol[C, M]):
         ...
 
     def ranked(self, candidates: list[C]) -> list[C]:
-        """The fitting candidates, best first."""
+        """The fitting candidates, best first by the one objective (``backends/objective.py``)."""
+        ...
+
+    def summary(self, candidates: list[C], chosen: object) -> list[str]:
+        """A few lines for ``gateway plan``: one per checkpoint × TP or per quantization, each its
+        best candidate or its one reason; ``chosen`` is marked."""
         ...
 
     def rows(self, candidates: list[C], chosen: object) -> list[str]:
-        """The human report of its candidates (``gateway plan``); ``chosen`` is marked."""
+        """The full report of its candidates (``gateway plan --verbose``); ``chosen`` is marked."""
         ...
 
     def options(

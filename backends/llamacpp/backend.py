@@ -206,6 +206,7 @@ class LlamaCppBackend:
             host_scale=host_calibration(policy.remembered),
             draft=drafts.base,
             optional_draft=drafts.optional,
+            goal=policy.goal,
         )
         if (scale := host_calibration(policy.remembered)) != 1.0:
             note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"
@@ -270,6 +271,25 @@ class LlamaCppBackend:
     def ranked(self, candidates: list[LlamaCppCandidate]) -> list[LlamaCppCandidate]:
         chosen = best(candidates)
         return [chosen] if chosen else []
+
+    def summary(self, candidates: list[LlamaCppCandidate], chosen: object) -> list[str]:
+        """One line per GGUF quantization (its best placement, or "does not fit"); for one GGUF its
+        best placement, or the reason of the first rung."""
+        ours = any(c is chosen for c in candidates)
+        if candidates and candidates[0].alternative_rows:
+            rows = candidates[0].alternative_rows
+            head = "llama.cpp, the best placement per GGUF quantization:"
+            return [head, *(rows if ours else [row.replace("  => ", "  ok ", 1) for row in rows])]
+        found = best(candidates)
+        if found is None:
+            return ["llama.cpp:", f"  -- {candidates[0].reason}"] if candidates else []
+        mark = "=>" if found is chosen else "ok"
+        lost = found.traits.shortfalls()
+        return [
+            "llama.cpp, its best placement:",
+            f"  {mark} {Path(found.checkpoint).name}: {found.where}, context {found.n_ctx:,}, KV {found.kv_type}, "
+            f"~{found.tokens_per_s:,.0f} tokens/s" + (f" (gives up: {', '.join(lost)})" if lost else ""),
+        ]
 
     def rows(self, candidates: list[LlamaCppCandidate], chosen: object) -> list[str]:
         lines = []

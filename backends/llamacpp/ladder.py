@@ -1,11 +1,12 @@
-"""llama.cpp's ladder: the longest context with f16 KV, then q8_0 KV, then shorter contexts (not below
-the minimum), each placed as well as the devices allow; host RAM decides whether it fits.
+"""llama.cpp's ladder: the model's longest context, 131,072, 65,536 and the floor, each with f16 and
+q8_0 KV, each placed as well as the devices allow; host RAM decides whether it fits. When none fits
+and the floor is the default one (soft), shorter contexts follow as a last resort.
 
-Speed is part of fit: a layer in RAM makes every token wait for host memory (a 70B Q4_K_M on 2×24 GB
-with 35 of its 81 layers in RAM decodes several times slower than with all on the GPUs at q8_0 KV).
-So :func:`best` prefers, among the fitting candidates, the longest context that keeps every layer
-on the GPUs; only when none does, the fastest (by :mod:`backends.llamacpp.speed`'s estimate), then
-the longer context. A pinned context (the user asked for it) is the only context evaluated."""
+The best is the plan's objective's (``backends/objective.py``), as for every engine: the floor, then
+no layer or expert in RAM beside GPUs (a layer in RAM makes every token wait for host memory), then
+context up to the target, then the GGUF's bits per weight, then the estimated decode speed
+(:mod:`backends.llamacpp.speed`), which prices the KV type and the experts in RAM. A pinned context
+(the user asked for it) is the only context evaluated."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import backends.llamacpp.drafting as drafting
+from backends import objective
+from backends.llamacpp.gguf_facts import gguf_bits_from_name
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
 from backends.llamacpp.speed import tokens_per_second
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import ModelFacts
-from gateway.core.policy import FALLBACK_CONTEXT
+from gateway.core.policy import DEFAULT_TARGET_CONTEXT, FALLBACK_CONTEXT, Goal
 
 ENGINE = "llamacpp"
 
@@ -52,6 +55,8 @@ class LlamaCppCandidate:
     alternative_rows: list[str] = field(default_factory=list)
     choice_reason: str = ""
     reasoning_format: str | None = None  # llama-server's --reasoning-format (thinking split out)
+    goal: Goal = field(default_factory=Goal)  # the context the plan aims for
+    weight_bits: float = 0.0  # the GGUF's bits per weight (0: its type is not known)
 
     @property
     def draft(self) -> str | None:
@@ -74,6 +79,41 @@ class LlamaCppCandidate:
     def all_on_gpus(self) -> bool:
         """Every block and the output layer on a GPU, no experts in RAM: nothing waits for the host."""
         return self.level % 4 == 0
+
+    @property
+    def where(self) -> str:
+        """Where the layers are: "2 GPUs (-ts 24,25), all layers", "…, experts of 3 blocks in RAM"."""
+        p = self.placement
+        gpus = sum(1 for share in p.tensor_split if share > 0) or (1 if p.n_gpu_layers and p.device_usable else 0)
+        if not gpus or not p.n_gpu_layers:
+            return "CPU only"
+        split = f" (-ts {','.join(f'{share:g}' for share in p.tensor_split)})" if len(p.tensor_split) > 1 else ""
+        place = f"{gpus} GPU{'s' if gpus > 1 else ''}{split}"
+        if p.n_cpu_moe:
+            return f"{place}, experts of {p.n_cpu_moe} blocks in RAM"
+        return f"{place}, all layers" if self.all_on_gpus else f"{place}, {p.n_gpu_layers} layers (the rest in RAM)"
+
+    @property
+    def headline(self) -> str:
+        """The decision's line: the GGUF, where its layers are, context, KV type, drafting, tokens/s."""
+        gguf = "/".join([self.variant["repo"], self.variant["files"][0]]) if self.variant else self.checkpoint
+        draft = f", drafting {self.draft}" if self.draft else ""
+        speed = f"~{_rate(self.tokens_per_s)} tokens/s"
+        return f"{gguf}, {self.where}, context {self.n_ctx:,}, KV {self.kv_type}{draft}, {speed}"
+
+    @property
+    def traits(self) -> objective.Traits:
+        """This placement in the plan's objective's terms: layers or experts in RAM beside GPUs are
+        CPU offload; the KV type is priced by the speed estimate alone."""
+        on_gpus = bool(self.placement.device_usable)
+        return objective.Traits(
+            goal=self.goal,
+            context=self.n_ctx,
+            offload=on_gpus and not self.all_on_gpus,
+            weight_bits=self.weight_bits or 16.0,
+            tokens_per_s=self.tokens_per_s,
+            tie=(self.level // 4,),
+        )
 
     def memory_terms(self) -> list[tuple[int, str, int]]:
         p = self.placement
@@ -168,17 +208,58 @@ def candidates(
     host_scale: float = 1.0,
     draft: str | None = None,
     optional_draft: str | None = None,
+    goal: Goal | None = None,
 ) -> list[LlamaCppCandidate]:
-    """The ladder: longest context with f16 KV, then q8_0 KV, then shorter contexts (not below the
-    minimum); each placed as well as the GPUs allow with ``draft``, and again with ``optional_draft``
-    (a twin :func:`best` takes only where it costs nothing else); host RAM decides whether it fits."""
+    """The ladder: the longest context, the target, 65,536 and the floor, each with f16 and q8_0 KV;
+    each placed as well as the GPUs allow with ``draft``, and again with ``optional_draft`` (a twin
+    :func:`best` takes only where it costs nothing else); host RAM decides whether it fits. ``goal``:
+    the floor and target (unset: ``min_context`` as a hard floor); with a soft floor and nothing
+    fitting, halved contexts down to a last resort's shortest, until one fits."""
+    goal = goal or Goal(min_context, max(min_context, DEFAULT_TARGET_CONTEXT), hard=True)
     model_max = min(facts.max_position or FALLBACK_CONTEXT, max_context or 1 << 30)
     if pinned_context_length:
         contexts = [pinned_context_length]
     else:
-        contexts = sorted(
-            {c for c in (model_max, 131072, 65536, min_context) if c <= model_max} or {model_max}, reverse=True
+        wanted = (model_max, goal.target, 131072, 65536, goal.floor)
+        contexts = sorted({c for c in wanted if c <= model_max} or {model_max}, reverse=True)
+    out = _rungs(facts, checkpoint, gpus, ram_available, contexts, goal, launcher, host_scale, draft, optional_draft)
+    shorter = contexts[-1] // 2
+    while not pinned_context_length and not any(c.fits for c in out) and shorter >= goal.least:
+        out += _rungs(
+            facts, checkpoint, gpus, ram_available, [shorter], goal, launcher, host_scale, draft, optional_draft
         )
+        shorter //= 2
+    return out
+
+
+LOW_BIT = ("Q2", "Q3", "IQ1", "IQ2", "IQ3", "TQ")  # below 4 bits/weight: quality drops steeply
+
+
+def _bits_per_weight(name: str) -> float:
+    """A GGUF's bits per weight from its type's name; 3 for an unlisted type below 4 bits, 4.25 for
+    MXFP4 (gpt-oss's experts), 0 when unknown."""
+    if bits := gguf_bits_from_name(name):
+        return bits
+    quant = name.upper().rsplit("/", 1)[-1]
+    if "MXFP4" in quant:
+        return 4.25
+    return 3.0 if any(f"-{low}" in quant or f"_{low}" in quant or quant.startswith(low) for low in LOW_BIT) else 0.0
+
+
+def _rungs(
+    facts: ModelFacts,
+    checkpoint: str,
+    gpus: tuple[Device, ...],
+    ram_available: int,
+    contexts: list[int],
+    goal: Goal,
+    launcher: str,
+    host_scale: float,
+    draft: str | None,
+    optional_draft: str | None,
+) -> list[LlamaCppCandidate]:
+    """Each context with f16 and q8_0 KV, with ``draft`` and the ``optional_draft`` twin."""
+    bits = _bits_per_weight(facts.quantization or checkpoint)
     out: list[LlamaCppCandidate] = []
     modes = [(draft, False)] + ([(optional_draft, True)] if optional_draft else [])
     rungs = [(n, k, m) for n in contexts for k in enumerate(("f16", "q8_0")) for m in modes]
@@ -189,8 +270,8 @@ def candidates(
         if host_need > ram_available:
             have = ram_available / GIB
             problems.append(f"needs {host_need / GIB:.1f} GiB of RAM (2 GiB margin included), {have:.1f} GiB available")
-        if n_ctx < min_context:
-            problems.append(f"context {n_ctx:,} < the {min_context:,} required")
+        if short := goal.too_short(n_ctx):
+            problems.append(short)
         gpu_part = ", ".join(
             f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
             for i, (m, k, c, u) in enumerate(
@@ -214,6 +295,8 @@ def candidates(
         ) + 4 * kv_index
         speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx, host_scale=host_scale)
         summary += f", ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
+        if not problems and n_ctx < goal.floor:
+            summary += f"; below the {goal.floor:,} floor: a last resort"
         out.append(
             LlamaCppCandidate(
                 checkpoint,
@@ -226,21 +309,21 @@ def candidates(
                 level,
                 speed,
                 optional=optional,
+                goal=goal,
+                weight_bits=bits,
             )
         )
     return out
 
 
-NEAR_FASTEST = 0.9  # without an all-GPU candidate, speeds within 10 % of the fastest count as equal
-
-
 def best(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
-    """The best placement without optional drafting (:func:`_best_placed`); then its twin with MTP
+    """The best placement without optional drafting (by the plan's objective); then its twin with MTP
     drafting when that twin fits with the same context, KV type, layers and experts on the GPUs:
     optional drafting is taken only when it costs nothing else."""
-    chosen = _best_placed([c for c in candidates if not c.optional])
-    if chosen is None:
+    fitting = [c for c in candidates if c.fits and not c.optional]
+    if not fitting:
         return None
+    chosen = objective.ranked(fitting, lambda c: c.traits)[0]
     twins = [c for c in candidates if c.optional and c.fits and _concessions(c) == _concessions(chosen)]
     return twins[0] if twins else chosen
 
@@ -249,21 +332,3 @@ def _concessions(candidate: LlamaCppCandidate) -> tuple[int, str, int, int]:
     """What a placement gives up: context, KV type, layers and experts on the GPUs."""
     p = candidate.placement
     return candidate.n_ctx, candidate.kv_type, p.n_gpu_layers, p.n_cpu_moe
-
-
-def _best_placed(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:
-    """The longest context that keeps every layer on the GPUs (f16 KV before q8_0 at equal context);
-    when no fitting candidate does, the fastest, then the longer context, then the fewer concessions
-    (on a CPU alone: the fewer concessions, then the longer context). Candidates below the minimum
-    context do not fit, so the minimum is always met."""
-    fitting = [c for c in candidates if c.fits]
-    if not fitting:
-        return None
-    on_gpus = [c for c in fitting if c.all_on_gpus]
-    if on_gpus:
-        return min(on_gpus, key=lambda c: (-c.n_ctx, c.level))
-    if not any(c.placement.n_gpu_layers for c in fitting):  # CPU only: every candidate waits for RAM alike
-        return min(fitting, key=lambda c: (c.level, -c.n_ctx))
-    fastest = max(c.tokens_per_s for c in fitting)
-    near = [c for c in fitting if c.tokens_per_s >= NEAR_FASTEST * fastest]
-    return min(near, key=lambda c: (-c.n_ctx, c.level, -c.tokens_per_s))

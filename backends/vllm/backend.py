@@ -139,6 +139,9 @@ class VllmBackend:
     def ranked(self, candidates: list[VllmCandidate]) -> list[VllmCandidate]:
         return ranked(candidates)
 
+    def summary(self, candidates: list[VllmCandidate], chosen: object) -> list[str]:
+        return report.summary(candidates, chosen)
+
     def rows(self, candidates: list[VllmCandidate], chosen: object) -> list[str]:
         return report.rows(candidates, chosen)
 
@@ -174,7 +177,9 @@ class VllmBackend:
                 command=installation.command,
                 tool_call_parser=model.tool_call_parser,
                 reasoning_parser=model.reasoning_parser,
-                min_context=policy.min_context,
+                # a rung that meets the floor steps down to it, no further (the next engine may meet
+                # it); a last resort to the shortest context planned at all
+                min_context=policy.min_context if c.context_length >= policy.min_context else policy.goal.least,
                 version=installation.version,
                 on_cpu=installation.variant == "cpu",
             )

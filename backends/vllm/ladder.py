@@ -1,8 +1,10 @@
 """vLLM's tuned ladder: every rung for every checkpoint and TP size, each sized to its longest context.
 
-Concessions, most comfortable first: defaults; fewer sequences; higher utilization; eager mode;
-fp8 KV cache; a quantized checkpoint; CPU offload (only if allowed). Pinned flags are evaluated
-exactly as given and never varied.
+The rungs of each checkpoint: defaults; fewer sequences; higher utilization; eager mode; fp8 KV
+cache; CPU offload (only if allowed). They are ranked by the plan's one objective
+(``backends/objective.py``: the floor, no fragile setting, context up to the target, precision,
+speed), so a pre-quantized checkpoint at the release's defaults comes before the original with a
+raised utilization. Pinned flags are evaluated exactly as given and never varied.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import backends.vllm.releases as releases
+from backends import objective
+from backends.vllm.estimate import decode_tokens_per_s
 from backends.vllm.memory import (
     CUDA_CONTEXT_BYTES,
     PRE_SNAPSHOT_SEEN_BYTES,
@@ -30,7 +34,7 @@ from backends.vllm.settings import VllmPins
 from backends.vllm.weight_kernels import weight_only
 from gateway.core.devices import GIB, Device
 from gateway.core.model_facts import ModelFacts
-from gateway.core.policy import Policy
+from gateway.core.policy import Goal, Policy
 
 ENGINE = "vllm"
 DEFAULT_UTILIZATION = 0.92  # the newest releases' default; each release's own: releases.default_utilization
@@ -41,6 +45,8 @@ MAX_UTILIZATION = 0.98
 # largest recorded context: too thin, so the ceiling there is 0.97 (0.94 GiB).
 UTILIZATION_MARGIN_BYTES = int(0.25 * GIB)
 SEQS_LADDER = (32, 8, 4, 1)
+# the objective's precision of a checkpoint: BF16 > FP8 > INT8 > 4-bit (NVFP4/MXFP4 before AWQ/GPTQ/INT4)
+WEIGHT_BITS = {None: 16.0, "fp8": 8.0, "mxfp8": 8.0, "int8": 7.5, "nvfp4": 4.5, "mxfp4": 4.5}
 
 
 class Concessions(NamedTuple):
@@ -76,6 +82,48 @@ class VllmCandidate:
     pipeline_parallel_size: int = 1
     steps: list[str] = field(default_factory=list)
     weight_kernel: str = ""  # "W8A16" / "W4A16": FP8 / NVFP4 run as Marlin weight-only kernels on these GPUs
+    tokens_per_s: float = 0.0  # estimated decode of one request (backends/vllm/estimate.py)
+    problems: list[str] = field(default_factory=list)  # why it does not fit, each in a few numbers
+    goal: Goal = field(default_factory=Goal)  # the context the plan aims for
+
+    @property
+    def headline(self) -> str:
+        """The decision's line: checkpoint, TP, context, KV type, utilization, sequences, tokens/s."""
+        f = self.flags
+        quant = self.checkpoint.quantization or self.checkpoint.facts.dtype
+        parts = [f"{self.checkpoint.name} ({quant})", f"TP{f.tensor_parallel_size}"]
+        if self.pipeline_parallel_size > 1:
+            parts.append(f"PP{self.pipeline_parallel_size}")
+        parts += [f"context {f.max_model_len:,}", f"KV {f.kv_cache_dtype}"]
+        if f.kv_cache_memory_bytes is not None:
+            parts.append(f"KV pinned at {f.kv_cache_memory_bytes / GIB:.2f} GiB")
+        else:
+            parts.append(f"util {f.gpu_memory_utilization}")
+        parts.append(f"{f.max_num_seqs} seqs")
+        parts += [word for on, word in ((f.enforce_eager, "eager"), (f.speculative_mtp, "MTP drafting")) if on]
+        if f.cpu_offload_gb:
+            parts.append(f"offload {f.cpu_offload_gb:g} GB")
+        if self.tokens_per_s:
+            parts.append(f"~{self.tokens_per_s:,.0f} tokens/s")
+        return ", ".join(parts)
+
+    @property
+    def traits(self) -> objective.Traits:
+        """This rung in the plan's objective's terms; pinned flags are never counted as fragile."""
+        c, f = self.concessions, self.flags
+        return objective.Traits(
+            goal=self.goal,
+            context=self.context_length,
+            offload=f.cpu_offload_gb > 0,
+            raised_utilization=c.utilization > 0,
+            eager=c.eager > 0,
+            few_sequences=c.fewer_seqs > 0 and f.max_num_seqs < objective.MIN_SEQUENCES,
+            weight_bits=WEIGHT_BITS.get(self.checkpoint.quantization, 4.25),
+            kv_bits=8.0 if f.kv_cache_dtype.startswith("fp8") else 16.0,
+            tokens_per_s=self.tokens_per_s,
+            drafting=f.speculative_mtp > 0,
+            tie=(-f.max_num_seqs,),
+        )
 
     @property
     def planned_only(self) -> bool:
@@ -143,6 +191,7 @@ class VllmCandidate:
             "kv_tokens": m.kv_tokens,
             "max_fitting_model_len": m.max_fitting_model_len,
             "max_concurrency": round(m.kv_tokens / self.flags.max_model_len, 2) if self.flags.max_model_len else 0.0,
+            "tokens_per_s_estimate": round(self.tokens_per_s, 1),
             "argv": self.argv,
             "env": self.env,
             **(
@@ -236,8 +285,9 @@ def evaluate(
             f"{_fmt(m.kv_cache)} KV/GPU → {m.kv_tokens:,} tokens; one request of {flags.max_model_len:,} "
             f"does not fit (largest: {m.max_fitting_model_len:,})"
         )
-    if flags.max_model_len < policy.min_context:
-        problems.append(f"context {flags.max_model_len:,} < the {policy.min_context:,} required")
+    goal = policy.goal
+    if short := goal.too_short(flags.max_model_len):
+        problems.append(short)
     kv_how = (
         f"with KV pinned at {_fmt(m.kv_cache)}"
         if flags.kv_cache_memory_bytes is not None
@@ -259,14 +309,30 @@ def evaluate(
         kv_how += f" (leaves {_fmt(slack)} below the budget for the CUDA context: 0.45–0.60 GiB seen)"
         summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
     fits = not problems
+    speed = decode_tokens_per_s(facts, m, flags, gpu) if m.kv_cache > 0 else 0.0
+    if marlin:  # 16-bit activations through weight-only kernels: slower than the native ones it was priced as
+        speed *= marlin.decode_share
     reason = (
-        f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs"
+        f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs, ~{speed:,.0f} tokens/s"
         if fits
         else f"{summary}; " + "; ".join(problems)
     )
-    return VllmCandidate(
-        checkpoint, flags, m, fits, reason, concessions, rung, weight_kernel=marlin.scheme if marlin else ""
+    if fits and flags.max_model_len < goal.floor:
+        reason += f"; below the {goal.floor:,} floor: a last resort"
+    candidate = VllmCandidate(
+        checkpoint,
+        flags,
+        m,
+        fits,
+        reason,
+        concessions,
+        rung,
+        weight_kernel=marlin.scheme if marlin else "",
+        tokens_per_s=speed,
+        goal=goal,
     )
+    candidate.problems = problems
+    return candidate
 
 
 def _estimated(facts: ModelFacts) -> str:
@@ -433,7 +499,7 @@ def _not_startable(
     size = tp or max(valid_tp_sizes(checkpoint.facts, len(gpus)) or [1])
     flags = VllmFlags(size, DEFAULT_UTILIZATION, 0, 1, 2048)
     m = memory(checkpoint, gpus[0], flags, version)
-    return VllmCandidate(checkpoint, flags, m, False, why, NOT_STARTABLE, rung)
+    return VllmCandidate(checkpoint, flags, m, False, why, NOT_STARTABLE, rung, problems=[why])
 
 
 def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Device, ...], tp: int, version: str) -> VllmCandidate:
@@ -446,19 +512,10 @@ def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Device, ...], tp: int, versi
 
 
 def ranked(candidates: list[VllmCandidate]) -> list[VllmCandidate]:
-    """Fitting candidates, best first: fewest concessions; then longer context (in 8k steps); then
-    more sequences; then more tensor parallelism. Plans across nodes are never started: not here."""
+    """Fitting candidates, best first by the plan's objective (backends/objective.py). Plans across
+    nodes are never started: not here."""
     fitting = [c for c in candidates if c.fits and not c.planned_only]
-    return sorted(
-        fitting,
-        key=lambda c: (
-            c.concessions._replace(no_mtp=0),
-            -(c.context_length // 8192),
-            c.concessions.no_mtp,
-            -c.flags.max_num_seqs,
-            -c.flags.tensor_parallel_size,
-        ),
-    )
+    return objective.ranked(fitting, lambda c: c.traits)
 
 
 def best(candidates: list[VllmCandidate]) -> VllmCandidate | None:

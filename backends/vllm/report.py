@@ -1,8 +1,9 @@
-"""vLLM's rows in `gateway plan`: one line per rung group, the reason under every rejected one."""
+"""vLLM's rows in `gateway plan`: one line per checkpoint × TP (its best rung, or its one reason),
+and under ``--verbose`` one line per rung group, the reason under every rejected one."""
 
 from __future__ import annotations
 
-from backends.vllm.ladder import VllmCandidate
+from backends.vllm.ladder import VllmCandidate, ranked
 from gateway.core.devices import GIB
 
 MAX_ROWS = 14
@@ -13,6 +14,34 @@ def _rank(c: VllmCandidate) -> tuple[bool, int, int]:
     """Fitting rows show MTP speculative decoding where it fits; rejected rows the plain rung."""
     mtp = c.concessions.no_mtp
     return (c.fits, c.context_length if c.fits else c.memory.max_fitting_model_len, -mtp if c.fits else mtp)
+
+
+def summary(candidates: list[VllmCandidate], chosen: object) -> list[str]:
+    """One line per checkpoint × TP: its best rung by the plan's objective with what it gives up,
+    or, when none fits, the one reason of the rung that came closest."""
+    groups: dict[tuple[str, int], list[VllmCandidate]] = {}
+    for c in candidates:
+        if not c.planned_only:
+            groups.setdefault((c.checkpoint.name, c.flags.tensor_parallel_size), []).append(c)
+    lines = ["vLLM, the best rung per checkpoint × TP:"]
+    for (name, tp), group in groups.items():
+        first = group[0]
+        what = f"{name.split('/')[-1]} ({first.checkpoint.quantization or first.checkpoint.facts.dtype}) TP{tp}"
+        best = next(iter(ranked(group)), None)
+        if best is None:
+            closest = max(group, key=lambda c: (c.startable, c.memory.max_fitting_model_len))
+            why = closest.problems[-1] if closest.problems else closest.reason
+            lines.append(f"  -- {what}: {why.removeprefix(name + ': ')}")
+            continue
+        f = best.flags
+        mark = "=>" if best is chosen else "ok"
+        figures = f"context {best.context_length:,}, util {f.gpu_memory_utilization}, {f.max_num_seqs} seqs"
+        figures += f", KV {f.kv_cache_dtype}" + (", eager" if f.enforce_eager else "")
+        figures += f", ~{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else ""
+        fragile = best.traits.shortfalls()
+        lines.append(f"  {mark} {what}: {figures}" + (f" (gives up: {', '.join(fragile)})" if fragile else ""))
+    across = [c for c in candidates if c.planned_only]
+    return lines + (_across_nodes(across) if any(c.fits for c in across) else [])
 
 
 def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:

@@ -43,8 +43,8 @@ ENGINE_TERM_WAIT_S = 5.0
 # Settings each command exposes as flags (declared once: gateway/core/settings.py and each engine's own).
 SERVE_SETTINGS = SETTING_NAMES
 PLAN_SETTINGS = (
-    "model", "catalog_dir", "context_length", "min_context", "max_context", "engine", "port", "workers",
-    "worker_api_key", "state_dir", "gpus", "ram", *ENGINE_SETTINGS,
+    "model", "catalog_dir", "context_length", "min_context", "target_context", "max_context", "engine", "port",
+    "workers", "worker_api_key", "state_dir", "gpus", "ram", *ENGINE_SETTINGS,
 )  # fmt: skip
 WORKER_SETTINGS = ("api_keys", "api_key_file", "threads", "state_dir", "log_dir", "gpus")
 
@@ -74,6 +74,7 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     plan.add_argument("--config", type=Path, help="TOML settings file (default ./gateway.toml)")
     plan.add_argument("--json", action="store_true", help="one JSON object")
+    plan.add_argument("-v", "--verbose", action="store_true", help="every rung of every engine's ladder")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -346,7 +347,10 @@ def plan_command(args: argparse.Namespace) -> int:
     result = plan_for(settings, entry, machine, serving=False)
     if not result.candidates:  # nothing could even be evaluated: the model's facts are out of reach
         raise GatewayError("; ".join(result.notes) or f"no engine can be planned for {entry.name}")
-    text = json.dumps(to_json(result, settings.port), indent=2) if args.json else render(result, settings.port)
+    if args.json:
+        text = json.dumps(to_json(result, settings.port), indent=2)
+    else:
+        text = render(result, settings.port, verbose=args.verbose)
     print(text)
     return 0 if result.chosen is not None else 2
 

@@ -9,7 +9,8 @@ tried first (the user asked), with a warning, and the engine's own numbers decid
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,7 +73,8 @@ def plan_for(settings: Settings, entry: ModelEntry, machine: Inventory, *, servi
     installations = {
         b.name: b.installation(settings, probe=serving and entry.source(b.name) is not None) for b in registry.BACKENDS
     }
-    engines = read_engines(entry, installations)
+    with _no_progress_bars():  # huggingface_hub's "Parse safetensors files" bars would land in the plan
+        engines = read_engines(entry, installations)
     policy = policy_for(settings, model_limit(entry, engines), bool(machine.gpus))
     remembered = KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
     policy = replace(policy, remembered=remembered)
@@ -80,6 +82,24 @@ def plan_for(settings: Settings, entry: ModelEntry, machine: Inventory, *, servi
     if remembered and (note := measured_note(remembered)):
         plan.notes.append(note)
     return plan
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """huggingface_hub's progress bars off while the model's facts are read; as they were after."""
+    from huggingface_hub.utils import (  # type: ignore[attr-defined]  # lazy exports
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    were_off = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not were_off:
+            enable_progress_bars()
 
 
 def measured_note(remembered: dict[str, Any]) -> str | None:
@@ -100,9 +120,12 @@ def measured_note(remembered: dict[str, Any]) -> str | None:
 
 
 def options_of(plan: Plan, settings: Settings) -> list[Option]:
-    """Every engine's startable options, in the registry's order of preference."""
+    """Every engine's startable options: the decision's engine first, then the fallback's, then the
+    others in the registry's order (so `serve` tries what `plan` decided)."""
     options: list[Option] = []
-    for engine in plan.engines:
+    first = [plan.decision_backend, plan.fallback.engine if plan.fallback is not None else None]
+    order = sorted(plan.engines, key=lambda e: first.index(e.backend.name) if e.backend.name in first else 2)
+    for engine in order:
         if engine.model is not None:
             options += engine.backend.options(
                 engine.model, engine.candidates, plan.policy, engine.installation, settings
@@ -144,6 +167,10 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     if known:  # e.g. the hub variant that worked here: no new search (a pinned --quant searches again)
         entry = entry.model_copy(update={"remembered": known})
     plan = plan_for(settings, entry, machine, serving=True)
+    if (chosen := plan.chosen) is not None:
+        loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
+        log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
+        log.info("plan: why: %s", plan.why)
     for note in plan.notes:
         if note not in machine.notes:  # the inventory's own notes were logged when it was read
             log.info("plan: %s", note)

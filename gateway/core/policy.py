@@ -14,7 +14,11 @@ from typing import Any
 from gateway.core.errors import ConfigError
 from gateway.core.settings import AUTO as AUTO_CONTEXT  # context_length auto / -1
 
-DEFAULT_MIN_CONTEXT = 32768
+# A coding agent's first request is 20-30k tokens once a template renders its tools, and agents
+# compact at ~85 % of the window: below 64k there is no room to work; 128k is room enough.
+DEFAULT_MIN_CONTEXT = 65536
+DEFAULT_TARGET_CONTEXT = 131072
+LAST_RESORT_CONTEXT = 8192  # below the floor, a plan must still hold this much to be offered at all
 # Without a GPU, serve at most this much context: long prompts are slow on a CPU anyway.
 CPU_CONTEXT_CAP = 32768
 FALLBACK_CONTEXT = 4096  # when neither the catalog nor the model's files say
@@ -55,14 +59,44 @@ class Pins:
 
 
 @dataclass(frozen=True)
+class Goal:
+    """The context a plan aims for (backends/objective.py ranks by it): at least ``floor`` (a rung
+    below it is a last resort, taken only when nothing reaches it, unless ``hard``: then it does not
+    fit at all), and more up to ``target`` before anything else but stability."""
+
+    floor: int = DEFAULT_MIN_CONTEXT
+    target: int = DEFAULT_TARGET_CONTEXT
+    hard: bool = False  # the floor was asked for (--min-context, a pinned context): nothing below it
+
+    @property
+    def least(self) -> int:
+        """The shortest context that is planned at all: the floor when hard, else a last resort's."""
+        return self.floor if self.hard else min(self.floor, LAST_RESORT_CONTEXT)
+
+    def too_short(self, context: int) -> str | None:
+        """Why ``context`` is not planned at all, or None."""
+        if context >= self.least:
+            return None
+        if self.hard:
+            return f"context {context:,} < the {self.floor:,} required"
+        return f"context {context:,} < the {self.least:,} a last resort needs (the floor is {self.floor:,})"
+
+
+@dataclass(frozen=True)
 class Policy:
-    min_context: int = DEFAULT_MIN_CONTEXT
+    min_context: int = DEFAULT_MIN_CONTEXT  # the floor
     max_context: int | None = None  # longest context worth reserving; None: the model's own limit
     engines: tuple[str, ...] | None = None  # plan only these engines; None: every registered one
     pins: Pins = field(default_factory=Pins)
     # the configuration remembered on this machine (known-good.json) with the engine's own measured
     # speed: a backend may calibrate its estimates on it (llama.cpp's host bandwidth term)
     remembered: dict[str, Any] | None = None
+    target_context: int = DEFAULT_TARGET_CONTEXT
+    hard_floor: bool = False  # min_context given (or a context pinned): nothing below it is a last resort
+
+    @property
+    def goal(self) -> Goal:
+        return Goal(self.min_context, max(self.target_context, self.min_context), self.hard_floor)
 
     def plans(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines
@@ -73,11 +107,13 @@ def policy_for(settings: Any, limit: int | None, has_gpus: bool) -> Policy:
 
     A pinned context length is the minimum too, unless ``min_context`` was given explicitly; without
     a pin the longest context is the model's limit, capped on a CPU (nothing to gain from 128k there).
+    The floor and the target are the model's limit (or the cap) where that is smaller; a floor the
+    user gave (or a pinned context) is hard, the default one soft (a last resort may go below it).
     """
     pins = Pins.from_values(settings)
     explicit_min = "min_context" in settings.model_fields_set
     engines = (settings.engine,) if settings.engine else None
-    common: dict[str, Any] = {"engines": engines, "pins": pins}
+    common: dict[str, Any] = {"engines": engines, "pins": pins, "hard_floor": explicit_min}
     if pins.context_length is not None:
         if limit is not None and pins.context_length > limit:
             raise ConfigError(
@@ -85,8 +121,10 @@ def policy_for(settings: Any, limit: int | None, has_gpus: bool) -> Policy:
                 f"pass --context-length {limit} or less"
             )
         minimum = settings.min_context if explicit_min else pins.context_length
-        return Policy(min_context=minimum, max_context=settings.max_context, **common)
+        common["hard_floor"] = True
+        return Policy(min_context=minimum, max_context=settings.max_context, target_context=minimum, **common)
     top = settings.max_context or limit or FALLBACK_CONTEXT
     cap = top if has_gpus else min(top, CPU_CONTEXT_CAP)
     minimum = settings.min_context if explicit_min else min(settings.min_context, cap)
-    return Policy(min_context=minimum, max_context=cap, **common)
+    target = min(getattr(settings, "target_context", None) or DEFAULT_TARGET_CONTEXT, cap)
+    return Policy(min_context=minimum, max_context=cap, target_context=target, **common)

@@ -154,10 +154,17 @@ class Settings(BaseSettings):
         json_schema_extra={"parse": "csv"},
     )
     min_context: int = Field(
-        32768,
+        65536,
         ge=1,
-        description="Smallest context worth serving; shorter plans are rejected (default: 32768, or the pinned "
+        description="The context floor: plans below it are a last resort, taken (and said) only when nothing "
+        "reaches it; given explicitly, nothing below it is planned (default: 65536, or the pinned "
         "context_length, or the model's limit when smaller).",
+    )
+    target_context: int = Field(
+        131072,
+        ge=1,
+        description="More context up to this beats weight precision and speed in the plan's ranking "
+        "(default: 131072, or the model's limit when smaller).",
     )
     max_context: int | None = Field(None, ge=1, description="Longest context worth reserving; unset: the model's.")
     engine: str | None = Field(

@@ -42,42 +42,65 @@ def to_json(plan: Plan, port: int) -> dict[str, Any]:
     return data
 
 
-def render(plan: Plan, port: int = 8000) -> str:
-    inv = plan.inventory
-    lines = [f"model {plan.model}"]
-    if inv.gpus:
-        for g in inv.gpus:
-            total, free = g.total_bytes / MIB, g.free_bytes / MIB
-            lines.append(f"GPU{g.index} {g.name}: {total:,.0f} MiB total, {free:,.0f} MiB free, cc {g.capability}")
-    else:
-        lines.append("no GPUs: CPU plan")
-    ram = inv.ram_available_bytes / GIB
-    versions = "; ".join(
-        f"{e.backend.title} {e.installation.version} ({e.installation.version_source})" for e in plan.engines
-    )
-    lines.append(f"host RAM available {ram:.1f} GiB; {versions}")
-    lines.append(
-        f"policy: context at least {plan.policy.min_context:,}"
-        + (f", at most {plan.policy.max_context:,}" if plan.policy.max_context else "")
-    )
-    lines += [f"note: {note}" for note in plan.notes]
+def render(plan: Plan, port: int = 8000, *, verbose: bool = False) -> str:
+    """The plan for people: the decision first (its figures, one line of why, the command), the other
+    engine's best with its command, the machine and the context asked for, then one line per
+    checkpoint × TP or quantization and the notes; every rung under ``verbose``."""
     chosen = plan.chosen
-    for engine in plan.engines:
-        if engine.candidates:
-            lines.append("")
-            lines += engine.backend.rows(engine.candidates, chosen)
-    lines.append("")
-    lines.append(f"decision: {plan.decision_backend or 'none'}: {plan.decision_reason}")
-    if chosen is not None:
+    if chosen is None:
+        lines = [f"decision: none: {plan.decision_reason}"]
+    else:
+        title = _title(plan, chosen.engine)
+        loud = f" (LAST RESORT: below the {plan.policy.min_context:,}-token floor)" if plan.last_resort else ""
+        lines = [f"decision{loud}: {title}: {chosen.headline}", f"why: {plan.why}"]
         lines.append(f"command (the engine alone on port {port}, its key from ${API_KEY_VARIABLE}):")
         lines.append("  " + paste_command(chosen, port))
     if (fallback := plan.fallback) is not None:
-        lines.append(f"fallback: {fallback.engine}: {fallback.label}: {fallback.reason}")
+        title = _title(plan, fallback.engine)
         if plan.not_installed(plan.decision_backend):
-            lines.append(
-                f"  {plan.decision_backend} is not installed here: `serve` on this machine starts this instead:"
-            )
+            when = f"{plan.decision_backend} is not installed here: `serve` on this machine starts this instead"
         else:
-            lines.append(f"  `serve` starts this if {plan.decision_backend} does not start:")
+            when = f"`serve` starts this if {plan.decision_backend} does not start"
+        lines.append(f"other engine: {title}: {fallback.headline}")
+        lines.append(f"  {when}:")
         lines.append("  " + paste_command(fallback, port))
+    lines.append("")
+    lines.append(f"model {plan.model} on {_machine(plan)}")
+    lines.append(f"engines: {plan.versions()}")
+    goal = plan.policy.goal
+    floor = f"floor {goal.floor:,}" + (" (hard: --min-context or a pinned context)" if goal.hard else "")
+    top = f", at most {plan.policy.max_context:,}" if plan.policy.max_context else ""
+    lines.append(f"context: {floor}, target {goal.target:,}{top}")
+    for engine in plan.engines:
+        if engine.candidates:
+            lines += engine.backend.summary(engine.candidates, chosen)
+    lines += [f"note: {note}" for note in plan.notes]
+    if verbose:
+        for engine in plan.engines:
+            if engine.candidates:
+                lines.append("")
+                lines += engine.backend.rows(engine.candidates, chosen)
+    else:
+        lines.append("(every rung: --verbose; every figure: --json)")
     return "\n".join(lines)
+
+
+def _title(plan: Plan, name: str) -> str:
+    engine = plan.engine(name)
+    return engine.backend.title if engine else name
+
+
+def _machine(plan: Plan) -> str:
+    """The inventory in a few words: identical GPUs counted once."""
+    inv = plan.inventory
+    kinds: dict[tuple[str, int, int, str], int] = {}
+    for g in inv.gpus:
+        key = (g.name, g.total_bytes, g.free_bytes, g.capability)
+        kinds[key] = kinds.get(key, 0) + 1
+    gpus = [
+        f"{count} × {name} ({total / MIB:,.0f} MiB, {free / MIB:,.0f} free, cc {cc})"
+        for (name, total, free, cc), count in kinds.items()
+    ]
+    ram = f"RAM {inv.ram_available_bytes / GIB:.1f} GiB available"
+    remote = f", {len(inv.remote)} devices on other nodes" if inv.remote else ""
+    return ", ".join(gpus or ["no GPU (CPU plan)"]) + remote + f", {ram}"

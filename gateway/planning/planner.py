@@ -1,8 +1,10 @@
 """The fit planner: model + machine + policy in, every engine's candidates with reasons out, one chosen.
 
-Each registered backend reads the model its own way and evaluates its ladder; the first engine (in
-the registry's order of preference) with a fitting candidate is chosen, its best candidate first.
-Pure apart from :func:`read_engines`, which reads the model's facts (catalog, local files, hub).
+Each registered backend reads the model its own way, evaluates its ladder and ranks it by the one
+objective (``backends/objective.py``). The engine: the first in the registry's order of preference
+whose best candidate meets the context floor without CPU offload; otherwise the best of every
+engine's best by the same objective (a candidate below the floor is a last resort, and the decision
+says so). Pure apart from :func:`read_engines`, which reads the model's facts (catalog, local files, hub).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends import registry
+from backends import objective, registry
 from backends.base import Backend, Candidate, Installation, ModelFiles
 from gateway.core.devices import Inventory
 from gateway.core.errors import GatewayError
@@ -46,9 +48,16 @@ class Plan:
     decision_index: int | None
     decision_reason: str
     notes: list[str]
-    # the next engine's best fitting candidate: what `serve` starts when the chosen engine fails to
+    # the other engines' best fitting candidate: what `serve` starts when the chosen engine fails to
     # start, or instead of it where that engine is not installed
     fallback_index: int | None = None
+    why: str = ""  # one line: what the decision reaches and what the next best would give up
+
+    @property
+    def last_resort(self) -> bool:
+        """Nothing reaches the context floor: the decision is below it."""
+        chosen = self.chosen
+        return chosen is not None and chosen.traits.below_floor
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -87,6 +96,8 @@ class Plan:
                 "backend": self.decision_backend,
                 "candidate": self.decision_index,
                 "reason": self.decision_reason,
+                "why": self.why,
+                "last_resort": self.last_resort,
                 "fallback": None
                 if (fallback := self.fallback) is None
                 else {
@@ -99,7 +110,12 @@ class Plan:
             },
             "engine_version": self.versions(),
             "inventory": self.inventory.to_json(),
-            "policy": {"min_context": self.policy.min_context, "max_context": self.policy.max_context},
+            "policy": {
+                "min_context": self.policy.min_context,
+                "target_context": self.policy.goal.target,
+                "max_context": self.policy.max_context,
+                "hard_floor": self.policy.hard_floor,
+            },
             "candidates": [c.to_json() for c in self.candidates],
             "notes": self.notes,
         }
@@ -130,18 +146,20 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
             notes += [note for note in engine.model.notes if note not in notes]
         elif policy.plans(engine.backend.name):
             notes.append(f"{engine.backend.title} not planned: {_needs(engine.backend)}")
-    passed_over: list[str] = []
-    offset = 0
-    for number, engine in enumerate(engines):
-        if (best := engine.best) is not None:
-            reason = "; ".join([*passed_over, f"{best.label}: {best.reason}"])
-            index = offset + engine.candidates.index(best)
-            plan = Plan(name, inventory, policy, engines, engine.backend.name, index, reason, notes)
-            plan.fallback_index = _fallback(engines, number, offset + len(engine.candidates))
-            return plan
-        title = engine.backend.title
-        passed_over.append(f"no {title} rung fits" if engine.candidates else f"{title} not planned")
-        offset += len(engine.candidates)
+    bests = [(engine, engine.best) for engine in engines]
+    offered = [(engine, best) for engine, best in bests if best is not None]
+    if offered:
+        steady = [(e, b) for e, b in offered if not b.traits.below_floor and not b.traits.offload]
+        engine, best = steady[0] if steady else objective.ranked(offered, lambda pair: pair[1].traits)[0]
+        passed_over = [_passed_over(e, b, best) for e, b in bests if e is not engine and b is not best]
+        reason = "; ".join([*passed_over, f"{best.label}: {best.reason}"])
+        others = [(e, b) for e, b in offered if e is not engine]
+        runner_up = objective.ranked(others, lambda pair: pair[1].traits)[0] if others else None
+        plan = Plan(name, inventory, policy, engines, engine.backend.name, _index(engines, best), reason, notes)
+        plan.fallback_index = _index(engines, runner_up[1]) if runner_up else None
+        unfit = [f"no {e.backend.title} rung fits" for e, b in bests if b is None and e.candidates]
+        plan.why = "; ".join([_why(engine, best, runner_up, bool(inventory.gpus)), *unfit])
+        return plan
     # one reason per engine: its ladder's rungs fail alike, and the notes say what was not planned
     reasons = [engine.candidates[0].reason for engine in engines if engine.candidates]
     reasons += [note for note in notes if " not planned: " in note]
@@ -151,13 +169,54 @@ def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: P
     return Plan(name, inventory, policy, engines, None, None, reason, notes)
 
 
-def _fallback(engines: list[EnginePlan], chosen: int, offset: int) -> int | None:
-    """The index of the first later engine's best fitting candidate, if any."""
-    for engine in engines[chosen + 1 :]:
-        if (best := engine.best) is not None:
-            return offset + engine.candidates.index(best)
+def _index(engines: list[EnginePlan], candidate: Candidate) -> int:
+    """The candidate's index among every engine's candidates (the JSON's and the plan's numbering)."""
+    offset = 0
+    for engine in engines:
+        if any(c is candidate for c in engine.candidates):
+            return offset + next(i for i, c in enumerate(engine.candidates) if c is candidate)
         offset += len(engine.candidates)
-    return None
+    raise ValueError("not a candidate of these engines")
+
+
+def _passed_over(engine: EnginePlan, best: Candidate | None, chosen: Candidate) -> str:
+    """Why an engine before or after the chosen one is not the decision, in a few words."""
+    title = engine.backend.title
+    if best is None:
+        return f"no {title} rung fits" if engine.candidates else f"{title} not planned"
+    lost = [s for s in best.traits.shortfalls() if s not in chosen.traits.shortfalls()]
+    return f"{title}'s best gives up " + (", ".join(lost) if lost else "more than the chosen one")
+
+
+def _why(engine: EnginePlan, best: Candidate, runner_up: tuple[EnginePlan, Candidate] | None, gpus: bool = True) -> str:
+    """The decision's one line of why: the engine rule, what it reaches, what the other engine lacks."""
+    traits = best.traits
+    if traits.below_floor:
+        rule = f"LAST RESORT: nothing reaches the {traits.goal.floor:,}-token floor"
+    elif not traits.offload and (runner_up is None or _before(engine, runner_up[0])):
+        rule = f"{engine.backend.title} meets the floor" + (" without offload" if gpus else " on the CPU")
+    elif not traits.offload:
+        rule = f"{engine.backend.title} meets the floor without offload and the engines before it do not"
+    else:
+        rule = "no engine meets the floor without offload: the best by the objective"
+    line = objective.why(traits)
+    fitting = [c for c in engine.candidates if c.fits and c is not best]
+    finer = [c for c in objective.ranked(fitting, lambda c: c.traits) if c.traits.weight_bits > traits.weight_bits]
+    if finer and (lost := objective.lost_on(traits, finer[0].traits)):
+        finest = finer[0]
+        line += f"; {finest.headline.split(', ', 1)[0]} ({finest.label}, context {finest.context_length:,}): {lost}"
+    if runner_up is not None:
+        other, candidate = runner_up
+        missing = [s for s in candidate.traits.shortfalls() if s not in traits.shortfalls()]
+        if missing:
+            line += f"; {other.backend.title}'s best: " + ", ".join(missing)
+    return f"{rule}: {line}"
+
+
+def _before(engine: EnginePlan, other: EnginePlan) -> bool:
+    """``engine`` comes before ``other`` in the registry's order of preference."""
+    names = registry.names()
+    return names.index(engine.backend.name) < names.index(other.backend.name)
 
 
 QUANTIZED_HINT = (

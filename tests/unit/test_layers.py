@@ -4,7 +4,8 @@ Layers, bottom first (README "Layout"): ``gateway.core`` < ``gateway.hub`` < ``b
 ``gateway.planning`` and ``gateway.supervision`` < ``gateway.serving`` < ``gateway.nodes`` (the
 worker serves HTTP with the serving layer's parts) < ``gateway.cli`` < ``gateway`` itself (``__main__``).
 Packages on one level do not import each other. Inside ``backends`` each engine is a sealed room: the
-gateway reaches engines only through ``backends.base`` and ``backends.registry``, and one engine never
+gateway reaches engines only through the modules at the top of ``backends`` (the contract, the registry,
+the shared objective), and one engine never
 imports the other. Imports under ``if TYPE_CHECKING:`` count too (a type from above is still an arrow up),
 relative imports are resolved, and ``from package import name`` is an arrow to the package's
 ``__init__``: a circle through an ``__init__`` is a circle.
@@ -34,8 +35,6 @@ LAYERS = {
     "gateway.cli": 6,
     "gateway": 7,
 }
-# the only parts of backends/ the generic layers may name: the contract and the list of engines
-ENGINE_SEAMS = ("backends", "backends.base", "backends.registry")
 
 Graph = dict[str, set[str]]
 
@@ -45,12 +44,15 @@ def _package(module: str) -> str:
     return max((name for name in LAYERS if module == name or module.startswith(name + ".")), key=len)
 
 
-def _engine(module: str) -> str | None:
+def _engines(graph: Graph) -> set[str]:
+    """The engines' rooms: each package directly under ``backends`` (a module there, such as the
+    contract or the shared objective, belongs to no engine)."""
+    return {".".join(m.split(".")[:2]) for m in graph if m.startswith("backends.") and m.count(".") >= 2}
+
+
+def _engine(module: str, engines: set[str]) -> str | None:
     """``backends.vllm`` for any module inside that engine's folder; None outside every engine."""
-    parts = module.split(".")
-    if parts[0] != "backends" or len(parts) < 2 or ".".join(parts[:2]) in ENGINE_SEAMS:
-        return None
-    return ".".join(parts[:2])
+    return next((e for e in engines if module == e or module.startswith(e + ".")), None)
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -103,11 +105,12 @@ def upward_imports(graph: Graph) -> list[str]:
 
 def engine_reach(graph: Graph) -> list[str]:
     """Arrows into an engine's room from outside it: the generic layers, the seams, or the other engine."""
+    engines = _engines(graph)
     return sorted(
         f"{module} -> {target}"
         for module, targets in graph.items()
         for target in targets
-        if _engine(target) is not None and _engine(module) != _engine(target)
+        if _engine(target, engines) is not None and _engine(module, engines) != _engine(target, engines)
     )
 
 

@@ -43,13 +43,20 @@ def test_glm_on_two_5090s_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(llama[0]["memory_mib"]["GPU0"]) >= {"model", "kv", "compute"} and "host" in llama[0]["memory_mib"]
 
 
-def test_human_output_shows_terms_decision_and_command(capsys: pytest.CaptureFixture[str]) -> None:
+def test_human_output_leads_with_the_decision_and_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: the decision's figures and its one line of why first, the command under them, the
+    whole plan in about 30 lines; the memory terms of every rung under --verbose."""
     code, out, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB")
-    assert code == 0
-    assert "weights" in out and "KV/GPU" in out
-    assert "decision: vllm" in out
-    assert "command (the engine alone on port 8000, its key from $GATEWAY_API_KEY):" in out
-    assert "  PYTORCH_ALLOC_CONF=expandable_segments:True" in out and " vllm serve zai-org/GLM-4.7-Flash " in out
+    lines = out.splitlines()
+    assert code == 0 and len(lines) <= 30
+    assert lines[0].startswith("decision: vLLM: unsloth/GLM-4.7-Flash-NVFP4 (nvfp4), TP2, context 202,752")
+    assert "util 0.92" in lines[0] and "tokens/s" in lines[0]
+    assert lines[1].startswith("why: vLLM meets the floor without offload")
+    assert lines[2] == "command (the engine alone on port 8000, its key from $GATEWAY_API_KEY):"
+    assert lines[3].startswith("  PYTORCH_ALLOC_CONF=expandable_segments:True") and " vllm serve unsloth/" in lines[3]
+    assert "KV/GPU" not in out and "(every rung: --verbose; every figure: --json)" in out
+    code, verbose, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB", "-v")
+    assert code == 0 and verbose.startswith(lines[0]) and "weights" in verbose and "KV/GPU" in verbose
 
 
 @needs_native_llama_server
@@ -58,7 +65,7 @@ def test_the_printed_command_can_be_pasted(capsys: pytest.CaptureFixture[str]) -
     # llama.cpp alone: on these cards vLLM now runs the NVFP4 checkpoint (ModelOpt NVFP4 needs 7.5)
     args = ("--model", "glm-4.7-flash", "--gpus", "2x16GiB", "--ram", "64GiB", "--port", "9123", "--engine", "llamacpp")
     code, out, _ = _plan(capsys, *args)
-    command = out.splitlines()[-1].strip()
+    command = out.splitlines()[3].strip()  # under the decision, its why and the command's heading
     assert code == 0 and command.startswith('LLAMA_API_KEY="$GATEWAY_API_KEY" llama-server ')
     assert command.endswith("--port 9123") and " PORT" not in command and "KEY " not in command.split("llama-server")[1]
     code, out, _ = _plan(capsys, *args, "--json")
@@ -132,7 +139,8 @@ def test_a_local_directory_plans_from_its_safetensors_index(tmp_path: Path, caps
     assert code == 0 and plan["decision"]["backend"] == "vllm"
     chosen = plan["candidates"][plan["decision"]["candidate"]]
     assert chosen["memory_gib"]["weights_per_gpu"] == pytest.approx(16_381_470_720 / 1024**3, abs=0.01)
-    assert chosen["kv_bytes_per_token"] == 36 * 2 * 8 * 128 * 2
+    # 36 layers × K and V × 8 heads × 128, 2 bytes (fp8: 1, taken where auto KV falls short of the context)
+    assert chosen["kv_bytes_per_token"] == 36 * 2 * 8 * 128 * (1 if chosen["kv_cache_dtype"] == "fp8" else 2)
     assert not any(c["backend"] == "llamacpp" for c in plan["candidates"])  # a checkpoint dir has no GGUF
 
 

