@@ -87,3 +87,18 @@ def test_the_cutlass_fp4_moe_note_is_not_given_on_ampere() -> None:
         "glm-4.7-flash", engines, Inventory(parse_gpu_spec("2x32GiB@12.0"), 64 * GIB, 64 * GIB), Policy()
     )
     assert any("CUTLASS FP4 MoE" in note for note in blackwell.notes), blackwell.notes
+
+
+@pytest.mark.parametrize(("quantization", "spec", "share"), [(FP8, "1x24GiB@8.6", 0.8), (FP8, "1x24GiB@8.9", 1.0)])
+def test_the_chosen_rung_decodes_at_the_marlin_share_of_the_native_estimate(
+    quantization: dict[str, object], spec: str, share: float
+) -> None:
+    """The share reaches the rung the plan ranks and prints, not only the helper that names it."""
+    from backends.vllm.estimate import decode_tokens_per_s
+
+    facts = _qwen(quantization)
+    chosen = _plan(facts, spec).chosen
+    assert isinstance(chosen, vllm.VllmCandidate) and chosen.fits
+    native = decode_tokens_per_s(facts, chosen.memory, chosen.flags, parse_gpu_spec(spec)[0])
+    assert chosen.tokens_per_s == pytest.approx(native * share)
+    assert weight_kernels.DECODE_SHARE.get(chosen.weight_kernel, 1.0) == share
