@@ -43,7 +43,8 @@ def text_log() -> Iterator[io.StringIO]:
     handler.setFormatter(TextFormatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
     root = logging.getLogger("gateway")
     root.addHandler(handler)
-    old_level, root.level = root.level, logging.INFO
+    old_level = root.level
+    root.setLevel(logging.INFO)  # setLevel, not .level: it clears the loggers' cached levels
     try:
         yield out
     finally:
