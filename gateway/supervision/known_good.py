@@ -12,6 +12,7 @@ as ``--replan`` would. Nothing is deleted: what was remembered can be looked at 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -128,11 +129,19 @@ class KnownGood:
                     "--replan would", model, why, self.set_aside_path)  # fmt: skip
 
     def _set_aside_entries(self) -> dict[str, Any]:
+        """What was set aside before; a set-aside file that cannot be read is itself renamed aside."""
         try:
             data = json.loads(read_regular_file(self.set_aside_path, MAX_FILE_BYTES))
+        except FileNotFoundError:
+            return {}
         except (OSError, ValueError, RecursionError):
-            return {}  # unreadable: start it again (the entry moved now is what matters)
-        return data if isinstance(data, dict) else {}
+            data = None
+        if isinstance(data, dict):
+            return data
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        with contextlib.suppress(OSError):
+            self.set_aside_path.replace(self.set_aside_path.with_name(f"{self.set_aside_path.name}.bad-{stamp}"))
+        return {}
 
     def put(self, model: str, fingerprint: str, engine: str, version: str, memo: dict[str, Any]) -> None:
         data = self._load()

@@ -130,3 +130,11 @@ def test_a_remembered_quantization_that_no_longer_resolves_is_set_aside(
     (entry,) = json.loads((tmp_path / SET_ASIDE_NAME).read_text()).values()
     assert entry["entry"]["memo"]["hub_variant"] == stale and why in entry["why"]
     assert len(_warned(caplog)) == 1 and KnownGood(tmp_path).get(remember.model, remember.fingerprint) is None
+
+
+def test_a_set_aside_file_that_went_bad_is_renamed_aside_too(tmp_path: Path) -> None:
+    (tmp_path / SET_ASIDE_NAME).write_text("not json")
+    (tmp_path / FILE_NAME).write_text(json.dumps({"m|fp": {**GOOD, "memo": "x"}}))
+    assert KnownGood(tmp_path).get("m", "fp") is None
+    (old,) = tmp_path.glob(f"{SET_ASIDE_NAME}.bad-*")
+    assert old.read_text() == "not json" and len(json.loads((tmp_path / SET_ASIDE_NAME).read_text())) == 1
