@@ -3,7 +3,7 @@
 Used when the live backend has no `/v1/responses` of its own (llama-cpp-python). Stateless, as the
 agents use it (`store: false`): every request carries its whole conversation in `input`.
 Codex's `namespace` tools are flattened into function tools; tool types no backend runs
-(`web_search`, `file_search`, …) are dropped with a warning.
+(`web_search`, `file_search`, …) are dropped, with one warning per request that counts them.
 """
 
 from __future__ import annotations
