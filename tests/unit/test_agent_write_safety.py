@@ -7,11 +7,15 @@ bounded, and a key of ours holding the wrong type is named with its file, nothin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gateway.agents import AGENTS
@@ -116,9 +120,23 @@ def test_only_a_regular_file_is_read(agent_home: Path, kind: str) -> None:
     else:
         path.symlink_to("/dev/zero")
     said = {"fifo": "a FIFO", "directory": "a directory", "dev-zero-link": "a character device"}[kind]
-    with pytest.raises(ConfigError, match=f"cannot read {path} \\({said}, not a regular file\\): nothing written"):
+    with (
+        _memory_capped(512 * 1024 * 1024),  # the old code's read of /dev/zero ends in MemoryError, not the OOM killer
+        pytest.raises(ConfigError, match=f"cannot read {path} \\({said}, not a regular file\\): nothing written"),
+    ):
         write("qwen", AGENTS["qwen"](SERVED), yes=True)
     assert not path.with_name("settings.json.bak").exists()
+
+
+@contextlib.contextmanager
+def _memory_capped(extra: int) -> Iterator[None]:
+    """This process may map at most ``extra`` more bytes while the block runs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (psutil.Process().memory_info().vms + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def test_a_file_over_the_size_cap_is_refused(agent_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
