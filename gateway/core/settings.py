@@ -325,8 +325,8 @@ def load_settings(
     except ValueError as exc:
         if (unread := _ENV_UNREAD.search(str(exc))) is not None:  # pydantic-settings' SettingsError
             variable = _env_name(unread.group(1))
-            raise ConfigError(
-                f"cannot read {variable}={os.environ.get(variable, '')!r}: a list is written as JSON, e.g. "
+            raise ConfigError(  # its value is not repeated: it may be a key (GATEWAY_API_KEYS)
+                f"cannot read {variable}: it is not JSON, and a list in a variable is written as JSON, e.g. "
                 f'{variable}=\'["a", "b"]\' (a flag takes a comma list)'
             ) from exc
         raise ConfigError(f"cannot read {toml_file}: {exc}") from exc  # a malformed TOML file
