@@ -35,6 +35,7 @@ from gateway.core.files import read_regular_file, replace_atomically
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # agents' settings files are kilobytes
 MAX_DEPTH = 64  # levels of nesting; agents' files use a handful
+MAX_VALUES = 1_000_000  # values in one file; agents' files hold hundreds
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
@@ -92,9 +93,9 @@ def parse(text: str, format: str, path: Path) -> Doc:
 
 
 def _check_shape(data: Any, path: Path) -> None:
-    """At most ``MAX_DEPTH`` levels of lists and tables, and no more values than the file's size could
-    spell out (YAML aliases can make a 1 KB file a billion values), walked without recursion."""
-    budget = MAX_FILE_BYTES // 2  # each value takes at least a character and a separator
+    """At most ``MAX_DEPTH`` levels of lists and tables and ``MAX_VALUES`` values (YAML aliases can make a
+    1 KB file a billion values), walked without recursion."""
+    budget = MAX_VALUES
     level: list[tuple[Any, int]] = [(data, 0)]
     while level:
         value, depth = level.pop()
@@ -104,7 +105,7 @@ def _check_shape(data: Any, path: Path) -> None:
             inner = value.values() if isinstance(value, dict) else value
             budget -= len(inner)
             if budget < 0:
-                raise ConfigError(f"{path} holds more values than its size can (YAML aliases?): edit it by hand")
+                raise ConfigError(f"{path} holds more than {MAX_VALUES:,} values (YAML aliases?): edit it by hand")
             level += [(item, depth + 1) for item in inner]
 
 
