@@ -1,4 +1,4 @@
-"""The hardening figures of issues 11 and 23, measured on a real gateway process in front of a fake upstream.
+"""The hardening figures of issues 11, 23 and 30, measured on a real gateway process in front of a fake upstream.
 
     python benchmarks/hardening.py all                 # every figure below, this checkout
     python benchmarks/hardening.py headers huge        # some of them
@@ -25,6 +25,11 @@
   what the client's stream ends with, how long it took, the slowest /health, peak RSS.
 - hub: the hub families of issue 30 (benchmarks/hardening_hub.py): the hub code in its own process
   against a malicious local hub, and hostile GGUF headers, configs and names given to `gateway plan`.
+- forged (issue 30): requests whose paths carry %0a, %0d%0a, an ANSI escape, NUL and U+202E, to an open
+  gateway and (unauthenticated) to a keyed one: how many log lines begin with the forged text, and how
+  many lines hold a raw control or bidi character.
+- tools (issue 30): one Responses request (translated) with 99,000 tools of types no backend runs
+  (21 MB): its status, the warning lines and bytes it added to the log, the slowest /health.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -482,6 +487,86 @@ def endless_line(url: str, gateway: psutil.Process) -> dict[str, Any]:
     }  # fmt: skip
 
 
+FORGED = "gateway.access INFO GET /v1/models 200 1 ms in=? out=? client=10.0.0.1:1 FORGED"
+HOSTILE_PATHS = ("%0a", "%0d%0a", "%1b[2K%1b[1G", "%00", "%e2%80%ae")
+
+
+def _raw_get(url: str, path: str) -> int:
+    """GET a path exactly as written (percent escapes unchanged); the status."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    try:
+        connection.putrequest("GET", path, skip_accept_encoding=True)
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def _log_text() -> str:
+    return Path(servers.log).read_bytes().decode("utf-8", "replace")  # type: ignore[attr-defined]
+
+
+def forged_lines(url: str, _gateway: psutil.Process) -> dict[str, Any]:
+    """Each hostile path 20 times: the log lines (split at LF or CR, as a terminal shows them) that begin
+    with the forged text, and the lines holding a raw control or bidi character."""
+    before = len(_log_text())
+    statuses = [
+        _raw_get(url, f"/v1/x{escape}{FORGED.replace(' ', '%20')}") for escape in HOSTILE_PATHS for _ in range(20)
+    ]
+    time.sleep(0.5)
+    added = _log_text()[before:]
+    shown = added.replace("\r", "\n").split("\n")
+    forged = sum(line.lstrip("\x00").startswith(FORGED[:30]) for line in shown)
+    raw = sum(any(char in line for char in "\x00\x1b\r\u202e") for line in added.split("\n"))
+    return {"requests": len(statuses), "statuses": sorted(set(statuses)), "forged_lines": forged,
+            "lines_with_raw_controls": raw}  # fmt: skip
+
+
+def many_tools(url: str, gateway: psutil.Process) -> dict[str, Any]:
+    """One Responses request with 99,000 tools of a type no backend runs (21 MB)."""
+    tool = {"type": "web_search", "description": "x" * 190}
+    body = json.dumps({"model": "fake", "input": "hi", "tools": [tool] * 99_000}).encode()
+    before = len(_log_text())
+
+    async def send() -> int:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session,
+            session.post(url + "/v1/responses", data=body, headers={"Content-Type": "application/json"}) as r,
+        ):
+            await r.read()
+            return r.status
+
+    started = time.monotonic()
+    with HealthWatch(url) as health:
+        status = asyncio.run(send())
+    seconds = round(time.monotonic() - started, 2)
+    time.sleep(0.5)
+    added = _log_text()[before:]
+    warnings = sum("WARNING" in line for line in added.splitlines())
+    return {"body_mb": round(len(body) / MB, 1), "status": status, "seconds": seconds, "warning_lines": warnings,
+            "log_bytes_added": len(added.encode()), **health.figures()}  # fmt: skip
+
+
+def issue_30(source: Path, wanted: set[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    if "forged" in wanted:
+        with servers(source) as (url, gateway):
+            time.sleep(2.5)
+            results["forged_open"] = forged_lines(url, gateway)
+        with servers(source, ["--api-key", "sk-bench"]) as (url, gateway):
+            time.sleep(2.5)
+            results["forged_keyed_unauthenticated"] = forged_lines(url, gateway)
+    if "tools" in wanted:
+        with servers(source) as (url, gateway):
+            time.sleep(2.5)
+            results["tools"] = many_tools(url, gateway)
+    return results
+
+
 def _supported(source: Path, flag: str) -> bool:
     env = {**os.environ, "PYTHONPATH": str(source)}
     shown = subprocess.run([sys.executable, "-m", "gateway", "serve", "--help"], cwd=source, env=env,
@@ -514,16 +599,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "what", nargs="+",
-        choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless", "hub"],
+        choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
+                 "forged", "tools", "hub"],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
     parser.add_argument("--streams", type=int, default=256)
     args = parser.parse_args()
-    everything = {"headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless"}
+    everything = {
+        "headers",
+        "huge",
+        "streams",
+        "load",
+        "flood",
+        "large",
+        "idle",
+        "stalled",
+        "endless",
+        "forged",
+        "tools",
+    }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
     results.update(issue_23(args.source, wanted))
+    results.update(issue_30(args.source, wanted))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

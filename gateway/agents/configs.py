@@ -56,12 +56,45 @@ class Served:
         return f"export {KEY_VARIABLE}={'<your key>' if self.api_key else 'anything'}"
 
 
-def deep_merge(base: Doc, ours: Doc) -> Doc:
-    """``base`` with ``ours`` laid over it: tables merge key by key, anything else is replaced."""
+class WrongType(ValueError):
+    """A key the configuration goes into holds another type in the agent's file (``"providers": 5``):
+    the agent could not read it either, and replacing it would lose what the user wrote."""
+
+    def __init__(self, key: str, expected: type, found: Any) -> None:
+        names = {dict: "a table (JSON object)", list: "a list", str: "a string", bool: "true/false"}
+        found_name = names.get(type(found), "a number" if isinstance(found, int | float) else type(found).__name__)
+        super().__init__(f"'{key}' holds {found_name} where {names.get(expected, expected.__name__)} belongs")
+
+
+def table(doc: Doc, key: str, where: str = "") -> Doc:
+    """``doc[key]`` as a table (a copy; absent or null: empty), or WrongType naming ``where`` + key."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WrongType(where + key, dict, value)
+    return dict(value)
+
+
+def entries(doc: Doc, key: str, where: str = "") -> list[Any]:
+    """``doc[key]`` as a list (absent or null: empty), or WrongType naming ``where`` + key."""
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise WrongType(where + key, list, value)
+    return list(value)
+
+
+def deep_merge(base: Doc, ours: Doc, where: str = "") -> Doc:
+    """``base`` with ``ours`` laid over it: tables merge key by key, anything else is replaced; a table
+    of ours where ``base`` has something else (not null) is WrongType."""
     merged = dict(base)
     for key, value in ours.items():
-        old = merged.get(key)
-        merged[key] = deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        if isinstance(value, dict):
+            merged[key] = deep_merge(table(merged, key, where), value, f"{where}{key}.")
+        else:
+            merged[key] = value
     return merged
 
 
@@ -222,15 +255,15 @@ def qwen(s: Served) -> AgentConfig:
     def merge(old: Doc) -> Doc:
         """Ours replaces an entry with the same id (Qwen Code keeps only the first); the user's others stay."""
         merged = deep_merge(old, scalars)
-        providers = dict(merged.get("modelProviders") or {})
-        entries: list[Any] = []
-        for old_entry in providers.get("openai") or []:
+        providers = table(merged, "modelProviders")
+        kept: list[Any] = []
+        for old_entry in entries(providers, "openai", "modelProviders."):
             same = isinstance(old_entry, dict) and old_entry.get("id") == s.model
             if not same:
-                entries.append(old_entry)
-            elif entry not in entries:
-                entries.append(entry)
-        providers["openai"] = entries if entry in entries else [*entries, entry]
+                kept.append(old_entry)
+            elif entry not in kept:
+                kept.append(entry)
+        providers["openai"] = kept if entry in kept else [*kept, entry]
         merged["modelProviders"] = providers
         return merged
 
@@ -279,9 +312,10 @@ def cline(s: Served) -> AgentConfig:
     def merge(old: Doc) -> Doc:
         """Our settings over the entry's; updatedAt moves only when they change, so a rerun is a no-op."""
         merged = {"version": 1, "modes": {}, **old, "lastUsedProvider": CLINE_PROVIDER}
-        providers = dict(merged.get("providers") or {})
-        entry = dict(providers.get(CLINE_PROVIDER) or {})
-        new_settings = deep_merge(entry.get("settings") or {}, settings)
+        providers = table(merged, "providers")
+        entry = table(providers, CLINE_PROVIDER, "providers.")
+        where = f"providers.{CLINE_PROVIDER}."
+        new_settings = deep_merge(table(entry, "settings", where), settings, where + "settings.")
         if new_settings != entry.get("settings") or "updatedAt" not in entry:
             entry.update(settings=new_settings, updatedAt=_now(), tokenSource="manual")
         providers[CLINE_PROVIDER] = entry
@@ -329,11 +363,11 @@ def aider(s: Served) -> AgentConfig:
 
     def merge_settings(old: Doc) -> Doc:
         """Our entry over the user's entry for the same model (its other keys stay); other models' stay."""
-        entries = [entry for entry in old.get(LIST_KEY) or [] if isinstance(entry, dict)]
-        mine = next((entry for entry in entries if entry.get("name") == settings["name"]), None)
+        listed = old.get(LIST_KEY) or []
+        mine = next((e for e in listed if isinstance(e, dict) and e.get("name") == settings["name"]), None)
         if mine is None:
-            return {LIST_KEY: [*(old.get(LIST_KEY) or []), settings]}
-        return {LIST_KEY: [deep_merge(e, settings) if e is mine else e for e in old.get(LIST_KEY) or []]}
+            return {LIST_KEY: [*listed, settings]}
+        return {LIST_KEY: [deep_merge(e, settings, f"{settings['name']}.") if e is mine else e for e in listed]}
 
     lines = [
         f"echo {shlex.quote(json.dumps(metadata))} > .aider.model.metadata.json",

@@ -3,6 +3,12 @@
 The user's own keys stay (each file is parsed, our part laid over it, and written back); the diff is shown
 before anything changes, a TTY is asked and anything else needs --yes; the write is atomic (temp file +
 os.replace in the same directory) and the previous version is kept beside it as ``<file>.bak``.
+
+Each file is read as untrusted input: only a regular file of at most ``MAX_FILE_BYTES`` (a FIFO at the
+path would hang the read, a link to /dev/zero would fill memory), nested at most ``MAX_DEPTH`` deep, with
+no key given twice (YAML, like JSON, would keep only the last), and a key of ours that holds the wrong type
+in the file (``"modelProviders": "x"``) is named rather than overwritten. Every file is checked before
+any is written: one that fails leaves them all as they were.
 """
 
 from __future__ import annotations
@@ -22,10 +28,34 @@ from typing import Any
 import tomli_w
 import yaml  # type: ignore[import-untyped,unused-ignore]  # PyYAML comes with uvicorn[standard] and huggingface_hub
 
-from gateway.agents.configs import LIST_KEY, AgentConfig, Doc, Target
+from gateway.agents.configs import LIST_KEY, AgentConfig, Doc, Target, WrongType
 from gateway.core import exact_json
 from gateway.core.errors import ConfigError
-from gateway.core.files import replace_atomically
+from gateway.core.files import read_regular_file, replace_atomically
+
+MAX_FILE_BYTES = 8 * 1024 * 1024  # agents' settings files are kilobytes
+MAX_DEPTH = 64  # levels of nesting; agents' files use a handful
+MAX_VALUES = 1_000_000  # values in one file; agents' files hold hundreds
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
+    """PyYAML's safe loader, refusing a mapping that gives a key twice (it would keep only the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then overriding a key is YAML's own idiom
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                repeated = key in seen
+            except TypeError:  # an unhashable key: the base constructor says so
+                continue
+            if repeated:
+                line = key_node.start_mark.line + 1
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice (line {line})")
+            seen.add(key)
+        return dict(super().construct_mapping(node, deep=deep))
 
 
 def _strict_json(text: str) -> Any:
@@ -39,14 +69,18 @@ def parse(text: str, format: str, path: Path) -> Doc:
     ``yaml-list`` file (a YAML list at the top, like aider's model settings) is ``{"entries": [...]}``."""
     if not text.strip():
         return {}
+    kind = "YAML" if format == "yaml-list" else format.upper()
     try:
         if format == "toml":
-            return tomllib.loads(text)
-        data: Any = _strict_json(text) if format == "json" else yaml.safe_load(text)
+            data: Any = tomllib.loads(text)
+        else:
+            data = _strict_json(text) if format == "json" else yaml.load(text, Loader=_UniqueKeyLoader)
     except (tomllib.TOMLDecodeError, ValueError, yaml.YAMLError) as exc:
-        kind = "YAML" if format == "yaml-list" else format.upper()
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"{path} is not valid {kind} ({reason}): fix it or edit it by hand") from exc
+    except RecursionError:
+        raise ConfigError(f"{path} is nested too deeply to be an agent's settings: fix it or edit it by hand") from None
+    _check_shape(data, path)
     if data is None:
         return {}
     if format == "yaml-list":
@@ -56,6 +90,35 @@ def parse(text: str, format: str, path: Path) -> Doc:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} holds a {type(data).__name__}, not a {format.upper()} table: edit it by hand")
     return data
+
+
+def _check_shape(data: Any, path: Path) -> None:
+    """At most ``MAX_DEPTH`` levels of lists and tables and ``MAX_VALUES`` values (YAML aliases can make a
+    1 KB file a billion values), walked without recursion."""
+    budget = MAX_VALUES
+    level: list[tuple[Any, int]] = [(data, 0)]
+    while level:
+        value, depth = level.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{path} is nested more than {MAX_DEPTH} levels deep: fix it or edit it by hand")
+        if isinstance(value, dict | list):
+            inner = value.values() if isinstance(value, dict) else value
+            budget -= len(inner)
+            if budget < 0:
+                raise ConfigError(f"{path} holds more than {MAX_VALUES:,} values (YAML aliases?): edit it by hand")
+            level += [(item, depth + 1) for item in inner]
+
+
+def _read_text(path: Path) -> str | None:
+    """The file's text, None when it does not exist; a ConfigError when it cannot be one of ours."""
+    try:
+        return read_regular_file(path, MAX_FILE_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}): fix it or edit it by hand") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path} ({exc.strerror}): nothing written") from exc
 
 
 def dump(doc: Doc, format: str) -> str:
@@ -87,16 +150,12 @@ class Change:
 def plan(target: Target) -> Change | None:
     """What writing ``target`` would change; None when the file already says what we would write."""
     path = target.path
-    try:
-        old = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        old = None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}): fix it or edit it by hand") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path} ({exc.strerror})") from exc
+    old = _read_text(path)
     before = parse(old, target.format, path) if old is not None else {}
-    after = target.merge(before)
+    try:
+        after = target.merge(before)
+    except WrongType as exc:
+        raise ConfigError(f"{path}: {exc}: fix or remove it, then run again; nothing written") from None
     if old is not None and after == before:
         return None
     return Change(target, old, dump(after, target.format))
@@ -114,7 +173,7 @@ def write_atomically(path: Path, text: str, expected: str | None = None) -> None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path.parent):
-            current = path.read_text(encoding="utf-8") if path.exists() else None
+            current = _read_text(path)
             if current != expected:
                 raise ConfigError(f"{path} changed since the diff was shown: nothing written; run again")
             if current is not None:

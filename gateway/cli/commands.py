@@ -182,6 +182,7 @@ def serve(args: argparse.Namespace) -> int:
     settings = load_settings(given(args, SERVE_SETTINGS), args.config)
     if settings.log_format == "json":
         use_json_lines()
+    settings.all_api_keys()  # an empty key or a key file without one is refused before anything starts
     timeouts = Timeouts(
         connect_s=settings.connect_timeout_s,
         first_byte_s=settings.first_byte_timeout_s,

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from backends import registry
 from backends.base import Option
 from gateway.core.devices import Inventory, inventory, parse_remote_gpus
-from gateway.core.errors import BackendError, ConfigError
+from gateway.core.errors import BackendError, ConfigError, GatewayError
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import policy_for
 from gateway.core.settings import Settings
@@ -159,14 +160,16 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     nodes = Nodes(settings.workers, worker_key(settings)) if settings.workers else None
     machine = with_other_nodes(local, settings, nodes=nodes)
     entry = choose_model(settings, catalog, len(machine.gpus))
+    store = KnownGood(settings.state_dir)
     known = (
         None
         if settings.replan or getattr(settings, "quant", None)  # a pinned variant (llama.cpp's --quant)
-        else KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
+        else store.get(entry.name, machine.fingerprint)
     )
     if known:  # e.g. the hub variant that worked here: no new search (a pinned --quant searches again)
-        entry = entry.model_copy(update={"remembered": known})
-    plan = plan_for(settings, entry, machine, serving=True)
+        plan, entry = _plan_remembered(settings, entry, machine, known, store)
+    else:
+        plan = plan_for(settings, entry, machine, serving=True)
     if (chosen := plan.chosen) is not None:
         loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
         log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
@@ -178,13 +181,16 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     if not options:
         raise BackendError(f"{entry.name} cannot be served here: {plan.decision_reason}")
     remember = Remember(
-        store=KnownGood(settings.state_dir),
+        store=store,
         model=entry.name,
         fingerprint=machine.fingerprint,
         versions={e.backend.name: e.backend.memo_version(e.installation) for e in plan.engines},
     )
     if not settings.replan:
-        options = remembered_first(options, remember, lambda memo: _rebuild(options, memo))
+        # a memo that cannot be rebuilt is set aside, unless a pinned --quant is why it does not fit
+        pinned = bool(getattr(settings, "quant", None))
+        set_aside = None if pinned else partial(store.set_aside, entry.name, machine.fingerprint)
+        options = remembered_first(options, remember, lambda memo: _rebuild(options, memo, set_aside))
     route = ModelRoute(
         fronted=entry.name, served=entry.name, context_length=options[0].context_length, aliases=entry.aliases
     )
@@ -211,18 +217,58 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     )
 
 
-def _rebuild(options: list[Option], entry: dict[str, Any]) -> Option | None:
+# what a malformed memo raises inside an engine's reading of it (a hand-edited or older file)
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def _plan_remembered(
+    settings: Settings, entry: ModelEntry, machine: Inventory, known: dict[str, Any], store: KnownGood
+) -> tuple[Plan, ModelEntry]:
+    """The plan from the remembered configuration (e.g. the hub variant that worked here: no new search)
+    and the entry it was made from; where that no longer holds, the plan made afresh, and the remembered
+    configuration set aside.
+
+    It no longer holds when reading it fails (a memo of the wrong shape: set aside at once), or when its
+    engine finds nothing that fits from it where a fresh plan does (its hub repo is gone, the files
+    changed): a remembered configuration must not turn a model that fits into "nothing fits"."""
+    remembered = entry.model_copy(update={"remembered": known})
+    try:
+        plan = plan_for(settings, remembered, machine, serving=True)
+    except _MALFORMED as exc:
+        store.set_aside(entry.name, machine.fingerprint, f"unreadable ({type(exc).__name__}: {exc})")
+        return plan_for(settings, entry, machine, serving=True), entry
+    except GatewayError as exc:
+        why = f"unusable ({exc})"
+    else:
+        engine = plan.engine(str(known["engine"]))
+        planned = engine is not None and engine.model is not None and plan.policy.plans(engine.backend.name)
+        if not planned or engine is None or engine.best is not None:
+            return plan, remembered  # it plans (or its engine is not planned this time: kept for later)
+        why = f"no longer planned ({plan.decision_reason})"
+    fresh = plan_for(settings, entry, machine, serving=True)
+    if fresh.chosen is not None:  # kept when nothing fits either way (a busy GPU is no reason to forget)
+        store.set_aside(entry.name, machine.fingerprint, why)
+    return fresh, entry
+
+
+def _rebuild(
+    options: list[Option], entry: dict[str, Any], set_aside: Callable[[str], None] | None = None
+) -> Option | None:
     """The remembered configuration, on top of the current option of the same engine; one with a
-    malformed field (a hand-edited or old file) is dropped with a warning, found by building its
-    command line now rather than when the engine is launched."""
+    malformed field (a hand-edited or old file) is set aside (or, without ``set_aside``, ignored) with a
+    warning, found by building its command line now rather than when the engine is launched."""
     for option in options:
         if option.engine == entry.get("engine"):
             try:
                 rebuilt = option.from_memo(entry["memo"])
                 rebuilt.launch(0, "check")
                 _ = rebuilt.label
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                log.warning("ignoring the remembered configuration (%s: %s): planning afresh", type(exc).__name__, exc)
+            except _MALFORMED as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                if set_aside is not None:
+                    set_aside(f"cannot be rebuilt ({why})")
+                else:
+                    log.warning("ignoring the remembered configuration (%s): planning afresh, as --replan would", why)
                 return None
             return rebuilt
     return None

@@ -1,9 +1,15 @@
-"""Writing a file so that a crash or a full disk never leaves it half-written: the text goes to a
-temporary file beside it, is flushed to disk, and replaces the file in one ``os.replace``."""
+"""Files the gateway keeps or reads beside the user's own.
+
+Writing: a crash or a full disk never leaves a file half-written (the text goes to a temporary file
+beside it, is flushed to disk, and replaces the file in one ``os.replace``). Reading a small file the
+user or another program controls (an agent's settings, a key file, the remembered configurations):
+only a regular file, and only up to a cap."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -34,3 +40,34 @@ def inside(root: Path, path: Path, what: str = "") -> Path:
     if not normal.is_relative_to(top):
         raise ModelError(f"{what or path.name[:80]!r} would be written outside {root}: refused")
     return normal
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` when it is a regular file (after symlinks) of at most ``limit`` bytes; an
+    OSError whose ``strerror`` says why not.
+
+    Opened non-blocking and checked on the open descriptor, not by name first: a FIFO put where a
+    config file was would block ``open`` and ``read`` forever, a symlink to ``/dev/zero`` never ends,
+    and a name checked before it is opened can be swapped in between."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+            raise OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            data = stream.read(limit + 1)  # a file that grows while it is read stops at the cap too
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes", str(path))
+    return data

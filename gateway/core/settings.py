@@ -21,8 +21,10 @@ from pydantic_settings import (
 )
 
 from gateway.core.errors import ConfigError
+from gateway.core.files import read_regular_file
 
 DEFAULT_CONFIG_FILE = Path("gateway.toml")
+MAX_KEY_FILE_BYTES = 1024 * 1024  # a key per line: thousands of keys fit
 
 
 def _default_state_dir() -> Path:
@@ -231,14 +233,31 @@ class Settings(BaseSettings):
         return self.log_dir or self.state_dir / "logs"
 
     def all_api_keys(self) -> tuple[str, ...]:
-        """api_keys plus the key file's lines (blank lines and # comments skipped)."""
-        keys = list(self.api_keys)
+        """api_keys plus the key file's lines (blank lines and # comments skipped), each without the
+        spaces around it (a header value loses them on the way in).
+
+        An empty or blank key is refused rather than dropped: ``--api-key "$GATEWAY_API_KEY"`` with the
+        variable unset would otherwise start a gateway that believes it has a key and lets everyone in;
+        so is a key file that holds none."""
+        if any(not key.strip() for key in self.api_keys):
+            raise ConfigError(
+                "an empty --api-key (or a blank entry in GATEWAY_API_KEYS / api_keys) is no key: is the variable "
+                'it came from unset (--api-key "$GATEWAY_API_KEY")? give a non-empty key, or leave the flag out'
+            )
+        keys = [key.strip() for key in self.api_keys]
         if self.api_key_file is not None:
             try:
-                lines = self.api_key_file.read_text().splitlines()
-            except OSError as exc:
-                raise ConfigError(f"cannot read api_key_file {self.api_key_file}: {exc.strerror}") from exc
-            keys += [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+                lines = read_regular_file(self.api_key_file, MAX_KEY_FILE_BYTES).decode("utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+                raise ConfigError(f"cannot read api_key_file {self.api_key_file}: {why}") from exc
+            found = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+            if not found:
+                raise ConfigError(
+                    f"api_key_file {self.api_key_file} holds no key (only blank lines or # comments): "
+                    "put one key per line, or drop --api-key-file"
+                )
+            keys += found
         return tuple(keys)
 
     @classmethod
@@ -307,7 +326,33 @@ def load_settings(
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "settings"
-        raise ConfigError(f"invalid setting {where}: {first['msg']} (from {toml_file}, GATEWAY_* or a flag)") from exc
-    except ValueError as exc:  # a malformed TOML file
-        raise ConfigError(f"cannot read {toml_file}: {exc}") from exc
+        source = _source_of(str(first["loc"][0]), given, toml_file) if first["loc"] else None
+        source = source or f"{toml_file}, GATEWAY_* or a flag"
+        raise ConfigError(f"invalid setting {where}: {first['msg']} (from {source})") from exc
+    except ValueError as exc:
+        if (unread := _ENV_UNREAD.search(str(exc))) is not None:  # pydantic-settings' SettingsError
+            variable = _env_name(unread.group(1))
+            raise ConfigError(  # its value is not repeated: it may be a key (GATEWAY_API_KEYS)
+                f"cannot read {variable}: it is not JSON, and a list in a variable is written as JSON, e.g. "
+                f'{variable}=\'["a", "b"]\' (a flag takes a comma list)'
+            ) from exc
+        raise ConfigError(f"cannot read {toml_file}: {exc}") from exc  # a malformed TOML file
     return loaded
+
+
+# what pydantic-settings says of a variable it cannot decode (a list or table given as anything but JSON)
+_ENV_UNREAD = re.compile(r'error parsing value for field "(\w+)" from source "EnvSettingsSource"')
+
+
+def _env_name(field: str) -> str:
+    """The variable that sets ``field`` as the user spelled it (names are matched ignoring case)."""
+    wanted = f"GATEWAY_{field}".upper()
+    return next((name for name in os.environ if name.upper() == wanted), wanted)
+
+
+def _source_of(field: str, given: dict[str, Any], toml_file: Path) -> str:
+    """Where a setting's value came from, highest precedence first: a flag, a variable, the file."""
+    if field in given:
+        return "a flag"
+    variable = _env_name(field)
+    return variable if variable in os.environ else str(toml_file)

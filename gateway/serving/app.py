@@ -160,8 +160,9 @@ def create_app(runtime: Runtime) -> ASGIApp:
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    guarded = BrowserGuard(
-        ApiKeys(app, runtime.api_keys), keyed=bool(runtime.api_keys), bind_host=runtime.bind_host,
+    keyed = ApiKeys(app, runtime.api_keys)
+    guarded = BrowserGuard(  # the Host check is off only where a key is really asked for
+        keyed, keyed=bool(keyed.keys), bind_host=runtime.bind_host,
         allowed_hosts=runtime.allowed_hosts, cors_allow_origins=runtime.cors_allow_origins,
     )  # fmt: skip
     paths = [route.path for route in routes if "{" not in route.path]  # one label per route, not per model id

@@ -57,7 +57,7 @@ class ApiKeys:
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
-        self.keys = [key for key in keys if key]
+        self.keys = [key.strip() for key in keys if key.strip()]  # a blank key is no key: the gateway stays open
 
     def allowed(self, scope: Scope) -> bool:
         return auth.key_accepted(_header(scope, b"authorization"), _header(scope, b"x-api-key"), self.keys)

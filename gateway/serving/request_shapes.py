@@ -5,13 +5,18 @@ translate); every other field is allowed and passed through untouched, for the e
 Validation is strict (no coercion: ``"stream": "yes"`` is not a boolean) and only validates: the
 payload forwarded is the client's own, never the model's dump. A mismatch is a 400 that names the
 field, written in the route's dialect by the caller's error handler.
+
+What a request holds many of (messages, content blocks, tools) is a TypedDict, not a model: a body
+may carry 99,000 of them, and building as many model objects (a recursive one for the tools) held the
+event loop 0.8-1.5 s where checking them as dicts takes 0.08 s.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import TypedDict  # pydantic reads only this TypedDict before Python 3.12
 
 from gateway.serving.error_shapes import ApiError
 
@@ -20,17 +25,21 @@ class _Shape(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+_ITEM = ConfigDict(extra="ignore", strict=True)  # the other keys pass through in the payload all the same
+
+
 class _Request(_Shape):
     model: str | None = None  # its absence is reported with the served name (handlers)
     stream: bool | None = None
 
 
 # -- chat and text completions ---------------------------------------------------------------------
-class ChatMessage(_Shape):
+class ChatMessage(TypedDict, total=False):
     """Read when the prompt is flattened to count its tokens."""
 
-    content: str | list[Any] | None = None
-    tool_calls: list[Any] | None = None
+    __pydantic_config__ = _ITEM  # type: ignore[misc]
+    content: str | list[Any] | None
+    tool_calls: list[Any] | None
 
 
 class _OpenAIRequest(_Request):
@@ -48,14 +57,16 @@ class CompletionRequest(_OpenAIRequest):
 
 
 # -- Anthropic Messages ---------------------------------------------------------------------------------
-class ContentBlock(_Shape):
+class ContentBlock(TypedDict, total=False):
     """A content or system block: its text is joined into the chat prompt."""
 
-    type: str | None = None
-    text: str = ""
+    __pydantic_config__ = _ITEM  # type: ignore[misc]
+    type: str | None
+    text: str
 
 
-class AnthropicMessage(_Shape):
+class AnthropicMessage(TypedDict):
+    __pydantic_config__ = _ITEM  # type: ignore[misc]
     # "system" inside messages: Claude Code sends one mid-conversation (beta mid-conversation-system)
     role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
@@ -72,11 +83,12 @@ class MessagesRequest(CountTokensRequest):
 
 
 # -- OpenAI Responses -------------------------------------------------------------------------------
-class ResponsesTool(_Shape):
+class ResponsesTool(TypedDict):
     """A tool, or a Codex ``namespace`` of tools flattened into function tools."""
 
-    type: str | None = None
-    tools: list[ResponsesTool] = Field(default_factory=list)
+    __pydantic_config__ = _ITEM  # type: ignore[misc]
+    type: NotRequired[str | None]
+    tools: NotRequired[list[ResponsesTool]]
 
 
 class ResponsesRequest(_Request):

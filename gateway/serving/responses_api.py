@@ -3,7 +3,7 @@
 Used when the live backend has no `/v1/responses` of its own (llama-cpp-python). Stateless, as the
 agents use it (`store: false`): every request carries its whole conversation in `input`.
 Codex's `namespace` tools are flattened into function tools; tool types no backend runs
-(`web_search`, `file_search`, …) are dropped with a warning.
+(`web_search`, `file_search`, …) are dropped, with one warning per request that counts them.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,8 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+def _tools(tools: list[Any], dropped: Counter[str] | None = None) -> list[dict[str, Any]]:
+    """The function tools (namespaces flattened); the types no backend runs are counted in ``dropped``."""
     out: list[dict[str, Any]] = []
     for tool in tools:
         if not isinstance(tool, dict):
@@ -42,10 +44,26 @@ def _tools(tools: list[Any]) -> list[dict[str, Any]]:
             function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
             out.append({"type": "function", "function": function})
         elif kind == "namespace":
-            out += _tools([{**inner, "type": inner.get("type", "function")} for inner in tool.get("tools", [])])
-        else:
-            log.warning("dropping a %r tool: no backend runs it", kind)
+            inner_tools = [{**inner, "type": inner.get("type", "function")} for inner in tool.get("tools", [])]
+            out += _tools(inner_tools, dropped)
+        elif dropped is not None:
+            dropped[repr(kind)[:_KIND_SHOWN]] += 1
     return out
+
+
+_KIND_SHOWN = 40  # characters of a dropped tool's type in the warning (the client chose it)
+_KINDS_SHOWN = 5  # distinct types named in the warning
+
+
+def _warn_dropped(dropped: Counter[str]) -> None:
+    """One line per request however many tools it drops (99,000 of them wrote 198,001 lines and held
+    the event loop for seconds): how many, and the commonest types."""
+    if not dropped:
+        return
+    kinds = ", ".join(f"{kind} x{count}" for kind, count in dropped.most_common(_KINDS_SHOWN))
+    if len(dropped) > _KINDS_SHOWN:
+        kinds += f" and {len(dropped) - _KINDS_SHOWN} other types"
+    log.warning("dropping %d tool(s) no backend runs: %s", dropped.total(), kinds)
 
 
 def _echo_tool(function: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +115,10 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    if tools := _tools(body.get("tools") or []):
+    dropped: Counter[str] = Counter()
+    tools = _tools(body.get("tools") or [], dropped)
+    _warn_dropped(dropped)
+    if tools:
         chat["tools"] = tools
         if (choice := _tool_choice(body.get("tool_choice"))) is not None:
             chat["tool_choice"] = choice

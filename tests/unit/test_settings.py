@@ -91,3 +91,35 @@ def test_each_engines_own_settings_come_from_the_same_sources(workdir: Path, mon
         load_settings({"engine": "tgi"})
     with pytest.raises(ConfigError, match="llama_launcher"):
         load_settings({"llama_launcher": "rust"})
+
+
+# -- issue 30: a value that cannot be read is blamed on where it came from ------------------------------------
+def test_a_variable_that_is_not_json_is_named_not_the_toml_file(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_CORS_ALLOW_ORIGINS", "*")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    said = str(refused.value)
+    assert said.startswith("cannot read GATEWAY_CORS_ALLOW_ORIGINS: it is not JSON") and """'["a", "b"]'""" in said
+    assert "gateway.toml" not in said
+
+
+def test_a_key_variable_that_cannot_be_read_is_not_repeated(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_API_KEYS", "sk-secret-value")
+    with pytest.raises(ConfigError, match="cannot read GATEWAY_API_KEYS") as refused:
+        load_settings()
+    assert "sk-secret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [("flag", "(from a flag)"), ("variable", "(from GATEWAY_PORT)"), ("file", "gateway.toml)")],
+)
+def test_an_invalid_value_names_its_source(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, where: str, said: str
+) -> None:
+    (workdir / "gateway.toml").write_text("port = 70000\n" if where == "file" else "")
+    if where == "variable":
+        monkeypatch.setenv("GATEWAY_PORT", "0")
+    with pytest.raises(ConfigError, match="invalid setting port") as refused:
+        load_settings({"port": 0} if where == "flag" else None)
+    assert str(refused.value).endswith(said) and str(refused.value).count("(from") == 1
