@@ -33,6 +33,7 @@ ENGINE_STOP_S = 5.0  # the engine's SIGTERM wait after the drain (gateway.cli.co
 # a proxy's CA, where the host has one, reaches pip and the hub client in the container the way the
 # README says: the host's bundle mounted over the image's
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+MODEL = "smollm2-135m-instruct"  # the embedded default, served with no --model on a machine without GPUs
 
 
 def podman_env() -> dict[str, str]:
@@ -154,7 +155,7 @@ class Container:
 
 
 def chat(url: str, text: str, max_tokens: int = 24) -> str:
-    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
     response = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return str(response.json()["choices"][0]["message"]["content"])
@@ -170,7 +171,7 @@ def test_the_image_answers_stops_cleanly_and_restarts_from_its_volume(image: Bui
     with Container(image.tag, volume) as first:
         first_ready_s = first.wait_ready()
         assert chat(first.url, "Say hello.").strip()
-        assert "serving smollm2-135m-instruct" in first.logs()
+        assert f"serving {MODEL}" in first.logs()
 
         # a stream in flight when the container is stopped: the drain lets it finish
         lines: list[str] = []
@@ -178,6 +179,7 @@ def test_the_image_answers_stops_cleanly_and_restarts_from_its_volume(image: Bui
 
         def stream() -> None:
             body = {
+                "model": MODEL,
                 "messages": [{"role": "user", "content": "Count from 1 to 100."}],
                 "max_tokens": 128,
                 "ignore_eos": True,  # llama-server's own field: the stream lasts all 128 tokens
