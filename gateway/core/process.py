@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from gateway.core.reaper import PARENT_DIED, set_parent_death_signal
+from gateway.core.reaper import PARENT_DIED, PARENT_PID_VARIABLE, set_parent_death_signal
 
 log = logging.getLogger("gateway.process")
 
@@ -134,7 +134,7 @@ class ChildProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env=child_environment(self.env, inherit=self.inherit),
+            env=child_environment(self.env, inherit=self.inherit) | {PARENT_PID_VARIABLE: str(os.getpid())},
             start_new_session=True,
             preexec_fn=_reaper_learns_of_our_death,
             limit=1 << 20,  # engines print long lines (llama.cpp's model metadata dict)

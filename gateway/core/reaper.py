@@ -20,6 +20,9 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 PARENT_DIED = signal.SIGUSR1  # what the gateway's death sends to this process
+# the gateway's pid, set by the gateway: "my parent is now PID 1" cannot tell that the gateway died
+# where the gateway itself is PID 1 (the entry point of a container)
+PARENT_PID_VARIABLE = "GATEWAY_REAPER_PARENT"
 
 
 def set_parent_death_signal(sig: signal.Signals) -> None:
@@ -36,9 +39,16 @@ def _keep_waiting(_signum: int, _frame: object) -> None:
     """The signal reached the engine through the group too; wait for it to exit."""
 
 
+def parent_died() -> bool:
+    """Whether the gateway died before the kernel could be told to signal its death: this process was
+    re-parented (to PID 1, or to a subreaper). The variable is not passed on to the engine."""
+    expected = os.environ.pop(PARENT_PID_VARIABLE, None)
+    return os.getppid() != int(expected) if expected else os.getppid() == 1
+
+
 def main(argv: list[str]) -> int:
     signal.signal(PARENT_DIED, _kill_group)
-    if os.getppid() == 1:  # the gateway died before the kernel could be told
+    if parent_died():
         return 1
     for relayed in (signal.SIGTERM, signal.SIGINT):  # the orderly stop is the engine's to answer; a handler,
         signal.signal(relayed, _keep_waiting)  # not SIG_IGN, so that the engine does not inherit "ignored"

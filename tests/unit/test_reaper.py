@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from gateway.core.process import child_environment
 from tests.waiting import holds_within
@@ -138,3 +139,16 @@ def test_a_child_gets_an_explicit_environment_not_the_gateways_whole_one() -> No
         "VLLM_CPU_KVCACHE_SPACE": "4", "PYTHONPATH": "/src", "LLAMA_API_KEY": "k",
     }  # fmt: skip
     assert "VLLM_CPU_KVCACHE_SPACE" not in child_environment({}, parent)  # only where the engine asks
+
+
+def test_a_gateway_that_is_pid_1_is_not_taken_for_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container the gateway is PID 1: its reaper's parent is 1 while the gateway lives (the reaper
+    used to exit 1 at once there, and no engine ever started in the image)."""
+    from gateway.core import reaper
+
+    monkeypatch.setattr(reaper.os, "getppid", lambda: 1)
+    monkeypatch.setenv(reaper.PARENT_PID_VARIABLE, "1")
+    assert not reaper.parent_died()
+    assert reaper.PARENT_PID_VARIABLE not in os.environ  # not passed on to the engine
+    monkeypatch.setenv(reaper.PARENT_PID_VARIABLE, "4242")  # the gateway was 4242: re-parented, so it died
+    assert reaper.parent_died()
