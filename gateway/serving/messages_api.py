@@ -14,6 +14,7 @@ from typing import Any
 from gateway.serving.error_shapes import ApiError
 from gateway.serving.error_shapes import anthropic_message as anthropic_message  # the overflow wording, re-exported
 from gateway.serving.sse import DONE, event
+from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 
@@ -110,13 +111,18 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     return chat
 
 
-def usage_block(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    """Anthropic's usage object: the counts we have, and zeros for caches and server tools we do not run."""
+def usage_block(prompt: int, output_tokens: int, cached: int = 0) -> dict[str, Any]:
+    """Anthropic's usage object for a prompt of ``prompt`` tokens, ``cached`` of them reused by the engine.
+
+    Anthropic counts a cache read apart from the input: ``input_tokens`` is the uncached rest, and an
+    agent's context meter adds ``cache_read_input_tokens`` back (Claude Code's does), so the meter stays
+    right and the cache shows. Cache writes are not counted apart (the engine caches every prompt)."""
+    cached = min(cached, prompt)
     return {
-        "input_tokens": input_tokens,
+        "input_tokens": prompt - cached,
         "output_tokens": output_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
         "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
         "output_tokens_details": {"thinking_tokens": 0},
         "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
@@ -163,7 +169,7 @@ def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
         "stop_sequence": None,
         "stop_details": None,
         "container": None,
-        "usage": usage_block(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
+        "usage": usage_block(prompt_tokens(usage), completion_tokens(usage), cached_tokens(usage)),
     }
 
 
@@ -280,19 +286,17 @@ async def stream_from_chat(
     for block in close():
         yield block
     stop = stop_reason(finish, has_tool_use=bool(tool_slots))
-    output_tokens = int(usage.get("completion_tokens") or 0)
     # the engine's own count of the prompt: Claude Code tracks how full its window is from this figure
-    input_tokens = int(usage.get("prompt_tokens") or input_tokens)
+    # (message_start could only say the gateway's count, and nothing of the cache yet)
+    final = usage_block(prompt_tokens(usage) or input_tokens, completion_tokens(usage), cached_tokens(usage))
+    keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     yield event(
         "message_delta",
         {
             "type": "message_delta",
             "delta": {"stop_reason": stop, "stop_sequence": None},
-            "usage": {
-                "input_tokens": input_tokens,
-                "output_tokens": output_tokens,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+            "usage": {key: final[key] for key in keys}
+            | {
                 "output_tokens_details": {"thinking_tokens": 0},
                 "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
             },

@@ -18,6 +18,7 @@ from typing import Any
 
 from gateway.serving.error_shapes import ApiError
 from gateway.serving.sse import DONE, event
+from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
 
 log = logging.getLogger("gateway.responses")
 
@@ -108,11 +109,12 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
-    usage = usage or {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    """Responses' usage: the whole prompt in input_tokens, the part the engine reused from its cache in
+    input_tokens_details.cached_tokens (as OpenAI counts it)."""
+    prompt, completion = prompt_tokens(usage), completion_tokens(usage)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens(usage)},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
