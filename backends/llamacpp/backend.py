@@ -282,6 +282,7 @@ class LlamaCppBackend:
             rpc=chosen.rpc,
             reasoning_format=chosen.reasoning_format,
             draft=chosen.draft if chosen.launcher == "native" else None,
+            warm=chosen.warm if chosen.launcher == "native" else None,
         )
         fetch = None if local.is_file() else (lambda: ensure_gguf(gguf_source))
         if variant is not None and not local.is_file():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.llamacpp import drafting
+from backends.llamacpp import drafting, warm_sessions
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
 from backends.llamacpp.speed import tokens_per_second
 from gateway.core.devices import GIB, MIB, Device
@@ -52,6 +52,8 @@ class LlamaCppCandidate:
     alternative_rows: list[str] = field(default_factory=list)
     choice_reason: str = ""
     reasoning_format: str | None = None  # llama-server's --reasoning-format (thinking split out)
+    # llama-server's prompt cache in RAM and context checkpoints, sized from the RAM left (not in host_total)
+    warm: warm_sessions.WarmSessions = field(default_factory=warm_sessions.WarmSessions)
 
     @property
     def draft(self) -> str | None:
@@ -113,6 +115,7 @@ class LlamaCppCandidate:
             for i in range(len(p.device_model))
         }
         memory["host"] = {"model": _mib(p.host_model), "kv": _mib(p.host_kv), "compute": _mib(p.host_compute)}
+        memory["host"] |= {"prompt_cache": _mib(self.warm.host_bytes)}
         data = {
             "backend": ENGINE,
             "launcher": self.launcher,
@@ -203,6 +206,12 @@ def candidates(
                 )
             )
         )
+        warm = warm_sessions.WarmSessions()
+        if launcher == "native":
+            kv_total = sum(placement.device_kv) + placement.host_kv
+            warm = warm_sessions.size(
+                ram_available - host_need, kv_total, warm_sessions.checkpoint_bytes(facts, kv_type)
+            )
         ram = placement.host_total / GIB
         summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
         level = (
@@ -214,6 +223,7 @@ def candidates(
         ) + 4 * kv_index
         speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx, host_scale=host_scale)
         summary += f", ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
+        summary += warm.phrase() if launcher == "native" else ""
         out.append(
             LlamaCppCandidate(
                 checkpoint,
@@ -226,6 +236,7 @@ def candidates(
                 level,
                 speed,
                 optional=optional,
+                warm=warm,
             )
         )
     return out
