@@ -64,6 +64,11 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
                 if b.get("type") == "tool_use"
             ]
             entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+            # the model's reasoning, resent as a thinking block, goes back as the engine gave it: templates
+            # that render it on tool turns then rebuild the prompt the engine already holds in its cache
+            thought = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
+            if thought:
+                entry["reasoning_content"] = thought
             if calls:
                 entry["tool_calls"] = calls
             messages.append(entry)
