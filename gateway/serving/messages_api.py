@@ -40,6 +40,7 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     instructions = [system if isinstance(system, str) else "".join(b.get("text", "") for b in _blocks(system or []))]
+    later: list[str] = []  # system messages after the model's first answer, for the next user turn
     for message in body["messages"]:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
             raise ApiError(400, "each message needs role 'user', 'assistant' or 'system'", param="messages")
@@ -49,8 +50,11 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
             # joins the leading one, as vLLM does for templates that want system first: most open models'
             # templates (Qwen3, Gemma, Llama 3) refuse a system turn after the first, and a chat that ends on
             # one leaves a small model continuing it instead of answering (measured: 9 of 10 answers ran to
-            # the output limit with it last; folded in, two tries stopped after 12 and 16 tokens)
-            instructions.append("".join(str(b.get("text", "")) for b in blocks))
+            # the output limit with it last; folded in, two tries stopped after 12 and 16 tokens). One that
+            # comes after the model has answered joins the next user turn instead: moved to the top it would
+            # change the prompt's first tokens, and the engine would prefill the whole conversation again.
+            text = "".join(str(b.get("text", "")) for b in blocks)
+            (later if any(m["role"] == "assistant" for m in messages) else instructions).append(text)
             continue
         if message["role"] == "assistant":
             text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
@@ -85,8 +89,12 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
                 )
             elif block.get("type") == "text":
                 text_parts.append(str(block.get("text", "")))
-        if text_parts:
-            messages.append({"role": "user", "content": "".join(text_parts)})
+        if text_parts or later:
+            parts = [*later, "".join(text_parts)] if text_parts else later
+            messages.append({"role": "user", "content": "\n\n".join(parts)})
+            later = []
+    if later:
+        messages.append({"role": "user", "content": "\n\n".join(later)})
     if leading := "\n\n".join(text for text in instructions if text):
         messages.insert(0, {"role": "system", "content": leading})
     chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}

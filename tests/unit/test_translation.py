@@ -222,3 +222,30 @@ def test_reasoning_resent_on_a_tool_turn_goes_back_to_the_engine_as_reasoning_co
     assert [(m["role"], m.get("reasoning_content")) for m in messages] == [
         ("user", None), ("assistant", "list it"), ("tool", None), ("assistant", "say so"),
     ]  # fmt: skip
+
+
+def test_a_system_message_after_the_first_answer_joins_the_next_user_turn_not_the_top() -> None:
+    """Claude Code's opening system message (agent types) joins the leading system prompt; one that comes
+    later joins the next user turn, so the prompt the engine has cached keeps its first tokens."""
+    body = {
+        "system": "sys",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "agents"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "system", "content": [{"type": "text", "text": "new skill"}]},
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "done"},
+            {"role": "system", "content": "date changed"},
+        ],
+    }
+    messages = messages_api.to_chat(body, "served")["messages"]
+    assert messages == [
+        {"role": "system", "content": "sys\n\nagents"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "new skill\n\ngo"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "date changed"},
+    ]
