@@ -13,8 +13,9 @@ when several sessions, side requests and subagents share the four slots:
 - ``--ctx-checkpoints``: a model with sliding-window or recurrent layers cannot roll those back to
   an earlier position, so without a checkpoint of their state near the end of the previous prompt it
   prefills the whole conversation again (ggml-org/llama.cpp#22746). Each checkpoint is one slot's
-  sliding-window cache or recurrent state, kept in RAM: the plan counts them and keeps as many per
-  slot as the RAM left allows, up to llama-server's 8.
+  sliding-window cache or recurrent state, kept in RAM. b11434 keeps up to 32 per slot, uncounted; a
+  turn makes two or three (at its last user message and just before the prompt's end) and the next
+  turn needs the latest, so the plan keeps up to 8 per slot, as many as the RAM left allows, counted.
 - ``--cache-reuse``: chunks of at least 256 tokens found again further on (an agent that dropped or
   edited an earlier message) are shifted into place instead of prefilled, where the model's cache
   can shift (llama-server turns it off by itself where it cannot).
@@ -39,7 +40,7 @@ from gateway.core.model_facts import ModelFacts
 
 SLOTS = NATIVE_PARALLEL  # llama-server's -np
 MIN_CACHE_BYTES = 256 * MIB
-MAX_CHECKPOINTS = 8  # llama-server's default per slot
+MAX_CHECKPOINTS = 8  # per slot (b11434's default is 32): the last few turns' checkpoints
 CACHE_REUSE_TOKENS = 256
 SLOT_SIMILARITY = 0.10
 
