@@ -355,6 +355,7 @@ class LlamaCppBackend:
             rpc=chosen.rpc,
             reasoning_format=chosen.reasoning_format,
             draft=chosen.draft if chosen.launcher == "native" else None,
+            warm=chosen.warm if chosen.launcher == "native" else None,
         )
         on_disk = local is not None and local.is_file()
         fetch = None if on_disk else (lambda: ensure_gguf(gguf_source))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import backends.llamacpp.drafting as drafting
+import backends.llamacpp.warm_sessions as warm_sessions
 from backends import objective
 from backends.llamacpp.gguf_facts import gguf_bits_from_name
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
@@ -57,6 +58,8 @@ class LlamaCppCandidate:
     reasoning_format: str | None = None  # llama-server's --reasoning-format (thinking split out)
     goal: Goal = field(default_factory=Goal)  # the context the plan aims for
     weight_bits: float = 0.0  # the GGUF's bits per weight (0: its type is not known)
+    # llama-server's prompt cache in RAM and context checkpoints, sized from the RAM left (not in host_total)
+    warm: warm_sessions.WarmSessions = field(default_factory=warm_sessions.WarmSessions)
 
     @property
     def draft(self) -> str | None:
@@ -153,6 +156,7 @@ class LlamaCppCandidate:
             for i in range(len(p.device_model))
         }
         memory["host"] = {"model": _mib(p.host_model), "kv": _mib(p.host_kv), "compute": _mib(p.host_compute)}
+        memory["host"] |= {"prompt_cache": _mib(self.warm.host_bytes)}
         data = {
             "backend": ENGINE,
             "launcher": self.launcher,
@@ -284,6 +288,12 @@ def _rungs(
                 )
             )
         )
+        warm = warm_sessions.WarmSessions()
+        if launcher == "native":
+            kv_total = sum(placement.device_kv) + placement.host_kv
+            warm = warm_sessions.size(
+                ram_available - host_need, kv_total, warm_sessions.checkpoint_bytes(facts, kv_type)
+            )
         ram = placement.host_total / GIB
         summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
         level = (
@@ -297,6 +307,7 @@ def _rungs(
         summary += f", ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
         if not problems and n_ctx < goal.floor:
             summary += f"; below the {goal.floor:,} floor: a last resort"
+        summary += warm.phrase() if launcher == "native" else ""
         out.append(
             LlamaCppCandidate(
                 checkpoint,
@@ -311,6 +322,7 @@ def _rungs(
                 optional=optional,
                 goal=goal,
                 weight_bits=bits,
+                warm=warm,
             )
         )
     return out

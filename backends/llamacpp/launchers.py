@@ -19,6 +19,7 @@ from backends.llamacpp.ladder import LlamaCppCandidate
 from backends.llamacpp.logs import memory_line, speed_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from backends.llamacpp.rpc import rpc_arguments
+from backends.llamacpp.warm_sessions import WarmSessions
 from gateway.core.errors import BackendError
 
 # ggml's own variables (GGML_CUDA_*, GGML_SCHED_*...) reach the engine; LLAMA_ARG_* do not: the plan sets its flags
@@ -56,6 +57,7 @@ class LlamaCppConfig:
     rpc: tuple[str, ...] = ()  # native only: other nodes' ggml-rpc-servers ("host:port"), first in -ts order
     reasoning_format: str | None = None  # native only: how thinking is split out of content (deepseek)
     draft: str | None = None  # native only: self-drafting speculative decoding, "mtp" or "ngram"
+    warm: WarmSessions | None = None  # native only: prompt cache in RAM and checkpoints, as the plan sized them
 
 
 def installed_version() -> str | None:
@@ -124,6 +126,8 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += ["--reasoning-format", config.reasoning_format]
     if config.draft:
         argv += DRAFT_ARGV[config.draft]
+    if config.warm is not None:  # without it (a config made by hand) llama-server's own defaults stand
+        argv += config.warm.argv()
     # slots share one unified KV cache (with -np alone each slot would get only n_ctx / slots); -lv 4
     # logs each device's model/KV/compute buffers (read back into /status), hidden by default
     argv += ["-np", str(NATIVE_PARALLEL), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
@@ -216,6 +220,7 @@ def plan_argv(
         rpc=rpc if candidate.launcher == "native" else (),
         reasoning_format=reasoning_format,
         draft=candidate.draft if candidate.launcher == "native" else None,
+        warm=candidate.warm if candidate.launcher == "native" else None,
     )
     if candidate.launcher == "native":
         return native_argv(config, command=command or ["llama-server"], port="PORT")

@@ -51,6 +51,9 @@ def build_argv(
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     if reasoning_parser:
         argv += ["--reasoning-parser", reasoning_parser]
+    # prefix caching is on by default; this makes usage say how much of each prompt it served
+    # (prompt_tokens_details.cached_tokens), which the gateway reports in every dialect
+    argv.append("--enable-prompt-tokens-details")
     return [*argv, "--host", "127.0.0.1", "--port", str(port) if port else "PORT"]  # key: see build_env
 
 

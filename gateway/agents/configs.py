@@ -176,14 +176,19 @@ def _claude_env(s: Served, token: str) -> dict[str, str]:
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": s.model,
         "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(s.context_length),  # it assumes 200k otherwise
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(s.max_output),
+        # no x-anthropic-billing-header line at the top of the system prompt: it changes between
+        # conversations and side requests (and per request in 2.1.36-2.1.177), so the engine's prefix
+        # cache would end at the first line (the gateway also strips it: gateway/serving/prompt_prefix.py)
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
     }
 
 
 # Claude Code: environment variables (code.claude.com/docs/en/env-vars: ANTHROPIC_BASE_URL,
 # ANTHROPIC_AUTH_TOKEN, ANTHROPIC_MODEL, ANTHROPIC_DEFAULT_{OPUS,SONNET,HAIKU}_MODEL,
-# CLAUDE_CODE_AUTO_COMPACT_WINDOW, CLAUDE_CODE_MAX_OUTPUT_TOKENS); --write puts them in the `env` block
-# of ~/.claude/settings.json ($CLAUDE_CONFIG_DIR overrides ~/.claude), which code.claude.com/docs/en/settings
-# describes as "environment variables that will be applied to every session" (literal strings, no $VAR).
+# CLAUDE_CODE_AUTO_COMPACT_WINDOW, CLAUDE_CODE_MAX_OUTPUT_TOKENS, CLAUDE_CODE_ATTRIBUTION_HEADER); --write puts
+# them in the `env` block of ~/.claude/settings.json ($CLAUDE_CONFIG_DIR overrides ~/.claude), which
+# code.claude.com/docs/en/settings describes as "environment variables that will be applied to every
+# session" (literal strings, no $VAR).
 def claude(s: Served) -> AgentConfig:
     env = _claude_env(s, "")
     lines = [f"export {name}={shlex.quote(value)}" for name, value in env.items() if name != "ANTHROPIC_AUTH_TOKEN"]

@@ -1,5 +1,6 @@
 """Pure ASGI layers at the edge of the app: API keys, request ids, Prometheus request metrics and the
-access log (one line per request: route, status, time, tokens in and out, client, request id).
+access log (one line per request: route, status, time, tokens in and out and how many of those in came
+from the engine's prefix cache, client, request id).
 
 Pure ASGI (not BaseHTTPMiddleware) so streamed responses pass through unbuffered; the per-chunk
 work is two substring checks.
@@ -32,7 +33,9 @@ access_log = logging.getLogger("gateway.access")
 OPEN_PATHS = frozenset({"/health", "/ready", "/"})
 # the current request's id: forwarded to the engine and written into JSON log lines
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
-_USAGE = re.compile(rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)":\s*(\d+)')
+_USAGE = re.compile(
+    rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens|cached_tokens|cache_read_input_tokens)":\s*(\d+)'
+)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -101,6 +104,10 @@ class RequestMetrics:
             registry=registry, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
         )  # fmt: skip
         self.tokens = Counter("gateway_tokens", "Tokens from response usage", ["direction"], registry=registry)
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens the engine evaluated, or reused from its prefix cache",
+            ["kind"], registry=registry,
+        )  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -111,7 +118,7 @@ class RequestMetrics:
         token = request_id.set(rid)
         started = time.perf_counter()
         status: dict[str, Any] = {"code": 500, "streaming": False, "first": True, "first_byte_s": None}
-        tokens = {"in": 0, "out": 0, "usage": 0}  # usage: whether the answer carried any figures
+        tokens = {"in": 0, "out": 0, "cached": 0, "usage": 0}  # usage: whether the answer carried any figures
 
         async def tapped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -137,6 +144,9 @@ class RequestMetrics:
             await self.app(scope, receive, tapped)
         finally:
             self.requests.labels(route, str(status["code"])).inc()
+            if tokens["usage"]:
+                self.prompt_tokens.labels("reused").inc(tokens["cached"])
+                self.prompt_tokens.labels("evaluated").inc(max(tokens["in"] - tokens["cached"], 0))
             if scope["path"] not in QUIET_PATHS:
                 _log_access(scope, rid, status, tokens, time.perf_counter() - started)
             request_id.reset(token)
@@ -144,14 +154,26 @@ class RequestMetrics:
     def _count_tokens(self, body: bytes, seen: dict[str, int]) -> None:
         """Add the usage figures in one body to the metrics and to this request's ``seen`` totals: the
         largest figure per direction (a stream repeats its input count, and Anthropic's message_delta
-        restates the engine's final one)."""
-        for name, value in _USAGE.findall(body):
-            seen["usage"] = 1
-            direction = "in" if name in (b"prompt_tokens", b"input_tokens") else "out"
-            grown = int(value) - seen[direction]
+        restates the engine's final one). Anthropic counts a cache read apart from ``input_tokens``: it
+        is added back, so ``in`` is the whole prompt in every dialect and ``cached`` the part reused."""
+        for part in body.split(b"\n\n"):  # one event at a time: message_start's input is not message_delta's
+            if figures := {name: int(value) for name, value in _USAGE.findall(part)}:
+                self._count_usage(figures, seen)
+
+    def _count_usage(self, figures: dict[bytes, int], seen: dict[str, int]) -> None:
+        seen["usage"] = 1
+        cache_read = figures.get(b"cache_read_input_tokens", 0)
+        found = {
+            "in": max(figures.get(b"prompt_tokens", 0), figures.get(b"input_tokens", 0) + cache_read),
+            "out": max(figures.get(b"completion_tokens", 0), figures.get(b"output_tokens", 0)),
+            "cached": max(figures.get(b"cached_tokens", 0), cache_read),
+        }
+        for direction, value in found.items():
+            grown = value - seen[direction]
             if grown > 0:
                 seen[direction] += grown
-                self.tokens.labels(direction).inc(grown)
+                if direction != "cached":
+                    self.tokens.labels(direction).inc(grown)
 
 
 QUIET_PATHS = frozenset({"/health", "/metrics"})  # polled every few seconds: a line each would bury the rest
@@ -170,11 +192,12 @@ def _log_access(scope: Scope, rid: str, status: dict[str, Any], tokens: dict[str
         "first_byte_ms": None if status["first_byte_s"] is None else round(status["first_byte_s"] * 1000, 1),
         "tokens_in": tokens["in"] if known else None,
         "tokens_out": tokens["out"] if known else None,
+        "tokens_cached": tokens["cached"] if known else None,  # of tokens_in, reused from the engine's cache
         "client": f"{client[0]}:{client[1]}" if client else None,
         "user_agent": _header(scope, b"user-agent"),
         "request_id": rid,
     }
-    counted = f"in={tokens['in']} out={tokens['out']}" if known else "in=? out=?"
+    counted = f"in={tokens['in']} out={tokens['out']} cached={tokens['cached']}" if known else "in=? out=?"
     access_log.info(
         '%s %s %s %.0f ms %s client=%s agent="%s" id=%s',
         fields["method"], fields["path"], fields["status"], fields["ms"], counted, fields["client"],

@@ -27,6 +27,7 @@ from gateway.serving.fidelity import (
     complete_chat_shape,
     map_max_completion_tokens,
 )
+from gateway.serving.prompt_prefix import strip_billing_header
 from gateway.serving.proxy import ChunkFilter, chained, translated_stream
 from gateway.serving.readiness import public
 from gateway.serving.request_body import BodyReader
@@ -163,6 +164,7 @@ class Inference:
 
     async def _completion(self, payload: dict[str, Any], body: bytes, path: str) -> Response:
         changed = self._route_model(payload)
+        changed |= strip_billing_header(payload)
         target = self._target()
         fixed, prompt = await self._fit_chat(target, payload)
         stream = payload.get("stream") is True
@@ -223,6 +225,7 @@ class Inference:
     async def _agent_api(self, dialect: Dialect, request: Request) -> Response:
         body, payload = await self.bodies.read(request, dialect.shape)
         changed = self._route_model(payload)
+        changed |= strip_billing_header(payload)  # before passing through or translating: one prefix for both
         target = self._target()
         if dialect.native in target.native:
             return await self._passthrough(dialect, target, payload, body if not changed else None)
@@ -259,6 +262,7 @@ class Inference:
     async def count_tokens(self, request: Request) -> Response:
         body, payload = await self.bodies.read(request, shapes.CountTokensRequest)
         changed = self._route_model(payload)
+        changed |= strip_billing_header(payload)  # counted as the engine will see the prompt
         target = self._target()
         if "messages" in target.native:
             body = json.dumps(payload).encode() if changed else body

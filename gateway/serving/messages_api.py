@@ -14,6 +14,7 @@ from typing import Any
 from gateway.serving.error_shapes import ApiError
 from gateway.serving.error_shapes import anthropic_message as anthropic_message  # the overflow wording, re-exported
 from gateway.serving.sse import DONE, event
+from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 
@@ -39,6 +40,7 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     instructions = [system if isinstance(system, str) else "".join(b.get("text", "") for b in _blocks(system or []))]
+    later: list[str] = []  # system messages after the model's first answer, for the next user turn
     for message in body["messages"]:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
             raise ApiError(400, "each message needs role 'user', 'assistant' or 'system'", param="messages")
@@ -48,8 +50,11 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
             # joins the leading one, as vLLM does for templates that want system first: most open models'
             # templates (Qwen3, Gemma, Llama 3) refuse a system turn after the first, and a chat that ends on
             # one leaves a small model continuing it instead of answering (measured: 9 of 10 answers ran to
-            # the output limit with it last; folded in, two tries stopped after 12 and 16 tokens)
-            instructions.append("".join(str(b.get("text", "")) for b in blocks))
+            # the output limit with it last; folded in, two tries stopped after 12 and 16 tokens). One that
+            # comes after the model has answered joins the next user turn instead: moved to the top it would
+            # change the prompt's first tokens, and the engine would prefill the whole conversation again.
+            text = "".join(str(b.get("text", "")) for b in blocks)
+            (later if any(m["role"] == "assistant" for m in messages) else instructions).append(text)
             continue
         if message["role"] == "assistant":
             text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
@@ -63,6 +68,11 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
                 if b.get("type") == "tool_use"
             ]
             entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+            # the model's reasoning, resent as a thinking block, goes back as the engine gave it: templates
+            # that render it on tool turns then rebuild the prompt the engine already holds in its cache
+            thought = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
+            if thought:
+                entry["reasoning_content"] = thought
             if calls:
                 entry["tool_calls"] = calls
             messages.append(entry)
@@ -79,8 +89,12 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
                 )
             elif block.get("type") == "text":
                 text_parts.append(str(block.get("text", "")))
-        if text_parts:
-            messages.append({"role": "user", "content": "".join(text_parts)})
+        if text_parts or later:
+            parts = [*later, "".join(text_parts)] if text_parts else later
+            messages.append({"role": "user", "content": "\n\n".join(parts)})
+            later = []
+    if later:
+        messages.append({"role": "user", "content": "\n\n".join(later)})
     if leading := "\n\n".join(text for text in instructions if text):
         messages.insert(0, {"role": "system", "content": leading})
     chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}
@@ -110,13 +124,18 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     return chat
 
 
-def usage_block(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    """Anthropic's usage object: the counts we have, and zeros for caches and server tools we do not run."""
+def usage_block(prompt: int, output_tokens: int, cached: int = 0) -> dict[str, Any]:
+    """Anthropic's usage object for a prompt of ``prompt`` tokens, ``cached`` of them reused by the engine.
+
+    Anthropic counts a cache read apart from the input: ``input_tokens`` is the uncached rest, and an
+    agent's context meter adds ``cache_read_input_tokens`` back (Claude Code's does), so the meter stays
+    right and the cache shows. Cache writes are not counted apart (the engine caches every prompt)."""
+    cached = min(cached, prompt)
     return {
-        "input_tokens": input_tokens,
+        "input_tokens": prompt - cached,
         "output_tokens": output_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
         "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
         "output_tokens_details": {"thinking_tokens": 0},
         "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
@@ -163,7 +182,7 @@ def from_chat(chat: dict[str, Any], model: str) -> dict[str, Any]:
         "stop_sequence": None,
         "stop_details": None,
         "container": None,
-        "usage": usage_block(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
+        "usage": usage_block(prompt_tokens(usage), completion_tokens(usage), cached_tokens(usage)),
     }
 
 
@@ -280,19 +299,17 @@ async def stream_from_chat(
     for block in close():
         yield block
     stop = stop_reason(finish, has_tool_use=bool(tool_slots))
-    output_tokens = int(usage.get("completion_tokens") or 0)
     # the engine's own count of the prompt: Claude Code tracks how full its window is from this figure
-    input_tokens = int(usage.get("prompt_tokens") or input_tokens)
+    # (message_start could only say the gateway's count, and nothing of the cache yet)
+    final = usage_block(prompt_tokens(usage) or input_tokens, completion_tokens(usage), cached_tokens(usage))
+    keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     yield event(
         "message_delta",
         {
             "type": "message_delta",
             "delta": {"stop_reason": stop, "stop_sequence": None},
-            "usage": {
-                "input_tokens": input_tokens,
-                "output_tokens": output_tokens,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+            "usage": {key: final[key] for key in keys}
+            | {
                 "output_tokens_details": {"thinking_tokens": 0},
                 "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
             },

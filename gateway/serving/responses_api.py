@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway.serving.error_shapes import ApiError
 from gateway.serving.sse import DONE, event
+from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
 
 log = logging.getLogger("gateway.responses")
 
@@ -93,6 +94,7 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
         items = [{"role": "user", "content": items}]
     if not isinstance(items, list):
         raise ApiError(400, "'input' must be a string or an array of items", param="input")
+    reasoning = ""  # a reasoning item's text, for the assistant message that follows it
     for item in items:
         if not isinstance(item, dict):
             raise ApiError(400, "every 'input' item must be an object", param="input")
@@ -100,6 +102,8 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
         if kind == "message":
             role = {"developer": "system"}.get(str(item.get("role")), str(item.get("role", "user")))
             messages.append({"role": role, "content": _text_of(item.get("content"))})
+            if role == "assistant" and reasoning:
+                messages[-1]["reasoning_content"], reasoning = reasoning, ""
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function"}
             call["function"] = {"name": item.get("name"), "arguments": item.get("arguments", "")}
@@ -107,11 +111,18 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
                 messages[-1]["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning:
+                    messages[-1]["reasoning_content"], reasoning = reasoning, ""
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _text_of(output) or json.dumps(output)
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
-        # reasoning items and other history types carry nothing a chat backend can use
+        elif kind == "reasoning":
+            # what the model reasoned before its answer or call (its text, else its summary), returned on
+            # that assistant turn as the engine gave it: templates that keep reasoning on tool turns
+            # then rebuild the prompt its cache holds (encrypted_content alone carries nothing usable)
+            reasoning += _text_of(item.get("content")) or _text_of(item.get("summary"))
+        # other history types (web_search_call, ...) carry nothing a chat backend can use
     chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
@@ -129,11 +140,12 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
-    usage = usage or {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    """Responses' usage: the whole prompt in input_tokens, the part the engine reused from its cache in
+    input_tokens_details.cached_tokens (as OpenAI counts it)."""
+    prompt, completion = prompt_tokens(usage), completion_tokens(usage)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens(usage)},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,

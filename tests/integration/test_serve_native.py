@@ -110,8 +110,35 @@ def test_a_claude_code_turn_is_counted_by_the_engine_and_a_system_message_may_st
         final = stream.get_final_message()
     start = next(e for e in events if e.type == "message_start")
     assert start.message.usage.input_tokens > 10
-    assert final.usage.input_tokens == start.message.usage.input_tokens  # the engine's figure agrees
+    # the engine's figure agrees; what it reused from its cache is counted apart, as Anthropic does
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == start.message.usage.input_tokens
     assert final.usage.output_tokens > 0
+
+
+def test_a_second_turn_reports_the_prompt_the_engine_reused_in_every_dialect(
+    native: GatewayProcess, client: openai.OpenAI
+) -> None:
+    """Turn 2 resends turn 1 and adds a little: llama-server reuses turn 1's prompt from its slot, and each
+    dialect says so in its own field (Anthropic: cache_read_input_tokens, input_tokens the rest); the
+    access log and /metrics count it too."""
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: answer in plain words." for i in range(40))
+    claude = anthropic.Anthropic(base_url=native.url, api_key="unused", max_retries=0, timeout=120)
+    turn: list[Any] = [{"role": "user", "content": "Say hi"}]
+    claude.messages.create(model=MODEL, max_tokens=4, system=system, messages=turn)
+    turn += [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": "Say bye"}]
+    with claude.messages.stream(model=MODEL, max_tokens=4, system=system, messages=turn) as stream:
+        second = stream.get_final_message().usage
+    assert (second.cache_read_input_tokens or 0) > 300 and second.input_tokens < 40, second
+    chat = [{"role": "system", "content": system}, *turn]
+    reply = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=4)  # type: ignore[arg-type]
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    assert reply.usage.prompt_tokens - (reply.usage.prompt_tokens_details.cached_tokens or 0) < 40
+    response = client.responses.create(model=MODEL, instructions=system, input=turn, max_output_tokens=16)
+    assert response.usage is not None and response.usage.input_tokens_details.cached_tokens > 300
+    metrics = httpx.get(native.url + "/metrics", timeout=10).text
+    reused = re.search(r'gateway_prompt_tokens_total\{kind="reused"\} ([0-9.e+]+)', metrics)
+    assert reused and float(reused.group(1)) > 900
+    assert re.search(r"POST /v1/messages 200 .* cached=[1-9]", native.log())
 
 
 def test_a_prompt_longer_than_the_context_gets_each_dialects_canonical_error(native: GatewayProcess) -> None:

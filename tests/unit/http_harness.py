@@ -157,6 +157,14 @@ class FakeEngine:
         self.disconnected.clear()
         self.sends_usage = True  # honours stream_options.include_usage
         self.template_renders_tools = False  # many chat templates never show the model the tool schemas
+        self.cached_tokens: int | None = None  # set: usage says that many prompt tokens came from its cache
+
+    def _usage(self, prompt: int, completion: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
+        usage["total_tokens"] = prompt + completion
+        if self.cached_tokens is not None:  # as llama-server and vLLM report a prefix-cache hit
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     def requests_to(self, path: str) -> list[dict[str, Any]]:
         return [seen for seen in self.seen if seen["path"] == path]
@@ -239,7 +247,7 @@ class FakeEngine:
                 "created": int(time.time()),
                 "model": payload["model"],
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+                "usage": self._usage(11, 7),
             }
         )
 
@@ -279,7 +287,7 @@ class FakeEngine:
             yield chunk({"content": word})
         yield chunk({}, "stop")
         if self.sends_usage and (payload.get("stream_options") or {}).get("include_usage"):
-            yield chunk({}, usage={"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13})
+            yield chunk({}, usage=self._usage(11, 2))
         yield b"data: [DONE]\n\n"
 
 

@@ -64,13 +64,15 @@ def test_codex(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_claude_code(gateway: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     names = ["ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
-             "CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_CODE_MAX_OUTPUT_TOKENS", "ANTHROPIC_AUTH_TOKEN"]  # fmt: skip
+             "CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_CODE_MAX_OUTPUT_TOKENS", "ANTHROPIC_AUTH_TOKEN",
+             "CLAUDE_CODE_ATTRIBUTION_HEADER"]  # fmt: skip
     env = _shell(_printed(capsys, "claude", "--url", gateway), names, tmp_path)
     assert env["ANTHROPIC_BASE_URL"] == gateway  # the Messages API lives at the root, not under /v1
     assert {env[n] for n in names[1:4]} == {"glm-4.7-flash"}
     # an eighth of the window for each answer: a rambling small model stops there
     assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
     assert env["ANTHROPIC_AUTH_TOKEN"] == "anything"
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"  # no billing line to end the prefix cache
 
 
 def test_opencode(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -191,6 +193,7 @@ def _ours_claude(files: dict[str, Any], url: str) -> None:
     assert settings["theme"] == "dark" and settings["env"]["MINE"] == "1"
     assert settings["env"]["ANTHROPIC_BASE_URL"] == url and settings["env"]["ANTHROPIC_AUTH_TOKEN"] == "anything"
     assert settings["env"]["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768"  # the env block holds strings
+    assert settings["env"]["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
     assert settings["env"]["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "glm-4.7-flash"
 
 

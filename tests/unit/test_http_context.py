@@ -112,12 +112,14 @@ def test_a_streamed_message_ends_with_the_engines_own_prompt_count(engine: FakeE
     assert delta["usage"]["input_tokens"] == 11 and delta["usage"]["output_tokens"] == 2
 
 
-def test_a_system_message_inside_the_conversation_joins_the_leading_one(
+def test_a_system_message_inside_the_conversation_joins_the_next_user_turn(
     engine: FakeEngine, served_engine: tuple
 ) -> None:
     """Claude Code (beta mid-conversation-system-2026-04-07) sends role "system" among the messages: it is
-    accepted, passed as it came to an engine that speaks Messages (vLLM places it itself), and folded into
-    the leading system message on the translation (templates refuse a later system turn)."""
+    accepted, passed as it came to an engine that speaks Messages (vLLM places it itself), and on the
+    translation (templates refuse a later system turn) one after the model's answer joins the next user
+    turn: folded into the leading system message it would change the prompt's first tokens, and the
+    engine would prefill the whole conversation again (the opening one joins it: test_translation)."""
     messages = [
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "ok"},
@@ -133,5 +135,6 @@ def test_a_system_message_inside_the_conversation_joins_the_leading_one(
     assert translated.status_code == 200 and counted.status_code == 200 and passed.status_code == 200
     chat = engine.requests_to("/v1/chat/completions")[-1]["body"]["messages"]
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
-    assert chat[0]["content"] == "You are Claude Code\n\nAgent types: general-purpose"
+    assert chat[0]["content"] == "You are Claude Code"
+    assert chat[3]["content"] == "Agent types: general-purpose\n\nsecond"
     assert json.loads(engine.requests_to("/v1/messages")[-1]["raw"])["messages"][2]["role"] == "system"

@@ -190,3 +190,62 @@ def test_a_tool_call_that_ends_with_stop_is_still_tool_use_for_claude_code() -> 
     assert messages_api.from_chat(answer, "m")["stop_reason"] == "tool_use"
     plain = {"choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
     assert messages_api.from_chat(plain, "m")["stop_reason"] == "end_turn"
+
+
+def test_reasoning_resent_on_a_tool_turn_goes_back_to_the_engine_as_reasoning_content() -> None:
+    """What the model reasoned before a call comes back in the next request as a thinking block (Claude
+    Code) or a reasoning item (Codex); the engine gets it on that assistant turn, so a template that keeps
+    reasoning on tool turns renders the prompt it generated (and holds in its cache)."""
+    call = {"type": "tool_use", "id": "t1", "name": "ls", "input": {}}
+    claude = {
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "list it", "signature": ""}, call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.txt"}]},
+        ],
+    }
+    assistant = messages_api.to_chat(claude, "served")["messages"][1]
+    assert assistant["reasoning_content"] == "list it" and assistant["tool_calls"][0]["id"] == "t1"
+    codex = {
+        "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "list it"}]},
+            {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "say so"}], "encrypted_content": "x"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a.txt"}]},
+            {"type": "reasoning", "summary": [], "encrypted_content": "only encrypted"},
+        ]
+    }
+    messages = responses_api.to_chat(codex, "served")["messages"]
+    assert [(m["role"], m.get("reasoning_content")) for m in messages] == [
+        ("user", None), ("assistant", "list it"), ("tool", None), ("assistant", "say so"),
+    ]  # fmt: skip
+
+
+def test_a_system_message_after_the_first_answer_joins_the_next_user_turn_not_the_top() -> None:
+    """Claude Code's opening system message (agent types) joins the leading system prompt; one that comes
+    later joins the next user turn, so the prompt the engine has cached keeps its first tokens."""
+    body = {
+        "system": "sys",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "agents"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "system", "content": [{"type": "text", "text": "new skill"}]},
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "done"},
+            {"role": "system", "content": "date changed"},
+        ],
+    }
+    messages = messages_api.to_chat(body, "served")["messages"]
+    assert messages == [
+        {"role": "system", "content": "sys\n\nagents"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "new skill\n\ngo"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "date changed"},
+    ]
