@@ -175,6 +175,8 @@ class Option(Protocol):
     def weights_key(self) -> tuple[object, ...]: ...  # equal keys load the same weights per device
     @property
     def context_length(self) -> int: ...
+    @property
+    def estimated_tokens_per_s(self) -> float: ...  # the plan's decode estimate (0: none), beside the measured
     def launch(self, port: int, api_key: str) -> Launch: ...
     def classify(self, line: str) -> Failure | None: ...
     def after(self, failure: Failure) -> Option | None: ...  # the same option adjusted to the engine's numbers
@@ -237,6 +239,7 @@ class Backend(Protocol[C, M]):
 
     name: str  # catalog table, JSON "backend", Launch.engine
     title: str  # for people: "vLLM"
+    needs: str  # what planning needs from the model, said when it has none ("" : the generic words)
 
     @property
     def settings_model(self) -> type[BaseModel]:

@@ -34,6 +34,7 @@ OPTIONS_TRIED = 4  # rungs to try before falling back to the next engine
 class VllmBackend:
     name = "vllm"
     title = "vLLM"
+    needs = ""  # a hub repo or checkpoint directory is enough: the generic words say it
     settings_model = VllmSettings
     model_files: tuple[str, ...] = ()  # checkpoint directories and hub repos only
     pins = PINS
@@ -182,6 +183,7 @@ class VllmBackend:
                 min_context=policy.min_context if c.context_length >= policy.min_context else policy.goal.least,
                 version=installation.version,
                 on_cpu=installation.variant == "cpu",
+                estimated_tokens_per_s=c.tokens_per_s,
             )
             for c in chosen
         ]

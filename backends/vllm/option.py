@@ -28,6 +28,7 @@ class VllmOption:
     min_context: int = 1
     version: str = DEFAULT_VERSION
     on_cpu: bool = False
+    estimated_tokens_per_s: float = 0.0  # the plan's decode estimate (backends/vllm/estimate.py)
     engine: str = ENGINE
 
     @property

@@ -227,4 +227,4 @@ QUANTIZED_HINT = (
 
 def _needs(backend: Backend[Any, Any]) -> str:
     """What the engine needs to be planned, in its own words when it says (``needs``)."""
-    return str(getattr(backend, "needs", None) or f"the model has no [{backend.name}] source in the catalog")
+    return backend.needs or f"the model has no [{backend.name}] source in the catalog"

@@ -365,7 +365,7 @@ class Supervisor:
         option = self.live_option
         if not measured or option is None:
             return {}
-        speed: dict[str, Any] = {"measured": measured, "estimated": getattr(option, "estimated_tokens_per_s", None)}
+        speed: dict[str, Any] = {"measured": measured, "estimated": option.estimated_tokens_per_s or None}
         if self.remember is not None and measured.get("decode_tokens_per_s"):
             try:
                 self.remember.store.record_measured(

@@ -254,3 +254,23 @@ def test_no_test_imports_a_benchmark() -> None:
         )
     ]
     assert not importing, f"tests importing benchmarks/: {importing}"
+
+
+ENGINE_OBJECTS = {"backend", "option", "candidate", "chosen", "installation"}
+
+
+def test_the_generic_layers_ask_engines_only_what_the_contract_says() -> None:
+    """``getattr(option, "x", None)`` on an engine object is a member the contract (backends/base.py) does
+    not declare: the generic layers rely on it unseen, and a third engine would not know to provide it."""
+    probes = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: getattr({node.args[0].id}, ...)"
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and node.args
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id in ENGINE_OBJECTS
+    ]
+    assert not probes, "probes around the engine contract:\n" + "\n".join(probes)
