@@ -52,6 +52,7 @@ class Alternative:
             "layers_on_gpu": self.gpu_layers,
             "layers": self.layers,
             "n_ctx": c.n_ctx if c else None,
+            "kv_type": c.kv_type if c else None,
             "tokens_per_s_estimate": round(c.tokens_per_s, 1) if c else None,
             "chosen": chosen,
         }

@@ -67,6 +67,7 @@ def gguf_standing(row: dict[str, Any], policy: dict[str, Any], has_gpus: bool) -
         -(min(row["n_ctx"], policy["target_context"]) // 8192),
         round(ACCEPTABLE_TOKENS_PER_S - speed, 1) if 0 < speed < ACCEPTABLE_TOKENS_PER_S else 0.0,
         -bits,
+        row["kv_type"] == "q8_0",  # less precise KV: taken for context, not for its decode estimate
         -round(speed, 1),
     )
 

@@ -319,7 +319,7 @@ def test_the_headline_plans_llamacpp_pooled_over_both_cards(hub: LocalHub) -> No
         "quant": "Q8_0",
     }
     # every layer on the GPUs at the model's full context: the most bits per weight wins
-    assert chosen["gguf_choice"].startswith("Q8_0: context 262,144") and "Q6_K: less precise" in chosen["gguf_choice"]
+    assert chosen["gguf_choice"].startswith("Q8_0: context 131,072") and "Q6_K: less precise" in chosen["gguf_choice"]
     assert chosen["reasoning_format"] is None  # Qwen3-Coder does not think
 
 

@@ -179,9 +179,8 @@ def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
     chosen = plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
     assert chosen.placement.n_gpu_layers == 0 and chosen.n_ctx == 32768
-    # q8_0 KV: half the bytes read per token from RAM, faster by the plan's own estimate (issue 29)
-    f16 = next(c for c in plan.candidates_of("llamacpp") if c.n_ctx == 32768 and c.kv_type == "f16")
-    assert chosen.kv_type == "q8_0" and chosen.tokens_per_s > f16.tokens_per_s
+    # f16 KV: q8_0 buys no context here and costs prefill (test_plan_objective's measured figures)
+    assert chosen.kv_type == "f16"
     assert "--chat_format" in chosen.argv
 
 

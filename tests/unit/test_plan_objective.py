@@ -95,13 +95,18 @@ def test_qwen3_coder_on_two_16gb_cards_reaches_131072_with_every_layer_and_exper
     assert q6["fits"] and (q6["n_ctx"] < 131072 or q6["layers_on_gpu"] < q6["layers"])
 
 
-def test_a_cpu_plan_never_takes_a_kv_row_slower_by_its_own_estimate() -> None:
+def test_a_q8_0_kv_cache_is_taken_for_context_not_for_its_decode_estimate() -> None:
+    """On a CPU both KV types reach the same context: f16 is kept, though the decode estimate prices q8_0
+    higher, because q8_0 costs prefill (measured with llama-server b11434 on this machine, SmolLM2-135M,
+    one thread, 1,602-token prompt: prefill 41 vs 73 tokens/s, decode 21.8 vs 20.1) and an agent's turn
+    is mostly prefill. Where q8_0 buys context it is taken (the two-card rows of the plan table)."""
     plan = _glm(None)
     chosen = plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.placement.n_gpu_layers == 0
     same = [c for c in plan.candidates_of("llamacpp") if c.fits and c.n_ctx == chosen.n_ctx and not c.optional]
     assert {c.kv_type for c in same} == {"f16", "q8_0"}
-    assert chosen.tokens_per_s == max(c.tokens_per_s for c in same) and chosen.kv_type == "q8_0"
+    assert chosen.kv_type == "f16"
+    assert objective.key(chosen.traits) < objective.key(next(c for c in same if c.kv_type == "q8_0").traits)
 
 
 def test_below_the_floor_is_a_last_resort_and_said_loudly() -> None:
