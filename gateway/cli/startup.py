@@ -121,11 +121,14 @@ def measured_note(remembered: dict[str, Any]) -> str | None:
 
 
 def options_of(plan: Plan, settings: Settings) -> list[Option]:
-    """Every engine's startable options: the decision's engine first, then the fallback's, then the
-    others in the registry's order (so `serve` tries what `plan` decided)."""
+    """Every engine's startable options: an engine whose own flags the user pinned first (the user
+    asked, even where the plan says they do not fit), then the decision's engine, then the fallback's,
+    then the others in the registry's order (so `serve` tries what `plan` decided)."""
     options: list[Option] = []
-    first = [plan.decision_backend, plan.fallback.engine if plan.fallback is not None else None]
-    order = sorted(plan.engines, key=lambda e: first.index(e.backend.name) if e.backend.name in first else 2)
+    given = set(plan.policy.pins.engine)
+    pinned = [e.backend.name for e in plan.engines if given & set(e.backend.pins)]
+    first = [*pinned, plan.decision_backend, plan.fallback.engine if plan.fallback is not None else None]
+    order = sorted(plan.engines, key=lambda e: first.index(e.backend.name) if e.backend.name in first else len(first))
     for engine in order:
         if engine.model is not None:
             options += engine.backend.options(

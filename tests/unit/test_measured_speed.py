@@ -88,9 +88,12 @@ def test_the_cpu_term_is_calibrated_from_a_remembered_cpu_measurement() -> None:
     def estimate(remembered: dict[str, object] | None) -> float:
         engines = engine_plans("q", gguf_facts=facts, launcher="native")
         plan = decide("q", engines, inventory, Policy(min_context=4096, remembered=remembered))
-        chosen = plan.chosen
-        assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.placement.n_gpu_layers == 0
-        return chosen.tokens_per_s
+        # one row, compared with itself: the calibrated speed may rank another row first (under 10 tokens/s
+        # a faster KV type goes ahead), which says nothing of the calibration
+        rows = [c for c in plan.candidates_of("llamacpp") if c.fits and c.kv_type == "f16" and not c.optional]
+        row = max(rows, key=lambda c: c.n_ctx)
+        assert isinstance(row, llamacpp.LlamaCppCandidate) and row.placement.n_gpu_layers == 0
+        return row.tokens_per_s
 
     raw = estimate(None)
     measured = {"decode_tokens_per_s": raw / 2.7, "estimated_decode_tokens_per_s": raw}
