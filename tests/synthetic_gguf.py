@@ -170,6 +170,7 @@ GEMMA4_31B = {
     "context": 262144,
     "full_every": 6,
 }  # fmt: skip  (google/gemma-4-31B-it config.json: 50 sliding layers, 10 full; K = V on the full ones)
+LLAMA_8B = {"layers": 32, "embd": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "ff": 14336, "vocab": 128256}
 LLAMA_70B = {"layers": 80, "embd": 8192, "heads": 64, "kv_heads": 8, "head_dim": 128, "ff": 28672, "vocab": 128256}
 _Q4_K, _Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
 _SHAPE_ONLY = np.dtype(np.float32)  # the element shape is given; the type is raw_dtype's
@@ -247,23 +248,40 @@ def make_gemma4_31b_shapes(out: Path) -> Path:
     return _finish_shapes(writer, out)
 
 
-def make_llama_70b_shapes(out: Path) -> Path:
-    """Llama 3 70B in Q4_K_M, shapes only (about 39.6 GiB apparent, as the real file; nothing on disk)."""
-    s = LLAMA_70B
-    writer = gguf.GGUFWriter(str(out), "llama")
-    writer.add_name("llama-3-70b-q4_k_m-shapes")
-    _attention_shape(writer, s, 131072)
-    writer.add_feed_forward_length(s["ff"])
-    writer.add_vocab_size(s["vocab"])
+def make_llama_shapes(
+    out: Path,
+    shape: dict[str, int] = LLAMA_70B,
+    name: str = "llama-3-70b-q4_k_m-shapes",
+    tokenizer_gguf: Path | None = None,
+) -> Path:
+    """A llama of ``shape`` in Q4_K_M, shapes only (Llama 3 70B by default: about 39.6 GiB apparent, as the real
+    file; nothing on disk). With ``tokenizer_gguf`` (its vocabulary must be ``shape["vocab"]``: llama.cpp's
+    models/ggml-vocab-llama-bpe.gguf for Llama 3) llama-server loads and runs it on its zero weights,
+    answering noise with the real model's buffers (benchmarks/gpu_llamacpp_memory.py)."""
+    if tokenizer_gguf is None:
+        writer, vocab = gguf.GGUFWriter(str(out), "llama"), shape["vocab"]
+        writer.add_name(name)
+    else:
+        writer, vocab = _writer(out, "llama", name, tokenizer_gguf)
+        if vocab != shape["vocab"]:
+            raise ValueError(f"{tokenizer_gguf} has {vocab} tokens; the shape needs {shape['vocab']}")
+    _attention_shape(writer, shape, 131072)
+    writer.add_feed_forward_length(shape["ff"])
+    writer.add_rope_dimension_count(shape["head_dim"])
+    writer.add_vocab_size(vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    embd = s["embd"]
-    _shape_tensor(writer, "token_embd.weight", s["vocab"], embd, _Q4_K)
+    embd, q, kv = shape["embd"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
+    _shape_tensor(writer, "token_embd.weight", vocab, embd, _Q4_K)
     writer.add_tensor_info("output_norm.weight", (embd,), np.dtype(np.float32), embd * 4)
-    _shape_tensor(writer, "output.weight", s["vocab"], embd, _Q6_K)
-    for layer in range(s["layers"]):
-        q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
-        _q4_k_m_block(writer, layer, s["layers"], embd, q, kv, s["ff"])
+    _shape_tensor(writer, "output.weight", vocab, embd, _Q6_K)
+    for layer in range(shape["layers"]):
+        _q4_k_m_block(writer, layer, shape["layers"], embd, q, kv, shape["ff"])
     return _finish_shapes(writer, out)
+
+
+def make_llama_70b_shapes(out: Path) -> Path:
+    """Llama 3 70B in Q4_K_M, shapes only."""
+    return make_llama_shapes(out)
 
 
 MAKERS = {"tiny-moe": make_tiny_moe, "wide-llama": make_wide_llama}

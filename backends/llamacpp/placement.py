@@ -17,6 +17,12 @@ KV and compute buffers follow llama.cpp build 11434 (``llama-server``) as measur
   graph: 4 × (masks + the hidden state; the first device receives 3 hidden-sized inputs), and the host
   keeps 4 copies of the graph inputs. The output layer adds the logits of the reserved outputs (one
   per slot natively; a whole ubatch with llama-cpp-python, whose logits phase can be the peak).
+- On a local CUDA GPU (measured on an H100 with a CUDA build of b11434 and shape-true Llama 3 8B and
+  70B, ``benchmarks/gpu_llamacpp_memory.py``; the figures in tests/unit/test_llamacpp_cuda_compute.py)
+  the graph holds two hidden-sized tensors more, and flash attention takes one layer's K and V as f16
+  copies of the whole cache when the cache is quantized (or, with blocks left on the CPU, always,
+  plus the quantized rows): the compute buffer is then masks + 5 hidden + those copies, 680 MiB for
+  Llama 3 8B at 131,072 with q8_0 where f16 takes 244.
 """
 
 from __future__ import annotations
@@ -200,6 +206,25 @@ def compute_buffer_bytes(
     return max(body, kept + _outputs(launcher) * facts.vocab_size * _F32 + 2 * hidden)
 
 
+def cuda_attention_copies_bytes(
+    facts: ModelFacts, n_ctx: int, kv_type: str, launcher: str, blocks: list[int], blocks_on_host: bool
+) -> int:
+    """A local CUDA GPU's compute buffer when flash attention works on f16 copies of a layer's K and V
+    (a quantized cache, or blocks left on the CPU): the masks, 5 hidden-sized tensors and the largest
+    layer's copies (plus its quantized rows when both hold); 0 when neither holds. Measured, H100, b11434:
+    Llama 3 8B at 131,072 680.09 MiB with q8_0 (q4_0 the same; q8_0 K with f16 V 424.08), 70B 720.09."""
+    quantized = kv_type != "f16"
+    if not blocks or not (quantized or blocks_on_host):
+        return 0
+    largest = 0
+    for layer in blocks:
+        cells = kv_cells(facts, layer, n_ctx, launcher)
+        f16 = cells * kv_bytes_per_token_layer(facts, "f16", layer)
+        rows = cells * kv_bytes_per_token_layer(facts, kv_type, layer) if quantized and blocks_on_host else 0
+        largest = max(largest, int(f16 + rows))
+    return _mask_bytes(facts, n_ctx, launcher, True, blocks) + 5 * _hidden(facts) + largest
+
+
 def host_compute_bytes(
     facts: ModelFacts, n_ctx: int, launcher: str, flash_attention: bool, holds_output: bool, copies: int
 ) -> int:
@@ -365,6 +390,10 @@ def place(
     offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
     if offload_to is not None and op_offload and (host_blocks or n_cpu_moe):
         compute[offload_to] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
+    for i, gpu in enumerate(gpus):  # a local CUDA GPU: its graph's own terms, the attention phase a peak of its own
+        if flash and not gpu.is_remote and not gpu.is_cpu and (blocks[i] or i == output_device):
+            copies_bytes = cuda_attention_copies_bytes(facts, n_ctx, kv_type, launcher, blocks[i], host_blocks > 0)
+            compute[i] = max(compute[i] + 2 * _hidden(facts), copies_bytes)
     host_compute = host_compute_bytes(facts, n_ctx, launcher, flash, output_device is None, copies)
     extra = _draft_bytes(facts, n_ctx, kv_type, launcher, flash, draft, where)
     if extra.compute_device is None:

@@ -5,7 +5,7 @@ unit tests replay the logs it recorded (tests/data/logs) through the same code, 
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -116,8 +116,9 @@ def planned_terms(placement: Placement) -> dict[tuple[str, str], int]:
 
 def case_placement(case: Case, facts: ModelFacts, gpus: tuple[Device, ...] | None = None) -> Placement:
     layers = facts.num_layers + 1 if case.n_gpu_layers is None else case.n_gpu_layers
-    gpus = gpus or parse_gpu_spec(HOST_MEMORY)
-    # op_offload=False: ggml's RPC backend runs no products of host-resident weights (CUDA does)
+    # the logged devices are ggml-rpc-server processes (CPU backends): remote devices, which neither run
+    # host-resident weights' products (op_offload=False) nor take a local CUDA GPU's attention copies
+    gpus = gpus or tuple(replace(gpu, node="rpc") for gpu in parse_gpu_spec(HOST_MEMORY))
     return place(facts, gpus, case.n_ctx, case.kv_type, "native", layers, case.n_cpu_moe, case.split, op_offload=False)
 
 
