@@ -83,17 +83,12 @@ class LlamaCppModel:
     facts: ModelFacts | None = None
     gguf: str | None = None  # a local path, or repo/file when only estimated
     notes: list[str] = field(default_factory=list)
-    # a hub model's GGUF quantizations, largest first (hub_model sources), and the one chosen by fit
+    # a hub model's GGUF quantizations, largest first (hub_model sources); candidates() chooses one by fit
     variants: list[ReadVariant] = field(default_factory=list)
-    chosen: ReadVariant | None = None
 
     @property
     def max_position(self) -> int | None:
         return self.facts.max_position if self.facts else None
-
-    @property
-    def plannable(self) -> bool:
-        return self.facts is not None
 
 
 def section_for(spec: str) -> dict[str, Any] | None:

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from backends.vllm import releases
+from gateway.cli.full_settings import Settings
 from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import to_json
-from gateway.planning.settings import Settings
 from tests.integration.tools.local_hub import LocalHub
 from tests.unit.plan_helpers import objective_broken
 

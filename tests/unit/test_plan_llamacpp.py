@@ -14,7 +14,7 @@ from backends.llamacpp.placement import is_sliding, kv_bytes_per_token_layer
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Policy
-from gateway.planning.planner import EnginePlan, decide
+from gateway.planning.planner import EnginePlan, evaluate_and_choose
 from tests.extras import needs_embedded_model
 from tests.unit.plan_helpers import engine_plans
 
@@ -49,7 +49,7 @@ def _machine(spec: str, ram_gib: int) -> Inventory:
 
 
 def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the_rest_in_ram() -> None:
-    plan = decide("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 256), Policy())
+    plan = evaluate_and_choose("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 256), Policy())
     assert not any(c.fits for c in plan.candidates_of("vllm"))
     assert any("exceed the" in c.reason for c in plan.candidates_of("vllm"))
     chosen = plan.chosen
@@ -69,7 +69,7 @@ def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the
 
 
 def test_70b_bf16_with_too_little_ram_fits_nowhere_and_says_so() -> None:
-    plan = decide("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 32), Policy())
+    plan = evaluate_and_choose("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 32), Policy())
     assert plan.chosen is None and plan.decision_backend is None
     assert all("GiB of RAM" in c.reason for c in plan.candidates_of("llamacpp"))
     assert plan.decision_reason.startswith("nothing fits")
@@ -175,7 +175,7 @@ def test_compute_buffer_matches_the_logged_514_mib_for_gemma_at_32k(gemma_facts:
 @needs_embedded_model
 def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
     engines = engine_plans("gemma-3-270m", gguf_facts=gemma_facts, gguf="gemma.gguf", chat_format="gemma")
-    plan = decide("gemma-3-270m", engines, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())
+    plan = evaluate_and_choose("gemma-3-270m", engines, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())
     chosen = plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
     assert chosen.placement.n_gpu_layers == 0 and chosen.n_ctx == 32768
@@ -328,12 +328,14 @@ def test_a_python_plan_says_when_the_native_server_would_plan_more() -> None:
     config = json.loads((CONFIGS / "gemma-4-31B-it.json").read_text())
     facts = estimate_gguf_facts(facts_from_config(config, "gemma-4-31b"), config, 4.85)
     machine = _machine("2x16GiB@8.9", 64)
-    python = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts), machine, Policy())
+    python = evaluate_and_choose("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts), machine, Policy())
     chosen = python.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.launcher == "python"
     notes = [n for n in python.notes if "the native llama-server would plan this GGUF" in n]
     assert len(notes) == 1, python.notes
-    native = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher="native"), machine, Policy())
+    native = evaluate_and_choose(
+        "gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher="native"), machine, Policy()
+    )
     best = native.chosen
     assert isinstance(best, llamacpp.LlamaCppCandidate) and best.launcher == "native"
     assert best.n_ctx > chosen.n_ctx or best.tokens_per_s > 1.25 * chosen.tokens_per_s

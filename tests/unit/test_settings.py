@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli.full_settings import load_settings
 from gateway.core.errors import ConfigError
-from gateway.planning.settings import load_settings
 
 
 @pytest.fixture

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp, vllm
+from gateway.cli.full_settings import Settings
 from gateway.cli.startup import choose_model, decide, model_limit
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.errors import BackendError, ConfigError, ModelError
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import Pins, policy_for
 from gateway.planning.catalog import builtin_catalog
-from gateway.planning.settings import Settings
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")

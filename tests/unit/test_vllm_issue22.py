@@ -14,7 +14,7 @@ from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
-from gateway.planning.planner import Plan, decide
+from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -29,7 +29,7 @@ def _qwen(quantization: dict[str, object] | None) -> dict[str, object]:
 def _plan(checkpoints: list[vllm.Checkpoint], spec: str, version: str, pins: Pins | None = None) -> Plan:
     engines = engine_plans("m", checkpoints=checkpoints, vllm_version=version)
     inventory = Inventory(parse_gpu_spec(spec), 64 * GIB, 64 * GIB, source="simulated")
-    return decide(
+    return evaluate_and_choose(
         "m", engines, inventory, Policy(min_context=(pins and pins.context_length) or 32768, pins=pins or Pins())
     )
 

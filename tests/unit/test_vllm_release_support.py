@@ -16,13 +16,13 @@ from backends import vllm
 from backends.vllm import releases
 from backends.vllm.memory import capture_sizes, cuda_total, cudagraph_bytes
 from gateway.cli.commands import build_parser
+from gateway.cli.full_settings import load_settings
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render
-from gateway.planning.planner import Plan, decide
-from gateway.planning.settings import load_settings
+from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -40,7 +40,7 @@ def _plan(name: str, checkpoints: list[vllm.Checkpoint], spec: str, version: str
     engines = engine_plans(name, checkpoints=checkpoints, vllm_version=version)
     pins = pins or Pins()
     policy = Policy(min_context=pins.context_length or 32768, pins=pins)
-    return decide(name, engines, _machine(spec), policy)
+    return evaluate_and_choose(name, engines, _machine(spec), policy)
 
 
 def _glm() -> list[vllm.Checkpoint]:
