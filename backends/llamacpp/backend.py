@@ -34,9 +34,9 @@ from gateway.core.errors import ConfigError
 from gateway.hub.fetch import download
 
 if TYPE_CHECKING:
+    from backends.llamacpp.gguf_facts import GgufFacts
     from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
-    from gateway.core.model_facts import ModelFacts
     from gateway.core.policy import Policy
     from gateway.core.settings import Settings
 
@@ -98,7 +98,7 @@ NATIVE_FASTER = 1.25  # the native server's estimate this much faster is worth a
 
 
 def native_would_change(
-    facts: ModelFacts, chosen: LlamaCppCandidate | None, inventory: Inventory, policy: Policy
+    facts: GgufFacts, chosen: LlamaCppCandidate | None, inventory: Inventory, policy: Policy
 ) -> str | None:
     """One note line where llama-cpp-python is planned and the native llama-server would give this
     GGUF a longer context or a clearly faster decode on the same devices (its sliding-window layers
@@ -205,7 +205,7 @@ class LlamaCppBackend:
     def _ladder(
         self,
         model: LlamaCppModel,
-        facts: ModelFacts,
+        facts: GgufFacts,
         gguf: str,
         inventory: Inventory,
         policy: Policy,

@@ -34,6 +34,10 @@ _LINEAR_BYTES = {
 
 @dataclass(frozen=True)
 class ModelFacts:
+    """A model's architecture and weights as every engine plans from them. What one engine alone
+    reads of its own file format extends this beside that engine (llama.cpp's per-block GGUF
+    layout: ``backends/llamacpp/gguf_facts.GgufFacts``)."""
+
     name: str
     model_type: str
     num_layers: int
@@ -58,22 +62,6 @@ class ModelFacts:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     vision_bytes: int = 0  # part of weight_bytes that is a vision/audio tower
-    # read from the weights file where the engine plans from one: per-block bytes, expert bytes per
-    # block, token embedding and output bytes
-    layer_bytes: tuple[int, ...] = ()
-    expert_layer_bytes: tuple[int, ...] = ()
-    embedding_bytes: int = 0
-    output_bytes: int = 0
-    # K and V per KV head as the cache stores them where they differ from head_dim (MLA: the latent)
-    cache_key_dim: int = 0
-    cache_value_dim: int = 0
-    # per-layer attention where layers differ (Gemma 4: sliding 16 KV heads × 256, full 4 × 512);
-    # empty: every layer has num_kv_heads and the sliding layers follow sliding_layers
-    kv_heads_per_layer: tuple[int, ...] = ()
-    sliding_per_layer: tuple[bool, ...] = ()
-    cache_key_dim_sliding: int = 0  # K and V head sizes of the sliding layers (0: as the full ones)
-    cache_value_dim_sliding: int = 0
-    shared_kv_layers: int = 0  # the last N layers reuse earlier layers' cache (Gemma 3n / 4 E2B, E4B)
     # config.json only (vLLM): the architecture vLLM's registry is asked for, the head size of the
     # full-attention layers where it differs (Gemma 4: global_head_dim 512), and which parts a
     # quantized checkpoint keeps in 16 bits ("attention", "mlp", "lm_head", "vision") with where

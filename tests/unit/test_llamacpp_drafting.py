@@ -17,12 +17,12 @@ import pytest
 from backends import llamacpp
 from backends.base import Failure, FailureKind
 from backends.llamacpp import drafting
-from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf
+from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_reader import parse_gguf_header
 from backends.llamacpp.ladder import best, candidates
 from backends.llamacpp.placement import best_placement, kv_layer_bytes, place
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.planner import evaluate_and_choose
 from tests.integration.tools import gguf_shapes
@@ -32,7 +32,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 AIR = DATA / "hub" / "configs" / "GLM-4.5-Air.json"
 
 
-def _air_q4() -> tuple[ModelFacts, list[tuple[str, tuple[int, ...], object]]]:
+def _air_q4() -> tuple[GgufFacts, list[tuple[str, tuple[int, ...], object]]]:
     """GLM-4.5-Air's GGUF at Q4_K_M as convert_hf_to_gguf.py lays it out (46 blocks + 1 nextn block),
     read back through the gateway's own header reader; and the tensor list it was built from."""
     config = json.loads(AIR.read_text())

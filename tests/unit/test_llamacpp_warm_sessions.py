@@ -8,10 +8,11 @@ from pathlib import Path
 
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, warm_sessions
+from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.ladder import candidates
 from backends.llamacpp.placement import HOST_MARGIN_BYTES
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 from gateway.planning.planner import evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
@@ -19,7 +20,7 @@ from tests.unit.plan_helpers import engine_plans
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
-def _facts(name: str) -> ModelFacts:
+def _facts(name: str) -> GgufFacts:
     config = json.loads((CONFIGS / f"{name}.json").read_text())
     return estimate_gguf_facts(facts_from_config(config, name), config, 4.5)
 
