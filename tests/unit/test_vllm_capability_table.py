@@ -212,7 +212,7 @@ def test_gemma4_head_size_512_gets_the_backend_its_config_hook_sets(
     supports_head_size takes 512 only with FA4), else forces TRITON_ATTN; FA2 (8.x, 12.x) takes no 512."""
     config = json.loads((CONFIGS / "gemma-4-31B-it.json").read_text())
     facts = facts_from_config(config, "gemma-4-31B-it")
-    assert (facts.head_dim, facts.global_head_dim) == (256, 512)
+    assert (facts.head_dim, facts.hf.global_head_dim) == (256, 512)
     verdict = table_for("0.32.0").attention_backend(facts, capability, kv)
     assert verdict.ok and verdict.reason.startswith(backend), verdict.reason
     if backend == "FLASH_ATTN":

@@ -48,7 +48,7 @@ def test_modelopt_fp8_is_read_as_fp8_at_about_one_byte_per_weight() -> None:
     nested = facts_from_config(_qwen({"quant_method": "modelopt", "quantization": {"quant_algo": "fp8"}}), "n")
     bf16 = facts_from_config(_qwen(None), "bf16")
     assert (fp8.quantization, nvfp4.quantization, nested.quantization) == ("fp8", "nvfp4", "fp8")
-    assert fp8.quant_method == "modelopt" and fp8.quant_algo == "FP8"
+    assert fp8.hf.quant_method == "modelopt" and fp8.hf.quant_algo == "FP8"
     assert 0.5 < fp8.weight_bytes / bf16.weight_bytes < 0.6  # ~1 byte per linear weight, embeddings in 16 bits
     assert fp8.weight_bytes > 1.4 * nvfp4.weight_bytes  # was taken for NVFP4 before
 
