@@ -11,7 +11,7 @@ import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -192,7 +192,8 @@ class Installation:
     command: tuple[str, ...] | None  # argv prefix that starts its server; None: not installed
     version: str  # what the plan assumes ("unknown" when nothing says)
     version_source: str  # "installed", "given", or why it is assumed
-    variant: str = ""  # which build or launcher: "cpu" (vLLM's CPU build), "native"/"python" (llama.cpp)
+    build: str = ""  # which build or launcher: "cpu" (vLLM's CPU build), "native"/"python" (llama.cpp)
+    missing: str = ""  # when not installed: the one-line fix (what to install or set), for `serve`'s error
 
 
 class Candidate(Protocol):
@@ -225,17 +226,42 @@ class ModelFiles(Protocol):
     @property
     def max_position(self) -> int | None: ...  # the model's own context limit, when its files say
     @property
-    def notes(self) -> list[str]: ...
-    @property
-    def plannable(self) -> bool: ...  # enough is known to evaluate candidates
+    def notes(self) -> list[str]: ...  # what reading them found worth saying (the plan's notes)
 
 
 C = TypeVar("C", bound=Candidate)
 M = TypeVar("M", bound=ModelFiles)
 
 
-class Backend(Protocol[C, M]):
-    """One engine. Methods are pure unless they say otherwise; the registry holds one of each."""
+@dataclass(frozen=True)
+class Evaluation(Generic[C]):
+    """What :meth:`Backend.candidates` found: every rung, fitting or not, and what the plan should say
+    of them. The model it was given is left as it was; an engine that chooses something on the way
+    that its options need (a GGUF quantization, the tool parsers) returns a subclass that carries it,
+    and :meth:`Backend.options` gets this object back."""
+
+    candidates: list[C] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # beside the model's own, in the order found
+
+
+E = TypeVar("E", bound=Evaluation[Any])
+
+
+@dataclass
+class NewNotes:
+    """The notes an evaluation adds to those its model already has (``said``), each once, in order."""
+
+    said: Sequence[str] = ()
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, note: str | None) -> None:
+        if note and note not in self.said and note not in self.lines:
+            self.lines.append(note)
+
+
+class Backend(Protocol[C, M, E]):
+    """One engine. Methods are pure unless they say otherwise (none changes its arguments); the
+    registry holds one of each."""
 
     name: str  # catalog table, JSON "backend", Launch.engine
     title: str  # for people: "vLLM"
@@ -255,6 +281,12 @@ class Backend(Protocol[C, M]):
     @property
     def pins(self) -> tuple[str, ...]:
         """Those of its settings that pin one of its flags (the policy carries them, as given)."""
+        ...
+
+    @property
+    def file_pins(self) -> tuple[str, ...]:
+        """Those of its pins that choose which of a model's files it loads (a hub quantization): while
+        one is given, a configuration remembered for other files is not reused."""
         ...
 
     @property
@@ -279,8 +311,9 @@ class Backend(Protocol[C, M]):
         """The model's facts as this engine sees them (I/O: local files, the hub's config, a package)."""
         ...
 
-    def candidates(self, model: M, inventory: Inventory, policy: Policy, installation: Installation) -> list[C]:
-        """Every rung of this engine's ladder, fitting or not, each with its reason."""
+    def candidates(self, model: M, inventory: Inventory, policy: Policy, installation: Installation) -> E:
+        """Every rung of this engine's ladder, fitting or not, each with its reason, and the notes
+        they call for; what the engine chose on the way travels in the result, not in ``model``."""
         ...
 
     def ranked(self, candidates: list[C]) -> list[C]:
@@ -296,10 +329,11 @@ class Backend(Protocol[C, M]):
         """The full report of its candidates (``gateway plan --verbose``); ``chosen`` is marked."""
         ...
 
-    def options(
-        self, model: M, candidates: list[C], policy: Policy, installation: Installation, settings: Any
-    ) -> list[Option]:
-        """What the supervisor may start, best first (empty when the engine is not installed)."""
+    def options(self, model: M, found: E, policy: Policy, installation: Installation, settings: Any) -> list[Option]:
+        """What the supervisor may start of what :meth:`candidates` ``found``, best first. Empty when
+        nothing fits, and when the engine is not installed (``installation.command`` None): it never
+        raises for that, so another engine's options still serve, and ``serve`` says
+        ``installation.missing`` when no engine has any."""
         ...
 
     def memo_version(self, installation: Installation) -> str:

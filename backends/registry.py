@@ -9,14 +9,14 @@ from backends import llamacpp, vllm
 from backends.base import Backend, ContextOverflow, DeviceLender, first_overflow
 from backends.llamacpp.rpc import LENDER as _LLAMACPP_LENDER
 
-BACKENDS: tuple[Backend[Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
+BACKENDS: tuple[Backend[Any, Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
 
 def names() -> tuple[str, ...]:
     return tuple(backend.name for backend in BACKENDS)
 
 
-def get(name: str) -> Backend[Any, Any]:
+def get(name: str) -> Backend[Any, Any, Any]:
     for backend in BACKENDS:
         if backend.name == name:
             return backend

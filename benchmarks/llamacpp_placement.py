@@ -40,11 +40,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.llamacpp import LlamaCppConfig, best, candidates, facts_from_gguf, native_argv
+from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.install import packaged_binary
 from backends.llamacpp.placement import GPU_MARGIN_BYTES
 from gateway.core.devices import GIB, MIB, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts
 from tests.replay.llamacpp_placement import (
     CASES,
     TOLERANCE,
@@ -236,7 +236,7 @@ def run_server(argv: list[str], port: int, log: Path, timeout: float = 240) -> t
     return healthy, log.read_text(errors="replace")
 
 
-def case_argv(case: Case, gguf: Path, facts: ModelFacts, endpoints: list[str], port: int) -> list[str]:
+def case_argv(case: Case, gguf: Path, facts: GgufFacts, endpoints: list[str], port: int) -> list[str]:
     """The planner's own argv for this placement (native_argv), plus the RPC devices."""
     config = LlamaCppConfig(
         gguf=gguf,

@@ -4,7 +4,7 @@ its two launchers and their argv (``launchers``), its log lines (``logs``), the 
 talks to (``backend``)."""
 
 from backends.llamacpp.backend import LAUNCHERS, LlamaCppBackend
-from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
+from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
 from backends.llamacpp.ladder import LlamaCppCandidate, best, candidates
 from backends.llamacpp.launchers import (
     HEALTH_PATH,
@@ -41,6 +41,7 @@ __all__ = [
     "KV_TYPES",
     "LAUNCHERS",
     "NATIVE_HEALTH_PATH",
+    "GgufFacts",
     "LlamaCppBackend",
     "LlamaCppCandidate",
     "LlamaCppConfig",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import backends.llamacpp.drafting as drafting
 import backends.llamacpp.source as source
-from backends.base import Installation, Option
+from backends.base import Evaluation, Installation, NewNotes, Option
 from backends.llamacpp.chat import has_tools, reasoning_format
 from backends.llamacpp.hub_variants import ReadVariant
 from backends.llamacpp.install import packaged_binary
@@ -25,18 +26,19 @@ from backends.llamacpp.launchers import (
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from backends.llamacpp.quants import alternative, choose
-from backends.llamacpp.settings import PINS, LlamaCppSettings, draft_setting, pinned_quant
+from backends.llamacpp.settings import FILE_PINS, PINS, LlamaCppSettings, draft_setting, pinned_quant
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from backends.llamacpp.speed import host_calibration
 from gateway.core.devices import slowest_link
-from gateway.core.errors import BackendError, ConfigError
+from gateway.core.errors import ConfigError
 from gateway.hub.fetch import download
 
 if TYPE_CHECKING:
+    from backends.llamacpp.gguf_facts import GgufFacts
     from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
-    from gateway.core.model_facts import ModelFacts
     from gateway.core.policy import Policy
+    from gateway.core.settings import Settings
 
 LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
@@ -96,7 +98,7 @@ NATIVE_FASTER = 1.25  # the native server's estimate this much faster is worth a
 
 
 def native_would_change(
-    facts: ModelFacts, chosen: LlamaCppCandidate | None, inventory: Inventory, policy: Policy
+    facts: GgufFacts, chosen: LlamaCppCandidate | None, inventory: Inventory, policy: Policy
 ) -> str | None:
     """One note line where llama-cpp-python is planned and the native llama-server would give this
     GGUF a longer context or a clearly faster decode on the same devices (its sliding-window layers
@@ -132,12 +134,29 @@ def native_would_change(
     )
 
 
+@dataclass(frozen=True)
+class LlamaCppEvaluation(Evaluation[LlamaCppCandidate]):
+    """llama.cpp's candidates, with the hub quantization they are of when it chose one by fit."""
+
+    variant: ReadVariant | None = None
+
+
+# what `serve` says when the launcher chosen is not installed
+MISSING = {
+    "native": "llama-server was chosen (llama_launcher = native) but is not installed: set llama_server_command "
+    "or pip install 'gateway[llamacpp-native]'",
+    "python": "llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
+    "(or set llama_cpp_python_command to a Python that has it)",
+}
+
+
 class LlamaCppBackend:
     name = "llamacpp"
     title = "llama.cpp"
     settings_model = LlamaCppSettings
     model_files: tuple[str, ...] = (".gguf",)
     pins = PINS
+    file_pins = FILE_PINS
     overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
     # what planning needs, said when the model has none (the planner's "not planned" note)
     needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"
@@ -155,45 +174,49 @@ class LlamaCppBackend:
         if launcher == "native":
             command = native or None
             version = (_native_version(command) if probe and command else None) or "unknown"
-            return Installation(tuple(command) if command else None, version, "llama-server", "native")
+            return Installation(
+                tuple(command) if command else None, version, "llama-server", "native", MISSING["native"]
+            )
         python = settings.llama_cpp_python_command or python_command()
         version = installed_version() or "unknown"
-        return Installation(tuple(python) if python else None, version, "llama-cpp-python", "python")
+        return Installation(tuple(python) if python else None, version, "llama-cpp-python", "python", MISSING["python"])
 
     def read(self, entry: ModelEntry) -> LlamaCppModel:
         return source.read(entry)
 
     def candidates(
         self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
-    ) -> list[LlamaCppCandidate]:
+    ) -> LlamaCppEvaluation:
+        notes = NewNotes(model.notes)
+        chosen: ReadVariant | None = None
         if model.variants:
-            found = self._by_fit(model, inventory, policy, installation)
+            chosen, found = self._by_fit(model, inventory, policy, installation, notes)
         elif model.facts is None:
-            return []
+            return LlamaCppEvaluation()
         else:
-            found = self._ladder(model, model.facts, model.gguf or model.name, inventory, policy, installation, None)
-        facts = model.chosen.facts if model.chosen else model.facts
-        if installation.variant == "python" and facts is not None:
-            note = native_would_change(facts, best(found), inventory, policy)
-            if note and note not in model.notes:
-                model.notes.append(note)
-        return found
+            found = self._ladder(
+                model, model.facts, model.gguf or model.name, inventory, policy, installation, None, notes
+            )
+        facts = chosen.facts if chosen else model.facts
+        if installation.build == "python" and facts is not None:
+            notes.add(native_would_change(facts, best(found), inventory, policy))
+        return LlamaCppEvaluation(found, notes.lines, chosen)
 
     def _ladder(
         self,
         model: LlamaCppModel,
-        facts: ModelFacts,
+        facts: GgufFacts,
         gguf: str,
         inventory: Inventory,
         policy: Policy,
         installation: Installation,
         template: str | None,
+        notes: NewNotes,
     ) -> list[LlamaCppCandidate]:
         """One GGUF's ladder on this machine, each rung with its argv."""
-        devices = ordered_devices(inventory, installation.variant)
-        drafts = drafting.modes(facts, draft_setting(policy), installation.variant)
-        if drafts.note and drafts.note not in model.notes:
-            model.notes.append(drafts.note)
+        devices = ordered_devices(inventory, installation.build)
+        drafts = drafting.modes(facts, draft_setting(policy), installation.build)
+        notes.add(drafts.note)
         found = candidates(
             facts,
             gguf,
@@ -201,7 +224,7 @@ class LlamaCppBackend:
             inventory.ram_available_bytes,
             min_context=policy.min_context,
             max_context=policy.max_context,
-            launcher=installation.variant,
+            launcher=installation.build,
             pinned_context_length=policy.pins.context_length,
             host_scale=host_calibration(policy.remembered),
             draft=drafts.base,
@@ -209,11 +232,9 @@ class LlamaCppBackend:
             goal=policy.goal,
         )
         if (scale := host_calibration(policy.remembered)) != 1.0:
-            note = f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine"
-            if note not in model.notes:
-                model.notes.append(note)
+            notes.add(f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine")
         endpoints = rpc_endpoints(devices)
-        thinking = reasoning_format(template) if installation.variant == "native" else None
+        thinking = reasoning_format(template) if installation.build == "native" else None
         for candidate in found:
             candidate.rpc = endpoints
             candidate.reasoning_format = thinking
@@ -231,9 +252,9 @@ class LlamaCppBackend:
         return found
 
     def _by_fit(
-        self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
-    ) -> list[LlamaCppCandidate]:
-        """Every quantization's ladder; the winner's rungs are the candidates, the others its alternatives."""
+        self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation, notes: NewNotes
+    ) -> tuple[ReadVariant, list[LlamaCppCandidate]]:
+        """Every quantization's ladder; the winner and its rungs (the candidates), the others its alternatives."""
         variants = model.variants
         if quant := pinned_quant(policy):
             variants = [v for v in variants if _pinned(v, quant)]
@@ -241,7 +262,8 @@ class LlamaCppBackend:
                 have = ", ".join(f"{v.quant} ({v.variant.files[0]})" for v in model.variants)
                 raise ConfigError(f"--quant {quant}: no such GGUF among {have}: pass one of these")
         ladders = [
-            self._ladder(model, v.facts, v.path, inventory, policy, installation, v.chat_template) for v in variants
+            self._ladder(model, v.facts, v.path, inventory, policy, installation, v.chat_template, notes)
+            for v in variants
         ]
         alternatives = [
             alternative(v.label, v.quant, v.variant.size, rungs, v.facts.num_layers)
@@ -252,8 +274,6 @@ class LlamaCppBackend:
             why = f"{variants[0].quant}: pinned with --quant" + ("" if winner is not None else f"; {why}")
         index = winner if winner is not None else len(variants) - 1  # none fits: the smallest says why
         chosen = variants[index]
-        model.chosen = chosen
-        model.gguf = chosen.label
         rows = [a.row(i == winner) for i, a in enumerate(alternatives)]
         table = [a.to_json(i == winner) for i, a in enumerate(alternatives)]
         for candidate in ladders[index]:
@@ -265,8 +285,8 @@ class LlamaCppBackend:
             candidate.alternatives = table
             candidate.alternative_rows = rows
             candidate.choice_reason = why
-        model.notes.append(_choice_note(chosen, why, winner is not None, ladders[index]))
-        return ladders[index]
+        notes.add(_choice_note(chosen, why, winner is not None, ladders[index]))
+        return chosen, ladders[index]
 
     def ranked(self, candidates: list[LlamaCppCandidate]) -> list[LlamaCppCandidate]:
         chosen = best(candidates)
@@ -315,24 +335,18 @@ class LlamaCppBackend:
     def options(
         self,
         model: LlamaCppModel,
-        candidates: list[LlamaCppCandidate],
+        found: LlamaCppEvaluation,
         policy: Policy,
         installation: Installation,
-        settings: LlamaCppSettings,
+        settings: Settings,
     ) -> list[Option]:
-        """The best placement; its GGUF is fetched (off the event loop) when it is not local yet."""
-        chosen = best(candidates)
-        if chosen is None:
+        """The best placement; its GGUF is fetched (off the event loop) when it is not local yet. None
+        when the launcher is not installed (``installation.missing`` says what to install)."""
+        chosen = best(found.candidates)
+        if chosen is None or installation.command is None:
             return []
-        if installation.command is None:
-            raise BackendError(
-                "llama-server was chosen (llama_launcher = native) but is not installed: set llama_server_command"
-                if installation.variant == "native"
-                else "llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
-                "(or set llama_cpp_python_command to a Python that has it)"
-            )
         gguf_source = model.source
-        variant = model.chosen
+        variant = found.variant
         # a file on this machine only where the source names one; a hub file comes from the hub cache
         # (downloaded if needed), never from a file of the same name in the current directory
         local: Path | None = None

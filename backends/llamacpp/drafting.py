@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.core.model_facts import ModelFacts
+from backends.llamacpp.gguf_facts import GgufFacts
 
 MODES = ("auto", "mtp", "ngram", "off")
 # GGUF architectures whose src/models/<arch>.cpp builds an MTP draft graph (LLM_GRAPH_TYPE_DECODER_MTP)
@@ -41,19 +41,19 @@ ARGV = {"mtp": ["--spec-type", "draft-mtp"], "ngram": ["--spec-type", "ngram-mod
 LABEL = {"mtp": "MTP drafting (draft-mtp)", "ngram": "n-gram drafting (ngram-mod)"}
 
 
-def mtp_blocks(facts: ModelFacts) -> range:
+def mtp_blocks(facts: GgufFacts) -> range:
     """The slots of the GGUF's nextn blocks: its last ``mtp_layers`` blocks."""
     return range(facts.num_layers - facts.mtp_layers, facts.num_layers) if facts.mtp_layers else range(0)
 
 
-def mtp_block_bytes(facts: ModelFacts) -> int:
+def mtp_block_bytes(facts: GgufFacts) -> int:
     """What the nextn blocks weigh in this file (0 when a conversion with --no-mtp left them out)."""
     if not facts.layer_bytes:
         return 0
     return sum(facts.layer_bytes[slot] for slot in mtp_blocks(facts))
 
 
-def loaded(facts: ModelFacts, slot: int, draft: str | None) -> bool:
+def loaded(facts: GgufFacts, slot: int, draft: str | None) -> bool:
     """Whether llama.cpp loads block ``slot`` and gives it a cache: every trunk block; a nextn block
     only when drafting with it."""
     return draft == "mtp" or slot not in mtp_blocks(facts)
@@ -69,7 +69,7 @@ class DraftPlan:
     note: str | None = None
 
 
-def modes(facts: ModelFacts, setting: str, launcher: str) -> DraftPlan:
+def modes(facts: GgufFacts, setting: str, launcher: str) -> DraftPlan:
     """What to evaluate for this model, setting and server.
 
     ``auto`` (native llama-server): n-gram drafting on every rung (measured: no cost on free text, 2.7x

@@ -4,7 +4,7 @@ is not local: per-block, per-expert, embedding and output bytes, the way llama.c
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from backends.llamacpp.gguf_reader import GgufHeader
@@ -34,13 +34,40 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"ffn_(up|down|gate|gate_up)_(ch)?exps")
 
 
+@dataclass(frozen=True)
+class GgufFacts(ModelFacts):
+    """The model's facts with what llama.cpp alone reads of a GGUF: its per-block layout and its
+    per-layer attention (read from the header and tensor table, or estimated from config.json)."""
+
+    # per-block bytes, expert bytes per block, token embedding and output bytes
+    layer_bytes: tuple[int, ...] = ()
+    expert_layer_bytes: tuple[int, ...] = ()
+    embedding_bytes: int = 0
+    output_bytes: int = 0
+    # K and V per KV head as the cache stores them where they differ from head_dim (MLA: the latent)
+    cache_key_dim: int = 0
+    cache_value_dim: int = 0
+    # per-layer attention where layers differ (Gemma 4: sliding 16 KV heads × 256, full 4 × 512);
+    # empty: every layer has num_kv_heads and the sliding layers follow sliding_layers
+    kv_heads_per_layer: tuple[int, ...] = ()
+    sliding_per_layer: tuple[bool, ...] = ()
+    cache_key_dim_sliding: int = 0  # K and V head sizes of the sliding layers (0: as the full ones)
+    cache_value_dim_sliding: int = 0
+    shared_kv_layers: int = 0  # the last N layers reuse earlier layers' cache (Gemma 3n / 4 E2B, E4B)
+
+    @classmethod
+    def of(cls, facts: ModelFacts) -> GgufFacts:
+        """config.json's facts, before the GGUF layout is filled in."""
+        return cls(**{f.name: getattr(facts, f.name) for f in fields(ModelFacts)})
+
+
 def _per_layer(found: Any, layers: int) -> tuple[Any, ...]:
     """A per-layer array (``_ArrayOf`` with its values), or () when the key is a scalar or absent."""
     values = tuple(getattr(found, "values", ()) or ())
     return values if len(values) == layers else ()
 
 
-def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> ModelFacts:
+def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts:
     """Facts from a GGUF header; per-layer bytes come from the tensor table.
 
     Per-layer attention follows llama.cpp's loader: ``head_count_kv`` may be an array (one count per
@@ -99,7 +126,7 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> ModelFact
     total = sum(t.nbytes for t in header.tensors)
     mtp = min(int(value("nextn_predict_layers")), layers)
     recurrent, kind, dims = _recurrent(value, layers - mtp, kv_array)
-    return ModelFacts(
+    return GgufFacts(
         name=name,
         model_type=arch,
         num_layers=layers,
@@ -181,7 +208,7 @@ def gguf_bits_from_name(file_name: str) -> float | None:
     return None
 
 
-def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) -> ModelFacts:
+def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) -> GgufFacts:
     """Per-layer GGUF sizes from the architecture when the GGUF itself cannot be read (not downloaded)."""
     cfg = text_config(config)
     per_weight = bits / 8
@@ -201,7 +228,7 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
     # convert_hf_to_gguf.py writes the MTP (nextn) blocks as the last blocks: block_count counts them
     blocks = facts.num_layers + facts.mtp_layers
     experts = int(experts_per_block * per_weight)
-    attention = _per_layer_attention(facts, cfg)
+    attention = _per_layer_attention(GgufFacts.of(facts), cfg)
     return replace(
         attention,
         num_layers=blocks,
@@ -227,7 +254,7 @@ def _extended(per_layer: tuple[Any, ...], extra: int, value: Any) -> tuple[Any, 
     return (*per_layer, *(value,) * extra) if per_layer and extra else per_layer
 
 
-def _per_layer_attention(facts: ModelFacts, cfg: dict[str, Any]) -> ModelFacts:
+def _per_layer_attention(facts: GgufFacts, cfg: dict[str, Any]) -> GgufFacts:
     """What convert_hf_to_gguf.py would write per layer (its Gemma 4 converter): the sliding pattern
     from ``layer_types``; with ``num_global_key_value_heads``, KV heads per layer (full layers take the
     global count) and the sliding layers' head size ``head_dim`` beside the full ones'

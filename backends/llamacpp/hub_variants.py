@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from backends.llamacpp.gguf_facts import GGUF_BITS_PER_WEIGHT, estimate_gguf_facts, facts_from_gguf
+from backends.llamacpp.gguf_facts import GGUF_BITS_PER_WEIGHT, GgufFacts, estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_reader import GgufHeader
 from backends.llamacpp.hub_gguf import GgufVariant
 from backends.llamacpp.remote_gguf import read_header, read_local
@@ -17,7 +17,7 @@ from gateway.core.checked import integer
 from gateway.core.errors import ModelError
 from gateway.core.hub_errors import hub_error
 from gateway.core.hub_guard import MAX_DECLARED, guard_hub
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 from gateway.hub.fetch import cached
 
 # llama.cpp's ``llama_ftype`` (general.file_type) → the type name files are named after
@@ -35,7 +35,7 @@ class ReadVariant:
     """One variant with the facts llama.cpp plans from, and what the header said about it."""
 
     variant: GgufVariant
-    facts: ModelFacts
+    facts: GgufFacts
     quant: str  # the header's type when it has one, else the name's
     local: Path | None = None  # the first part, when already in the hub cache
     chat_template: str = ""

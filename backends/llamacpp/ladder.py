@@ -16,11 +16,10 @@ from typing import Any
 import backends.llamacpp.drafting as drafting
 import backends.llamacpp.warm_sessions as warm_sessions
 from backends import objective
-from backends.llamacpp.gguf_facts import gguf_bits_from_name
+from backends.llamacpp.gguf_facts import GgufFacts, gguf_bits_from_name
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
 from backends.llamacpp.speed import tokens_per_second
 from gateway.core.devices import GIB, MIB, Device
-from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import DEFAULT_TARGET_CONTEXT, FALLBACK_CONTEXT, Goal
 
 ENGINE = "llamacpp"
@@ -203,7 +202,7 @@ def _draft_phrase(placement: Placement) -> str:
 
 
 def candidates(
-    facts: ModelFacts,
+    facts: GgufFacts,
     checkpoint: str,
     gpus: tuple[Device, ...],
     ram_available: int,
@@ -254,7 +253,7 @@ def _bits_per_weight(name: str) -> float:
 
 
 def _rungs(
-    facts: ModelFacts,
+    facts: GgufFacts,
     checkpoint: str,
     gpus: tuple[Device, ...],
     ram_available: int,

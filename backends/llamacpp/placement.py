@@ -30,9 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import backends.llamacpp.drafting as drafting
-from backends.llamacpp.gguf_facts import SWA_PATTERN
+from backends.llamacpp.gguf_facts import SWA_PATTERN, GgufFacts
 from gateway.core.devices import GIB, MIB, Device
-from gateway.core.model_facts import ModelFacts
 
 KV_TYPES = {"f16": (2.0, 1), "q8_0": (34 / 32, 8), "q4_0": (18 / 32, 2)}  # bytes/element, ggml type id
 GPU_MARGIN_BYTES = 1024 * MIB  # kept free per GPU, like llama.cpp's --fit-target
@@ -44,7 +43,7 @@ KV_PAD = 256  # llama.cpp pads cache sizes to 256 cells
 _F32 = 4
 
 
-def recurrent_state_bytes(facts: ModelFacts, launcher: str, draft: str | None = None) -> int:
+def recurrent_state_bytes(facts: GgufFacts, launcher: str, draft: str | None = None) -> int:
     """One recurrent layer's states (llama_memory_recurrent, f32): ``n_embd_r`` (conv: (kernel − 1) ×
     (inner + 2 groups × state)) and ``n_embd_s`` (state × inner) per row; a row per slot, times
     1 + the drafted tokens with MTP (``n_rs_seq``: common.h need_n_rs_seq, ``--spec-draft-n-max`` 3)."""
@@ -60,7 +59,7 @@ def recurrent_state_bytes(facts: ModelFacts, launcher: str, draft: str | None = 
     return per_row * _F32 * rows
 
 
-def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str, layer: int) -> float:
+def kv_bytes_per_token_layer(facts: GgufFacts, kv_type: str, layer: int) -> float:
     """K and V of one token in ``layer`` (MLA: the 576-element latent only, recent builds). Layers
     differ where the GGUF says so (llama.cpp's ``n_embd_k_gqa(il)``): per-layer KV head counts and,
     for sliding layers, their own head sizes (Gemma 4: 16 × (256 + 256) sliding, 4 × (512 + 512)
@@ -80,7 +79,7 @@ def kv_bytes_per_token_layer(facts: ModelFacts, kv_type: str, layer: int) -> flo
     return heads * (key + value) * size
 
 
-def is_sliding(facts: ModelFacts, layer: int) -> bool:
+def is_sliding(facts: GgufFacts, layer: int) -> bool:
     """Whether block ``layer`` uses the sliding window: the GGUF's per-layer pattern when it has one
     (Gemma 4), else llama.cpp's per-architecture pattern."""
     if not facts.sliding_window:
@@ -93,7 +92,7 @@ def is_sliding(facts: ModelFacts, layer: int) -> bool:
     return layer % pattern < pattern - 1
 
 
-def kv_cells(facts: ModelFacts, layer: int, n_ctx: int, launcher: str) -> int:
+def kv_cells(facts: GgufFacts, layer: int, n_ctx: int, launcher: str) -> int:
     """Cells of one layer's cache. The native server keeps, for a sliding-window layer, every slot's
     window plus a ubatch in one unified cache (2,560 cells for Gemma 3's 512 with -np 4, as logged);
     llama-cpp-python keeps the full-size SWA cache."""
@@ -105,7 +104,7 @@ def kv_cells(facts: ModelFacts, layer: int, n_ctx: int, launcher: str) -> int:
 
 
 def kv_layer_bytes(
-    facts: ModelFacts, layer: int, kv_type: str, n_ctx: int, launcher: str, draft: str | None = None
+    facts: GgufFacts, layer: int, kv_type: str, n_ctx: int, launcher: str, draft: str | None = None
 ) -> int:
     """One layer's KV cache, or a recurrent layer's states."""
     if facts.is_recurrent(layer):
@@ -119,13 +118,13 @@ def uses_flash_attention(launcher: str, gpus: tuple[Device, ...]) -> bool:
     return launcher == "native" or bool(gpus)
 
 
-def pipeline_parallel(gpus: tuple[Device, ...], n_gpu_layers: int, facts: ModelFacts, n_cpu_moe: int) -> bool:
+def pipeline_parallel(gpus: tuple[Device, ...], n_gpu_layers: int, facts: GgufFacts, n_cpu_moe: int) -> bool:
     """llama.cpp's condition: several devices, every block and the output offloaded, no tensor
     overrides (``--n-cpu-moe`` is one)."""
     return len(gpus) > 1 and n_gpu_layers > facts.num_layers and not n_cpu_moe
 
 
-def _hidden(facts: ModelFacts) -> int:
+def _hidden(facts: GgufFacts) -> int:
     """One hidden-state tensor of a ubatch (f32)."""
     return facts.hidden_size * UBATCH * _F32
 
@@ -136,7 +135,7 @@ def _outputs(launcher: str) -> int:
 
 
 def _mask_bytes(
-    facts: ModelFacts, n_ctx: int, launcher: str, flash_attention: bool, layers: range | list[int] | None = None
+    facts: GgufFacts, n_ctx: int, launcher: str, flash_attention: bool, layers: range | list[int] | None = None
 ) -> int:
     """The attention masks, one per cache kind (full, sliding) among ``layers`` (default: all):
     cells × ubatch. A device whose blocks all slide receives only the sliding-window mask."""
@@ -149,7 +148,7 @@ def _mask_bytes(
     return cells * UBATCH * element
 
 
-def activation_bytes(facts: ModelFacts, n_ctx: int, flash_attention: bool, ffn: bool = True) -> int:
+def activation_bytes(facts: GgufFacts, n_ctx: int, flash_attention: bool, ffn: bool = True) -> int:
     """Peak scratch of one block for a ubatch: the FFN (dense: residual, normed input, gate, up and
     their product; MoE: the same for the routed experts' rows, or the experts' down projections) or the
     attention (with flash attention: residual, normed input, Q and the output; without it: the scores
@@ -173,7 +172,7 @@ def activation_bytes(facts: ModelFacts, n_ctx: int, flash_attention: bool, ffn: 
 
 
 def compute_buffer_bytes(
-    facts: ModelFacts,
+    facts: GgufFacts,
     n_ctx: int,
     flash_attention: bool,
     holds_output: bool,
@@ -226,7 +225,7 @@ def cuda_attention_copies_bytes(
 
 
 def host_compute_bytes(
-    facts: ModelFacts, n_ctx: int, launcher: str, flash_attention: bool, holds_output: bool, copies: int
+    facts: GgufFacts, n_ctx: int, launcher: str, flash_attention: bool, holds_output: bool, copies: int
 ) -> int:
     """The CPU's compute buffer plus its logits buffer (one row per slot): the graph inputs, masks
     included (``copies`` of them with pipeline parallelism), and the embeddings' rows: 10 hidden-sized
@@ -243,7 +242,7 @@ def host_compute_bytes(
     return body + output_buffer
 
 
-def offloaded_weight_bytes(facts: ModelFacts, host_blocks: int, n_cpu_moe: int) -> int:
+def offloaded_weight_bytes(facts: GgufFacts, host_blocks: int, n_cpu_moe: int) -> int:
     """GPU backends run a big batch's matrix products on the first GPU even when the weights stay in
     RAM (llama.cpp's op offload), copying the weights in: about two of the largest such tensors at a
     time (ggml's RPC backend does not offload; estimated, not measured here)."""
@@ -293,7 +292,7 @@ class Placement:
 
 
 def _slot_costs(
-    facts: ModelFacts, n_ctx: int, kv_type: str, launcher: str, n_cpu_moe: int, draft: str | None = None
+    facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, n_cpu_moe: int, draft: str | None = None
 ) -> list[tuple[int, int, int]]:
     """Per slot (blocks, then the output layer): (weights on the GPU, expert weights kept in RAM, KV).
     A nextn (MTP) block costs nothing unless drafting loads it: then its weights, and the draft
@@ -311,13 +310,13 @@ def _slot_costs(
 
 
 def _role_compute(
-    facts: ModelFacts, n_ctx: int, launcher: str, flash: bool, copies: int, *, first: bool, output: bool
+    facts: GgufFacts, n_ctx: int, launcher: str, flash: bool, copies: int, *, first: bool, output: bool
 ) -> int:
     return compute_buffer_bytes(facts, n_ctx, flash, output, launcher=launcher, first=first, copies=copies)
 
 
 def place(
-    facts: ModelFacts,
+    facts: GgufFacts,
     gpus: tuple[Device, ...],
     n_ctx: int,
     kv_type: str,
@@ -432,7 +431,7 @@ class _DraftBytes:
 
 
 def _draft_bytes(
-    facts: ModelFacts,
+    facts: GgufFacts,
     n_ctx: int,
     kv_type: str,
     launcher: str,
@@ -462,7 +461,7 @@ def _draft_bytes(
 
 
 def _filled_split(
-    facts: ModelFacts,
+    facts: GgufFacts,
     gpus: tuple[Device, ...],
     n_ctx: int,
     kv_type: str,
@@ -518,7 +517,7 @@ def _filled_split(
 
 
 def best_placement(
-    facts: ModelFacts, gpus: tuple[Device, ...], n_ctx: int, kv_type: str, launcher: str, draft: str | None = None
+    facts: GgufFacts, gpus: tuple[Device, ...], n_ctx: int, kv_type: str, launcher: str, draft: str | None = None
 ) -> tuple[Placement, str]:
     """Everything on the GPUs if it fits; else (native) MoE experts to RAM first; else fewer layers."""
     full = facts.num_layers + 1

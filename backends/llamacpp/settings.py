@@ -1,4 +1,5 @@
-"""llama.cpp's own settings: which server runs it and with how many threads.
+"""llama.cpp's own settings: which server runs it, which GGUF and how it drafts (its thread count is
+the gateway's ``threads``, which a worker's device servers take too).
 
 Declared here, composed into the gateway's settings through the registry (``Backend.settings_model``),
 so the flag, the ``GATEWAY_*`` variable, the TOML key and the README row all come from this one place.
@@ -13,7 +14,6 @@ from gateway.core.policy import Policy
 
 
 class LlamaCppSettings(BaseModel):
-    threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp; unset: all cores.")
     llama_cpp_python_command: list[str] | None = Field(
         None,
         description="argv prefix that runs llama-cpp-python's server; unset: this Python with `-m llama_cpp.server`.",
@@ -48,6 +48,7 @@ class LlamaCppSettings(BaseModel):
 
 # the GGUF quantization a hub model is served at, and the draft mode, when the user chose them
 PINS: tuple[str, ...] = ("quant", "llama_draft")
+FILE_PINS: tuple[str, ...] = ("quant",)  # a remembered GGUF of another quantization is not reused
 
 
 def pinned_quant(policy: Policy) -> str | None:

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from backends.llamacpp.artifacts import from_hub, from_package, from_wheel
-from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
+from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.hub_gguf import GgufVariant, gguf_variants
 from backends.llamacpp.hub_variants import ReadVariant, read_variant
 from gateway.core.checked import json_object
 from gateway.core.errors import ModelError
 from gateway.core.hub_guard import guard_hub
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 from gateway.hub.fetch import cached
 
 if TYPE_CHECKING:
@@ -80,20 +80,15 @@ class LlamaCppModel:
 
     name: str
     source: LlamaCppSource
-    facts: ModelFacts | None = None
+    facts: GgufFacts | None = None
     gguf: str | None = None  # a local path, or repo/file when only estimated
     notes: list[str] = field(default_factory=list)
-    # a hub model's GGUF quantizations, largest first (hub_model sources), and the one chosen by fit
+    # a hub model's GGUF quantizations, largest first (hub_model sources); candidates() chooses one by fit
     variants: list[ReadVariant] = field(default_factory=list)
-    chosen: ReadVariant | None = None
 
     @property
     def max_position(self) -> int | None:
         return self.facts.max_position if self.facts else None
-
-    @property
-    def plannable(self) -> bool:
-        return self.facts is not None
 
 
 def section_for(spec: str) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.llamacpp.drafting import mtp_blocks
+from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
 from gateway.core.bandwidth import (  # noqa: F401  (re-exported: the estimate's figures, in one place)
     CAPABILITY_BANDWIDTH_GBPS,
@@ -27,14 +28,13 @@ from gateway.core.bandwidth import (  # noqa: F401  (re-exported: the estimate's
     gpu_bandwidth,
 )
 from gateway.core.devices import Device
-from gateway.core.model_facts import ModelFacts
 
 EFFICIENCY = 0.7  # share of the peak bandwidth that llama.cpp's decode reaches
 ESTIMATE_CONTEXT = 32768  # tokens in the cache while decoding (an agent's typical prompt), at most n_ctx
 
 
 def bytes_read_per_token(
-    facts: ModelFacts, placement: Placement, kv_type: str, n_ctx: int, devices: int
+    facts: GgufFacts, placement: Placement, kv_type: str, n_ctx: int, devices: int
 ) -> tuple[list[float], float]:
     """(bytes each GPU reads per generated token, bytes the CPU reads)."""
     cached = min(n_ctx, ESTIMATE_CONTEXT)
@@ -64,7 +64,7 @@ def bytes_read_per_token(
 
 
 def tokens_per_second(
-    facts: ModelFacts,
+    facts: GgufFacts,
     placement: Placement,
     gpus: Sequence[Device],
     kv_type: str,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.placement import (
     NATIVE_PARALLEL,
     UBATCH,
@@ -36,7 +37,6 @@ from backends.llamacpp.placement import (
     recurrent_state_bytes,
 )
 from gateway.core.devices import GIB, MIB
-from gateway.core.model_facts import ModelFacts
 
 SLOTS = NATIVE_PARALLEL  # llama-server's -np
 MIN_CACHE_BYTES = 256 * MIB
@@ -85,7 +85,7 @@ def size(spare_bytes: int, kv_bytes: int, checkpoint_bytes: int) -> WarmSessions
     return WarmSessions(cache, checkpoints, checkpoint_bytes if checkpoints else 0)
 
 
-def checkpoint_bytes(facts: ModelFacts, kv_type: str) -> int:
+def checkpoint_bytes(facts: GgufFacts, kv_type: str) -> int:
     """One slot's context checkpoint: what of its cache cannot be rolled back, the sliding-window layers'
     cells (the window and a ubatch) and the recurrent layers' state (one row); 0 for a model with neither."""
     total = 0

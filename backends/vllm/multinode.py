@@ -41,7 +41,7 @@ def stage_facts(facts: ModelFacts, pp: int) -> ModelFacts:
     """The heaviest pipeline stage: ⌈layers / PP⌉ layers' weights and KV, plus one vocabulary
     matrix (the first stage embeds, the last projects to logits; with tied embeddings each loads it)."""
     vocabulary = facts.vocab_size * facts.hidden_size * facts.dtype_bytes
-    tower = facts.vision_bytes
+    tower = facts.hf.vision_bytes
     per_layer = max(0, facts.weight_bytes - tower - 2 * vocabulary) / facts.num_layers
     layers = math.ceil(facts.num_layers / pp)
     sliding = math.ceil(facts.sliding_layers / pp) if facts.sliding_layers else 0

@@ -91,7 +91,7 @@ class ReleaseTable:
         model's own MTP layers: ``hf_config_override`` renames its type (or architecture) to a
         type in ``MTPModelTypes``."""
         mtp = self.data["mtp"]
-        for key in (facts.architecture, facts.model_type):
+        for key in (facts.hf.architecture, facts.model_type):
             found = mtp["renames"].get(key)
             if found and found["draft"] in mtp["model_types"]:
                 return found["draft"], found["source"]
@@ -135,7 +135,7 @@ class ReleaseTable:
         order, why = order_by_cap[key], ""
         if kind == "standard" and (hooked := self._mixed_heads_backend(facts, key)):
             order, where = [hooked[0]], hooked[1]
-            heads = f"{facts.head_dim}/{facts.global_head_dim}"
+            heads = f"{facts.head_dim}/{facts.hf.global_head_dim}"
             why = f"; set for head sizes {heads} where FA4 does not run, {hooked[1]}"
         refused: list[str] = []
         for name in order:
@@ -154,7 +154,7 @@ class ReleaseTable:
                 continue
             fa = self._flash(key) if name == "FLASH_ATTN" else None
             fa_version = fa.get("fa_version") if fa else None
-            if fa_version and max(facts.head_dim, facts.global_head_dim) > 256:
+            if fa_version and max(facts.head_dim, facts.hf.global_head_dim) > 256:
                 fa_version = 4  # get_flash_attn_version: FA3 on SM90 takes no head size above 256, FA4 does
             version = f", FA{fa_version}" if fa_version else ""
             what = "MLA" if kind == "mla" else "attention"
@@ -185,7 +185,7 @@ class ReleaseTable:
     def _head_refused(self, name: str, key: str, facts: ModelFacts) -> str | None:
         """Why FlashAttention on this capability refuses the model's largest head size, or None."""
         fa = self._flash(key) if name == "FLASH_ATTN" else None
-        head = max(facts.head_dim, facts.global_head_dim)
+        head = max(facts.head_dim, facts.hf.global_head_dim)
         if not fa or fa["head_sizes"].get(str(head)) is not False:
             return None
         source = self.data["attention"]["flash_attn"]["head_sizes_source"]
@@ -196,13 +196,13 @@ class ReleaseTable:
         256 sliding, 512 full): TRITON_ATTN where FA4 does not run; None where it does (the usual
         order, FlashAttention at FA4 on every layer), for other models and for uniform heads."""
         hook = self.data["attention"].get("heterogeneous_head_dims")
-        names = {facts.architecture, facts.model_type}
-        if not hook or not names & set(hook["names"]) or not facts.global_head_dim:
+        names = {facts.hf.architecture, facts.model_type}
+        if not hook or not names & set(hook["names"]) or not facts.hf.global_head_dim:
             return None
-        if facts.global_head_dim == facts.head_dim:
+        if facts.hf.global_head_dim == facts.head_dim:
             return None
         fa = self._flash(key)
-        largest = max(facts.head_dim, facts.global_head_dim)
+        largest = max(facts.head_dim, facts.hf.global_head_dim)
         fa4 = hook["tries_fa4"] and fa and largest <= (hook["max_fa4_head_size"] or 0)
         if fa4 and fa and fa["head_sizes"].get(str(largest)) is True:  # FA4 runs: the usual order, FA4 everywhere
             return None
@@ -217,7 +217,7 @@ class ReleaseTable:
         if not quant:
             return None
         table = self.data["quantization"]
-        method = facts.quant_method
+        method = facts.hf.quant_method
         if quant in ("nvfp4", "fp8", "mxfp8") and (method.startswith("modelopt") or (not method and quant == "nvfp4")):
             wanted = {"nvfp4": "NVFP4", "fp8": "FP8", "mxfp8": "MXFP8"}[quant]
             for cls, info in table["modelopt_algos"].items():

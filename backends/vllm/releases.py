@@ -52,18 +52,18 @@ def cannot_load(facts: ModelFacts, version: str) -> str | None:
     """Why this release cannot load the architecture, or None: an architecture some later table's
     registry lists but this release's does not (one no table lists may still load through vLLM's
     Transformers fallback, so it is not refused)."""
-    if not facts.architecture:
+    if not facts.hf.architecture:
         return None
     table = table_for(version)
-    if table.registers(facts.architecture):
+    if table.registers(facts.hf.architecture):
         return None
-    since = first_registering(facts.architecture)
+    since = first_registering(facts.hf.architecture)
     if since is None or not at_least(since, table.read):
         return None
     if not table.exact and next_read(version) == since:
         return None  # not read (0.15.x: wheels only): the release before lacks it, the one after has it
     return (
-        f"vLLM {version} cannot load {facts.architecture} (in vllm/model_executor/models/registry.py since "
+        f"vLLM {version} cannot load {facts.hf.architecture} (in vllm/model_executor/models/registry.py since "
         f"{since}; not in {table.provenance}): install vLLM {since} or later"
     )
 
@@ -125,4 +125,4 @@ def default_utilization(version: str) -> float:
 def language_model_only(facts: ModelFacts, version: str) -> bool:
     """Text-only serving of a multimodal checkpoint: pass the flag so the towers are neither loaded
     nor profiled (vLLM 0.21 logs "running in text-only mode" and loads fewer bytes)."""
-    return facts.vision_bytes > 0 and at_least(version, LANGUAGE_MODEL_ONLY_SINCE)
+    return facts.hf.vision_bytes > 0 and at_least(version, LANGUAGE_MODEL_ONLY_SINCE)

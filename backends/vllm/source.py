@@ -63,10 +63,6 @@ class VllmModel:
         limits = [c.facts.max_position for c in self.checkpoints if c.facts.max_position]
         return min(limits) if limits else None
 
-    @property
-    def plannable(self) -> bool:
-        return bool(self.checkpoints)
-
 
 def section_for(spec: str) -> dict[str, Any] | None:
     """A checkpoint directory (with config.json) or a hub repo id ``org/name`` is vLLM's to load."""

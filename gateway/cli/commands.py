@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli.flags import add_setting_flags, given
+from gateway.cli.full_settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
 from gateway.cli.log_setup import configure_logging, use_json_lines
 from gateway.core.errors import GatewayError
-from gateway.planning.settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
 from gateway.serving.listen import bind_listener
 from gateway.serving.model_names import ModelRoute
 
@@ -127,7 +127,7 @@ def worker_command(args: argparse.Namespace) -> int:
         name=args.name,
         gpus=settings.gpus,
         cpu_memory=args.cpu_memory,
-        threads=getattr(settings, "threads", None),  # the lending engine's own setting
+        threads=settings.threads,
         api_keys=settings.all_api_keys(),
         server_command=tuple(shlex.split(args.server_command)) if args.server_command else None,
         log_dir=settings.backend_log_dir,

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from gateway.cli.full_settings import SETTING_NAMES, Settings
 from gateway.core.settings import parse_count, parse_count_or_auto
-from gateway.planning.settings import SETTING_NAMES, Settings
 
 
 def _extra(info: FieldInfo) -> dict[str, Any]:

@@ -24,8 +24,7 @@ from gateway.core.policy import policy_for
 from gateway.core.settings import Settings
 from gateway.nodes.survey import Nodes
 from gateway.planning.catalog import DEFAULT_MODEL, Catalog, catalog_with
-from gateway.planning.planner import EnginePlan, Plan, read_engines
-from gateway.planning.planner import decide as plan_decide
+from gateway.planning.planner import EnginePlan, Plan, evaluate_and_choose, read_engines
 from gateway.serving.model_names import ModelRoute
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.supervisor import Remember, remembered_first
@@ -79,7 +78,7 @@ def plan_for(settings: Settings, entry: ModelEntry, machine: Inventory, *, servi
     policy = policy_for(settings, model_limit(entry, engines), bool(machine.gpus))
     remembered = KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
     policy = replace(policy, remembered=remembered)
-    plan = plan_decide(entry.name, engines, machine, policy)
+    plan = evaluate_and_choose(entry.name, engines, machine, policy)
     if remembered and (note := measured_note(remembered)):
         plan.notes.append(note)
     return plan
@@ -132,9 +131,20 @@ def options_of(plan: Plan, settings: Settings) -> list[Option]:
     for engine in order:
         if engine.model is not None:
             options += engine.backend.options(
-                engine.model, engine.candidates, plan.policy, engine.installation, settings
+                engine.model, engine.evaluation, plan.policy, engine.installation, settings
             )
     return options
+
+
+def nothing_to_start(entry: ModelEntry, plan: Plan) -> BackendError:
+    """`serve`'s error when no engine offers an option: the plan's reason, and the fix for each
+    engine that has a fitting candidate but is not installed."""
+    missing = [
+        e.installation.missing or f"{e.backend.title} is not installed"
+        for e in plan.engines
+        if e.installation.command is None and e.backend.ranked(e.candidates)
+    ]
+    return BackendError(f"{entry.name} cannot be served here: " + "; ".join([plan.decision_reason, *missing]))
 
 
 def worker_key(settings: Settings) -> str | None:
@@ -166,7 +176,7 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     store = KnownGood(settings.state_dir)
     known = (
         None
-        if settings.replan or getattr(settings, "quant", None)  # a pinned variant (llama.cpp's --quant)
+        if settings.replan or settings.files_pinned()  # e.g. a pinned quantization (--quant)
         else store.get(entry.name, machine.fingerprint)
     )
     if known:  # e.g. the hub variant that worked here: no new search (a pinned --quant searches again)
@@ -182,7 +192,7 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
             log.info("plan: %s", note)
     options = options_of(plan, settings)
     if not options:
-        raise BackendError(f"{entry.name} cannot be served here: {plan.decision_reason}")
+        raise nothing_to_start(entry, plan)
     remember = Remember(
         store=store,
         model=entry.name,
@@ -191,8 +201,7 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     )
     if not settings.replan:
         # a memo that cannot be rebuilt is set aside, unless a pinned --quant is why it does not fit
-        pinned = bool(getattr(settings, "quant", None))
-        set_aside = None if pinned else partial(store.set_aside, entry.name, machine.fingerprint)
+        set_aside = None if settings.files_pinned() else partial(store.set_aside, entry.name, machine.fingerprint)
         options = remembered_first(options, remember, lambda memo: _rebuild(options, memo, set_aside))
     route = ModelRoute(
         fronted=entry.name, served=entry.name, context_length=options[0].context_length, aliases=entry.aliases

@@ -33,7 +33,34 @@ _LINEAR_BYTES = {
 
 
 @dataclass(frozen=True)
+class HfCheckpointFacts:
+    """What a checkpoint's config.json (and hf_quant_config.json) says that only an engine loading the
+    checkpoint itself reads (vLLM; a GGUF carries none of it)."""
+
+    architecture: str = ""  # the class the engine's model registry is asked for
+    vision_bytes: int = 0  # part of weight_bytes that is a vision/audio tower
+    qk_nope_head_dim: int = 0  # MLA run without MLA stores full K (nope + rope) and V heads
+    v_head_dim: int = 0
+    # the head size and KV heads of the full-attention layers where they differ (Gemma 4: 512; 0: as
+    # head_dim and num_kv_heads)
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    # which parts a quantized checkpoint keeps in 16 bits ("attention", "mlp", "lm_head", "vision") and
+    # where that list came from (hf_quant_config.json, config.json, or a known list: an estimate)
+    quant_kept: tuple[str, ...] = ()
+    quant_kept_source: str = ""
+    # how the checkpoint names its quantization (config.json quant_method, ModelOpt's quant_algo):
+    # the engine's minimum compute capability depends on it, not on the storage format alone
+    quant_method: str = ""
+    quant_algo: str = ""
+
+
+@dataclass(frozen=True)
 class ModelFacts:
+    """A model's architecture and weights as every engine plans from them. What one engine alone
+    reads of its own file format extends this beside that engine (llama.cpp's per-block GGUF
+    layout: ``backends/llamacpp/gguf_facts.GgufFacts``)."""
+
     name: str
     model_type: str
     num_layers: int
@@ -50,43 +77,12 @@ class ModelFacts:
     weight_bytes_source: str
     kv_lora_rank: int = 0  # MLA latent size (0: not an MLA model)
     qk_rope_head_dim: int = 0
-    qk_nope_head_dim: int = 0  # MLA run without MLA stores full K (nope + rope) and V heads
-    v_head_dim: int = 0
     sliding_window: int | None = None
     sliding_layers: int = 0  # how many layers use the sliding window
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
-    vision_bytes: int = 0  # part of weight_bytes that is a vision/audio tower
-    # read from the weights file where the engine plans from one: per-block bytes, expert bytes per
-    # block, token embedding and output bytes
-    layer_bytes: tuple[int, ...] = ()
-    expert_layer_bytes: tuple[int, ...] = ()
-    embedding_bytes: int = 0
-    output_bytes: int = 0
-    # K and V per KV head as the cache stores them where they differ from head_dim (MLA: the latent)
-    cache_key_dim: int = 0
-    cache_value_dim: int = 0
-    # per-layer attention where layers differ (Gemma 4: sliding 16 KV heads × 256, full 4 × 512);
-    # empty: every layer has num_kv_heads and the sliding layers follow sliding_layers
-    kv_heads_per_layer: tuple[int, ...] = ()
-    sliding_per_layer: tuple[bool, ...] = ()
-    cache_key_dim_sliding: int = 0  # K and V head sizes of the sliding layers (0: as the full ones)
-    cache_value_dim_sliding: int = 0
-    shared_kv_layers: int = 0  # the last N layers reuse earlier layers' cache (Gemma 3n / 4 E2B, E4B)
-    # config.json only (vLLM): the architecture vLLM's registry is asked for, the head size of the
-    # full-attention layers where it differs (Gemma 4: global_head_dim 512), and which parts a
-    # quantized checkpoint keeps in 16 bits ("attention", "mlp", "lm_head", "vision") with where
-    # that list came from (hf_quant_config.json, config.json, or a known list: an estimate)
-    architecture: str = ""
-    global_head_dim: int = 0
-    global_kv_heads: int = 0  # KV heads of the full-attention layers where they differ (0: num_kv_heads)
-    quant_kept: tuple[str, ...] = ()
-    quant_kept_source: str = ""
-    # how the checkpoint names its quantization (config.json quant_method, ModelOpt's quant_algo):
-    # the engine's minimum compute capability depends on it, not on the storage format alone
-    quant_method: str = ""
-    quant_algo: str = ""
+    hf: HfCheckpointFacts = field(default_factory=HfCheckpointFacts)  # what only a checkpoint's files say
     # multi-token-prediction layers (num_nextn_predict_layers) and their bytes: in a checkpoint's
     # safetensors (weight_bytes includes them unless estimated), loaded only for speculative decoding
     mtp_layers: int = 0
@@ -387,21 +383,23 @@ def facts_from_config(
         weight_bytes_source=weight_source,
         kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
         qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
-        qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
-        v_head_dim=int(cfg.get("v_head_dim") or 0),
         sliding_window=window,
         sliding_layers=sliding_layers,
         num_experts=int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
         experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-        vision_bytes=vision,
-        architecture=str((config.get("architectures") or [""])[0]),
-        global_head_dim=int(cfg.get("global_head_dim") or 0),
-        global_kv_heads=int(cfg.get("num_global_key_value_heads") or 0),
-        quant_kept=kept,
-        quant_kept_source=kept_source,
-        quant_method=quant_method,
-        quant_algo=quant_algo,
+        hf=HfCheckpointFacts(
+            architecture=str((config.get("architectures") or [""])[0]),
+            vision_bytes=vision,
+            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
+            v_head_dim=int(cfg.get("v_head_dim") or 0),
+            global_head_dim=int(cfg.get("global_head_dim") or 0),
+            global_kv_heads=int(cfg.get("num_global_key_value_heads") or 0),
+            quant_kept=kept,
+            quant_kept_source=kept_source,
+            quant_method=quant_method,
+            quant_algo=quant_algo,
+        ),
         mtp_layers=mtp_layers,
         mtp_bytes=mtp_layers * _mtp_layer_bytes(cfg, quant, kept),
         recurrent_layers=sum(recurrent_pattern),

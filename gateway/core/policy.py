@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.core.errors import ConfigError
 from gateway.core.settings import AUTO as AUTO_CONTEXT  # context_length auto / -1
+from gateway.core.settings import Settings
 
 # A coding agent's first request is 20-30k tokens once a template renders its tools, and agents
 # compact at ~85 % of the window: below 64k there is no room to work; 128k is room enough.
@@ -34,18 +35,19 @@ class Pins:
     engine: Mapping[str, Any] = field(default_factory=dict)  # engine-declared pins given, by setting name
 
     @classmethod
-    def from_values(cls, values: Any) -> Pins:
-        """The pins among ``values``' attributes (a Settings object, whose class names its engines'
-        pins in ``engine_pins``); a context length of -1 (auto) pins no length: every engine sizes
-        the longest that fits. An engine setting counts when it differs from its default."""
-        context, auto = getattr(values, "context_length", None), None
+    def from_values(cls, values: Settings) -> Pins:
+        """The pins among the settings (whose class names its engines' pins in ``engine_pins``); a
+        context length of -1 (auto) pins no length: every engine sizes the longest that fits. An
+        engine setting counts when it differs from its default."""
+        context, auto = values.context_length, None
         if context == AUTO_CONTEXT:
             context, auto = None, True
-        declared = getattr(type(values), "model_fields", {})
+        declared = type(values).model_fields
+        given = values.model_dump(include=set(values.engine_pins))
         engine = {
-            name: getattr(values, name)
-            for name in getattr(values, "engine_pins", ())
-            if getattr(values, name, None) is not None and getattr(values, name) != declared[name].default
+            name: given[name]
+            for name in values.engine_pins
+            if given[name] is not None and given[name] != declared[name].default
         }
         return cls(context, auto, engine)
 
@@ -102,7 +104,7 @@ class Policy:
         return self.engines is None or engine in self.engines
 
 
-def policy_for(settings: Any, limit: int | None, has_gpus: bool) -> Policy:
+def policy_for(settings: Settings, limit: int | None, has_gpus: bool) -> Policy:
     """The policy `plan` and `serve` both use, from the settings and the model's own context limit.
 
     A pinned context length is the minimum too, unless ``min_context`` was given explicitly; without
@@ -126,5 +128,5 @@ def policy_for(settings: Any, limit: int | None, has_gpus: bool) -> Policy:
     top = settings.max_context or limit or FALLBACK_CONTEXT
     cap = top if has_gpus else min(top, CPU_CONTEXT_CAP)
     minimum = settings.min_context if explicit_min else min(settings.min_context, cap)
-    target = min(getattr(settings, "target_context", None) or DEFAULT_TARGET_CONTEXT, cap)
+    target = min(settings.target_context or DEFAULT_TARGET_CONTEXT, cap)
     return Policy(min_context=minimum, max_context=cap, target_context=target, **common)

@@ -35,10 +35,12 @@ def _default_state_dir() -> Path:
 class Settings(BaseSettings):
     """What a user can set that is no engine's own. Field names are the TOML keys; ``GATEWAY_<NAME>``
     the env vars. Each engine declares its own settings (``Backend.settings_model``); the gateway's
-    full settings class is this one with theirs mixed in (:mod:`gateway.planning.settings`)."""
+    full settings class is this one with theirs mixed in (:mod:`gateway.cli.full_settings`)."""
 
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="forbid")
     engine_pins: ClassVar[tuple[str, ...]] = ()  # the engines' settings that pin one of their flags
+    # of those, the ones that choose which of a model's files an engine loads (Backend.file_pins)
+    file_pins: ClassVar[tuple[str, ...]] = ()
 
     host: str = Field("127.0.0.1", description="Address the gateway listens on (0.0.0.0 in containers).")
     port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
@@ -59,6 +61,12 @@ class Settings(BaseSettings):
         "(`plan` and `gpus` show a machine you do not have; a worker lends CPU servers of these sizes).",
     )
     ram: str | None = Field(None, description="Host RAM to plan with, e.g. 64GiB; unset: what is available.")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU threads for an engine server that takes a count (a worker's device servers too); "
+        "unset: all cores.",
+    )
     state_dir: Path = Field(
         default_factory=_default_state_dir,
         description="Where state is kept (remembered configurations, engine logs).",
@@ -231,6 +239,11 @@ class Settings(BaseSettings):
     @property
     def backend_log_dir(self) -> Path:
         return self.log_dir or self.state_dir / "logs"
+
+    def files_pinned(self) -> bool:
+        """A setting that chooses which of the model's files to load (a quantization) was given: a
+        configuration remembered here for other files does not apply, and the search runs again."""
+        return any(self.model_dump(include=set(self.file_pins)).values())
 
     def all_api_keys(self) -> tuple[str, ...]:
         """api_keys plus the key file's lines (blank lines and # comments skipped), each without the

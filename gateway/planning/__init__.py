@@ -1,7 +1,7 @@
 """Planning: which model, which engine, which options fit the devices, and the plan report.
 
 ``catalog`` resolves what the user typed to an entry (asking each engine which files and hub ids it
-can load), ``settings`` mixes every engine's settings into the gateway's, ``planner`` asks each
-registered engine for its candidates and picks, ``plan_report`` prints and serializes the plan.
+can load), ``planner`` asks each registered engine for its candidates and picks, ``plan_report``
+prints and serializes the plan.
 Above ``gateway.core`` and ``backends``; nothing here starts a process or serves a request.
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends import objective, registry
-from backends.base import Backend, Candidate, Installation, ModelFiles
+from backends.base import Backend, Candidate, Evaluation, Installation, ModelFiles
 from gateway.core.devices import Inventory
 from gateway.core.errors import GatewayError
 from gateway.core.model_entry import ModelEntry
@@ -27,10 +27,15 @@ log = logging.getLogger("gateway.planner")
 class EnginePlan:
     """One engine's view of the model, its installation, and its candidates (fitting or not)."""
 
-    backend: Backend[Any, Any]
+    backend: Backend[Any, Any, Any]
     installation: Installation
     model: ModelFiles | None  # None: the catalog entry has no table for this engine
-    candidates: list[Any] = field(default_factory=list)
+    # what the engine's candidates() found (empty until evaluated); its options() takes it back
+    evaluation: Evaluation[Any] = field(default_factory=Evaluation)
+
+    @property
+    def candidates(self) -> list[Any]:
+        return self.evaluation.candidates
 
     @property
     def best(self) -> Candidate | None:
@@ -136,14 +141,16 @@ def read_engines(entry: ModelEntry, installations: dict[str, Installation]) -> l
     return engines
 
 
-def decide(name: str, engines: list[EnginePlan], inventory: Inventory, policy: Policy) -> Plan:
-    """Evaluate every engine's ladder and choose the first engine's best fitting candidate (pure)."""
+def evaluate_and_choose(name: str, engines: list[EnginePlan], inventory: Inventory, policy: Policy) -> Plan:
+    """Evaluate every engine's ladder (into ``engines``) and choose the first engine's best fitting
+    candidate (pure otherwise)."""
     notes = list(inventory.notes)
     for engine in engines:
         if engine.model is not None and policy.plans(engine.backend.name):
-            engine.candidates = engine.backend.candidates(engine.model, inventory, policy, engine.installation)
+            engine.evaluation = engine.backend.candidates(engine.model, inventory, policy, engine.installation)
         if engine.model is not None:
-            notes += [note for note in engine.model.notes if note not in notes]
+            found = [*engine.model.notes, *engine.evaluation.notes]
+            notes += [note for note in found if note not in notes]
         elif policy.plans(engine.backend.name):
             notes.append(f"{engine.backend.title} not planned: {_needs(engine.backend)}")
     bests = [(engine, engine.best) for engine in engines]
@@ -225,6 +232,6 @@ QUANTIZED_HINT = (
 )
 
 
-def _needs(backend: Backend[Any, Any]) -> str:
+def _needs(backend: Backend[Any, Any, Any]) -> str:
     """What the engine needs to be planned, in its own words when it says (``needs``)."""
     return backend.needs or f"the model has no [{backend.name}] source in the catalog"

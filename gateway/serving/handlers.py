@@ -20,13 +20,13 @@ from starlette.responses import JSONResponse, Response
 from backends.base import Launch
 from gateway.serving import messages_api, responses_api
 from gateway.serving import request_shapes as shapes
-from gateway.serving.error_shapes import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
-from gateway.serving.fidelity import (
+from gateway.serving.chat_fixups import (
     ChatStreamFixer,
     clamp_output,
     complete_chat_shape,
     map_max_completion_tokens,
 )
+from gateway.serving.error_shapes import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
 from gateway.serving.prompt_prefix import strip_billing_header
 from gateway.serving.proxy import ChunkFilter, chained, translated_stream
 from gateway.serving.readiness import public

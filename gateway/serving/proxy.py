@@ -25,9 +25,9 @@ from starlette.responses import Response, StreamingResponse
 
 from backends.base import Launch
 from gateway.core.auth import bearer_header
+from gateway.serving.chat_fixups import PER_MESSAGE_OVERHEAD, flatten_prompt
 from gateway.serving.edge import request_id
 from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
-from gateway.serving.fidelity import PER_MESSAGE_OVERHEAD, flatten_prompt
 from gateway.serving.sse import chat_chunks
 from gateway.serving.stream_guard import checked_chunks
 

@@ -32,10 +32,10 @@ from typing import Any, Protocol
 from backends.base import Launch, Option
 from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
+from gateway.supervision.after_failure import GiveUp, Replan, Stop, next_move, restart_move
 from gateway.supervision.engine_run import EngineRun, Run, RunFactory, RunState
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
-from gateway.supervision.moves import GiveUp, Replan, Stop, next_move, restart_move
 
 log = logging.getLogger("gateway.supervisor")
 

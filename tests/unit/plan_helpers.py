@@ -6,7 +6,7 @@ from typing import Any
 
 from backends import llamacpp, vllm
 from backends.base import Installation
-from gateway.core.model_facts import ModelFacts
+from backends.llamacpp.gguf_facts import GgufFacts
 from gateway.planning.planner import EnginePlan
 
 
@@ -14,7 +14,7 @@ def engine_plans(
     name: str,
     *,
     checkpoints: list[vllm.Checkpoint] | None = None,
-    gguf_facts: ModelFacts | None = None,
+    gguf_facts: GgufFacts | None = None,
     gguf: str = "model.gguf",
     chat_format: str | None = None,
     vllm_version: str = vllm.DEFAULT_VERSION,

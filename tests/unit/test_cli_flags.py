@@ -8,7 +8,7 @@ import pytest
 
 from gateway.cli.commands import PLAN_SETTINGS, SERVE_SETTINGS, build_parser
 from gateway.cli.flags import add_setting_flags, given
-from gateway.planning.settings import Settings
+from gateway.cli.full_settings import Settings
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from gateway.cli.flags import settings_table
-from gateway.planning.settings import Settings
+from gateway.cli.full_settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

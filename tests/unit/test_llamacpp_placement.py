@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp
+from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.gguf_reader import GgufHeader
 from backends.llamacpp.placement import (
     SCHED_COPIES,
@@ -26,7 +27,6 @@ from backends.llamacpp.placement import (
     pipeline_parallel,
 )
 from gateway.core.devices import MIB, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts
 from tests.replay.llamacpp_placement import (
     CASES,
     Case,
@@ -47,7 +47,7 @@ def _header(model: str) -> GgufHeader:
     return header_from_table(json.loads((LOGS / table_name(model)).read_text()))
 
 
-def _facts(model: str) -> ModelFacts:
+def _facts(model: str) -> GgufFacts:
     header = _header(model)
     facts = llamacpp.facts_from_gguf(header, model)
     if facts.is_moe and not facts.moe_intermediate_size:

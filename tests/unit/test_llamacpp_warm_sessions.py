@@ -8,18 +8,19 @@ from pathlib import Path
 
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, warm_sessions
+from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.ladder import candidates
 from backends.llamacpp.placement import HOST_MARGIN_BYTES
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
-from gateway.planning.planner import decide
+from gateway.planning.planner import evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
-def _facts(name: str) -> ModelFacts:
+def _facts(name: str) -> GgufFacts:
     config = json.loads((CONFIGS / f"{name}.json").read_text())
     return estimate_gguf_facts(facts_from_config(config, name), config, 4.5)
 
@@ -27,7 +28,7 @@ def _facts(name: str) -> ModelFacts:
 def _plan(name: str, ram_gib: float, min_context: int = 8192) -> llamacpp.LlamaCppCandidate:
     inventory = Inventory(parse_gpu_spec("1x24GiB"), int(ram_gib * GIB), int(ram_gib * GIB), source="simulated")
     engines = engine_plans(name, gguf_facts=_facts(name), launcher="native")
-    plan = decide(name, engines, inventory, Policy(min_context=min_context))
+    plan = evaluate_and_choose(name, engines, inventory, Policy(min_context=min_context))
     chosen = plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
     return chosen

@@ -23,7 +23,7 @@ from gateway.core.devices import GIB, Inventory
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 from gateway.core.process import free_port
-from gateway.planning.planner import decide
+from gateway.planning.planner import evaluate_and_choose
 from gateway.serving.status_page import render
 from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun
@@ -87,7 +87,7 @@ def test_the_cpu_term_is_calibrated_from_a_remembered_cpu_measurement() -> None:
 
     def estimate(remembered: dict[str, object] | None) -> float:
         engines = engine_plans("q", gguf_facts=facts, launcher="native")
-        plan = decide("q", engines, inventory, Policy(min_context=4096, remembered=remembered))
+        plan = evaluate_and_choose("q", engines, inventory, Policy(min_context=4096, remembered=remembered))
         # one row, compared with itself: the calibrated speed may rank another row first (under 10 tokens/s
         # a faster KV type goes ahead), which says nothing of the calibration
         rows = [c for c in plan.candidates_of("llamacpp") if c.fits and c.kv_type == "f16" and not c.optional]

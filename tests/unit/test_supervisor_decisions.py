@@ -15,7 +15,16 @@ import pytest
 
 from backends import llamacpp, vllm
 from backends.base import Failure, FailureKind, Option
-from gateway.supervision.moves import MAX_RESTARTS, GiveUp, NextOption, Restart, Retry, Stop, next_move, restart_move
+from gateway.supervision.after_failure import (
+    MAX_RESTARTS,
+    GiveUp,
+    NextOption,
+    Restart,
+    Retry,
+    Stop,
+    next_move,
+    restart_move,
+)
 from gateway.supervision.supervisor import RESTART_BACKOFF_S, Supervisor
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"

@@ -18,10 +18,10 @@ import pytest
 
 from backends import llamacpp, vllm
 from backends.base import Failure, Launch, Option, most_telling
+from gateway.supervision.after_failure import MAX_RESTARTS
 from gateway.supervision.engine_run import RunState
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
-from gateway.supervision.moves import MAX_RESTARTS
 from gateway.supervision.supervisor import MAX_ATTEMPTS, Remember, Supervisor
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gateway.serving import messages_api, responses_api
+from gateway.serving.chat_fixups import ChatStreamFixer, clamp_output, complete_chat_shape, map_max_completion_tokens
 from gateway.serving.error_shapes import ApiError
-from gateway.serving.fidelity import ChatStreamFixer, clamp_output, complete_chat_shape, map_max_completion_tokens
 from gateway.serving.sse import DONE, chat_chunks
 
 

@@ -22,7 +22,7 @@ from backends.vllm.release_table import table_for, versions
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Pins, Policy
-from gateway.planning.planner import decide
+from gateway.planning.planner import evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -102,7 +102,7 @@ def _plan_row(facts: ModelFacts, capability: tuple[int, int], release: str, kv: 
         },
     )
     engines = engine_plans(facts.name, checkpoints=[vllm.Checkpoint(facts.name, facts)], vllm_version=release)
-    plan = decide(facts.name, engines, inventory, Policy(min_context=4096, pins=pins))
+    plan = evaluate_and_choose(facts.name, engines, inventory, Policy(min_context=4096, pins=pins))
     (candidate,) = plan.candidates_of("vllm")
     assert isinstance(candidate, vllm.VllmCandidate)
     return candidate
@@ -194,7 +194,7 @@ def test_the_h100_plan_notes_flashattention_for_its_fp8_kv() -> None:
     engines = engine_plans(facts.name, checkpoints=[vllm.Checkpoint(facts.name, facts)], vllm_version="0.32.0")
     inventory = Inventory(parse_gpu_spec("1x80GiB@9.0"), 64 * GIB, 64 * GIB, source="simulated")
     pins = Pins(context_length=4096, engine={"kv_cache_dtype": "fp8", "tensor_parallel_size": 1})
-    plan = decide(facts.name, engines, inventory, Policy(min_context=4096, pins=pins))
+    plan = evaluate_and_choose(facts.name, engines, inventory, Policy(min_context=4096, pins=pins))
     notes = [n for n in plan.notes if "fp8 KV runs on" in n]
     assert notes and "FLASH_ATTN (attention backend, FA3)" in notes[0], plan.notes
 
@@ -212,7 +212,7 @@ def test_gemma4_head_size_512_gets_the_backend_its_config_hook_sets(
     supports_head_size takes 512 only with FA4), else forces TRITON_ATTN; FA2 (8.x, 12.x) takes no 512."""
     config = json.loads((CONFIGS / "gemma-4-31B-it.json").read_text())
     facts = facts_from_config(config, "gemma-4-31B-it")
-    assert (facts.head_dim, facts.global_head_dim) == (256, 512)
+    assert (facts.head_dim, facts.hf.global_head_dim) == (256, 512)
     verdict = table_for("0.32.0").attention_backend(facts, capability, kv)
     assert verdict.ok and verdict.reason.startswith(backend), verdict.reason
     if backend == "FLASH_ATTN":

@@ -14,7 +14,7 @@ from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
-from gateway.planning.planner import Plan, decide
+from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -29,7 +29,7 @@ def _qwen(quantization: dict[str, object] | None) -> dict[str, object]:
 def _plan(checkpoints: list[vllm.Checkpoint], spec: str, version: str, pins: Pins | None = None) -> Plan:
     engines = engine_plans("m", checkpoints=checkpoints, vllm_version=version)
     inventory = Inventory(parse_gpu_spec(spec), 64 * GIB, 64 * GIB, source="simulated")
-    return decide(
+    return evaluate_and_choose(
         "m", engines, inventory, Policy(min_context=(pins and pins.context_length) or 32768, pins=pins or Pins())
     )
 
@@ -48,7 +48,7 @@ def test_modelopt_fp8_is_read_as_fp8_at_about_one_byte_per_weight() -> None:
     nested = facts_from_config(_qwen({"quant_method": "modelopt", "quantization": {"quant_algo": "fp8"}}), "n")
     bf16 = facts_from_config(_qwen(None), "bf16")
     assert (fp8.quantization, nvfp4.quantization, nested.quantization) == ("fp8", "nvfp4", "fp8")
-    assert fp8.quant_method == "modelopt" and fp8.quant_algo == "FP8"
+    assert fp8.hf.quant_method == "modelopt" and fp8.hf.quant_algo == "FP8"
     assert 0.5 < fp8.weight_bytes / bf16.weight_bytes < 0.6  # ~1 byte per linear weight, embeddings in 16 bits
     assert fp8.weight_bytes > 1.4 * nvfp4.weight_bytes  # was taken for NVFP4 before
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from backends import vllm
 from backends.base import Installation
 from backends.vllm import multinode
+from gateway.cli.full_settings import Settings
 from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.policy import Policy
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render
-from gateway.planning.planner import Plan, decide
-from gateway.planning.settings import Settings
+from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 
@@ -31,7 +31,7 @@ def _plan(inventory: Inventory) -> Plan:
     # the BF16 checkpoint only: the NVFP4 one runs on one node of 4090s (ModelOpt NVFP4 needs 7.5)
     checkpoints = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints[:1]
     engines = engine_plans("glm-4.7-flash", checkpoints=checkpoints, parsers=("glm47", "glm45"))
-    return decide("glm-4.7-flash", engines, inventory, Policy())
+    return evaluate_and_choose("glm-4.7-flash", engines, inventory, Policy())
 
 
 def _across(plan: Plan) -> list[vllm.VllmCandidate]:
@@ -73,7 +73,9 @@ def test_the_argv_and_steps_are_exact_and_nothing_is_started() -> None:
     assert "vLLM across nodes (planned only" in text and "ray start --address HEAD:6379" in text
     installed = Installation(("vllm", "serve"), "0.32.0", "given")
     model = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash"))
-    options = vllm.BACKEND.options(model, plan.candidates_of("vllm"), Policy(), installed, Settings())
+    engine = plan.engine("vllm")
+    assert engine is not None
+    options = vllm.BACKEND.options(model, engine.evaluation, Policy(), installed, Settings())
     assert options == []  # serve never starts it
 
 

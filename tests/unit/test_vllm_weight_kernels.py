@@ -17,7 +17,7 @@ from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Policy
 from gateway.planning.catalog import builtin_catalog
-from gateway.planning.planner import Plan, decide
+from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -35,7 +35,7 @@ NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
 def _plan(facts: ModelFacts, spec: str, version: str = "0.32.0") -> Plan:
     engines = engine_plans(facts.name, checkpoints=[vllm.Checkpoint(facts.name, facts)], vllm_version=version)
     inventory = Inventory(parse_gpu_spec(spec), 64 * GIB, 64 * GIB, source="simulated")
-    return decide(facts.name, engines, inventory, Policy(min_context=32768))
+    return evaluate_and_choose(facts.name, engines, inventory, Policy(min_context=32768))
 
 
 @pytest.mark.parametrize(
@@ -79,11 +79,13 @@ def test_the_cutlass_fp4_moe_note_is_not_given_on_ampere() -> None:
     faster SM12x path belongs to GPUs with FP4 tensor cores; on RTX 3090s it runs as W4A16 Marlin."""
     checkpoints = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints
     engines = engine_plans("glm-4.7-flash", checkpoints=checkpoints, vllm_version="0.21.0")
-    ampere = decide("glm-4.7-flash", engines, Inventory(parse_gpu_spec("2x24GiB@8.6"), 64 * GIB, 64 * GIB), Policy())
+    ampere = evaluate_and_choose(
+        "glm-4.7-flash", engines, Inventory(parse_gpu_spec("2x24GiB@8.6"), 64 * GIB, 64 * GIB), Policy()
+    )
     assert not any("CUTLASS FP4 MoE" in note for note in ampere.notes), ampere.notes
     assert any("NVFP4 runs as W4A16 Marlin" in note for note in ampere.notes), ampere.notes
     engines = engine_plans("glm-4.7-flash", checkpoints=checkpoints, vllm_version="0.21.0")
-    blackwell = decide(
+    blackwell = evaluate_and_choose(
         "glm-4.7-flash", engines, Inventory(parse_gpu_spec("2x32GiB@12.0"), 64 * GIB, 64 * GIB), Policy()
     )
     assert any("CUTLASS FP4 MoE" in note for note in blackwell.notes), blackwell.notes

@@ -34,6 +34,7 @@ def _compose() -> type[core.Settings]:
                 "__module__": __name__,
                 "__doc__": "Everything a user can set: the gateway's settings and every engine's own.",
                 "engine_pins": tuple(name for backend in registry.BACKENDS for name in backend.pins),
+                "file_pins": tuple(name for backend in registry.BACKENDS for name in backend.file_pins),
                 "_engine_known": field_validator("engine")(classmethod(_engine_known)),
             },
         ),
