@@ -39,6 +39,11 @@ class ExternalBackend:
     def ready(self) -> bool:
         return self.state is State.READY
 
+    @property
+    def context_length(self) -> int:
+        """What the server's /v1/models (or --context-length) says."""
+        return self._target.context_length
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="external backend")
 

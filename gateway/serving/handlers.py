@@ -130,7 +130,7 @@ class Inference:
         return target
 
     async def _prompt_tokens(self, target: Launch, payload: dict[str, Any]) -> int | None:
-        counted = await self.rt.upstream.count_prompt(target, payload)
+        counted = await self.rt.engine_client.count_prompt(target, payload)
         return None if counted is None else counted[0]
 
     async def _fit_chat(self, target: Launch, payload: dict[str, Any]) -> tuple[bool, int | None]:
@@ -145,7 +145,7 @@ class Inference:
         requested = payload.get("max_tokens")
         if not (isinstance(requested, int) and requested > target.context_length // 4):
             return changed, None
-        counted = await self.rt.upstream.count_prompt(target, payload)
+        counted = await self.rt.engine_client.count_prompt(target, payload)
         if counted is None:
             return changed, None
         prompt, exact = counted
@@ -189,7 +189,7 @@ class Inference:
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
 
         async with self.rt.admission.slot() as ticket:
-            return await self.rt.upstream.relay(
+            return await self.rt.engine_client.relay(
                 target,
                 path,
                 body,
@@ -204,7 +204,7 @@ class Inference:
     ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
         async with self.rt.admission.slot() as ticket:
-            return await self.rt.upstream.relay(
+            return await self.rt.engine_client.relay(
                 target,
                 dialect.path,
                 body if body is not None else json.dumps(payload).encode(),
@@ -240,7 +240,7 @@ class Inference:
         _, prompt = await self._fit_chat(target, chat)
         async with self.rt.admission.slot() as ticket:
             if not chat["stream"]:
-                status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
+                status, answer = await self.rt.engine_client.post_json(target, "/v1/chat/completions", chat)
                 if status == 200 and not _is_chat_completion(answer):
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
@@ -252,7 +252,7 @@ class Inference:
             usage: ChunkFilter | None = (
                 ChatStreamFixer(mirror=None, usage_prompt_tokens=prompt or 0) if synthesize else None
             )
-            failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
+            failed, chunks = await self.rt.engine_client.chat_stream(target, json.dumps(chat).encode(), usage)
             if failed is not None:
                 return dialect.errors.engine_error(*failed, target.context_length)
             events = dialect.events(chunks, payload, fronted, prompt or 0)
@@ -266,10 +266,10 @@ class Inference:
         target = self._target()
         if "messages" in target.native:
             body = json.dumps(payload).encode() if changed else body
-            return await self.rt.upstream.relay(
+            return await self.rt.engine_client.relay(
                 target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
             )
         chat = messages_api.to_chat({**payload, "stream": False}, self.rt.route.served)
-        counted = await self.rt.upstream.count_prompt(target, chat)
+        counted = await self.rt.engine_client.count_prompt(target, chat)
         tokens = counted[0] if counted else len(messages_api.prompt_text(payload)) // 4
         return JSONResponse({"input_tokens": tokens})

@@ -81,8 +81,9 @@ class Timeouts:
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
-class Upstream:
-    """One pooled HTTP client for whichever backend is live (its URL and key change on restarts).
+class EngineClient:
+    """One pooled HTTP client for whichever backend is live (its URL and key change on restarts): it
+    relays requests and streams, and asks the engine to count a prompt's tokens.
 
     aiohttp's client rather than httpx on this path: measured in benchmarks/proxy_overhead.py, the
     same passthrough costs 3-10x less CPU per request with it (httpx's pool dominates the profile)."""

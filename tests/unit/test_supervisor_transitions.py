@@ -374,7 +374,8 @@ def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: 
     remember = Remember(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
     planned, other = _llama(), _llama(context_length=1024)
     store.put("org/tiny", "gpu-fingerprint", "llamacpp", "0.3.36", planned.memo())
-    options = remembered_first([planned, other], remember, lambda entry: planned.from_memo(entry["memo"]))
+    entry = store.get("org/tiny", "gpu-fingerprint")
+    options = remembered_first([planned, other], remember, entry, lambda entry: planned.from_memo(entry["memo"]))
     assert [o.memo() for o in options] == [planned.memo(), other.memo()]
 
 
