@@ -54,7 +54,7 @@ class Gateway:
         the reason only for a request that may see them."""
         backend = self.rt.backend
         detail = may_see_detail(request.scope)
-        if backend.ready and backend.launch is not None and not await self.probe.answers(backend.launch):
+        if backend.ready and backend.target is not None and not await self.probe.answers(backend.target):
             why = f"the engine does not answer its health check within {self.probe.timeout_s:g} s"
             silent = {"status": "not_answering", **({"reason": why} if detail else {})}
             return JSONResponse(silent, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})

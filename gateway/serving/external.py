@@ -25,7 +25,7 @@ POLL_S = 2.0
 
 class ExternalBackend:
     def __init__(self, launch: Launch) -> None:
-        self.launch: Launch | None = launch
+        self.target: Launch | None = launch  # the server, described as an engine target
         self._target = launch
         self.state = State.STARTING
         self.reason: str | None = "waiting for the backend to answer"

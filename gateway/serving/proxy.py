@@ -23,18 +23,18 @@ from typing import Any, Protocol
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
-from backends.base import Launch
 from gateway.core.auth import bearer_header
 from gateway.serving.edge import request_id
 from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
 from gateway.serving.fidelity import PER_MESSAGE_OVERHEAD, flatten_prompt
 from gateway.serving.sse import chat_chunks
 from gateway.serving.stream_guard import checked_chunks
+from gateway.supervision.lifecycle import EngineTarget
 
 log = logging.getLogger("gateway.proxy")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-STREAM_KEEPALIVE = "stream_keepalive"  # in Launch.native: a connection stays usable after a stream
+STREAM_KEEPALIVE = "stream_keepalive"  # in EngineTarget.native: a connection stays usable after a stream
 
 
 class ChunkFilter(Protocol):
@@ -123,7 +123,7 @@ class EngineClient:
         return unavailable(self.stopping or f"the backend {what} ({type(exc).__name__}); retry shortly")
 
     async def open(
-        self, target: Launch, path: str, body: bytes, *, stream: bool = False, deadline: float | None = None
+        self, target: EngineTarget, path: str, body: bytes, *, stream: bool = False, deadline: float | None = None
     ) -> aiohttp.ClientResponse:
         """Send the request and return the response with its body still unread (its headers came by
         ``deadline``, a loop time; default: the first-byte or the whole-answer bound).
@@ -195,12 +195,12 @@ class EngineClient:
             self._finish(upstream, finished)
         return b"".join(parts)
 
-    async def post_json(self, target: Launch, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
+    async def post_json(self, target: EngineTarget, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
         deadline = _after(self.timeouts.answer_s)
         upstream = await self.open(target, path, json.dumps(payload).encode(), deadline=deadline)
         return upstream.status, _json_or_error(await self.read(upstream, deadline))
 
-    async def count_tokens(self, target: Launch, text: str) -> int | None:
+    async def count_tokens(self, target: EngineTarget, text: str) -> int | None:
         """The engine's own token count for ``text`` (None when it has no tokenizer endpoint)."""
         if not target.tokenize_path:
             return None
@@ -211,7 +211,7 @@ class EngineClient:
         count = body.get("count")
         return int(count) if isinstance(count, int) else len(body.get("tokens") or [])
 
-    async def count_prompt(self, target: Launch, request: dict[str, Any]) -> tuple[int, bool] | None:
+    async def count_prompt(self, target: EngineTarget, request: dict[str, Any]) -> tuple[int, bool] | None:
         """(prompt tokens, exact) of a chat or completion request, or None when the engine cannot count.
 
         Exact when the engine renders the chat with its own template (tools included, as the template
@@ -238,7 +238,7 @@ class EngineClient:
 
     async def relay(
         self,
-        target: Launch,
+        target: EngineTarget,
         path: str,
         body: bytes,
         *,
@@ -279,7 +279,7 @@ class EngineClient:
         return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
 
     async def chat_stream(
-        self, target: Launch, body: bytes, chunk_filter: ChunkFilter | None = None
+        self, target: EngineTarget, body: bytes, chunk_filter: ChunkFilter | None = None
     ) -> tuple[tuple[int, Any] | None, AsyncIterator[Any]]:
         """Open a streamed chat completion for a translator: ((status, parsed error) or None, parsed chunks).
         A broken or silent stream ends with an ``{"error": …}`` chunk the translator words in its dialect."""

@@ -80,8 +80,8 @@ class Runtime:
 
     def capacity(self) -> int:
         """Requests the live engine runs at once (it changes when the engine restarts or steps down)."""
-        launch = self.backend.launch
-        return launch.max_concurrency if launch else 1
+        target = self.backend.target
+        return target.max_concurrency if target else 1
 
     def context_length(self) -> int:
         """The one context figure (/v1/models, /status, /metrics): the backend's (see ServedBackend)."""

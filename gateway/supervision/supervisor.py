@@ -142,7 +142,8 @@ class Supervisor:
         return self.state is State.READY and self.live is not None and self.live.ready
 
     @property
-    def launch(self) -> Launch | None:
+    def target(self) -> Launch | None:
+        """Where requests go: the engine that runs or is starting (a Launch is an EngineTarget)."""
         return self.live.launch if self.live else None
 
     @property

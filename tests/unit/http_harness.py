@@ -307,7 +307,7 @@ class FakeBackend:
         return self.state is State.READY
 
     @property
-    def launch(self) -> Launch | None:
+    def target(self) -> Launch | None:
         return self._launch
 
     @property

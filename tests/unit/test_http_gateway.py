@@ -479,7 +479,7 @@ def test_an_external_backend_that_never_answered_is_unreachable_not_starting() -
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     runtime = make_runtime(f"http://127.0.0.1:{dead.getsockname()[1]}")
-    launch = runtime.backend.launch
+    launch = runtime.backend.target
     assert launch is not None
     backend = ExternalBackend(dataclasses.replace(launch, engine="external"))
     runtime.backend = backend
