@@ -116,7 +116,7 @@ def worker_command(args: argparse.Namespace) -> int:
         gpus=settings.gpus,
         cpu_memory=args.cpu_memory,
         threads=getattr(settings, "threads", None),  # the lending engine's own setting
-        api_keys=settings.all_api_keys(),
+        api_keys=settings.read_api_keys(),
         server_command=tuple(shlex.split(args.server_command)) if args.server_command else None,
         log_dir=settings.backend_log_dir,
     )

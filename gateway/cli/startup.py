@@ -179,7 +179,7 @@ def with_other_nodes(
         names = sorted({g.node for g in remote})
         return replace(machine, remote=remote, notes=(*machine.notes, f"simulated devices on {', '.join(names)}"))
     if nodes is None and settings.workers:
-        nodes = Nodes(settings.workers, worker_key(settings, settings.all_api_keys()))
+        nodes = Nodes(settings.workers, worker_key(settings, settings.read_api_keys()))
     return nodes.survey(machine) if nodes is not None else machine
 
 
@@ -318,7 +318,7 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
     --backend-url), the client to the engine and the app's runtime with the plan's figures. The API
     keys are read here once (an empty key or a key file without one is refused before anything starts);
     ``machine``: this machine's devices, when the caller read them."""
-    keys = settings.all_api_keys()
+    keys = settings.read_api_keys()
     timeouts = Timeouts(
         connect_s=settings.connect_timeout_s,
         first_byte_s=settings.first_byte_timeout_s,

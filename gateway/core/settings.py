@@ -232,9 +232,10 @@ class Settings(BaseSettings):
     def backend_log_dir(self) -> Path:
         return self.log_dir or self.state_dir / "logs"
 
-    def all_api_keys(self) -> tuple[str, ...]:
+    def read_api_keys(self) -> tuple[str, ...]:
         """api_keys plus the key file's lines (blank lines and # comments skipped), each without the
-        spaces around it (a header value loses them on the way in).
+        spaces around it (a header value loses them on the way in). Each call reads the file: `serve`
+        calls it once (gateway.cli.startup.assemble) and hands the keys on.
 
         An empty or blank key is refused rather than dropped: ``--api-key "$GATEWAY_API_KEY"`` with the
         variable unset would otherwise start a gateway that believes it has a key and lets everyone in;
