@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from backends.objective import Traits
-    from gateway.core.devices import Inventory
+    from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
 
@@ -216,7 +216,9 @@ class Candidate(Protocol):
     def kv_tokens(self) -> int: ...  # tokens the KV cache holds (0 when the engine does not say)
     @property
     def traits(self) -> Traits: ...  # what it gives and gives up, as the one objective ranks (backends/objective.py)
-    def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (device, term, bytes) for /metrics
+    @property
+    def devices(self) -> tuple[Device, ...]: ...  # what memory_terms' device positions name, in the engine's order
+    def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (position in devices, term, bytes) for /metrics
     def to_json(self) -> dict[str, Any]: ...
 
 

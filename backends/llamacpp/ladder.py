@@ -59,6 +59,7 @@ class LlamaCppCandidate:
     weight_bits: float = 0.0  # the GGUF's bits per weight (0: its type is not known)
     # llama-server's prompt cache in RAM and context checkpoints, sized from the RAM left (not in host_total)
     warm: warm_sessions.WarmSessions = field(default_factory=warm_sessions.WarmSessions)
+    devices: tuple[Device, ...] = ()  # the placement's devices in llama.cpp's order (-ts, memory_terms)
 
     @property
     def draft(self) -> str | None:
@@ -325,6 +326,7 @@ def _rungs(
                 goal=goal,
                 weight_bits=bits,
                 warm=warm,
+                devices=gpus,
             )
         )
     return out

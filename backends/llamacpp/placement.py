@@ -206,7 +206,7 @@ def compute_buffer_bytes(
 
 
 def cuda_attention_copies_bytes(
-    facts: ModelFacts, n_ctx: int, kv_type: str, launcher: str, blocks: list[int], blocks_on_host: bool
+    facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, blocks: list[int], blocks_on_host: bool
 ) -> int:
     """A local CUDA GPU's compute buffer when flash attention works on f16 copies of a layer's K and V
     (a quantized cache, or blocks left on the CPU): the masks, 5 hidden-sized tensors and the largest

@@ -85,6 +85,7 @@ class VllmCandidate:
     tokens_per_s: float = 0.0  # estimated decode of one request (backends/vllm/estimate.py)
     problems: list[str] = field(default_factory=list)  # why it does not fit, each in a few numbers
     goal: Goal = field(default_factory=Goal)  # the context the plan aims for
+    devices: tuple[Device, ...] = ()  # the GPUs its tensor-parallel ranks run on (memory_terms' positions)
 
     @property
     def headline(self) -> str:
@@ -330,6 +331,7 @@ def evaluate(
         weight_kernel=marlin.scheme if marlin else "",
         tokens_per_s=speed,
         goal=goal,
+        devices=gpus[: flags.tensor_parallel_size],
     )
     candidate.problems = problems
     return candidate

@@ -18,27 +18,15 @@ import signal
 import sys
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.cli.flags import add_setting_flags, given
 from gateway.cli.full_settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
 from gateway.cli.log_setup import configure_logging, use_json_lines
 from gateway.core.errors import GatewayError
 from gateway.serving.listen import bind_listener
-from gateway.serving.model_names import ModelRoute
-
-if TYPE_CHECKING:
-    from gateway.planning.planner import Plan
-    from gateway.serving.proxy import Upstream
-    from gateway.serving.runtime import PlanFigures, Runtime
-    from gateway.supervision.lifecycle import ServedBackend
 
 log = logging.getLogger("gateway")
-
-# After the drain (shutdown_grace_s) the engine gets SIGTERM and this long before SIGKILL: a busy
-# engine waits for its generation on SIGTERM, and the drain already gave requests their time.
-ENGINE_TERM_WAIT_S = 5.0
-
 
 # Settings each command exposes as flags (declared once: gateway/core/settings.py and each engine's own).
 SERVE_SETTINGS = SETTING_NAMES
@@ -128,7 +116,7 @@ def worker_command(args: argparse.Namespace) -> int:
         gpus=settings.gpus,
         cpu_memory=args.cpu_memory,
         threads=settings.threads,
-        api_keys=settings.all_api_keys(),
+        api_keys=settings.read_api_keys(),
         server_command=tuple(shlex.split(args.server_command)) if args.server_command else None,
         log_dir=settings.backend_log_dir,
     )
@@ -169,49 +157,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Assemble the gateway (gateway.cli.startup.assemble) and serve it until a stop is asked for."""
     import uvicorn
 
-    from gateway.cli.startup import decide, plan_summary
+    from gateway.cli.startup import assemble
     from gateway.serving.app import create_app
     from gateway.serving.drain import DrainingServer
     from gateway.serving.http_limits import bounded_protocol, connection_cap
-    from gateway.serving.proxy import Timeouts, Upstream
     from gateway.supervision.lifecycle import State
-    from gateway.supervision.supervisor import Supervisor
 
     settings = load_settings(given(args, SERVE_SETTINGS), args.config)
     if settings.log_format == "json":
         use_json_lines()
-    settings.all_api_keys()  # an empty key or a key file without one is refused before anything starts
-    timeouts = Timeouts(
-        connect_s=settings.connect_timeout_s,
-        first_byte_s=settings.first_byte_timeout_s,
-        stream_idle_s=settings.stream_idle_timeout_s,
-        answer_s=settings.request_timeout_s,
-    )
-    upstream = Upstream(timeouts, max_answer_bytes=settings.max_answer_bytes)
-    if settings.backend_url:
-        runtime = _external_runtime(settings, upstream)
-        fronted = runtime.route.fronted
-        supervisor = None
-    else:
-        decision = decide(settings)
-        plan = decision.plan
-        supervisor = Supervisor(
-            decision.options,
-            log_dir=settings.backend_log_dir,
-            startup_timeout_s=settings.startup_timeout_s,
-            shutdown_grace_s=ENGINE_TERM_WAIT_S,
-            remember=decision.remember,
-            plan_summary=plan_summary(plan),
-            replan=decision.replan,
-            nodes=decision.nodes,
-        )
-        for number, option in enumerate(decision.options, 1):
-            log.info("option %d of %d: %s", number, len(decision.options), option.label)
-        runtime = _runtime(settings, decision.route, supervisor, upstream, _plan_figures(plan))
-        decision.replanned.append(lambda fresh: _show_plan(runtime, fresh))
-        fronted = decision.route.fronted
+    served = assemble(settings)
+    runtime, supervisor, fronted = served.runtime, served.supervisor, served.fronted
     sock = bind_listener(settings.host, settings.port)
     config = uvicorn.Config(
         create_app(runtime),
@@ -263,25 +222,6 @@ def serve(args: argparse.Namespace) -> int:
     return 1
 
 
-def _plan_figures(plan: Plan) -> PlanFigures:
-    """What /metrics and the status page show of the plan: the chosen candidate's memory per device."""
-    from gateway.serving.metrics import live_gpu_memory
-    from gateway.serving.runtime import PlanFigures
-
-    chosen = plan.chosen
-    return PlanFigures(
-        plan_memory=chosen.memory_terms() if chosen is not None else [],
-        plan_kv_tokens=chosen.kv_tokens if chosen is not None else 0,
-        plan_details={"candidates": [c.to_json() for c in plan.candidates]},
-        gpu_memory=live_gpu_memory if plan.inventory.gpus else None,
-    )
-
-
-def _show_plan(runtime: Runtime, plan: Plan) -> None:
-    """A plan made again (a node lost or back) replaces the first one on /status and /metrics."""
-    runtime.show_plan(_plan_figures(plan))
-
-
 def gpus_command(args: argparse.Namespace) -> int:
     """The inventory as the planner sees it."""
     from gateway.core.devices import GIB, inventory
@@ -300,40 +240,6 @@ def gpus_command(args: argparse.Namespace) -> int:
         print(f"peer-to-peer between all GPUs: {'yes' if machine.peer_to_peer else 'no'}")
     print(f"RAM: {machine.ram_total_bytes / GIB:.1f} GiB total, {machine.ram_available_bytes / GIB:.1f} GiB available")
     return 0
-
-
-def _external_runtime(settings: Any, upstream: Upstream) -> Runtime:
-    """`--backend-url`: the served name, context and capacity come from the server itself."""
-    from gateway.serving.external import ExternalBackend, describe_server
-
-    launch, fronted = describe_server(settings)
-    backend: ServedBackend = ExternalBackend(launch)  # mypy checks that it conforms
-    route = ModelRoute(fronted=fronted, served=launch.served_name, context_length=launch.context_length)
-    return _runtime(settings, route, backend, upstream)
-
-
-def _runtime(
-    settings: Any, route: ModelRoute, backend: ServedBackend, upstream: Upstream, figures: PlanFigures | None = None
-) -> Runtime:
-    """The app's runtime: what the settings decide about limits and keys, for either kind of backend."""
-    from gateway.serving.runtime import Runtime
-
-    runtime = Runtime(
-        route=route,
-        backend=backend,
-        upstream=upstream,
-        max_body_bytes=settings.max_body_bytes,
-        max_body_elements=settings.max_body_elements,
-        queue_limit=settings.queue_limit,
-        queue_wait_s=settings.queue_wait_s,
-        api_keys=settings.all_api_keys(),
-        bind_host=settings.host,
-        allowed_hosts=tuple(settings.allowed_hosts),
-        cors_allow_origins=tuple(settings.cors_allow_origins),
-    )
-    if figures is not None:
-        runtime.show_plan(figures)
-    return runtime
 
 
 def plan_command(args: argparse.Namespace) -> int:

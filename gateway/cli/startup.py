@@ -1,4 +1,10 @@
-"""From settings to the ordered options the supervisor will try: plan first, then make it startable.
+"""`serve`'s assembly, in one place: from settings to the ordered options the supervisor will try
+(plan first, then make it startable), then the supervisor (or the external backend), the client to
+the engine and the app's runtime with the plan's figures. ``gateway.cli.commands`` only runs it.
+
+What is read from disk is read once here: the API keys (the app's, and the first one sent to the
+workers) and the remembered configuration (the plan, its measured note and the supervisor's first
+option all use the one read).
 
 Each engine turns its own fitting candidates into options (vLLM: its best few rungs, so a failure
 has somewhere to step down to; llama.cpp: its best placement); they are tried in the registry's order
@@ -25,15 +31,27 @@ from gateway.core.settings import Settings
 from gateway.nodes.survey import Nodes
 from gateway.planning.catalog import DEFAULT_MODEL, Catalog, catalog_with
 from gateway.planning.planner import EnginePlan, Plan, evaluate_and_choose, read_engines
+from gateway.serving.external import ExternalBackend, describe_server
+from gateway.serving.metrics import live_gpu_memory
 from gateway.serving.model_names import ModelRoute
+from gateway.serving.proxy import EngineClient, Timeouts
+from gateway.serving.runtime import PlanFigures, PlannedDevice, Runtime
 from gateway.supervision.known_good import KnownGood
-from gateway.supervision.supervisor import Remember, remembered_first
+from gateway.supervision.lifecycle import ServedBackend
+from gateway.supervision.supervisor import Remember, Supervisor, remembered_first
 
 log = logging.getLogger("gateway.startup")
 
+# After the drain (shutdown_grace_s) the engine gets SIGTERM and this long before SIGKILL: a busy
+# engine waits for its generation on SIGTERM, and the drain already gave requests their time.
+ENGINE_TERM_WAIT_S = 5.0
+
 
 @dataclass(frozen=True)
-class Decision:
+class ServePlan:
+    """What the plan gives `serve`: the model, its names, the options to try in order, and how to
+    remember what worked (and, with workers, how to plan again)."""
+
     entry: ModelEntry
     route: ModelRoute
     options: list[Option]
@@ -67,17 +85,26 @@ def model_limit(entry: ModelEntry, engines: list[EnginePlan]) -> int | None:
 
 
 def plan_for(settings: Settings, entry: ModelEntry, machine: Inventory, *, serving: bool) -> Plan:
+    """The plan with the configuration remembered for this model and machine (`gateway plan`, a re-plan
+    over the workers: each reads it for its own machine)."""
+    remembered = KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
+    return plan_given(settings, entry, machine, serving=serving, remembered=remembered)
+
+
+def plan_given(
+    settings: Settings, entry: ModelEntry, machine: Inventory, *, serving: bool, remembered: dict[str, Any] | None
+) -> Plan:
     """Read the model with every engine, build the policy, evaluate every ladder, choose.
 
-    ``serving``: ask the engines' commands for their versions (plan only reads package metadata)."""
+    ``serving``: ask the engines' commands for their versions (plan only reads package metadata).
+    ``remembered``: the configuration remembered here, as the caller read it (its measured speed
+    calibrates the estimates and is noted)."""
     installations = {
         b.name: b.installation(settings, probe=serving and entry.source(b.name) is not None) for b in registry.BACKENDS
     }
     with _no_progress_bars():  # huggingface_hub's "Parse safetensors files" bars would land in the plan
         engines = read_engines(entry, installations)
-    policy = policy_for(settings, model_limit(entry, engines), bool(machine.gpus))
-    remembered = KnownGood(settings.state_dir).get(entry.name, machine.fingerprint)
-    policy = replace(policy, remembered=remembered)
+    policy = replace(policy_for(settings, model_limit(entry, engines), bool(machine.gpus)), remembered=remembered)
     plan = evaluate_and_choose(entry.name, engines, machine, policy)
     if remembered and (note := measured_note(remembered)):
         plan.notes.append(note)
@@ -147,9 +174,8 @@ def nothing_to_start(entry: ModelEntry, plan: Plan) -> BackendError:
     return BackendError(f"{entry.name} cannot be served here: " + "; ".join([plan.decision_reason, *missing]))
 
 
-def worker_key(settings: Settings) -> str | None:
-    """What the head sends its workers: worker_api_key, else its own first key."""
-    keys = settings.all_api_keys()
+def worker_key(settings: Settings, keys: tuple[str, ...]) -> str | None:
+    """What the head sends its workers: worker_api_key, else its own first key (``keys``: as read once)."""
     return settings.worker_api_key or (keys[0] if keys else None)
 
 
@@ -163,26 +189,28 @@ def with_other_nodes(
         names = sorted({g.node for g in remote})
         return replace(machine, remote=remote, notes=(*machine.notes, f"simulated devices on {', '.join(names)}"))
     if nodes is None and settings.workers:
-        nodes = Nodes(settings.workers, worker_key(settings))
+        nodes = Nodes(settings.workers, worker_key(settings, settings.read_api_keys()))
     return nodes.survey(machine) if nodes is not None else machine
 
 
-def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventory | None = None) -> Decision:
+def plan_serving(
+    settings: Settings, keys: tuple[str, ...] = (), catalog: Catalog | None = None, machine: Inventory | None = None
+) -> ServePlan:
+    """Plan what `serve` starts: the model, every engine's options in the order they are tried (the
+    remembered configuration first), and how to remember what worked. ``keys``: the API keys as read
+    once (the first is sent to the workers unless worker_api_key is set)."""
     catalog = catalog or catalog_with(settings.catalog_dir)
     local = machine or inventory(settings.gpus, settings.ram)
-    nodes = Nodes(settings.workers, worker_key(settings)) if settings.workers else None
+    nodes = Nodes(settings.workers, worker_key(settings, keys)) if settings.workers else None
     machine = with_other_nodes(local, settings, nodes=nodes)
     entry = choose_model(settings, catalog, len(machine.gpus))
     store = KnownGood(settings.state_dir)
-    known = (
-        None
-        if settings.replan or settings.files_pinned()  # e.g. a pinned quantization (--quant)
-        else store.get(entry.name, machine.fingerprint)
-    )
-    if known:  # e.g. the hub variant that worked here: no new search (a pinned --quant searches again)
-        plan, entry = _plan_remembered(settings, entry, machine, known, store)
+    remembered = store.get(entry.name, machine.fingerprint)  # the one read: plan, note and first option
+    if remembered and not (settings.replan or settings.files_pinned()):  # e.g. a pinned quantization (--quant)
+        # e.g. the hub variant that worked here: no new search (a pinned --quant searches again)
+        plan, entry, remembered = _plan_remembered(settings, entry, machine, remembered, store)
     else:
-        plan = plan_for(settings, entry, machine, serving=True)
+        plan = plan_given(settings, entry, machine, serving=True, remembered=remembered)
     if (chosen := plan.chosen) is not None:
         loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
         log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
@@ -202,10 +230,8 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
     if not settings.replan:
         # a memo that cannot be rebuilt is set aside, unless a pinned --quant is why it does not fit
         set_aside = None if settings.files_pinned() else partial(store.set_aside, entry.name, machine.fingerprint)
-        options = remembered_first(options, remember, lambda memo: _rebuild(options, memo, set_aside))
-    route = ModelRoute(
-        fronted=entry.name, served=entry.name, context_length=options[0].context_length, aliases=entry.aliases
-    )
+        options = remembered_first(options, remember, remembered, lambda memo: _rebuild(options, memo, set_aside))
+    route = ModelRoute(fronted=entry.name, served=entry.name, aliases=entry.aliases)
 
     replanned: list[Callable[[Plan], None]] = []
 
@@ -217,7 +243,7 @@ def decide(settings: Settings, catalog: Catalog | None = None, machine: Inventor
             listener(fresh)
         return options_of(fresh, settings), plan_summary(fresh)
 
-    return Decision(
+    return ServePlan(
         entry=entry,
         route=route,
         options=options,
@@ -235,32 +261,33 @@ _MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
 
 def _plan_remembered(
     settings: Settings, entry: ModelEntry, machine: Inventory, known: dict[str, Any], store: KnownGood
-) -> tuple[Plan, ModelEntry]:
-    """The plan from the remembered configuration (e.g. the hub variant that worked here: no new search)
-    and the entry it was made from; where that no longer holds, the plan made afresh, and the remembered
-    configuration set aside.
+) -> tuple[Plan, ModelEntry, dict[str, Any] | None]:
+    """The plan from the remembered configuration (e.g. the hub variant that worked here: no new search),
+    the entry it was made from, and the remembered configuration unless it was set aside; where it no
+    longer holds, the plan made afresh, and the remembered configuration set aside.
 
     It no longer holds when reading it fails (a memo of the wrong shape: set aside at once), or when its
     engine finds nothing that fits from it where a fresh plan does (its hub repo is gone, the files
     changed): a remembered configuration must not turn a model that fits into "nothing fits"."""
     remembered = entry.model_copy(update={"remembered": known})
     try:
-        plan = plan_for(settings, remembered, machine, serving=True)
+        plan = plan_given(settings, remembered, machine, serving=True, remembered=known)
     except _MALFORMED as exc:
         store.set_aside(entry.name, machine.fingerprint, f"unreadable ({type(exc).__name__}: {exc})")
-        return plan_for(settings, entry, machine, serving=True), entry
+        return plan_given(settings, entry, machine, serving=True, remembered=None), entry, None
     except GatewayError as exc:
         why = f"unusable ({exc})"
     else:
         engine = plan.engine(str(known["engine"]))
         planned = engine is not None and engine.model is not None and plan.policy.plans(engine.backend.name)
         if not planned or engine is None or engine.best is not None:
-            return plan, remembered  # it plans (or its engine is not planned this time: kept for later)
+            return plan, remembered, known  # it plans (or its engine is not planned this time: kept for later)
         why = f"no longer planned ({plan.decision_reason})"
-    fresh = plan_for(settings, entry, machine, serving=True)
-    if fresh.chosen is not None:  # kept when nothing fits either way (a busy GPU is no reason to forget)
-        store.set_aside(entry.name, machine.fingerprint, why)
-    return fresh, entry
+    fresh = plan_given(settings, entry, machine, serving=True, remembered=known)
+    if fresh.chosen is None:  # kept when nothing fits either way (a busy GPU is no reason to forget)
+        return fresh, entry, known
+    store.set_aside(entry.name, machine.fingerprint, why)
+    return fresh, entry, None
 
 
 def _rebuild(
@@ -284,3 +311,100 @@ def _rebuild(
                 return None
             return rebuilt
     return None
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What `serve` runs: the app's runtime, and the supervisor when the gateway starts the engine."""
+
+    runtime: Runtime
+    supervisor: Supervisor | None  # None: --backend-url (a server the user runs)
+    fronted: str
+
+
+def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
+    """Everything `serve` runs, from its settings: the plan and its supervisor (or the server at
+    --backend-url), the client to the engine and the app's runtime with the plan's figures. The API
+    keys are read here once (an empty key or a key file without one is refused before anything starts);
+    ``machine``: this machine's devices, when the caller read them."""
+    keys = settings.read_api_keys()
+    timeouts = Timeouts(
+        connect_s=settings.connect_timeout_s,
+        first_byte_s=settings.first_byte_timeout_s,
+        stream_idle_s=settings.stream_idle_timeout_s,
+        answer_s=settings.request_timeout_s,
+    )
+    client = EngineClient(timeouts, max_answer_bytes=settings.max_answer_bytes)
+    if settings.backend_url:  # the served name, context and capacity come from the server itself
+        launch, fronted = describe_server(settings)
+        external: ServedBackend = ExternalBackend(launch)  # mypy checks that it conforms
+        route = ModelRoute(fronted=fronted, served=launch.served_name)
+        return Serving(_runtime(settings, route, external, client, keys), None, fronted)
+    serve_plan = plan_serving(settings, keys, machine=machine)
+    supervisor = Supervisor(
+        serve_plan.options,
+        log_dir=settings.backend_log_dir,
+        startup_timeout_s=settings.startup_timeout_s,
+        shutdown_grace_s=ENGINE_TERM_WAIT_S,
+        remember=serve_plan.remember,
+        plan_summary=plan_summary(serve_plan.plan),
+        replan=serve_plan.replan,
+        nodes=serve_plan.nodes,
+    )
+    for number, option in enumerate(serve_plan.options, 1):
+        log.info("option %d of %d: %s", number, len(serve_plan.options), option.label)
+    runtime = _runtime(settings, serve_plan.route, supervisor, client, keys)
+    runtime.show_plan(plan_figures(serve_plan.plan))
+    # a plan made again (a node lost or back) replaces the first one on /status and /metrics
+    serve_plan.replanned.append(lambda fresh: runtime.show_plan(plan_figures(fresh)))
+    return Serving(runtime, supervisor, serve_plan.route.fronted)
+
+
+def _runtime(
+    settings: Settings, route: ModelRoute, backend: ServedBackend, client: EngineClient, keys: tuple[str, ...]
+) -> Runtime:
+    """The app's runtime: what the settings decide about limits and keys, for either kind of backend."""
+    return Runtime(
+        route=route,
+        backend=backend,
+        engine_client=client,
+        max_body_bytes=settings.max_body_bytes,
+        max_body_elements=settings.max_body_elements,
+        queue_limit=settings.queue_limit,
+        queue_wait_s=settings.queue_wait_s,
+        api_keys=keys,
+        bind_host=settings.host,
+        allowed_hosts=tuple(settings.allowed_hosts),
+        cors_allow_origins=tuple(settings.cors_allow_origins),
+    )
+
+
+CPU_LABEL = "cpu"  # the ``gpu`` of a term an engine places on no listed device (vLLM's CPU build)
+
+
+def plan_figures(plan: Plan) -> PlanFigures:
+    """What /metrics and /status show of the plan: the chosen candidate's memory per device and term,
+    the devices it uses (as planned: simulated ones too) and, for this machine's real GPUs among them,
+    NVML's figures now. Every device is named by its label (its index on its own node as NVML numbers
+    it), not by its position in the engine's device order that memory_terms() counts in."""
+    details = {"candidates": [c.to_json() for c in plan.candidates]}
+    chosen = plan.chosen
+    if chosen is None:
+        return PlanFigures(plan_memory=[], plan_kv_tokens=0, plan_details=details)
+    devices = chosen.devices
+    terms = [
+        (devices[at].label if at < len(devices) else CPU_LABEL, term, value)
+        for at, term, value in chosen.memory_terms()
+    ]
+    planned: dict[str, int] = {}
+    for gpu, _term, value in terms:
+        planned[gpu] = planned.get(gpu, 0) + value
+    used = [device for device in devices if device.label in planned]
+    real = frozenset(d.label for d in used if not d.is_remote) if plan.inventory.source == "nvml" else frozenset()
+    return PlanFigures(
+        plan_memory=terms,
+        plan_kv_tokens=chosen.kv_tokens,
+        plan_details=details,
+        devices=tuple(PlannedDevice(d.label, d.name, d.total_bytes, planned[d.label]) for d in used),
+        gpu_memory=live_gpu_memory(real) if real else None,
+    )

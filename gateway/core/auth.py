@@ -15,7 +15,7 @@ def bearer_header(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def key_accepted(authorization: str | None, x_api_key: str | None, keys: Sequence[str]) -> bool:
+def headers_carry_key(authorization: str | None, x_api_key: str | None, keys: Sequence[str]) -> bool:
     """Either header may carry the key (SDKs send both, one of them a placeholder); every offered value
     is compared with every key in constant time. No keys accepts nothing: the caller decides whether
     a server without keys is open. Header values arrive as bytes decoded Latin-1 (ASGI, Starlette),

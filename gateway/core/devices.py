@@ -64,6 +64,13 @@ class Device:
         return bool(self.node)
 
     @property
+    def label(self) -> str:
+        """The one name /status and /metrics give a device (their ``gpu``): its index on its own node,
+        as NVML (and ``--gpus``'s simulated list) numbers it, with the node in front for another node's
+        device ("node2/0"). Never a position in an engine's device order."""
+        return f"{self.node}/{self.index}" if self.node else str(self.index)
+
+    @property
     def total_gib(self) -> float:
         return self.total_bytes / GIB
 

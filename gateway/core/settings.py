@@ -245,9 +245,10 @@ class Settings(BaseSettings):
         configuration remembered here for other files does not apply, and the search runs again."""
         return any(self.model_dump(include=set(self.file_pins)).values())
 
-    def all_api_keys(self) -> tuple[str, ...]:
+    def read_api_keys(self) -> tuple[str, ...]:
         """api_keys plus the key file's lines (blank lines and # comments skipped), each without the
-        spaces around it (a header value loses them on the way in).
+        spaces around it (a header value loses them on the way in). Each call reads the file: `serve`
+        calls it once (gateway.cli.startup.assemble) and hands the keys on.
 
         An empty or blank key is refused rather than dropped: ``--api-key "$GATEWAY_API_KEY"`` with the
         variable unset would otherwise start a gateway that believes it has a key and lets everyone in;

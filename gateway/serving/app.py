@@ -23,7 +23,7 @@ from starlette.routing import Route
 from gateway.serving import status_page
 from gateway.serving.browser_guard import BrowserGuard
 from gateway.serving.disconnect import CancelOnDisconnect
-from gateway.serving.edge import ApiKeys, ASGIApp, RequestMetrics, key_accepted
+from gateway.serving.edge import ApiKeys, ASGIApp, RequestMetrics, may_see_detail
 from gateway.serving.error_shapes import RETRY_AFTER_S, ApiError, as_api_error, shape_for
 from gateway.serving.handlers import Inference
 from gateway.serving.metrics import StateCollector
@@ -53,8 +53,8 @@ class Gateway:
         """200 or 503 for anyone (load balancers and orchestrators' probes carry no key); the model and
         the reason only for a request that may see them."""
         backend = self.rt.backend
-        detail = key_accepted(request.scope)
-        if backend.ready and backend.launch is not None and not await self.probe.answers(backend.launch):
+        detail = may_see_detail(request.scope)
+        if backend.ready and backend.target is not None and not await self.probe.answers(backend.target):
             why = f"the engine does not answer its health check within {self.probe.timeout_s:g} s"
             silent = {"status": "not_answering", **({"reason": why} if detail else {})}
             return JSONResponse(silent, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -74,11 +74,24 @@ class Gateway:
             **self.rt.backend.snapshot(),
         }
         data["plan"] = {**(data.get("plan") or {}), **self.rt.plan_details}
-        data["gpus"] = [
-            {"index": index, "used_gib": round(used / 1024**3, 2), "total_gib": round(total / 1024**3, 2)}
-            for index, used, total in self.rt.gpu_memory()
-        ]
+        data["gpus"] = self._gpus()
         return data
+
+    def _gpus(self) -> list[dict[str, Any]]:
+        """The devices the plan uses (simulated ones too), each with what the plan puts on it and, for
+        this machine's real GPUs, what is in use now (NVML). ``gpu`` is the device's label: its index on
+        its own node as NVML numbers it (gateway.core.devices.Device.label)."""
+        now = {gpu: used for gpu, used, _total in self.rt.gpu_memory()}
+        return [
+            {
+                "gpu": device.gpu,
+                "name": device.name,
+                "planned_gib": _gib(device.planned_bytes),
+                "used_gib": _gib(now[device.gpu]) if device.gpu in now else None,
+                "total_gib": _gib(device.total_bytes),
+            }
+            for device in self.rt.plan_devices
+        ]
 
     async def status(self, request: Request) -> Response:
         wants = request.query_params.get("format") or (
@@ -113,6 +126,10 @@ class Gateway:
         return JSONResponse(self._model_card(requested))
 
 
+def _gib(value: int) -> float:
+    return round(value / 1024**3, 2)
+
+
 async def _error(request: Request, exc: Exception) -> Response:
     """Every exception a route raises, as an error in the route's dialect."""
     if not isinstance(exc, ApiError | HTTPException):
@@ -139,7 +156,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
         finally:
             watcher.cancel()
             await runtime.backend.stop()
-            await runtime.upstream.aclose()
+            await runtime.engine_client.aclose()
 
     inference = Inference(runtime)
     routes = [
@@ -156,7 +173,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
         Route("/v1/messages/count_tokens", inference.count_tokens, methods=["POST"]),
     ]
     registry = CollectorRegistry()
-    registry.register(StateCollector(runtime, runtime.gpu_memory))
+    registry.register(StateCollector(runtime))
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

@@ -52,4 +52,4 @@ async def drain(runtime: Runtime, grace_s: float) -> None:
     await asyncio.sleep(grace_s)
     if admission.active:
         log.warning("stopping: %d requests still in flight after %g s are cut", admission.active, grace_s)
-    await runtime.upstream.cut_all(STOPPING)
+    await runtime.engine_client.cut_all(STOPPING)

@@ -63,7 +63,7 @@ class ApiKeys:
         self.keys = [key.strip() for key in keys if key.strip()]  # a blank key is no key: the gateway stays open
 
     def allowed(self, scope: Scope) -> bool:
-        return auth.key_accepted(_header(scope, b"authorization"), _header(scope, b"x-api-key"), self.keys)
+        return auth.headers_carry_key(_header(scope, b"authorization"), _header(scope, b"x-api-key"), self.keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys:
@@ -80,7 +80,7 @@ class ApiKeys:
 KEY_STATE = "key_accepted"
 
 
-def key_accepted(scope: Scope) -> bool:
+def may_see_detail(scope: Scope) -> bool:
     """Whether this request may see detail: it carried a valid key, or the gateway has no keys."""
     return bool(scope.get("state", {}).get(KEY_STATE, True))
 

@@ -25,7 +25,7 @@ POLL_S = 2.0
 
 class ExternalBackend:
     def __init__(self, launch: Launch) -> None:
-        self.launch: Launch | None = launch
+        self.target: Launch | None = launch  # the server, described as an engine target
         self._target = launch
         self.state = State.STARTING
         self.reason: str | None = "waiting for the backend to answer"
@@ -38,6 +38,11 @@ class ExternalBackend:
     @property
     def ready(self) -> bool:
         return self.state is State.READY
+
+    @property
+    def context_length(self) -> int:
+        """What the server's /v1/models (or --context-length) says."""
+        return self._target.context_length
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="external backend")

@@ -17,7 +17,6 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from backends.base import Launch
 from gateway.serving import messages_api, responses_api
 from gateway.serving import request_shapes as shapes
 from gateway.serving.chat_fixups import (
@@ -33,7 +32,7 @@ from gateway.serving.readiness import public
 from gateway.serving.request_body import BodyReader
 from gateway.serving.runtime import Runtime
 from gateway.serving.stream_guard import response_failed_event
-from gateway.supervision.lifecycle import ServedBackend, State
+from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 
 log = logging.getLogger("gateway.handlers")
 
@@ -42,7 +41,7 @@ log = logging.getLogger("gateway.handlers")
 class Dialect:
     """An agent API served by translation to chat completions when the engine does not speak it."""
 
-    native: str  # the engine's capability (Launch.native) and its route, /v1/<native>
+    native: str  # the engine's capability (EngineTarget.native) and its route, /v1/<native>
     shape: type[BaseModel]  # the request fields the gateway reads (gateway.serving.request_shapes)
     to_chat: Callable[[dict[str, Any], str], dict[str, Any]]  # (request, served name) → chat request
     reply: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]  # (chat answer, request, fronted name)
@@ -85,7 +84,7 @@ def _not_ready(backend: ServedBackend) -> str:
     why = public(backend.reason) or "no reason given"
     if backend.state is State.STARTING and backend.ever_ready:
         return f"stopped answering ({why})"
-    if backend.state is State.STARTING and backend.launch is not None and backend.launch.engine == "external":
+    if backend.state is State.STARTING and backend.target is not None and backend.target.engine == "external":
         return f"is unreachable ({why})"
     return {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(backend.state, "is not running")
 
@@ -122,18 +121,18 @@ class Inference:
             return True
         return False
 
-    def _target(self) -> Launch:
+    def _target(self) -> EngineTarget:
         backend = self.rt.backend
-        target = backend.launch
+        target = backend.target
         if not backend.ready or target is None:
             raise unavailable(f"the backend for '{self.rt.route.fronted}' {_not_ready(backend)}; retry shortly")
         return target
 
-    async def _prompt_tokens(self, target: Launch, payload: dict[str, Any]) -> int | None:
-        counted = await self.rt.upstream.count_prompt(target, payload)
+    async def _prompt_tokens(self, target: EngineTarget, payload: dict[str, Any]) -> int | None:
+        counted = await self.rt.engine_client.count_prompt(target, payload)
         return None if counted is None else counted[0]
 
-    async def _fit_chat(self, target: Launch, payload: dict[str, Any]) -> tuple[bool, int | None]:
+    async def _fit_chat(self, target: EngineTarget, payload: dict[str, Any]) -> tuple[bool, int | None]:
         """Engine-specific fixes to a chat request: (payload changed, prompt tokens if counted).
 
         A requested output longer than a quarter of the window (Claude Code asks for 32,000) is fitted
@@ -145,7 +144,7 @@ class Inference:
         requested = payload.get("max_tokens")
         if not (isinstance(requested, int) and requested > target.context_length // 4):
             return changed, None
-        counted = await self.rt.upstream.count_prompt(target, payload)
+        counted = await self.rt.engine_client.count_prompt(target, payload)
         if counted is None:
             return changed, None
         prompt, exact = counted
@@ -189,7 +188,7 @@ class Inference:
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
 
         async with self.rt.admission.slot() as ticket:
-            return await self.rt.upstream.relay(
+            return await self.rt.engine_client.relay(
                 target,
                 path,
                 body,
@@ -200,11 +199,11 @@ class Inference:
             )
 
     async def _passthrough(
-        self, dialect: Dialect, target: Launch, payload: dict[str, Any], body: bytes | None
+        self, dialect: Dialect, target: EngineTarget, payload: dict[str, Any], body: bytes | None
     ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
         async with self.rt.admission.slot() as ticket:
-            return await self.rt.upstream.relay(
+            return await self.rt.engine_client.relay(
                 target,
                 dialect.path,
                 body if body is not None else json.dumps(payload).encode(),
@@ -231,7 +230,7 @@ class Inference:
             return await self._passthrough(dialect, target, payload, body if not changed else None)
         return await self._translate(dialect, target, payload)
 
-    async def _translate(self, dialect: Dialect, target: Launch, payload: dict[str, Any]) -> Response:
+    async def _translate(self, dialect: Dialect, target: EngineTarget, payload: dict[str, Any]) -> Response:
         """Ask the engine in chat completions and answer in the dialect: one reply, or a stream of its
         events (usage synthesized when the engine ignores include_usage). An engine's refusal comes
         back in the dialect's error shape."""
@@ -240,7 +239,7 @@ class Inference:
         _, prompt = await self._fit_chat(target, chat)
         async with self.rt.admission.slot() as ticket:
             if not chat["stream"]:
-                status, answer = await self.rt.upstream.post_json(target, "/v1/chat/completions", chat)
+                status, answer = await self.rt.engine_client.post_json(target, "/v1/chat/completions", chat)
                 if status == 200 and not _is_chat_completion(answer):
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
@@ -252,7 +251,7 @@ class Inference:
             usage: ChunkFilter | None = (
                 ChatStreamFixer(mirror=None, usage_prompt_tokens=prompt or 0) if synthesize else None
             )
-            failed, chunks = await self.rt.upstream.chat_stream(target, json.dumps(chat).encode(), usage)
+            failed, chunks = await self.rt.engine_client.chat_stream(target, json.dumps(chat).encode(), usage)
             if failed is not None:
                 return dialect.errors.engine_error(*failed, target.context_length)
             events = dialect.events(chunks, payload, fronted, prompt or 0)
@@ -266,10 +265,10 @@ class Inference:
         target = self._target()
         if "messages" in target.native:
             body = json.dumps(payload).encode() if changed else body
-            return await self.rt.upstream.relay(
+            return await self.rt.engine_client.relay(
                 target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
             )
         chat = messages_api.to_chat({**payload, "stream": False}, self.rt.route.served)
-        counted = await self.rt.upstream.count_prompt(target, chat)
+        counted = await self.rt.engine_client.count_prompt(target, chat)
         tokens = counted[0] if counted else len(messages_api.prompt_text(payload)) // 4
         return JSONResponse({"input_tokens": tokens})

@@ -12,15 +12,14 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.serving.runtime import Runtime
+from gateway.serving.runtime import GpuMemoryNow, Runtime
 
 STATES = ("starting", "ready", "restarting", "failed", "stopped")
 
 
 class StateCollector(Collector):
-    def __init__(self, runtime: Runtime, gpu_memory: Callable[[], list[tuple[int, int, int]]]) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self.gpu_memory = gpu_memory
 
     def collect(self) -> Iterator[Any]:
         admission = self.rt.admission
@@ -41,16 +40,16 @@ class StateCollector(Collector):
             "gateway_plan_gpu_memory_bytes", "Planned memory per GPU and term", labels=["gpu", "term"]
         )
         for gpu, term, value in self.rt.plan_memory:
-            planned.add_metric([str(gpu), term], float(value))
+            planned.add_metric([gpu, term], float(value))
         yield planned
         yield GaugeMetricFamily(
             "gateway_plan_kv_tokens", "KV cache tokens the plan expects", value=self.rt.plan_kv_tokens
         )
         used = GaugeMetricFamily("gateway_gpu_memory_used_bytes", "GPU memory in use now (NVML)", labels=["gpu"])
         total = GaugeMetricFamily("gateway_gpu_memory_total_bytes", "GPU memory (NVML)", labels=["gpu"])
-        for index, used_bytes, total_bytes in self.gpu_memory():
-            used.add_metric([str(index)], float(used_bytes))
-            total.add_metric([str(index)], float(total_bytes))
+        for gpu, used_bytes, total_bytes in self.rt.gpu_memory():  # read at scrape time (after a replan too)
+            used.add_metric([gpu], float(used_bytes))
+            total.add_metric([gpu], float(total_bytes))
         yield used
         yield total
         reported = GaugeMetricFamily(
@@ -87,12 +86,17 @@ def _node_metrics(snapshot: dict[str, Any]) -> Iterator[Any]:
     )
 
 
-def live_gpu_memory() -> list[tuple[int, int, int]]:
-    """(index, used, total) per GPU from NVML; empty without a driver."""
-    from gateway.core.devices import probe_nvml
+def live_gpu_memory(labels: frozenset[str]) -> GpuMemoryNow:
+    """(gpu, used, total) now from NVML for this machine's GPUs among ``labels`` (the plan's); empty
+    without a driver. A local GPU's label is its NVML index, so the two lists name devices alike."""
 
-    gpus, _, _ = probe_nvml()
-    return [(g.index, g.total_bytes - g.free_bytes, g.total_bytes) for g in gpus]
+    def read() -> list[tuple[str, int, int]]:
+        from gateway.core.devices import probe_nvml
+
+        gpus, _, _ = probe_nvml()
+        return [(g.label, g.total_bytes - g.free_bytes, g.total_bytes) for g in gpus if g.label in labels]
+
+    return read
 
 
 def endpoint(registry: CollectorRegistry) -> Callable[[Request], Any]:

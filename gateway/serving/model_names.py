@@ -17,9 +17,11 @@ from gateway.serving.sse import MAX_EVENT_BYTES, EventTooLarge
 
 @dataclass(frozen=True)
 class ModelRoute:
+    """The names a model is asked for by (fronted, aliases) and the one the backend answers to; its
+    context is the backend's (``ServedBackend.context_length``), the one figure from plan to model card."""
+
     fronted: str
     served: str
-    context_length: int
     aliases: tuple[str, ...] = ()
     _lookup: dict[str, str] = field(init=False, repr=False, compare=False)
 

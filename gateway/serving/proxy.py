@@ -23,18 +23,18 @@ from typing import Any, Protocol
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
-from backends.base import Launch
 from gateway.core.auth import bearer_header
 from gateway.serving.chat_fixups import PER_MESSAGE_OVERHEAD, flatten_prompt
 from gateway.serving.edge import request_id
 from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
 from gateway.serving.sse import chat_chunks
 from gateway.serving.stream_guard import checked_chunks
+from gateway.supervision.lifecycle import EngineTarget
 
 log = logging.getLogger("gateway.proxy")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-STREAM_KEEPALIVE = "stream_keepalive"  # in Launch.native: a connection stays usable after a stream
+STREAM_KEEPALIVE = "stream_keepalive"  # in EngineTarget.native: a connection stays usable after a stream
 
 
 class ChunkFilter(Protocol):
@@ -81,8 +81,9 @@ class Timeouts:
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
-class Upstream:
-    """One pooled HTTP client for whichever backend is live (its URL and key change on restarts).
+class EngineClient:
+    """One pooled HTTP client for whichever backend is live (its URL and key change on restarts): it
+    relays requests and streams, and asks the engine to count a prompt's tokens.
 
     aiohttp's client rather than httpx on this path: measured in benchmarks/proxy_overhead.py, the
     same passthrough costs 3-10x less CPU per request with it (httpx's pool dominates the profile)."""
@@ -122,7 +123,7 @@ class Upstream:
         return unavailable(self.stopping or f"the backend {what} ({type(exc).__name__}); retry shortly")
 
     async def open(
-        self, target: Launch, path: str, body: bytes, *, stream: bool = False, deadline: float | None = None
+        self, target: EngineTarget, path: str, body: bytes, *, stream: bool = False, deadline: float | None = None
     ) -> aiohttp.ClientResponse:
         """Send the request and return the response with its body still unread (its headers came by
         ``deadline``, a loop time; default: the first-byte or the whole-answer bound).
@@ -194,12 +195,12 @@ class Upstream:
             self._finish(upstream, finished)
         return b"".join(parts)
 
-    async def post_json(self, target: Launch, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
+    async def post_json(self, target: EngineTarget, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
         deadline = _after(self.timeouts.answer_s)
         upstream = await self.open(target, path, json.dumps(payload).encode(), deadline=deadline)
         return upstream.status, _json_or_error(await self.read(upstream, deadline))
 
-    async def count_tokens(self, target: Launch, text: str) -> int | None:
+    async def count_tokens(self, target: EngineTarget, text: str) -> int | None:
         """The engine's own token count for ``text`` (None when it has no tokenizer endpoint)."""
         if not target.tokenize_path:
             return None
@@ -210,7 +211,7 @@ class Upstream:
         count = body.get("count")
         return int(count) if isinstance(count, int) else len(body.get("tokens") or [])
 
-    async def count_prompt(self, target: Launch, request: dict[str, Any]) -> tuple[int, bool] | None:
+    async def count_prompt(self, target: EngineTarget, request: dict[str, Any]) -> tuple[int, bool] | None:
         """(prompt tokens, exact) of a chat or completion request, or None when the engine cannot count.
 
         Exact when the engine renders the chat with its own template (tools included, as the template
@@ -237,7 +238,7 @@ class Upstream:
 
     async def relay(
         self,
-        target: Launch,
+        target: EngineTarget,
         path: str,
         body: bytes,
         *,
@@ -278,7 +279,7 @@ class Upstream:
         return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
 
     async def chat_stream(
-        self, target: Launch, body: bytes, chunk_filter: ChunkFilter | None = None
+        self, target: EngineTarget, body: bytes, chunk_filter: ChunkFilter | None = None
     ) -> tuple[tuple[int, Any] | None, AsyncIterator[Any]]:
         """Open a streamed chat completion for a translator: ((status, parsed error) or None, parsed chunks).
         A broken or silent stream ends with an ``{"error": …}`` chunk the translator words in its dialect."""

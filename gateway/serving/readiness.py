@@ -17,7 +17,7 @@ import time
 
 import aiohttp
 
-from backends.base import Launch
+from gateway.supervision.lifecycle import EngineTarget
 
 PROBE_TIMEOUT_S = 2.0
 PROBE_EVERY_S = 1.0
@@ -38,7 +38,7 @@ class EngineProbe:
         self._last: tuple[float, str, bool] | None = None  # (when, url, answered)
         self._lock = asyncio.Lock()
 
-    async def answers(self, target: Launch) -> bool:
+    async def answers(self, target: EngineTarget) -> bool:
         url = target.base_url + target.health_path
         async with self._lock:  # a burst of /ready calls makes one probe
             if self._last and self._last[1] == url and time.monotonic() - self._last[0] < self.every_s:

@@ -11,18 +11,34 @@ from typing import Any
 
 from gateway.serving.admission import Admission
 from gateway.serving.model_names import ModelRoute
-from gateway.serving.proxy import Upstream
+from gateway.serving.proxy import EngineClient
 from gateway.supervision.lifecycle import ServedBackend
+
+# Every ``gpu`` below is a device's label (gateway.core.devices.Device.label): its index on its own node as
+# NVML numbers it ("node2/0" for another node's), never a position in an engine's device order.
+GpuMemoryNow = Callable[[], list[tuple[str, int, int]]]  # (gpu, used bytes, total bytes) read now
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    """One device the plan places the model on, as /status lists it."""
+
+    gpu: str
+    name: str
+    total_bytes: int
+    planned_bytes: int
 
 
 @dataclass(frozen=True)
 class PlanFigures:
     """What /metrics and the status page show of the plan the backend runs."""
 
-    plan_memory: list[tuple[int, str, int]]  # (gpu, term, bytes)
+    plan_memory: list[tuple[str, str, int]]  # (gpu, term, bytes)
     plan_kv_tokens: int
     plan_details: dict[str, Any]  # candidates for the status page
-    gpu_memory: Callable[[], list[tuple[int, int, int]]] | None = None  # live GPU memory (None: no GPUs)
+    devices: tuple[PlannedDevice, ...] = ()  # the devices the plan uses (simulated ones too)
+    # the memory in use now on those of them that are this machine's real GPUs (NVML); None: none are
+    gpu_memory: GpuMemoryNow | None = None
 
 
 @dataclass
@@ -32,7 +48,7 @@ class Runtime:
 
     route: ModelRoute
     backend: ServedBackend
-    upstream: Upstream
+    engine_client: EngineClient  # the pooled HTTP client to the backend; it also counts prompt tokens
     max_body_bytes: int
     max_body_elements: int = 100_000
     queue_limit: int = 64
@@ -41,10 +57,11 @@ class Runtime:
     bind_host: str = "127.0.0.1"  # with allowed_hosts: the Host names accepted without keys (browser_guard)
     allowed_hosts: tuple[str, ...] = ()
     cors_allow_origins: tuple[str, ...] = ()
-    plan_memory: list[tuple[int, str, int]] = field(default_factory=list)  # (gpu, term, bytes) for /metrics
+    plan_memory: list[tuple[str, str, int]] = field(default_factory=list)  # (gpu, term, bytes) for /metrics
     plan_kv_tokens: int = 0
     plan_details: dict[str, Any] = field(default_factory=dict)  # candidates for the status page
-    gpu_memory: Callable[[], list[tuple[int, int, int]]] = lambda: []
+    plan_devices: tuple[PlannedDevice, ...] = ()
+    gpu_memory: GpuMemoryNow = lambda: []
     on_startup_failure: Callable[[], None] = lambda: None
     created: int = 0
     admission: Admission = field(init=False)
@@ -58,15 +75,14 @@ class Runtime:
         self.plan_memory = figures.plan_memory
         self.plan_kv_tokens = figures.plan_kv_tokens
         self.plan_details = figures.plan_details
-        if figures.gpu_memory is not None:
-            self.gpu_memory = figures.gpu_memory
+        self.plan_devices = figures.devices
+        self.gpu_memory = figures.gpu_memory or (lambda: [])
 
     def capacity(self) -> int:
         """Requests the live engine runs at once (it changes when the engine restarts or steps down)."""
-        launch = self.backend.launch
-        return launch.max_concurrency if launch else 1
+        target = self.backend.target
+        return target.max_concurrency if target else 1
 
     def context_length(self) -> int:
-        """What the live engine was started with; the route's figure while none is ready."""
-        launch = self.backend.launch
-        return launch.context_length if launch and self.backend.ready else self.route.context_length
+        """The one context figure (/v1/models, /status, /metrics): the backend's (see ServedBackend)."""
+        return self.backend.context_length

@@ -108,7 +108,8 @@ def render(status: dict[str, Any]) -> str:
         if backend.get("last_lines"):
             parts.append("<h3>Last log lines</h3><pre>" + html.escape("\n".join(backend["last_lines"])) + "</pre>")
     if gpus:
-        parts.append("<h2>GPU memory now</h2>" + _table(gpus, ["index", "used_gib", "total_gib"]))
+        columns = ["gpu", "name", "planned_gib", "used_gib", "total_gib"]
+        parts.append("<h2>GPUs the plan uses</h2>" + _table(gpus, columns))
     if nodes := status.get("nodes"):
         parts.append("<h2>Nodes</h2>" + _table(_node_rows(nodes), ["node", "state", "device", "link", "placed_mib"]))
     if replans := status.get("replans"):

@@ -1,4 +1,5 @@
-"""What the HTTP app fronts: a backend with a start/settle/stop lifecycle and a state to report.
+"""What the HTTP app fronts: a backend with a start/settle/stop lifecycle and a state to report, and
+the engine its requests go to.
 
 Two kinds implement it: the :class:`~gateway.supervision.supervisor.Supervisor` (engines the gateway starts) and
 :class:`~gateway.serving.external.ExternalBackend` (a server the user runs, ``--backend-url``). The app,
@@ -10,8 +11,6 @@ from __future__ import annotations
 import enum
 from typing import Any, Protocol
 
-from backends.base import Launch
-
 
 class State(enum.Enum):
     STARTING = "starting"
@@ -19,6 +18,38 @@ class State(enum.Enum):
     RESTARTING = "restarting"
     FAILED = "failed"
     STOPPED = "stopped"
+
+
+class EngineTarget(Protocol):
+    """Where requests go and what the engine there does itself: the request path's part of an engine
+    start (``backends.base.Launch`` is one: the start's argv and log readers are the supervisor's alone)."""
+
+    @property
+    def engine(self) -> str: ...  # the backend's name ("external" for --backend-url)
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def api_key(self) -> str: ...
+    @property
+    def served_name(self) -> str: ...  # the model name the engine answers to
+    @property
+    def context_length(self) -> int: ...
+    @property
+    def max_concurrency(self) -> int: ...
+    @property
+    def health_path(self) -> str: ...
+    @property
+    def native(self) -> frozenset[str]: ...  # what the engine does itself ("responses", "include_usage"…)
+    @property
+    def reasoning_field(self) -> str | None: ...
+    @property
+    def tokenize_path(self) -> str | None: ...
+    @property
+    def tokenize_key(self) -> str: ...
+    @property
+    def tokenize_chat(self) -> bool: ...
+    @property
+    def template_path(self) -> str | None: ...
 
 
 class ServedBackend(Protocol):
@@ -32,7 +63,9 @@ class ServedBackend(Protocol):
     @property
     def ready(self) -> bool: ...
     @property
-    def launch(self) -> Launch | None: ...  # where requests go while ready
+    def target(self) -> EngineTarget | None: ...  # where requests go while ready (None before any start)
+    @property
+    def context_length(self) -> int: ...  # the one context figure: the engine's, or the one being started
     async def start(self) -> None: ...
     async def wait_settled(self) -> State: ...  # until first ready, or given up
     async def stop(self) -> None: ...

@@ -142,8 +142,17 @@ class Supervisor:
         return self.state is State.READY and self.live is not None and self.live.ready
 
     @property
-    def launch(self) -> Launch | None:
+    def target(self) -> Launch | None:
+        """Where requests go: the engine that runs or is starting (a Launch is an EngineTarget)."""
         return self.live.launch if self.live else None
+
+    @property
+    def context_length(self) -> int:
+        """The context requests get: the engine's that runs or is starting, else the first option's
+        (the plan's), so /v1/models says one figure from the plan on and never one nothing serves."""
+        if self.live is not None:
+            return self.live.launch.context_length
+        return self.options[0].context_length if self.options else 0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="supervisor")
@@ -387,14 +396,15 @@ class Supervisor:
 
 
 def remembered_first(
-    options: list[Option], remember: Remember | None, rebuild: Callable[[dict[str, Any]], Option | None]
+    options: list[Option],
+    remember: Remember | None,
+    entry: dict[str, Any] | None,
+    rebuild: Callable[[dict[str, Any]], Option | None],
 ) -> list[Option]:
-    """Put the remembered configuration first when the engine version still matches; an option of the
-    plan that is the same configuration is not tried a second time after it."""
-    if remember is None:
-        return options
-    entry = remember.store.get(remember.model, remember.fingerprint)
-    if not entry or remember.versions.get(entry.get("engine", "")) != entry.get("version"):
+    """Put the remembered configuration (``entry``, read by the caller once) first when the engine
+    version still matches; an option of the plan that is the same configuration is not tried a second
+    time after it."""
+    if remember is None or not entry or remember.versions.get(entry.get("engine", "")) != entry.get("version"):
         return options
     option = rebuild(entry)
     if option is None:

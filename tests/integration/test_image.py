@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "scripts" / "build-cpu-image"
 TAG = f"localhost/gateway-cpu:test-{os.getpid()}"
 GRACE_S = 30.0  # --shutdown-grace: what a request in flight gets when the container is stopped
-ENGINE_STOP_S = 5.0  # the engine's SIGTERM wait after the drain (gateway.cli.commands.ENGINE_TERM_WAIT_S)
+ENGINE_STOP_S = 5.0  # the engine's SIGTERM wait after the drain (gateway.cli.startup.ENGINE_TERM_WAIT_S)
 # a proxy's CA, where the host has one, reaches pip and the hub client in the container the way the
 # README says: the host's bundle mounted over the image's
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from backends.base import Launch
 from gateway.serving.edge import ASGIApp
 from gateway.serving.model_names import ModelRoute
-from gateway.serving.proxy import Timeouts, Upstream
+from gateway.serving.proxy import EngineClient, Timeouts
 from gateway.serving.runtime import Runtime
 from gateway.supervision.lifecycle import State
 from tests.waiting import wait_until
@@ -33,7 +33,7 @@ from tests.waiting import wait_until
 FRONTED = "front-model"
 SERVED = "engine-model"  # the engine answers to another name, so responses are renamed
 ENGINE_CONTEXT = 4096
-ROUTE_CONTEXT = 8192  # what /v1/models says while no engine is ready
+PLANNED_CONTEXT = 8192  # what /v1/models says while no engine is ready: the plan's
 ENGINE_REFUSAL = {
     "error": {
         "message": "This model's maximum context length is 100 tokens. However, you requested 150 tokens "
@@ -294,8 +294,9 @@ class FakeEngine:
 class FakeBackend:
     """A served backend that is simply ready (or not): the gateway's side of the lifecycle only."""
 
-    def __init__(self, launch: Launch, *, ready: bool = True, restarts: int = 0) -> None:
+    def __init__(self, launch: Launch, *, ready: bool = True, restarts: int = 0, planned_context: int = 0) -> None:
         self._launch = launch
+        self._planned_context = planned_context  # the plan's figure, said while the engine is not ready
         self.state = State.READY if ready else State.STARTING
         self.reason: str | None = None if ready else "loading the model"
         self.ever_ready = ready
@@ -306,8 +307,12 @@ class FakeBackend:
         return self.state is State.READY
 
     @property
-    def launch(self) -> Launch | None:
+    def target(self) -> Launch | None:
         return self._launch
+
+    @property
+    def context_length(self) -> int:
+        return self._launch.context_length if self.ready else self._planned_context
 
     async def start(self) -> None:
         return None
@@ -354,15 +359,15 @@ def make_runtime(
         base=engine_url,
     )
     return Runtime(
-        route=ModelRoute(fronted=FRONTED, served=SERVED, context_length=ROUTE_CONTEXT, aliases=("alias",)),
-        backend=FakeBackend(launch, ready=ready, restarts=restarts),
-        upstream=Upstream(Timeouts(connect_s=5, answer_s=30)),
+        route=ModelRoute(fronted=FRONTED, served=SERVED, aliases=("alias",)),
+        backend=FakeBackend(launch, ready=ready, restarts=restarts, planned_context=PLANNED_CONTEXT),
+        engine_client=EngineClient(Timeouts(connect_s=5, answer_s=30)),
         max_body_bytes=max_body_bytes,
         queue_limit=queue_limit,
         queue_wait_s=queue_wait_s,
         api_keys=api_keys,
         allowed_hosts=("testserver",),  # starlette's TestClient's Host
-        plan_memory=[(0, "weights", 1000)],
+        plan_memory=[("0", "weights", 1000)],
         plan_kv_tokens=12345,
     )
 

@@ -90,7 +90,7 @@ def test_compose_runs_what_the_image_exposes_with_the_gpus_and_shared_memory() -
     device = service["deploy"]["resources"]["reservations"]["devices"][0]
     assert device["driver"] == "nvidia" and device["count"] == "all" and device["capabilities"] == ["gpu"]
     # the drain (shutdown_grace_s) and the engine's stop must fit before the runtime kills
-    from gateway.cli.commands import ENGINE_TERM_WAIT_S
+    from gateway.cli.startup import ENGINE_TERM_WAIT_S
     from gateway.core.settings import Settings
 
     grace = Settings.model_fields["shutdown_grace_s"].default

@@ -20,37 +20,37 @@ from tests.unit.http_harness import make_runtime
 @pytest.mark.parametrize("keys", [[""], ["  "], ["good", ""], ["\t"]], ids=["empty", "spaces", "one-of-two", "tab"])
 def test_a_blank_key_is_refused_with_the_fix(tmp_path: Path, keys: list[str]) -> None:
     with pytest.raises(ConfigError, match=r'empty --api-key .*"\$GATEWAY_API_KEY"'):
-        Settings(api_keys=keys, state_dir=tmp_path).all_api_keys()
+        Settings(api_keys=keys, state_dir=tmp_path).read_api_keys()
 
 
 def test_a_blank_key_from_the_environment_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_API_KEYS", '[""]')
     with pytest.raises(ConfigError, match="GATEWAY_API_KEYS"):
-        load_settings({"state_dir": tmp_path}).all_api_keys()
+        load_settings({"state_dir": tmp_path}).read_api_keys()
 
 
 def test_keys_lose_the_spaces_a_header_would_lose(tmp_path: Path) -> None:
-    assert Settings(api_keys=[" k1 ", "k2"], state_dir=tmp_path).all_api_keys() == ("k1", "k2")
+    assert Settings(api_keys=[" k1 ", "k2"], state_dir=tmp_path).read_api_keys() == ("k1", "k2")
 
 
 def test_a_key_file_without_a_key_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "keys"
     empty.write_text("\n   \n# the key goes here\n")
     with pytest.raises(ConfigError, match="holds no key"):
-        Settings(api_key_file=empty, state_dir=tmp_path).all_api_keys()
+        Settings(api_key_file=empty, state_dir=tmp_path).read_api_keys()
     empty.write_text("# ours\n  sk-1  \n")
-    assert Settings(api_key_file=empty, state_dir=tmp_path).all_api_keys() == ("sk-1",)
+    assert Settings(api_key_file=empty, state_dir=tmp_path).read_api_keys() == ("sk-1",)
 
 
 def test_a_key_file_that_is_a_fifo_or_a_device_is_refused_not_read(tmp_path: Path) -> None:
     fifo = tmp_path / "keys.fifo"
     os.mkfifo(fifo)  # reading it would wait for a writer forever
     with pytest.raises(ConfigError, match="a FIFO, not a regular file"):
-        Settings(api_key_file=fifo, state_dir=tmp_path).all_api_keys()
+        Settings(api_key_file=fifo, state_dir=tmp_path).read_api_keys()
     zero = tmp_path / "keys.link"
     zero.symlink_to("/dev/zero")  # reading it would never end
     with pytest.raises(ConfigError, match="a character device"):
-        Settings(api_key_file=zero, state_dir=tmp_path).all_api_keys()
+        Settings(api_key_file=zero, state_dir=tmp_path).read_api_keys()
 
 
 def test_serve_refuses_an_empty_key_before_starting_anything(

@@ -24,7 +24,7 @@ from tests.unit.http_harness import (
     ENGINE_CONTEXT,
     ENGINE_REFUSAL,
     FRONTED,
-    ROUTE_CONTEXT,
+    PLANNED_CONTEXT,
     SERVED,
     FakeEngine,
     Served,
@@ -323,12 +323,12 @@ def test_a_backend_that_is_not_ready_is_503_everywhere_but_health(engine: FakeEn
         models = client.get("/v1/models").json()
         metrics = client.get("/metrics").text
     assert health.status_code == 200
-    assert f"gateway_context_length {float(ROUTE_CONTEXT)}" in metrics, "/metrics and /v1/models disagree"
+    assert f"gateway_context_length {float(PLANNED_CONTEXT)}" in metrics, "/metrics and /v1/models disagree"
     assert ready.status_code == 503 and ready.json() == {"status": "starting", "reason": "loading the model"}
     assert ready.headers["retry-after"] == "5"
     assert chat.status_code == 503 and "is still starting" in chat.json()["error"]["message"]
     assert anthropic.status_code == 503 and anthropic.json()["error"]["type"] == "overloaded_error"
-    assert {card["context_length"] for card in models["data"]} == {ROUTE_CONTEXT}
+    assert {card["context_length"] for card in models["data"]} == {PLANNED_CONTEXT}
     assert engine.seen == []
 
 
@@ -373,7 +373,7 @@ def test_api_keys_guard_the_app(engine_url: str) -> None:
 
 def test_the_runtime_capacity_and_context_follow_the_launch(engine_url: str) -> None:
     runtime = make_runtime(engine_url, max_concurrency=7, ready=False)
-    assert runtime.capacity() == 7 and runtime.context_length() == ROUTE_CONTEXT
+    assert runtime.capacity() == 7 and runtime.context_length() == PLANNED_CONTEXT
     runtime = make_runtime(engine_url, max_concurrency=7)
     assert runtime.context_length() == ENGINE_CONTEXT and runtime.admission.capacity() == 7
 
@@ -479,7 +479,7 @@ def test_an_external_backend_that_never_answered_is_unreachable_not_starting() -
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     runtime = make_runtime(f"http://127.0.0.1:{dead.getsockname()[1]}")
-    launch = runtime.backend.launch
+    launch = runtime.backend.target
     assert launch is not None
     backend = ExternalBackend(dataclasses.replace(launch, engine="external"))
     runtime.backend = backend

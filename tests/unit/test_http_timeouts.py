@@ -26,7 +26,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from gateway.serving.app import create_app
-from gateway.serving.proxy import Timeouts, Upstream
+from gateway.serving.proxy import EngineClient, Timeouts
 from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
 
@@ -78,7 +78,7 @@ def _runtime(
     engine_url: str, timeouts: Timeouts | None = None, max_answer_bytes: int = HUGE // 2, **kwargs: Any
 ) -> Runtime:
     runtime = make_runtime(engine_url, **kwargs)
-    runtime.upstream = Upstream(
+    runtime.engine_client = EngineClient(
         timeouts or Timeouts(connect_s=CLOCK_S, first_byte_s=CLOCK_S, stream_idle_s=CLOCK_S, answer_s=CLOCK_S),
         max_answer_bytes=max_answer_bytes,
     )

@@ -295,7 +295,7 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 def test_a_file_in_the_current_directory_named_like_the_hub_gguf_is_not_served(elsewhere: Path) -> None:
     from backends import llamacpp
     from gateway.cli.full_settings import Settings
-    from gateway.cli.startup import decide
+    from gateway.cli.startup import plan_serving
     from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 
     source = llamacpp.LlamaCppSource(gguf_repo="unsloth/GLM-4.7-Flash-GGUF", gguf_file="GLM-4.7-Flash-Q4_K_M.gguf")
@@ -308,6 +308,6 @@ def test_a_file_in_the_current_directory_named_like_the_hub_gguf_is_not_served(e
         llama_cpp_python_command=["py", "-m", "llama_cpp.server"],
     )  # fmt: skip
     machine = Inventory(parse_gpu_spec("1x24GiB@8.9"), 64 * GIB, 64 * GIB, source="simulated")
-    option = decide(settings, machine=machine).options[-1]
+    option = plan_serving(settings, machine=machine).options[-1]
     assert isinstance(option, llamacpp.LlamaCppOption)
     assert option.fetch is not None  # fetched from the hub cache when tried; before: the planted file, served

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import decide, plan_for
+from gateway.cli.startup import plan_for, plan_serving
 from gateway.core.devices import GIB, Inventory
 from gateway.planning.catalog import builtin_catalog
 from gateway.supervision.known_good import FILE_NAME, SET_ASIDE_NAME, KnownGood
@@ -91,7 +91,7 @@ def test_plan_and_serve_plan_afresh_past_a_malformed_entry(
 ) -> None:
     settings = Settings(state_dir=tmp_path, model="gemma-3-270m", llama_launcher="python",
                         llama_cpp_python_command=["py", "-m", "llama_cpp.server"])  # type: ignore[arg-type]  # fmt: skip
-    fresh = decide(settings, machine=CPU)
+    fresh = plan_serving(settings, machine=CPU)
     remember, option = fresh.remember, fresh.options[0]
     remember.store.put(remember.model, remember.fingerprint, option.engine, remember.versions[option.engine],
                        option.memo())  # fmt: skip
@@ -103,7 +103,7 @@ def test_plan_and_serve_plan_afresh_past_a_malformed_entry(
     entry = builtin_catalog().resolve("gemma-3-270m")
     assert plan_for(settings, entry, CPU, serving=False).chosen is not None
     path.write_text(json.dumps(data))  # `plan` set it aside; `serve` meets it too
-    again = decide(settings, machine=CPU)
+    again = plan_serving(settings, machine=CPU)
     assert again.options[0].launch(1234, "k").argv == option.launch(1234, "k").argv
     assert _warned(caplog) and (tmp_path / SET_ASIDE_NAME).exists()
 
@@ -119,13 +119,13 @@ def test_a_remembered_quantization_that_no_longer_resolves_is_set_aside(
     settings = Settings(state_dir=tmp_path, model="Qwen/Qwen3-8B", llama_launcher="native",
                         llama_server_command=["llama-server"], vllm_version="0.32.0")  # type: ignore[arg-type]  # fmt: skip
     machine = Inventory((), 64 * GIB, 64 * GIB, source="simulated")
-    fresh = decide(settings, machine=machine)
+    fresh = plan_serving(settings, machine=machine)
     remember, option = fresh.remember, fresh.options[0]
     memo = option.memo()
     stale = {**memo["hub_variant"], **variant}
     remember.store.put(remember.model, remember.fingerprint, option.engine, remember.versions[option.engine],
                        {**memo, "hub_variant": stale})  # fmt: skip
-    again = decide(settings, machine=machine)  # before: "nothing fits" (repo gone) or a TypeError
+    again = plan_serving(settings, machine=machine)  # before: "nothing fits" (repo gone) or a TypeError
     assert again.options[0].memo()["hub_variant"] == memo["hub_variant"]  # the hub searched again
     (entry,) = json.loads((tmp_path / SET_ASIDE_NAME).read_text()).values()
     assert entry["entry"]["memo"]["hub_variant"] == stale and why in entry["why"]

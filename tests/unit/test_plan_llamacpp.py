@@ -231,7 +231,8 @@ def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, Gg
     }
     assert layers == {("native", "old"): 51, ("native", "new"): 61, ("python", "old"): 16, ("python", "new"): 53}
     # llama-cpp-python keeps a full-size cache for the 50 sliding layers (13 GiB at 32k q8_0): not all fit
-    # (53 and 16, not 55 and 21, since CUDA's flash attention takes f16 copies of a layer's K and V: test_llamacpp_cuda_compute)
+    # (53 and 16, not 55 and 21: CUDA's flash attention takes f16 copies of a layer's K and V,
+    # test_llamacpp_cuda_compute)
 
 
 def test_70b_q4_k_m_on_two_24gb_cards_keeps_every_layer_on_the_gpus(shape_ggufs: dict[str, GgufFacts]) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from backends import llamacpp, vllm
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import choose_model, decide, model_limit
+from gateway.cli.startup import assemble, choose_model, model_limit, plan_serving
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.errors import BackendError, ConfigError, ModelError
 from gateway.core.model_entry import ModelEntry
@@ -64,11 +64,11 @@ def test_a_pinned_context_is_the_minimum_unless_one_is_given(tmp_path: Path) -> 
 
 @needs_embedded_model
 def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) -> None:
-    decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
-    assert len(decision.options) == 1 and decision.options[0].engine == "llamacpp"
-    argv = decision.options[0].launch(1234, "key").argv
+    serve_plan = plan_serving(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
+    assert len(serve_plan.options) == 1 and serve_plan.options[0].engine == "llamacpp"
+    argv = serve_plan.options[0].launch(1234, "key").argv
     assert argv[argv.index("--n_gpu_layers") + 1] == "0"
-    assert argv[argv.index("--n_ctx") + 1] == "32768" == str(decision.route.context_length)
+    assert argv[argv.index("--n_ctx") + 1] == "32768" == str(serve_plan.options[0].context_length)
     assert "--tensor_split" not in argv
     assert "--type_k" not in argv  # f16 KV: q8_0 would buy no context here and costs prefill
 
@@ -77,20 +77,20 @@ def test_a_small_model_on_cpu_is_one_llamacpp_option_all_in_ram(tmp_path: Path) 
 def test_serve_logs_the_decision_and_its_why_first(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Issue 29: `serve`'s start-up lines lead with what `plan` decides, and why."""
     caplog.set_level("INFO", logger="gateway.startup")
-    decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
+    serve_plan = plan_serving(_settings(tmp_path, model="gemma-3-270m"), machine=CPU)
     lines = [record.getMessage() for record in caplog.records if record.name == "gateway.startup"]
-    chosen = decision.plan.chosen
+    chosen = serve_plan.plan.chosen
     assert chosen is not None and lines[0] == f"plan: llamacpp: {chosen.headline}"
-    assert lines[1] == f"plan: why: {decision.plan.why}" and "meets the floor" in lines[1]
+    assert lines[1] == f"plan: why: {serve_plan.plan.why}" and "meets the floor" in lines[1]
 
 
 @needs_embedded_model
 def test_on_two_gpus_the_option_carries_the_planned_split(tmp_path: Path) -> None:
     gpus = Inventory(parse_gpu_spec("1x12GiB,1x24GiB"), 64 * GIB, 64 * GIB, source="simulated")
-    decision = decide(_settings(tmp_path, model="gemma-3-270m"), machine=gpus)
-    chosen = decision.plan.chosen
+    serve_plan = plan_serving(_settings(tmp_path, model="gemma-3-270m"), machine=gpus)
+    chosen = serve_plan.plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
-    argv = decision.options[0].launch(1234, "key").argv
+    argv = serve_plan.options[0].launch(1234, "key").argv
     assert argv[argv.index("--n_gpu_layers") + 1] == str(chosen.placement.n_gpu_layers) == "19"
     split = [float(s) for s in argv[argv.index("--tensor_split") + 1 : argv.index("--tensor_split") + 3]]
     assert split == list(chosen.placement.tensor_split) and split[0] < split[1]
@@ -100,12 +100,12 @@ def test_on_two_gpus_the_option_carries_the_planned_split(tmp_path: Path) -> Non
 def test_glm_on_two_5090s_tries_vllm_rungs_then_falls_back_to_llamacpp(tmp_path: Path) -> None:
     gpus = Inventory(parse_gpu_spec("2x32607MiB@12.0"), 64 * GIB, 64 * GIB, source="simulated")
     settings = _settings(tmp_path, model="glm-4.7-flash", vllm_command=["vllm", "serve"], vllm_version="0.32.0")
-    decision = decide(settings, machine=gpus)
-    engines = [option.engine for option in decision.options]
+    serve_plan = plan_serving(settings, machine=gpus)
+    engines = [option.engine for option in serve_plan.options]
     assert engines[:4] == ["vllm"] * 4 and engines[-1] == "llamacpp"
-    first = decision.options[0]  # the plan's decision: NVFP4 at the release's default share
+    first = serve_plan.options[0]  # the plan's decision: NVFP4 at the release's default share
     assert isinstance(first, vllm.VllmOption) and first.flags.gpu_memory_utilization == vllm.DEFAULT_UTILIZATION
-    chosen = decision.plan.chosen
+    chosen = serve_plan.plan.chosen
     assert chosen is not None and first.context_length == chosen.context_length >= 131072
     launch = first.launch(4321, "secret")
     argv = launch.argv
@@ -116,14 +116,14 @@ def test_glm_on_two_5090s_tries_vllm_rungs_then_falls_back_to_llamacpp(tmp_path:
 def test_a_model_nothing_can_serve_is_refused_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(BackendError, match="cannot be served here"):
-        decide(_settings(tmp_path, model="Qwen/Qwen3-8B", vllm_version="0.32.0"), machine=CPU)
+        plan_serving(_settings(tmp_path, model="Qwen/Qwen3-8B", vllm_version="0.32.0"), machine=CPU)
 
 
 def test_a_gguf_that_is_not_gguf_fails_before_anything_starts(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model at all")
     with pytest.raises(ModelError, match="is not a GGUF file"):
-        decide(_settings(tmp_path, model=str(bad)), machine=CPU)
+        plan_serving(_settings(tmp_path, model=str(bad)), machine=CPU)
 
 
 def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(tmp_path: Path) -> None:
@@ -131,8 +131,8 @@ def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(t
     settings = _settings(
         tmp_path, model="glm-4.7-flash", llama_launcher=None, llama_server_command=["/opt/llama/llama-server"]
     )
-    decision = decide(settings, machine=machine)
-    option = decision.options[-1]
+    serve_plan = plan_serving(settings, machine=machine)
+    option = serve_plan.options[-1]
     assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
     launch = option.launch(5555, "k")
     argv = launch.argv
@@ -149,30 +149,24 @@ def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, mon
 
     monkeypatch.setattr(backend, "packaged_binary", lambda name: Path(f"/pkg/bin/{name}"))
     monkeypatch.setattr(backend.shutil, "which", lambda name: None)
-    decision = decide(_settings(tmp_path, model="gemma-3-270m", llama_launcher=None), machine=CPU)
-    option = decision.options[0]
+    serve_plan = plan_serving(_settings(tmp_path, model="gemma-3-270m", llama_launcher=None), machine=CPU)
+    option = serve_plan.options[0]
     assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
     assert option.command == ("/pkg/bin/llama-server",)
-    forced = decide(_settings(tmp_path, model="gemma-3-270m", llama_launcher="python"), machine=CPU).options[0]
+    forced = plan_serving(_settings(tmp_path, model="gemma-3-270m", llama_launcher="python"), machine=CPU).options[0]
     assert isinstance(forced, llamacpp.LlamaCppOption) and forced.config.launcher == "python"
 
 
 @needs_embedded_model
 def test_a_plan_made_again_replaces_the_first_on_status_and_metrics(tmp_path: Path) -> None:
     """After a node is lost the supervisor re-plans; /status and /metrics must show that plan."""
-    from gateway.cli.commands import _show_plan
-    from gateway.serving.runtime import Runtime
-    from tests.unit.http_harness import make_runtime
-
     settings = _settings(tmp_path, model="gemma-3-270m", workers=["127.0.0.1:1"])  # a worker that never answers
-    decision = decide(settings, machine=CPU)
-    assert decision.replan is not None
-    runtime: Runtime = make_runtime("http://127.0.0.1:1")
-    runtime.plan_details = {"candidates": ["the first plan"]}
-    decision.replanned.append(lambda fresh: _show_plan(runtime, fresh))
-    options, summary = decision.replan()
+    served = assemble(settings, machine=CPU)
+    assert served.supervisor is not None and served.supervisor.replan is not None
+    served.runtime.plan_details = {"candidates": ["the first plan"]}
+    options, summary = served.supervisor.replan()
     assert options and summary["decision"]
-    candidates = runtime.plan_details["candidates"]
+    candidates = served.runtime.plan_details["candidates"]
     assert candidates != ["the first plan"] and candidates[0]["backend"] == "llamacpp"
 
 
@@ -182,11 +176,11 @@ def test_a_remembered_configuration_with_a_malformed_field_is_dropped_with_a_war
     tmp_path: Path, bad: dict[str, object], caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = _settings(tmp_path, model="gemma-3-270m")
-    first = decide(settings, machine=CPU)
+    first = plan_serving(settings, machine=CPU)
     option, remember = first.options[0], first.remember
     remember.store.put(remember.model, remember.fingerprint, option.engine, remember.versions[option.engine],
                        {**option.memo(), **bad})  # fmt: skip
-    again = decide(settings, machine=CPU)
+    again = plan_serving(settings, machine=CPU)
     assert again.options[0].launch(1234, "key").argv == option.launch(1234, "key").argv  # planned afresh
     assert any("ignoring the remembered configuration" in record.getMessage() for record in caplog.records)
 

@@ -374,7 +374,8 @@ def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: 
     remember = Remember(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
     planned, other = _llama(), _llama(context_length=1024)
     store.put("org/tiny", "gpu-fingerprint", "llamacpp", "0.3.36", planned.memo())
-    options = remembered_first([planned, other], remember, lambda entry: planned.from_memo(entry["memo"]))
+    entry = store.get("org/tiny", "gpu-fingerprint")
+    options = remembered_first([planned, other], remember, entry, lambda entry: planned.from_memo(entry["memo"]))
     assert [o.memo() for o in options] == [planned.memo(), other.memo()]
 
 
@@ -484,3 +485,19 @@ def test_the_status_snapshot_shows_every_attempt_and_the_live_engine(tmp_path: P
     assert snapshot["plan"] == {"decision": "d"} and snapshot["restarts"] == 0
     assert [a["outcome"] for a in snapshot["attempts"]] == ["failed", "ready"]
     assert snapshot["backend"]["engine"] == "vllm"
+
+
+def test_the_context_figure_is_the_plans_then_that_of_the_engine_being_started(tmp_path: Path) -> None:
+    """The one figure /v1/models gives: the first option's before any start, then the option starting
+    now (before: the plan's first figure until an engine was ready, one that a lower option never serves)."""
+    engines = Engines(fails(), hangs())
+    supervisor = _supervisor([_llama(), _llama(context_length=1024)], engines, tmp_path)
+    assert supervisor.context_length == 8192
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await _until(lambda: len(engines.runs) == 2)
+        assert supervisor.state is State.STARTING and supervisor.context_length == 1024
+        await supervisor.stop()
+
+    _run(scenario)

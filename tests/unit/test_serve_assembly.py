@@ -1,0 +1,112 @@
+"""`serve`'s assembly (gateway.cli.startup.assemble) without starting anything: what it reads from disk
+(once), the one context figure, and the devices /status and /metrics name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli.full_settings import Settings
+from gateway.cli.startup import assemble, plan_figures, plan_for, plan_serving, with_other_nodes
+from gateway.core import settings as settings_module
+from gateway.core.devices import GIB, Inventory, inventory
+from gateway.planning.catalog import builtin_catalog
+from gateway.serving.app import Gateway
+from gateway.serving.model_names import ModelRoute
+from gateway.supervision.known_good import KnownGood
+from tests.extras import needs_embedded_model
+
+CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
+
+
+def _settings(tmp_path: Path, **values: object) -> Settings:
+    """llama-cpp-python, as in test_startup: what is installed here must not decide."""
+    defaults: dict[str, object] = {
+        "model": "gemma-3-270m",
+        "llama_launcher": "python",
+        "llama_cpp_python_command": ["py", "-m", "llama_cpp.server"],
+    }
+    return Settings(state_dir=tmp_path, **(defaults | values))  # type: ignore[arg-type]
+
+
+@needs_embedded_model
+def test_the_key_file_is_read_once_per_assembly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: serve read it up front, again for the workers' key and again for the app (three reads)."""
+    key_file = tmp_path / "keys"
+    key_file.write_text("# the team's key\nsk-from-file\n")
+    reads: list[Path] = []
+    real = settings_module.read_regular_file
+
+    def counted(path: Path, limit: int) -> bytes:
+        reads.append(Path(path))
+        return real(path, limit)
+
+    monkeypatch.setattr(settings_module, "read_regular_file", counted)
+    settings = _settings(tmp_path, api_key_file=key_file, api_keys=["sk-flag"], workers=["127.0.0.1:1"])
+    served = assemble(settings, machine=CPU)
+    assert reads.count(key_file) == 1
+    assert served.runtime.api_keys == ("sk-flag", "sk-from-file")
+    assert served.supervisor is not None and served.supervisor.nodes is not None
+
+
+@needs_embedded_model
+def test_the_remembered_configuration_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the serve plan read known-good.json for the decision, again for the plan's policy and
+    again to put the remembered option first."""
+    settings = _settings(tmp_path)
+    first = plan_serving(settings, machine=CPU)
+    remember, option = first.remember, first.options[0]
+    remember.store.put(remember.model, remember.fingerprint, option.engine, remember.versions[option.engine],
+                       option.memo())  # fmt: skip
+    reads: list[str] = []
+    real_get = KnownGood.get
+
+    def counted(store: KnownGood, model: str, fingerprint: str) -> object:
+        reads.append(model)
+        return real_get(store, model, fingerprint)
+
+    monkeypatch.setattr(KnownGood, "get", counted)
+    again = plan_serving(settings, machine=CPU)
+    assert reads == ["gemma-3-270m"]
+    assert again.options[0].memo() == option.memo()  # the remembered configuration is still the first tried
+    assert again.plan.policy.remembered is not None  # and the plan was given it
+
+
+@needs_embedded_model
+def test_one_context_figure_from_the_plan_to_the_model_card(tmp_path: Path) -> None:
+    """The route holds names only; the card, /status and /metrics say the backend's one figure, which
+    before an engine is up is the first option's (the plan's)."""
+    assert "context_length" not in ModelRoute.__dataclass_fields__
+    served = assemble(_settings(tmp_path, context_length=4096), machine=CPU)
+    assert served.supervisor is not None and served.supervisor.options[0].context_length == 4096
+    gateway = Gateway(served.runtime)
+    card = gateway._model_card("gemma-3-270m")
+    assert card["context_length"] == served.runtime.context_length() == gateway.status_data()["context_length"] == 4096
+    assert card["max_model_len"] == card["context_length"]  # vLLM's key for the same figure, for its readers
+
+
+@needs_embedded_model
+def test_status_lists_the_simulated_gpus_the_plan_uses(tmp_path: Path) -> None:
+    """Before: /status re-probed NVML, so with `--gpus` it listed the real cards (or none here)."""
+    served = assemble(_settings(tmp_path, gpus="1x12GiB,1x24GiB", ram="64GiB"))
+    gpus = Gateway(served.runtime).status_data()["gpus"]
+    assert [(g["gpu"], g["total_gib"]) for g in gpus] == [("0", 12.0), ("1", 24.0)]
+    assert all(g["planned_gib"] > 0 and g["used_gib"] is None for g in gpus)  # simulated: nothing measured
+    assert served.runtime.gpu_memory() == []  # NVML is not asked about devices that are not there
+    assert {gpu for gpu, _term, _bytes in served.runtime.plan_memory} == {"0", "1"}
+
+
+@needs_embedded_model
+def test_a_gpu_is_named_by_its_own_index_not_its_place_in_llamacpps_order(tmp_path: Path) -> None:
+    """llama.cpp puts other nodes' RPC devices first: position 0 of its split is node2's GPU, and it is
+    labelled as node2's GPU 0, while this machine's GPU keeps its own (NVML) index."""
+    settings = _settings(tmp_path, llama_launcher=None, llama_server_command=["/opt/llama/llama-server"])
+    machine = with_other_nodes(inventory("1x8GiB", "64GiB"), settings, "node2=1x8GiB")
+    plan = plan_for(settings, builtin_catalog().resolve("gemma-3-270m"), machine, serving=False)
+    chosen = plan.chosen
+    assert chosen is not None and [d.label for d in chosen.devices] == ["node2/0", "0"]
+    figures = plan_figures(plan)
+    assert [device.gpu for device in figures.devices] == ["node2/0", "0"]
+    assert {gpu for gpu, _term, _bytes in figures.plan_memory} == {"node2/0", "0"}
+    assert figures.gpu_memory is None  # simulated devices: no NVML figures to put beside them
