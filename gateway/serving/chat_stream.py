@@ -81,7 +81,7 @@ async def read_chat_stream(chunks: AsyncIterator[dict[str, Any] | object]) -> As
     """The events of parsed chat chunks (``sse.chat_chunks``; anything not a dict, like DONE, is skipped).
     Every choice's delta is read as one answer, as the agents' single-choice requests get."""
     started: dict[int, ToolCallStarted] = {}
-    arguments: dict[int, list[str]] = {}  # pieces, joined once at the end (a long file's worth is 30,000 of them)
+    arguments: dict[int, list[str]] = {}  # pieces, joined once at the end (a file written by a tool is thousands)
     usage: Any = None
     reason: str | None = None
     async for chunk in chunks:
