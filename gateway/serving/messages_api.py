@@ -11,9 +11,18 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.serving.chat_stream import (
+    Finish,
+    ReasoningDelta,
+    StreamError,
+    TextDelta,
+    ToolArgumentsDelta,
+    ToolCallStarted,
+    read_chat_stream,
+)
 from gateway.serving.error_shapes import ApiError
 from gateway.serving.error_shapes import anthropic_message as anthropic_message  # the overflow wording, re-exported
-from gateway.serving.sse import DONE, event
+from gateway.serving.sse import event
 from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
@@ -196,126 +205,88 @@ def _parse_arguments(arguments: Any) -> Any:
     return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
+_EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
+    "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+    "text": {"type": "text", "text": "", "citations": None},
+}
+
+
+class _Blocks:
+    """The content blocks as they stream: one open at a time, numbered in order; a tool call's argument
+    pieces go to its own block's number."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None  # "thinking" | "text" | "tool"
+        self.tools: dict[int, int] = {}  # chat tool-call index → block index
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+        out = self.close()
+        self.index, self.open = self.index + 1, kind
+        return [
+            *out,
+            event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}),
+        ]
+
+    def delta(self, kind: str, delta: dict[str, Any]) -> list[bytes]:
+        """A piece of the open thinking or text block (one opened first if the answer moved on)."""
+        out = self.start(kind, _EMPTY_BLOCKS[kind]) if self.open != kind else []
+        return [*out, _block_delta(self.index, delta)]
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> bytes:
+    return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
 async def stream_from_chat(
     chunks: AsyncIterator[dict[str, Any] | object], model: str, input_tokens: int = 0
 ) -> AsyncIterator[bytes]:
     """message_start, content_block_* per block, message_delta with the stop reason, message_stop."""
-    message_id = f"msg_{uuid.uuid4().hex}"
-    start: dict[str, Any] = {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "stop_details": None,
-        "container": None,
-        "usage": usage_block(input_tokens, 0),
-    }
-    yield event("message_start", {"type": "message_start", "message": start})
-    index = -1
-    open_kind: str | None = None  # "thinking" | "text" | "tool"
-    tool_slots: dict[int, int] = {}
-    finish: str | None = None
-    usage: dict[str, Any] = {}
-
-    def close() -> list[bytes]:
-        nonlocal open_kind
-        if open_kind is None:
-            return []
-        open_kind = None
-        return [event("content_block_stop", {"type": "content_block_stop", "index": index})]
-
-    def open_block(kind: str, block: dict[str, Any]) -> list[bytes]:
-        nonlocal index, open_kind
-        out = close()
-        index += 1
-        open_kind = kind
-        out.append(
-            event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
-        )
-        return out
-
-    async for chunk in chunks:
-        if chunk is DONE or not isinstance(chunk, dict):
-            continue
-        if chunk.get("error"):
-            error = chunk["error"]
-            message = anthropic_message(str(error.get("message", error) if isinstance(error, dict) else error))
-            yield event("error", {"type": "error", "error": {"type": "api_error", "message": message}})
+    start: dict[str, Any] = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model}
+    start |= {"content": [], "stop_reason": None, "stop_sequence": None, "stop_details": None, "container": None}
+    yield event("message_start", {"type": "message_start", "message": start | {"usage": usage_block(input_tokens, 0)}})
+    blocks = _Blocks()
+    async for got in read_chat_stream(chunks):
+        if isinstance(got, StreamError):
+            error = {"type": "api_error", "message": anthropic_message(got.message)}
+            yield event("error", {"type": "error", "error": error})
             return
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            finish = choice.get("finish_reason") or finish
-            if thought := delta.get("reasoning_content") or delta.get("reasoning"):
-                if open_kind != "thinking":
-                    for block in open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
-                        yield block
-                yield event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "thinking_delta", "thinking": thought},
-                    },
-                )
-            if delta.get("content"):
-                if open_kind != "text":
-                    for block in open_block("text", {"type": "text", "text": "", "citations": None}):
-                        yield block
-                yield event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "text_delta", "text": delta["content"]},
-                    },
-                )
-            for call in delta.get("tool_calls") or []:
-                slot = int(call.get("index", 0))
-                function = call.get("function") or {}
-                if slot not in tool_slots:
-                    tool_block: dict[str, Any] = {
-                        "caller": {"type": "direct"},
-                        "type": "tool_use",
-                        "id": call.get("id") or f"toolu_{uuid.uuid4().hex}",
-                        "name": function.get("name") or "",
-                        "input": {},
-                    }
-                    for out in open_block("tool", tool_block):
-                        yield out
-                    tool_slots[slot] = index
-                if function.get("arguments"):
-                    yield event(
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": tool_slots[slot],
-                            "delta": {"type": "input_json_delta", "partial_json": function["arguments"]},
-                        },
-                    )
-    for block in close():
-        yield block
-    stop = stop_reason(finish, has_tool_use=bool(tool_slots))
-    # the engine's own count of the prompt: Claude Code tracks how full its window is from this figure
-    # (message_start could only say the gateway's count, and nothing of the cache yet)
-    final = usage_block(prompt_tokens(usage) or input_tokens, completion_tokens(usage), cached_tokens(usage))
+        out: list[bytes] = []
+        if isinstance(got, ReasoningDelta):
+            out = blocks.delta("thinking", {"type": "thinking_delta", "thinking": got.text})
+        elif isinstance(got, TextDelta):
+            out = blocks.delta("text", {"type": "text_delta", "text": got.text})
+        elif isinstance(got, ToolCallStarted):
+            tool = {"caller": {"type": "direct"}, "type": "tool_use", "id": got.call_id or f"toolu_{uuid.uuid4().hex}"}
+            out = blocks.start("tool", tool | {"name": got.name, "input": {}})
+            blocks.tools[got.index] = blocks.index
+        elif isinstance(got, ToolArgumentsDelta):
+            out = [_block_delta(blocks.tools[got.index], {"type": "input_json_delta", "partial_json": got.arguments})]
+        elif isinstance(got, Finish):
+            out = [*blocks.close(), _message_delta(got, input_tokens, has_tool_use=bool(blocks.tools))]
+            out.append(event("message_stop", {"type": "message_stop"}))
+        for block in out:
+            yield block
+
+
+def _message_delta(finish: Finish, input_tokens: int, *, has_tool_use: bool) -> bytes:
+    """The stop reason, and the engine's own count of the prompt: Claude Code tracks how full its window is
+    from this figure (message_start could only say the gateway's count, and nothing of the cache yet)."""
+    usage = finish.usage
+    final = usage_block(usage.prompt or input_tokens, usage.completion, usage.cached)
     keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    yield event(
-        "message_delta",
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop, "stop_sequence": None},
-            "usage": {key: final[key] for key in keys}
-            | {
-                "output_tokens_details": {"thinking_tokens": 0},
-                "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
-            },
-        },
-    )
-    yield event("message_stop", {"type": "message_stop"})
+    counts = {key: final[key] for key in keys} | {
+        "output_tokens_details": {"thinking_tokens": 0},
+        "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
+    }
+    delta = {"stop_reason": stop_reason(finish.reason, has_tool_use=has_tool_use), "stop_sequence": None}
+    return event("message_delta", {"type": "message_delta", "delta": delta, "usage": counts})
 
 
 def prompt_text(body: dict[str, Any]) -> str:

@@ -17,9 +17,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.serving.chat_stream import (
+    Finish,
+    ReasoningDelta,
+    StreamError,
+    TextDelta,
+    ToolArgumentsDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    Usage,
+    read_chat_stream,
+)
 from gateway.serving.error_shapes import ApiError
-from gateway.serving.sse import DONE, event
-from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
+from gateway.serving.sse import event
 
 log = logging.getLogger("gateway.responses")
 
@@ -139,16 +149,15 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     return chat
 
 
-def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+def _usage(usage: Usage) -> dict[str, Any]:
     """Responses' usage: the whole prompt in input_tokens, the part the engine reused from its cache in
     input_tokens_details.cached_tokens (as OpenAI counts it)."""
-    prompt, completion = prompt_tokens(usage), completion_tokens(usage)
     return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached_tokens(usage)},
-        "output_tokens": completion,
+        "input_tokens": usage.prompt,
+        "input_tokens_details": {"cached_tokens": usage.cached},
+        "output_tokens": usage.completion,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + completion,
+        "total_tokens": usage.prompt + usage.completion,
     }
 
 
@@ -247,7 +256,7 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
     return shell.build(
         "incomplete" if truncated else "completed",
         output,
-        _usage(chat.get("usage")),
+        _usage(Usage.read(chat.get("usage"))),
         "max_output_tokens" if truncated else None,
     )
 
@@ -263,148 +272,102 @@ class _Writer:
         return event(name, {"type": name, "sequence_number": self.sequence - 1, **payload})
 
 
+# an item kind that streams text → the prefix of its events' names, and the fields they add
+_TEXTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "reasoning": ("response.reasoning_text", {}),
+    "message": ("response.output_text", {"logprobs": []}),
+}
+
+
+class _Output:
+    """The response's output as it streams: at most one reasoning and one message item open, each closed
+    (its done events) when the answer moves on; function calls close when the stream ends."""
+
+    def __init__(self, emit: _Writer) -> None:
+        self.emit = emit
+        self.items: list[dict[str, Any]] = []
+        self.open: dict[str, tuple[int, list[str]]] = {}  # "reasoning" | "message" → (output index, its text)
+        self.calls: dict[int, tuple[int, list[str]]] = {}  # chat tool-call index → (output index, arguments)
+
+    def text(self, kind: str, piece: str) -> list[bytes]:
+        out = self.close("reasoning") if kind == "message" else []
+        out += [] if kind in self.open else self._start(kind)
+        index, pieces = self.open[kind]
+        pieces.append(piece)
+        (name, extra), where = _TEXTS[kind], {"item_id": self.items[index]["id"], "output_index": index}
+        return [*out, self.emit(f"{name}.delta", **where, content_index=0, delta=piece, **extra)]
+
+    def call(self, got: ToolCallStarted | ToolArgumentsDelta | ToolCallFinished) -> list[bytes]:
+        out = self.close("reasoning", "message")
+        if isinstance(got, ToolCallStarted):
+            self.calls[got.index] = (len(self.items), [])
+            call_id = got.call_id or f"call_{uuid.uuid4().hex}"
+            return [*out, self._add(_call_item(f"fc_{uuid.uuid4().hex}", call_id, got.name, "", status="in_progress"))]
+        index, pieces = self.calls[got.index]
+        if isinstance(got, ToolArgumentsDelta):
+            pieces.append(got.arguments)
+            delta = {"item_id": self.items[index]["id"], "output_index": index, "delta": got.arguments}
+            return [*out, self.emit("response.function_call_arguments.delta", **delta)]
+        done = self.items[index] | {"arguments": got.arguments, "status": "completed"}
+        whole = {"item_id": done["id"], "output_index": index, "arguments": got.arguments}
+        return [*out, self.emit("response.function_call_arguments.done", **whole), self._done(index, done)]
+
+    def close(self, *kinds: str) -> list[bytes]:
+        out: list[bytes] = []
+        for kind, (index, pieces) in [(kind, self.open.pop(kind)) for kind in kinds if kind in self.open]:
+            text, item_id = "".join(pieces), self.items[index]["id"]
+            where = {"item_id": item_id, "output_index": index, "content_index": 0}
+            done = _reasoning_item(item_id, text) if kind == "reasoning" else _message_item(item_id, text)
+            out.append(self.emit(f"{_TEXTS[kind][0]}.done", **where, text=text, **_TEXTS[kind][1]))
+            if kind == "message":
+                out.append(self.emit("response.content_part.done", **where, part=done["content"][0]))
+            out.append(self._done(index, done))
+        return out
+
+    def _start(self, kind: str) -> list[bytes]:
+        self.open[kind] = (len(self.items), [])
+        if kind == "reasoning":
+            return [self._add({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": []})]
+        item = _message_item(f"msg_{uuid.uuid4().hex}", "", status="in_progress")
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        where = {"item_id": item["id"], "output_index": len(self.items), "content_index": 0}
+        return [self._add(item), self.emit("response.content_part.added", **where, part=part)]
+
+    def _add(self, item: dict[str, Any]) -> bytes:
+        self.items.append(item)
+        return self.emit("response.output_item.added", output_index=len(self.items) - 1, item=item)
+
+    def _done(self, index: int, item: dict[str, Any]) -> bytes:
+        self.items[index] = item
+        return self.emit("response.output_item.done", output_index=index, item=item)
+
+    def so_far(self) -> list[dict[str, Any]]:
+        """The items as they stand (a failed response's output): calls with the arguments that came."""
+        calls = {index: "".join(pieces) for index, pieces in self.calls.values()}
+        return [item | {"arguments": calls[i]} if i in calls else item for i, item in enumerate(self.items)]
+
+
 async def stream_from_chat(
     chunks: AsyncIterator[dict[str, Any] | object], request: dict[str, Any], model: str
 ) -> AsyncIterator[bytes]:
     """The Responses event sequence for a streamed chat completion, ending with response.completed."""
-    shell = _Shell(request, model)
-    emit = _Writer()
+    shell, emit = _Shell(request, model), _Writer()
     yield emit("response.created", response=shell.build("in_progress", [], None, None))
     yield emit("response.in_progress", response=shell.build("in_progress", [], None, None))
-    output: list[dict[str, Any]] = []
-    text_item: dict[str, Any] | None = None
-    text = ""
-    reasoning_item: dict[str, Any] | None = None
-    reasoning = ""
-    calls: dict[int, dict[str, Any]] = {}  # chat tool-call index → output item
-    usage: dict[str, Any] | None = None
-    finish: str | None = None
-
-    def close_reasoning() -> list[bytes]:
-        nonlocal reasoning_item
-        if reasoning_item is None:
-            return []
-        index = output.index(reasoning_item)
-        done = _reasoning_item(reasoning_item["id"], reasoning)
-        output[index] = done
-        reasoning_item = None
-        return [
-            emit(
-                "response.reasoning_text.done", item_id=done["id"], output_index=index, content_index=0, text=reasoning
-            ),
-            emit("response.output_item.done", output_index=index, item=done),
-        ]
-
-    def close_text() -> list[bytes]:
-        nonlocal text_item
-        if text_item is None:
-            return []
-        index = output.index(text_item)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        done = _message_item(text_item["id"], text)
-        output[index] = done
-        text_item = None
-        return [
-            emit(
-                "response.output_text.done",
-                item_id=done["id"],
-                output_index=index,
-                content_index=0,
-                text=text,
-                logprobs=[],
-            ),
-            emit("response.content_part.done", item_id=done["id"], output_index=index, content_index=0, part=part),
-            emit("response.output_item.done", output_index=index, item=done),
-        ]
-
-    async for chunk in chunks:
-        if chunk is DONE or not isinstance(chunk, dict):
-            continue
-        if chunk.get("error"):
-            failed = shell.build("failed", output, None, None) | {
-                "error": {"code": "server_error", "message": str(chunk["error"].get("message", chunk["error"]))}
-            }
-            yield emit("response.failed", response=failed)
+    output = _Output(emit)
+    async for got in read_chat_stream(chunks):
+        if isinstance(got, StreamError):
+            failed = shell.build("failed", output.so_far(), None, None)
+            yield emit("response.failed", response=failed | {"error": {"code": "server_error", "message": got.message}})
             return
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            finish = choice.get("finish_reason") or finish
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if thought:
-                if reasoning_item is None:
-                    reasoning_item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": []}
-                    output.append(reasoning_item)
-                    yield emit("response.output_item.added", output_index=len(output) - 1, item=reasoning_item)
-                reasoning += thought
-                yield emit(
-                    "response.reasoning_text.delta",
-                    item_id=reasoning_item["id"],
-                    output_index=output.index(reasoning_item),
-                    content_index=0,
-                    delta=thought,
-                )
-            if delta.get("content"):
-                for block in close_reasoning():
-                    yield block
-                if text_item is None:
-                    text_item = _message_item(f"msg_{uuid.uuid4().hex}", "", status="in_progress")
-                    output.append(text_item)
-                    index = len(output) - 1
-                    yield emit("response.output_item.added", output_index=index, item=text_item)
-                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    yield emit(
-                        "response.content_part.added",
-                        item_id=text_item["id"],
-                        output_index=index,
-                        content_index=0,
-                        part=part,
-                    )
-                text += delta["content"]
-                yield emit(
-                    "response.output_text.delta",
-                    item_id=text_item["id"],
-                    output_index=output.index(text_item),
-                    content_index=0,
-                    delta=delta["content"],
-                    logprobs=[],
-                )
-            for call in delta.get("tool_calls") or []:
-                for block in close_reasoning() + close_text():
-                    yield block
-                slot = int(call.get("index", 0))
-                function = call.get("function") or {}
-                if slot not in calls:
-                    item = _call_item(
-                        f"fc_{uuid.uuid4().hex}",
-                        call.get("id") or f"call_{uuid.uuid4().hex}",
-                        function.get("name") or "",
-                        "",
-                        status="in_progress",
-                    )
-                    calls[slot] = item
-                    output.append(item)
-                    yield emit("response.output_item.added", output_index=len(output) - 1, item=dict(item))
-                item = calls[slot]
-                if function.get("arguments"):
-                    item["arguments"] += function["arguments"]
-                    yield emit(
-                        "response.function_call_arguments.delta",
-                        item_id=item["id"],
-                        output_index=output.index(item),
-                        delta=function["arguments"],
-                    )
-    for block in close_reasoning() + close_text():
-        yield block
-    for item in calls.values():
-        index = output.index(item)
-        item["status"] = "completed"
-        yield emit(
-            "response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=item["arguments"]
-        )
-        yield emit("response.output_item.done", output_index=index, item=item)
-    truncated = finish == "length"
-    final = shell.build(
-        "incomplete" if truncated else "completed", output, _usage(usage), "max_output_tokens" if truncated else None
-    )
-    yield emit("response.incomplete" if truncated else "response.completed", response=final)
+        if isinstance(got, ReasoningDelta | TextDelta):
+            blocks = output.text("reasoning" if isinstance(got, ReasoningDelta) else "message", got.text)
+        elif isinstance(got, Finish):
+            blocks = output.close("reasoning", "message")
+            status, reason = ("incomplete", "max_output_tokens") if got.reason == "length" else ("completed", None)
+            final = shell.build(status, output.items, _usage(got.usage), reason)
+            blocks.append(emit(f"response.{status}", response=final))
+        else:
+            blocks = output.call(got)
+        for block in blocks:
+            yield block

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from gateway.serving.app import create_app
 from gateway.serving.http_limits import bounded_protocol
+from tests.trickle import trickle
 from tests.unit.http_harness import FakeEngine, Served, make_runtime, wait_until
 
 TIMEOUT_S = 0.5
@@ -62,12 +63,7 @@ def test_headers_sent_slowly_are_cut_by_the_header_timeout_in_the_routes_dialect
     with socket.create_connection(server.address) as conn:
         conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
         started = time.monotonic()
-        for _ in range(8):  # a header line every 0.2 s: never silent for long, never done
-            time.sleep(0.2)
-            try:
-                conn.sendall(b"X-Slow: 1\r\n")
-            except OSError:
-                break
+        trickle(conn, b"X-Slow: 1\r\n", times=8, every_s=0.2)  # a header line every 0.2 s: never silent, never done
         closed, answer = _closed_within(conn, 5)
     assert closed and answer.startswith(b"HTTP/1.1 408"), answer
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["type"] == "error"  # Anthropic's shape on /v1/messages
@@ -84,9 +80,8 @@ def test_a_body_that_stops_coming_is_cut_by_the_body_timeout(server: Served) -> 
 def test_a_body_that_keeps_coming_is_not_cut(server: Served) -> None:
     with socket.create_connection(server.address) as conn:
         conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 16384\r\nConnection: close\r\n\r\n")
-        for _ in range(8):  # 8 x 0.2 s = 1.6 s in all, more than the timeout, 2 KiB each time
-            time.sleep(0.2)
-            conn.sendall(b"x" * 2048)
+        sent = trickle(conn, b"x" * 2048, times=8, every_s=0.2)  # 1.6 s in all, more than the timeout
+        assert sent == 8, f"the server hung up after {sent} of 8 pieces"
         _, answer = _closed_within(conn, 5)
     assert answer.startswith(b"HTTP/1.1 200") and b'"bytes":16384' in answer, answer
 
@@ -95,12 +90,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut(server: Served) -> None:
     with socket.create_connection(server.address) as conn:
         conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
         started = time.monotonic()
-        for _ in range(40):  # never silent for long, never a KiB (4 s if never cut)
-            time.sleep(0.1)
-            try:
-                conn.sendall(b"x")
-            except OSError:
-                break
+        trickle(conn, b"x", times=40, every_s=0.1)  # never silent for long, never a KiB (4 s if never cut)
         closed, answer = _closed_within(conn, 5)
     assert closed and answer.startswith(b"HTTP/1.1 408"), answer
     assert time.monotonic() - started < 3.5  # cut by the 1 s body clock, with room for a loaded machine
