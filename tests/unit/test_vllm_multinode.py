@@ -64,7 +64,7 @@ def test_the_argv_and_steps_are_exact_and_nothing_is_started() -> None:
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "3"
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
     join = (
-        'v=$(vllm --version 2>/dev/null); if [ "$v" = {v} ]; then ray start --address HEAD:6379; '
+        'v=$(vllm --version 2>/dev/null | tail -n 1); if [ "$v" = {v} ]; then ray start --address HEAD:6379; '
         "else echo '{node} has vLLM '\"$v\"', the head {v}: install vllm=={v}' >&2; false; fi"
     )
     assert best.steps == [
@@ -105,11 +105,13 @@ def _fake(bin_dir: Path, name: str, script: str) -> None:
 def test_a_worker_joins_ray_only_with_the_heads_vllm_and_says_why_not(
     tmp_path: Path, worker_version: str | None, joins: bool
 ) -> None:
-    """The pasted join line run by a real shell, with stand-ins for `vllm` and `ray` (a worker without
-    vLLM has no `vllm` at all): Ray would let a node with another vLLM join and fail its stage later."""
+    """The pasted join line run by a real shell, with stand-ins for `vllm` (which logs its platform to
+    stdout before the version) and `ray`; a worker without vLLM has no `vllm` at all. Ray would let a
+    node with another vLLM join and fail its stage later."""
     _fake(tmp_path, "ray", f'echo "$@" > {tmp_path}/ray-args')
     if worker_version:
-        _fake(tmp_path, "vllm", f"echo {worker_version}")
+        platform = "echo 'INFO [__init__.py:216] Automatically detected platform cuda.'"
+        _fake(tmp_path, "vllm", f"{platform}; echo {worker_version}")
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     line = multinode.join("node2", "0.32.0")
     done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, env=env, timeout=10, check=False)
