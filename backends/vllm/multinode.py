@@ -61,7 +61,7 @@ VLLM_PORT = 8001  # vLLM's own port on the head; the gateway fronts it on its us
 
 def join(worker: str, version: str) -> str:
     """The shell line a worker runs to join the head's Ray cluster; it refuses, naming both versions,
-    when the worker's vLLM is not the head's (Ray lets such a node join, and its stage fails later).
+    when the worker's vLLM is not the head's (Ray compares only its own and Python's versions).
     The version is the last line `vllm --version` prints: vLLM may log its platform to stdout first."""
     advice = f", the head {version}: install vllm=={version}"
     refusal = shlex.quote(f"{worker} has vLLM ") + '"$v"' + shlex.quote(advice)

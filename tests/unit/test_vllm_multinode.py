@@ -106,8 +106,8 @@ def test_a_worker_joins_ray_only_with_the_heads_vllm_and_says_why_not(
     tmp_path: Path, worker_version: str | None, joins: bool
 ) -> None:
     """The pasted join line run by a real shell, with stand-ins for `vllm` (which logs its platform to
-    stdout before the version) and `ray`; a worker without vLLM has no `vllm` at all. Ray would let a
-    node with another vLLM join and fail its stage later."""
+    stdout before the version) and `ray`; a worker without vLLM has no `vllm` at all. Ray itself would
+    let a node with another vLLM join (it compares only its own and Python's versions)."""
     _fake(tmp_path, "ray", f'echo "$@" > {tmp_path}/ray-args')
     if worker_version:
         platform = "echo 'INFO [__init__.py:216] Automatically detected platform cuda.'"
