@@ -327,7 +327,7 @@ class LlamaCppBackend:
             split = ",".join(f"{s:g}" for s in p.tensor_split) or "-"
             draft = f" draft {c.draft}" if c.draft else ""
             lines.append(
-                f"  {mark:2}{c.launcher} -ngl {p.n_gpu_layers} -ts {split} ctx {c.n_ctx:,} KV {c.kv_type}{draft}"
+                f"  {mark:3}{c.launcher} -ngl {p.n_gpu_layers} -ts {split} ctx {c.n_ctx:,} KV {c.kv_type}{draft}"
             )
             lines.append(f"      {c.reason}")
         return lines

