@@ -2,8 +2,9 @@
 
 Used when the live backend has no `/v1/responses` of its own (llama-cpp-python). Stateless, as the
 agents use it (`store: false`): every request carries its whole conversation in `input`.
-Codex's `namespace` tools are flattened into function tools; tool types no backend runs
-(`web_search`, `file_search`, …) are dropped, with one warning per request that counts them.
+Codex's `namespace` tools are flattened into function tools, its custom (freeform) tools become
+function tools with one string parameter (`custom_tools`); tool types no backend runs (`web_search`,
+`local_shell`, `file_search`, …) are dropped, with one warning per request that counts them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.serving import custom_tools
 from gateway.serving.error_shapes import ApiError
 from gateway.serving.sse import DONE, event
 from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
@@ -47,6 +49,8 @@ def _tools(tools: list[Any], dropped: Counter[str] | None = None) -> list[dict[s
         elif kind == "namespace":
             inner_tools = [{**inner, "type": inner.get("type", "function")} for inner in tool.get("tools", [])]
             out += _tools(inner_tools, dropped)
+        elif kind == "custom":
+            out.append(custom_tools.as_function(tool))
         elif dropped is not None:
             dropped[repr(kind)[:_KIND_SHOWN]] += 1
     return out
@@ -79,7 +83,7 @@ def _echo_tool(function: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         return {"type": "function", "function": {"name": choice.get("name")}}
     return choice if choice in ("auto", "none", "required") else None
 
@@ -104,16 +108,19 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
             messages.append({"role": role, "content": _text_of(item.get("content"))})
             if role == "assistant" and reasoning:
                 messages[-1]["reasoning_content"], reasoning = reasoning, ""
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             call = {"id": item.get("call_id"), "type": "function"}
-            call["function"] = {"name": item.get("name"), "arguments": item.get("arguments", "")}
+            arguments = item.get("arguments", "")
+            if kind == "custom_tool_call":
+                arguments = custom_tools.arguments_of(item.get("input"))
+            call["function"] = {"name": item.get("name"), "arguments": arguments}
             if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
                 messages[-1]["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 if reasoning:
                     messages[-1]["reasoning_content"], reasoning = reasoning, ""
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             text = output if isinstance(output, str) else _text_of(output) or json.dumps(output)
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
@@ -232,16 +239,16 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
         output.append(_reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning))
     if message.get("content"):
         output.append(_message_item(f"msg_{uuid.uuid4().hex}", message["content"]))
+    custom = custom_tools.names(request.get("tools"))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        output.append(
-            _call_item(
-                f"fc_{uuid.uuid4().hex}",
-                call.get("id") or f"call_{uuid.uuid4().hex}",
-                function.get("name", ""),
-                function.get("arguments") or "",
-            )
-        )
+        name, arguments = function.get("name", ""), function.get("arguments") or ""
+        call_id = call.get("id") or f"call_{uuid.uuid4().hex}"
+        if name in custom:
+            text = custom_tools.input_of(arguments)
+            output.append(custom_tools.call_item(f"ctc_{uuid.uuid4().hex}", call_id, name, text))
+        else:
+            output.append(_call_item(f"fc_{uuid.uuid4().hex}", call_id, name, arguments))
     truncated = choice.get("finish_reason") == "length"
     shell = _Shell(request, model)
     return shell.build(
@@ -277,6 +284,7 @@ async def stream_from_chat(
     reasoning_item: dict[str, Any] | None = None
     reasoning = ""
     calls: dict[int, dict[str, Any]] = {}  # chat tool-call index → output item
+    custom = custom_tools.names(request.get("tools"))  # their calls' arguments are held to the end
     usage: dict[str, Any] | None = None
     finish: str | None = None
 
@@ -384,9 +392,15 @@ async def stream_from_chat(
                     )
                     calls[slot] = item
                     output.append(item)
-                    yield emit("response.output_item.added", output_index=len(output) - 1, item=dict(item))
+                    shown = dict(item)
+                    if item["name"] in custom:
+                        shown = custom_tools.call_item(f"ctc_{uuid.uuid4().hex}", item["call_id"], item["name"], "")
+                        item["id"], shown["status"] = shown["id"], "in_progress"
+                    yield emit("response.output_item.added", output_index=len(output) - 1, item=shown)
                 item = calls[slot]
-                if function.get("arguments"):
+                if function.get("arguments") and item["name"] in custom:
+                    item["arguments"] += function["arguments"]
+                elif function.get("arguments"):
                     item["arguments"] += function["arguments"]
                     yield emit(
                         "response.function_call_arguments.delta",
@@ -399,6 +413,14 @@ async def stream_from_chat(
     for item in calls.values():
         index = output.index(item)
         item["status"] = "completed"
+        if item["name"] in custom:
+            text = custom_tools.input_of(item["arguments"])
+            done = custom_tools.call_item(item["id"], item["call_id"], item["name"], text)
+            output[index] = done
+            yield emit("response.custom_tool_call_input.delta", item_id=done["id"], output_index=index, delta=text)
+            yield emit("response.custom_tool_call_input.done", item_id=done["id"], output_index=index, input=text)
+            yield emit("response.output_item.done", output_index=index, item=done)
+            continue
         yield emit(
             "response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=item["arguments"]
         )
