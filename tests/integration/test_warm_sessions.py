@@ -113,3 +113,45 @@ def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_vllm(
     gateway.wait_ready(timeout_s=600)
     assert "--enable-prompt-tokens-details" in gateway.status()["backend"]["argv"]
     _check_second_conversation_starts_warm(gateway, checkpoint.name)
+
+
+GENERATED = 2_300  # past what the four slots' unified sliding-window cache keeps beyond the window
+
+
+def test_a_sliding_window_models_next_turn_resumes_from_a_checkpoint(
+    tmp_path: Path, gemma_gguf: Path, stopped_after: list[GatewayProcess]
+) -> None:
+    """Gemma 3 270M (5 of every 6 layers see a 512-token window): those layers keep only the window and
+    a ubatch per slot (2,560 cells for the four slots, unified), so a slot cannot roll back further
+    than about 2,048 tokens. Turn 1 generates 2,300 tokens; turn 2 sends another answer in their place
+    (as when a template drops a turn's reasoning), so the shared prefix ends 2,300 tokens before the
+    slot's end: without a context checkpoint there llama-server prefills
+    turn 2 from the start ("forcing full prompt re-processing due to lack of cache data",
+    ggml-org/llama.cpp#22746; measured with the plan's checkpoints set to 0). The plan gives it
+    --ctx-checkpoints; turn 2 then prefills only what is new."""
+    args = ["--model", str(gemma_gguf), "--engine", "llamacpp", "--llama-launcher", "native", "--llama-draft", "off"]
+    gateway = GatewayProcess(tmp_path, *args, "--context-length", "4096").start()
+    stopped_after.append(gateway)
+    gateway.wait_ready(timeout_s=300)
+    argv = gateway.status()["backend"]["argv"]
+    assert int(argv[argv.index("--ctx-checkpoints") + 1]) > 0
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: answer in plain, short words." for i in range(120))
+    turn: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": "Say hi"}]
+    model = gateway.status()["model"]
+
+    def ask(tokens: int = 4) -> dict[str, Any]:
+        body = {"model": model, "messages": turn, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+        answer = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=600)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    first = ask(GENERATED)
+    prompt = first["usage"]["prompt_tokens"]
+    assert prompt > 1_024 and first["usage"]["completion_tokens"] == GENERATED  # well past the window
+    turn += [{"role": "assistant", "content": "Hi"}]
+    turn += [{"role": "user", "content": "Say bye"}]
+    usage = ask()["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 0.9 * prompt and usage["prompt_tokens"] - cached < 100, (prompt, usage)
+    engine_log = "".join(path.read_text(errors="replace") for path in (tmp_path / "state").rglob("llamacpp-*.log"))
+    assert "slot" in engine_log and "forcing full prompt re-processing" not in engine_log
