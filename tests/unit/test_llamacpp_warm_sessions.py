@@ -46,6 +46,9 @@ def test_sizing_takes_checkpoints_first_then_half_of_the_rest_capped_at_four_kv_
     assert swa.checkpoints == 8 and swa.host_bytes <= 10 * GIB
     assert swa.cache_ram_bytes == (10 * GIB - 8 * 4 * 100 * MIB) // 2 // MIB * MIB
     assert warm_sessions.size(300 * MIB, 1 * GIB, 0) == warm_sessions.WarmSessions()  # under 256 MiB: off
+    # a small model's four prompts are kept however few MiB they take (off, its sessions evicted each
+    # other from the unified 32k context and every interleaved turn prefilled its whole prompt)
+    assert warm_sessions.size(10 * GIB, 16 * MIB, 0).cache_ram_bytes == 64 * MIB
     assert warm_sessions.size(-GIB, 1 * GIB, 100 * MIB).host_bytes == 0  # nothing spare: nothing kept
 
 
