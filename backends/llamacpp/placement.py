@@ -27,7 +27,9 @@ KV and compute buffers follow llama.cpp build 11434 (``llama-server``) as measur
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 
 import backends.llamacpp.drafting as drafting
 from backends.llamacpp.gguf_facts import SWA_PATTERN, GgufFacts
@@ -92,6 +94,13 @@ def is_sliding(facts: GgufFacts, layer: int) -> bool:
     return layer % pattern < pattern - 1
 
 
+@lru_cache(maxsize=64)
+def _sliding_pattern(facts: GgufFacts) -> tuple[bool, ...]:
+    """:func:`is_sliding` for every block, worked out once per model (the placement search needs it
+    for every device of every placement it tries)."""
+    return tuple(is_sliding(facts, layer) for layer in range(facts.num_layers))
+
+
 def kv_cells(facts: GgufFacts, layer: int, n_ctx: int, launcher: str) -> int:
     """Cells of one layer's cache. The native server keeps, for a sliding-window layer, every slot's
     window plus a ubatch in one unified cache (2,560 cells for Gemma 3's 512 with -np 4, as logged);
@@ -135,13 +144,18 @@ def _outputs(launcher: str) -> int:
 
 
 def _mask_bytes(
-    facts: GgufFacts, n_ctx: int, launcher: str, flash_attention: bool, layers: range | list[int] | None = None
+    facts: GgufFacts,
+    n_ctx: int,
+    launcher: str,
+    flash_attention: bool,
+    layers: range | list[int] | tuple[int, ...] | None = None,
 ) -> int:
     """The attention masks, one per cache kind (full, sliding) among ``layers`` (default: all):
     cells × ubatch. A device whose blocks all slide receives only the sliding-window mask."""
     element = 2 if flash_attention else 4  # f16 for flash attention, else f32
     layers = range(facts.num_layers) if layers is None else layers
-    sliding = [layer for layer in layers if is_sliding(facts, layer)]
+    pattern = _sliding_pattern(facts)
+    sliding = [layer for layer in layers if pattern[layer]]
     cells = n_ctx if len(sliding) < len(layers) else 0
     if sliding:
         cells += kv_cells(facts, sliding[0], n_ctx, launcher)
@@ -188,8 +202,25 @@ def compute_buffer_bytes(
     the whole graph. The output layer's logits come last, when the blocks' scratch is free: a phase of
     their own, the peak for a whole ubatch's logits (llama-cpp-python: 514 MiB logged for Gemma 3's
     262k vocabulary), negligible for the native server's one row per slot."""
+    held = None if blocks is None else tuple(blocks)
+    return _compute_buffer_bytes(facts, n_ctx, flash_attention, holds_output, launcher, first, copies, held)
+
+
+@lru_cache(maxsize=4096)
+def _compute_buffer_bytes(
+    facts: GgufFacts,
+    n_ctx: int,
+    flash_attention: bool,
+    holds_output: bool,
+    launcher: str,
+    first: bool,
+    copies: int,
+    blocks: tuple[int, ...] | None,
+) -> int:
+    """:func:`compute_buffer_bytes`, cached: the placement search tries the same devices' parts again
+    and again."""
     hidden = _hidden(facts)
-    blocks = range(facts.num_layers) if blocks is None else blocks
+    blocks = tuple(range(facts.num_layers)) if blocks is None else blocks
     masks = _mask_bytes(facts, n_ctx, launcher, flash_attention, blocks) if blocks else 0
     last_trunk = facts.num_layers - 1 - facts.mtp_layers  # a nextn block runs its FFN on every row
     full_ffn = any(block != last_trunk for block in blocks)
@@ -242,6 +273,7 @@ def host_compute_bytes(
     return body + output_buffer
 
 
+@lru_cache(maxsize=1024)
 def offloaded_weight_bytes(facts: GgufFacts, host_blocks: int, n_cpu_moe: int) -> int:
     """GPU backends run a big batch's matrix products on the first GPU even when the weights stay in
     RAM (llama.cpp's op offload), copying the weights in: about two of the largest such tensors at a
@@ -291,12 +323,19 @@ class Placement:
         ]
 
 
+@lru_cache(maxsize=256)
 def _slot_costs(
     facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, n_cpu_moe: int, draft: str | None = None
-) -> list[tuple[int, int, int]]:
+) -> tuple[tuple[int, int, int], ...]:
     """Per slot (blocks, then the output layer): (weights on the GPU, expert weights kept in RAM, KV).
     A nextn (MTP) block costs nothing unless drafting loads it: then its weights, and the draft
-    context's cache of it (the target's cells and KV type)."""
+    context's cache of it (the target's cells and KV type). Cached: the placement search asks for
+    the same model, context and KV type once per placement it tries; each ``--n-cpu-moe`` it tries
+    is the all-in-RAM costs' first slots followed by the none-in-RAM costs' others."""
+    if 0 < n_cpu_moe < facts.num_layers:
+        in_ram = _slot_costs(facts, n_ctx, kv_type, launcher, facts.num_layers, draft)
+        return in_ram[:n_cpu_moe] + _slot_costs(facts, n_ctx, kv_type, launcher, 0, draft)[n_cpu_moe:]
+    kv = _layer_kv(facts, n_ctx, kv_type, launcher, draft)
     costs = []
     for slot in range(facts.num_layers):
         if not drafting.loaded(facts, slot, draft):
@@ -304,9 +343,15 @@ def _slot_costs(
             continue
         size = facts.layer_bytes[slot] if facts.layer_bytes else 0
         experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and slot < n_cpu_moe else 0
-        costs.append((size - experts, experts, kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher, draft)))
+        costs.append((size - experts, experts, kv[slot]))
     costs.append((facts.output_bytes, 0, 0))
-    return costs
+    return tuple(costs)
+
+
+@lru_cache(maxsize=64)
+def _layer_kv(facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, draft: str | None) -> tuple[int, ...]:
+    """:func:`kv_layer_bytes` of every block (the same for each ``--n-cpu-moe`` the search tries)."""
+    return tuple(kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher, draft) for slot in range(facts.num_layers))
 
 
 def _role_compute(
@@ -352,6 +397,8 @@ def place(
     host_model, host_kv = facts.embedding_bytes, 0
     output_device: int | None = None
     where: list[int | None] = []
+    edges = [edge - 1e-9 for edge in cumulative]  # a slot goes to the first device whose edge is past it
+    nextn = drafting.mtp_blocks(facts)
     for slot, (on_gpu, in_ram, cache) in enumerate(_slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe, draft)):
         if slot < first_gpu_slot:
             host_model += on_gpu + in_ram
@@ -359,14 +406,14 @@ def place(
             where.append(None)
             continue
         position = (slot - first_gpu_slot) / slots
-        device = next((i for i, edge in enumerate(cumulative) if position < edge - 1e-9), len(gpus) - 1)
+        device = min(bisect_right(edges, position), len(gpus) - 1)
         where.append(device)
         model[device] += on_gpu
         kv[device] += cache
         host_model += in_ram
         if slot == layers:
             output_device = device
-        elif slot not in drafting.mtp_blocks(facts):  # the trunk's graph never runs a nextn block
+        elif slot not in nextn:  # the trunk's graph never runs a nextn block
             blocks[device].append(slot)
     first_device = next((i for i, held in enumerate(blocks) if held), None)
     compute = [
