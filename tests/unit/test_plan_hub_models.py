@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from backends.vllm import releases
 from gateway.cli.full_settings import Settings
 from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory
+from gateway.hub import search
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import to_json
 from tests.integration.tools.local_hub import LocalHub
@@ -36,6 +38,28 @@ MACHINES = {
     "1x80@9.0": "1x80GiB@9.0",
     "cpu": None,
 }
+
+
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[Any, Any]]]:
+    """One hub cache and one memory of searches for this module's tests."""
+    yield tmp_path_factory.mktemp("hf"), {}
+
+
+@pytest.fixture
+def hub(hub: LocalHub, module_cache: tuple[Path, dict[Any, Any]], monkeypatch: pytest.MonkeyPatch) -> LocalHub:
+    """tests/unit/conftest.py's local hub with the cache kept across this module's tests: each model is
+    read from the hub once (cold, as a user's first plan reads it), then planned on each machine from
+    what was read, the way a second `gateway plan` is. The rows test the plans; test_hub_*.py, the
+    reading."""
+    from huggingface_hub import constants
+
+    home, searches = module_cache
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(search, "_SEARCHES", searches)
+    return hub
 
 
 def plan_json(model: str, machine: str) -> dict[str, Any]:
