@@ -8,11 +8,14 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
 from starlette.testclient import TestClient
 
 from backends.base import Launch
 from gateway.core.process import ChildProcess, free_port
+from gateway.serving import app as app_module
 from gateway.serving.app import create_app
+from gateway.serving.readiness import EngineProbe
 from gateway.supervision.engine_run import EngineRun, RunState
 from tests.unit.http_harness import make_runtime
 
@@ -54,7 +57,9 @@ def test_an_unwritable_log_directory_is_named_as_such(tmp_path: Path) -> None:
     assert "cannot run" not in run.reason
 
 
-def test_ready_is_503_when_the_ready_engine_stops_answering() -> None:
+def test_ready_is_503_when_the_ready_engine_stops_answering(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the probe's timeout shortened (2 s in serving): a mute engine never answers, however long it is given
+    monkeypatch.setattr(app_module, "EngineProbe", lambda: EngineProbe(timeout_s=0.2))
     mute = socket.socket()  # listens, never accepts: an engine blocked on a full pipe
     mute.bind(("127.0.0.1", 0))
     mute.listen(16)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +40,9 @@ MACHINES = {
 
 
 @pytest.fixture(scope="module")
-def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[Any, Any]]]:
+def module_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[Any, Any]]:
     """One hub cache and one memory of searches for this module's tests."""
-    yield tmp_path_factory.mktemp("hf"), {}
+    return tmp_path_factory.mktemp("hf"), {}
 
 
 @pytest.fixture
