@@ -3,15 +3,43 @@ native llama-server, preferred when installed, has its own in test_serve_native.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from itertools import chain, combinations
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 
 from tests.integration.gatewayproc import GatewayProcess
 
 SERVED_CONTEXT = 8192
 BODY_LIMIT = 256 * 1024
+_MARK = re.compile(r"\bmark\.(\w+)")
+_MODULE_MARKS = re.compile(r"^pytestmark = (.+)$", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A module marked as a whole (``pytestmark``) that ``-m`` deselects whatever other marks its tests
+    carry is not imported: with ``-m "not engine"`` (the fast suite) that is every module here, whose
+    imports (the SDKs, llm-comply, the agents' drivers) cost seconds of collection for no test."""
+    expression = config.option.markexpr
+    if not expression or "(" in expression or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py":
+        return None
+    text = collection_path.read_text(encoding="utf-8")
+    declared = _MODULE_MARKS.search(text)
+    if declared is None:
+        return None
+    always = set(_MARK.findall(declared.group(1)))
+    optional = sorted(set(_MARK.findall(text)) - always)
+    compiled = Expression.compile(expression)
+    for extra in chain.from_iterable(combinations(optional, n) for n in range(len(optional) + 1)):
+        marks = always | set(extra)
+        if compiled.evaluate(lambda name, /, **_: name in marks):  # noqa: B023 (evaluated here, at once)
+            return None  # some test here may be selected
+    return True
 
 
 @pytest.fixture(scope="session")

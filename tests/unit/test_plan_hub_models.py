@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from backends.vllm import releases
+from gateway.cli.commands import main
 from gateway.cli.full_settings import Settings
 from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory
@@ -382,8 +383,11 @@ def test_a_thinking_model_gets_llama_servers_reasoning_format(hub: LocalHub) -> 
     assert argv[argv.index("--reasoning-format") + 1] == "deepseek" and "--jinja" in argv
 
 
-def test_the_headline_command_as_typed(local_hub: tuple[str, LocalHub], tmp_path: Path) -> None:
-    """The issue's command, run as a user runs it, with HF_ENDPOINT aimed at the local hub."""
+def test_the_headline_command_as_typed(
+    local_hub: tuple[str, LocalHub], hub: LocalHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's command, run as a user runs it, with HF_ENDPOINT aimed at the local hub; then with
+    --engine llamacpp (in this process: one start of the CLI is enough to show the environment read)."""
     url, _ = local_hub
     env = {
         **os.environ,
@@ -408,16 +412,12 @@ def test_the_headline_command_as_typed(local_hub: tuple[str, LocalHub], tmp_path
     assert "vllm is not installed here: `serve` on this machine starts this instead" in lines[5]
     fallback = lines[6]
     assert "Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf" in fallback and " -ngl 49 " in fallback and " -ts " in fallback
-    pooled = subprocess.run(
-        [*argv, "--llama-launcher", "native", "--engine", "llamacpp"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    first = pooled.stdout.splitlines()
+    capsys.readouterr()
+    pooled = main([*argv[3:], "--llama-launcher", "native", "--engine", "llamacpp"])
+    stdout = capsys.readouterr().out
+    first = stdout.splitlines()
     command = first[3]
-    assert pooled.returncode == 0 and first[0].startswith("decision: llama.cpp: ") and "  => Q8_0 (" in pooled.stdout
+    assert pooled == 0 and first[0].startswith("decision: llama.cpp: ") and "  => Q8_0 (" in stdout
     assert "Qwen3-Coder-30B-A3B-Instruct-Q8_0.gguf" in command and " -ngl 49 " in command and " -ts " in command
     assert "--jinja" in command
 
