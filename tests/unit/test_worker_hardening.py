@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from gateway.cli.commands import main
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
@@ -91,32 +92,40 @@ def test_a_taken_rpc_port_is_refused_not_advertised(tmp_path: Path, fake_rpc: Pa
     assert all(server.child is None for server in worker.servers)  # nothing was started
 
 
-def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "worker", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )  # fmt: skip
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`gateway worker ARGS` in this process (its exit status, what it wrote to stderr): an exception
+    main() does not turn into its one line fails the test, as its traceback would in a terminal.
+    test_its_headers_are_capped_before_the_key starts the command itself."""
+    capsys.readouterr()
+    status = main(["worker", *args])
+    return status, capsys.readouterr().err
 
 
-def test_a_failed_start_is_one_line_not_a_traceback(tmp_path: Path, fake_rpc: Path) -> None:
+@pytest.mark.timeout(30)  # a worker that started in spite of the fault would serve until stopped
+def test_a_failed_start_is_one_line_not_a_traceback(
+    tmp_path: Path, fake_rpc: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake_rpc.with_name(fake_rpc.name + ".exit").write_text("1")
-    done = _cli(
-        "--api-key", "k", "--port", str(free_port()), "--rpc-port", str(free_port()), "--gpus", "1x1GiB",
+    status, stderr = _cli(
+        capsys, "--api-key", "k", "--port", str(free_port()), "--rpc-port", str(free_port()), "--gpus", "1x1GiB",
         "--rpc-server-command", str(fake_rpc), "--state-dir", str(tmp_path),
     )  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    assert "Traceback" not in done.stderr and "gateway: error: ggml-rpc-server" in done.stderr, done.stderr
+    assert status == 1, stderr
+    assert "Traceback" not in stderr and "gateway: error: ggml-rpc-server" in stderr, stderr
 
 
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("flags", "said"), [(["--port", "99999"], "--port 99999"), (["--api-key", ""], "empty --api-key")]
 )
-def test_bad_flags_are_refused_in_one_line(tmp_path: Path, fake_rpc: Path, flags: list[str], said: str) -> None:
+def test_bad_flags_are_refused_in_one_line(
+    tmp_path: Path, fake_rpc: Path, flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = {"--api-key": "k", "--port": str(free_port()), "--rpc-port": str(free_port())}
     base.update(dict(zip(flags[::2], flags[1::2], strict=True)))
     args = [part for pair in base.items() for part in pair]
-    done = _cli(*args, "--rpc-server-command", str(fake_rpc), "--state-dir", str(tmp_path), timeout=20)
-    assert done.returncode == 1 and said in done.stderr, done.stderr
+    status, stderr = _cli(capsys, *args, "--rpc-server-command", str(fake_rpc), "--state-dir", str(tmp_path))
+    assert status == 1 and said in stderr, stderr
 
 
 def test_its_http_side_answers_like_serves(tmp_path: Path, fake_rpc: Path) -> None:
