@@ -243,6 +243,14 @@ def cuda_attention_copies_bytes(
     (a quantized cache, or blocks left on the CPU): the masks, 5 hidden-sized tensors and the largest
     layer's copies (plus its quantized rows when both hold); 0 when neither holds. Measured, H100, b11434:
     Llama 3 8B at 131,072 680.09 MiB with q8_0 (q4_0 the same; q8_0 K with f16 V 424.08), 70B 720.09."""
+    return _cuda_attention_copies_bytes(facts, n_ctx, kv_type, launcher, tuple(blocks), blocks_on_host)
+
+
+@lru_cache(maxsize=4096)
+def _cuda_attention_copies_bytes(
+    facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, blocks: tuple[int, ...], blocks_on_host: bool
+) -> int:
+    """:func:`cuda_attention_copies_bytes`, cached for the placement search's repeated devices' parts."""
     quantized = kv_type != "f16"
     if not blocks or not (quantized or blocks_on_host):
         return 0
