@@ -15,11 +15,10 @@ README "Memory on a real GPU" has the figures and the build line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,19 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gateway.core.process import free_port
 from tests.synthetic_gguf import LLAMA_8B, LLAMA_70B, make_llama_shapes
+from tests.waiting import answers, exited, wait_until
 
 SHAPES = {"llama-3-8b": LLAMA_8B, "llama-3-70b": LLAMA_70B}
 MiB = 2**20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def nvml_used() -> list[int]:
@@ -61,11 +57,12 @@ def nvml_used() -> list[int]:
 
 def metric_rows(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     """(labels, value) of each sample of ``name`` in a Prometheus text page."""
-    rows = []
-    for match in re.finditer(rf"^{name}\{{(?P<labels>[^}}]*)\}} (?P<value>\S+)$", text, re.MULTILINE):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
-        rows.append((labels, float(match["value"])))
-    return rows
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
 
 
 def gateway(*args: str) -> list[str]:
@@ -88,13 +85,10 @@ def measure(name: str, model: Path, llama_server: str, out: Path) -> dict[str, A
     result: dict[str, Any] = {"model": name, "plan_exit": planned.returncode, "nvml_used_before": before}
     try:
         url = f"http://127.0.0.1:{port}"
-        while time.monotonic() - started < 300 and serve.poll() is None:
-            try:
-                if httpx.get(url + "/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        with contextlib.suppress(AssertionError):  # not ready in time, or exited: recorded below
+            wait_until(
+                lambda: answers(url + "/ready"), what="/ready", timeout_s=300, interval_s=0.5, abort=exited(serve)
+            )
         result["ready_s"] = round(time.monotonic() - started, 1)
         result["serve_exit"] = serve.poll()
         if serve.poll() is None:

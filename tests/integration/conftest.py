@@ -70,3 +70,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> Itera
     )  # fmt: skip
     with process.serving():
         yield process
+
+
+@pytest.fixture
+def stopped_after() -> Iterator[list[GatewayProcess]]:
+    """Gateways a test starts (it appends each), stopped and their engines killed afterwards, also when
+    the test fails."""
+    started: list[GatewayProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+        process.kill()

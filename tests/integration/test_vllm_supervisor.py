@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -54,15 +53,6 @@ def _serve(workdir: Path, vllm_python: Path, *args: str) -> GatewayProcess:
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
     process = GatewayProcess(workdir, "--vllm-command", command, "--min-context", "128", *args, env=env)
     return process.start()
-
-
-@pytest.fixture
-def stopped_after() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
-    yield started
-    for process in started:
-        process.stop()
-        process.kill()
 
 
 def _chat(gateway: GatewayProcess, model: str) -> openai.types.chat.ChatCompletion:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,15 +74,6 @@ def _check_second_conversation_starts_warm(gateway: GatewayProcess, model: str) 
     # tokens on llama-server, ~1,600 on vLLM, whose Messages API puts Claude Code's mid-conversation
     # system message (the agent types) after the user's turn
     assert reused >= 0.9 * prompt, (first, second)
-
-
-@pytest.fixture
-def stopped_after() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
-    yield started
-    for process in started:
-        process.stop()
-        process.kill()
 
 
 def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_llama_server(
