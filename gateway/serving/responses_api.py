@@ -234,6 +234,18 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
     }
 
 
+def _tool_call_item(
+    call_id: str, name: str, arguments: str, custom: set[str], status: str = "completed"
+) -> dict[str, Any]:
+    """The output item of one call the engine made: a function_call, or for one of the request's custom
+    (freeform) tools a custom_tool_call carrying its text."""
+    if name in custom:
+        return custom_tools.call_item(
+            f"ctc_{uuid.uuid4().hex}", call_id, name, custom_tools.input_of(arguments), status
+        )
+    return _call_item(f"fc_{uuid.uuid4().hex}", call_id, name, arguments, status=status)
+
+
 def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
     return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
@@ -251,13 +263,8 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
     custom = custom_tools.names(request.get("tools"))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        name, arguments = function.get("name", ""), function.get("arguments") or ""
         call_id = call.get("id") or f"call_{uuid.uuid4().hex}"
-        if name in custom:
-            text = custom_tools.input_of(arguments)
-            output.append(custom_tools.call_item(f"ctc_{uuid.uuid4().hex}", call_id, name, text))
-        else:
-            output.append(_call_item(f"fc_{uuid.uuid4().hex}", call_id, name, arguments))
+        output.append(_tool_call_item(call_id, function.get("name", ""), function.get("arguments") or "", custom))
     truncated = choice.get("finish_reason") == "length"
     shell = _Shell(request, model)
     return shell.build(
@@ -310,10 +317,7 @@ class _Output:
         if isinstance(got, ToolCallStarted):
             self.calls[got.index] = (len(self.items), [])
             call_id = got.call_id or f"call_{uuid.uuid4().hex}"
-            if got.name in self.custom:
-                item = custom_tools.call_item(f"ctc_{uuid.uuid4().hex}", call_id, got.name, "", status="in_progress")
-                return [*out, self._add(item)]
-            return [*out, self._add(_call_item(f"fc_{uuid.uuid4().hex}", call_id, got.name, "", status="in_progress"))]
+            return [*out, self._add(_tool_call_item(call_id, got.name, "", self.custom, status="in_progress"))]
         index, pieces = self.calls[got.index]
         custom = self.items[index]["type"] == "custom_tool_call"
         if isinstance(got, ToolArgumentsDelta):
