@@ -237,7 +237,12 @@ def _compute_buffer_bytes(
 
 
 def cuda_attention_copies_bytes(
-    facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, blocks: list[int], blocks_on_host: bool
+    facts: GgufFacts,
+    n_ctx: int,
+    kv_type: str,
+    launcher: str,
+    blocks: range | list[int] | tuple[int, ...],
+    blocks_on_host: bool,
 ) -> int:
     """A local CUDA GPU's compute buffer when flash attention works on f16 copies of a layer's K and V
     (a quantized cache, or blocks left on the CPU): the masks, 5 hidden-sized tensors and the largest
@@ -362,10 +367,71 @@ def _layer_kv(facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, draft: 
     return tuple(kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher, draft) for slot in range(facts.num_layers))
 
 
-def _role_compute(
-    facts: GgufFacts, n_ctx: int, launcher: str, flash: bool, copies: int, *, first: bool, output: bool
+def device_compute_bytes(
+    facts: GgufFacts,
+    gpu: Device,
+    n_ctx: int,
+    kv_type: str,
+    launcher: str,
+    flash: bool,
+    copies: int,
+    *,
+    first: bool,
+    output: bool,
+    blocks: list[int] | None,
+    host_blocks: int,
+    offloaded: int = 0,
 ) -> int:
-    return compute_buffer_bytes(facts, n_ctx, flash, output, launcher=launcher, first=first, copies=copies)
+    """One GPU's compute buffer: what :func:`place` counts for the ``blocks`` it holds (None: every
+    block, as the split's sizing assumes before the blocks are dealt) and what the split is aimed at,
+    one function so the two cannot drift. ``offloaded``: the products of weights kept in RAM, which op
+    offload brings to this GPU. A local CUDA GPU adds its graph's own terms, the attention phase a
+    peak of its own (:func:`cuda_attention_copies_bytes`); an RPC device keeps the buffer measured on
+    ggml-rpc-server."""
+    held = range(facts.num_layers) if blocks is None else blocks
+    if not held and not output:
+        return offloaded
+    compute = offloaded + compute_buffer_bytes(
+        facts, n_ctx, flash, output, launcher=launcher, first=first, copies=copies, blocks=blocks
+    )
+    if flash and not gpu.is_remote and not gpu.is_cpu:
+        copies_bytes = cuda_attention_copies_bytes(facts, n_ctx, kv_type, launcher, held, host_blocks > 0)
+        compute = max(compute + 2 * _hidden(facts), copies_bytes)
+    return compute
+
+
+@lru_cache(maxsize=1024)
+def _role_compute(
+    facts: GgufFacts,
+    gpu: Device,
+    n_ctx: int,
+    kv_type: str,
+    launcher: str,
+    flash: bool,
+    copies: int,
+    host_blocks: int,
+    *,
+    first: bool,
+    output: bool,
+    offloaded: int = 0,
+) -> int:
+    """The compute buffer a GPU's share of the split leaves room for, before its blocks are known:
+    :func:`device_compute_bytes` of every block, in the GPU's role (first device, output's device).
+    Cached: the placement search asks for the same roles at every layer count it tries."""
+    return device_compute_bytes(
+        facts,
+        gpu,
+        n_ctx,
+        kv_type,
+        launcher,
+        flash,
+        copies,
+        first=first,
+        output=output,
+        blocks=None,
+        host_blocks=host_blocks,
+        offloaded=offloaded,
+    )
 
 
 def place(
@@ -392,11 +458,29 @@ def place(
     flash = uses_flash_attention(launcher, gpus)
     copies = SCHED_COPIES if pipeline_parallel(gpus, slots, facts, n_cpu_moe) else 1
     usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
+    host_blocks = min(first_gpu_slot, layers)
+    # the scheduler offloads to the first device that can: a local GPU (RPC devices never do)
+    offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
+    offloads = op_offload and bool(host_blocks or n_cpu_moe)
+    offloaded = offloaded_weight_bytes(facts, host_blocks, n_cpu_moe) if offloads else 0
     if split is None and gpus:
-        room = [
-            max(1, u - _role_compute(facts, n_ctx, launcher, flash, copies, first=i == 0, output=i == len(gpus) - 1))
-            for i, u in enumerate(usable)
+        roles = [
+            _role_compute(
+                facts,
+                gpu,
+                n_ctx,
+                kv_type,
+                launcher,
+                flash,
+                copies,
+                host_blocks,
+                first=i == 0,
+                output=i == len(gpus) - 1,
+                offloaded=offloaded if i == offload_to else 0,
+            )
+            for i, gpu in enumerate(gpus)
         ]
+        room = [max(1, u - role) for u, role in zip(usable, roles, strict=True)]
         split = tuple(round(r / sum(room), 4) for r in room)
     split = split or ()
     cumulative = [sum(split[: i + 1]) / sum(split) for i in range(len(split))] if sum(split) else []
@@ -425,29 +509,22 @@ def place(
             blocks[device].append(slot)
     first_device = next((i for i, held in enumerate(blocks) if held), None)
     compute = [
-        compute_buffer_bytes(
+        device_compute_bytes(
             facts,
+            gpu,
             n_ctx,
+            kv_type,
+            launcher,
             flash,
-            i == output_device,
-            launcher=launcher,
+            copies,
             first=i == first_device,
-            copies=copies,
+            output=i == output_device,
             blocks=blocks[i],
+            host_blocks=host_blocks,
+            offloaded=offloaded if i == offload_to else 0,
         )
-        if blocks[i] or i == output_device
-        else 0
-        for i in range(len(gpus))
+        for i, gpu in enumerate(gpus)
     ]
-    host_blocks = min(first_gpu_slot, layers)
-    # the scheduler offloads to the first device that can: a local GPU (RPC devices never do)
-    offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
-    if offload_to is not None and op_offload and (host_blocks or n_cpu_moe):
-        compute[offload_to] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
-    for i, gpu in enumerate(gpus):  # a local CUDA GPU: its graph's own terms, the attention phase a peak of its own
-        if flash and not gpu.is_remote and not gpu.is_cpu and (blocks[i] or i == output_device):
-            copies_bytes = cuda_attention_copies_bytes(facts, n_ctx, kv_type, launcher, blocks[i], host_blocks > 0)
-            compute[i] = max(compute[i] + 2 * _hidden(facts), copies_bytes)
     host_compute = host_compute_bytes(facts, n_ctx, launcher, flash, output_device is None, copies)
     extra = _draft_bytes(facts, n_ctx, kv_type, launcher, flash, draft, where)
     if extra.compute_device is None:
@@ -531,32 +608,47 @@ def _filled_split(
     no card is left brimming while the next idles. Each GPU's own part is counted first: its
     compute buffer as first or later device and, on the first local GPU, the copies of weights kept
     in RAM that op offload brings in (what :func:`place` adds; leaving it out filled GPU0 past what
-    place accepts). None when the slots cannot fit at all."""
+    place accepts; so did leaving out a local CUDA GPU's attention copies). None when the slots
+    cannot fit at all."""
     flash = uses_flash_attention(launcher, gpus)
     copies = SCHED_COPIES if pipeline_parallel(gpus, n_gpu_layers, facts, n_cpu_moe) else 1
-    plain = _role_compute(facts, n_ctx, launcher, flash, copies, first=False, output=False)
-    logits_extra = _role_compute(facts, n_ctx, launcher, flash, copies, first=False, output=True) - plain
-    first_extra = _role_compute(facts, n_ctx, launcher, flash, copies, first=True, output=False) - plain
     usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
-    own = [plain] * len(gpus)
-    own[0] += first_extra
     host_blocks = max(0, min(facts.num_layers + 1 - n_gpu_layers, facts.num_layers))
     offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
-    if offload_to is not None and (host_blocks or n_cpu_moe):
-        own[offload_to] += offloaded_weight_bytes(facts, host_blocks, n_cpu_moe)
+    offloaded = offloaded_weight_bytes(facts, host_blocks, n_cpu_moe) if host_blocks or n_cpu_moe else 0
+
+    def role(i: int, output: bool) -> int:
+        """GPU ``i``'s compute buffer as :func:`place` counts it, holding the output layer or not."""
+        return _role_compute(
+            facts,
+            gpus[i],
+            n_ctx,
+            kv_type,
+            launcher,
+            flash,
+            copies,
+            host_blocks,
+            first=i == 0,
+            output=output,
+            offloaded=offloaded if i == offload_to else 0,
+        )
+
+    own = [role(i, False) for i in range(len(gpus))]
+    logits_extra = [role(i, True) - own[i] for i in range(len(gpus))]  # on the device the output slot lands
     costs = _slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe, draft)[facts.num_layers + 1 - n_gpu_layers :]
     needs = [on_gpu + cache for on_gpu, _, cache in costs]
-    if needs:
-        needs[-1] += logits_extra
+
+    none = [0] * len(gpus)
 
     def fill(share: float) -> list[int] | None:
         counts, used, device = [0] * len(gpus), list(own), 0
-        for need in needs:
-            while device < len(gpus) and used[device] + need > share * usable[device]:
+        for slot, cost in enumerate(needs):
+            extra = logits_extra if slot == len(needs) - 1 else none  # the output layer's slot comes last
+            while device < len(gpus) and used[device] + cost + extra[device] > share * usable[device]:
                 device += 1
             if device == len(gpus):
                 return None
-            used[device] += need
+            used[device] += cost + extra[device]
             counts[device] += 1
         return counts
 

@@ -12,7 +12,7 @@ import pytest
 
 from backends.llamacpp import facts_from_gguf
 from backends.llamacpp.gguf_reader import read_gguf_header
-from backends.llamacpp.placement import place
+from backends.llamacpp.placement import GPU_MARGIN_BYTES, best_placement, place
 from gateway.core.devices import MIB, Device, parse_gpu_spec
 from gateway.core.model_facts import ModelFacts
 from tests.synthetic_gguf import LLAMA_8B, make_llama_shapes
@@ -82,3 +82,40 @@ def test_the_planned_kv_and_weights_are_the_logged_ones(llamas: dict[str, ModelF
     seventy = place(llamas["70b"], h100(), 131072, "q8_0", "native", 81)
     assert round(eight.device_model[0] / MIB, 1) == 4403.5 and eight.device_kv[0] / MIB == 16384.0
     assert round(seventy.device_model[0] / MIB, 1) == 39939.5 and seventy.device_kv[0] / MIB == 21760.0
+
+
+def two_local_cards() -> tuple[Device, ...]:
+    return tuple(parse_gpu_spec("1x40GiB,1x20GiB"))
+
+
+def test_the_split_is_aimed_with_the_cuda_copies_of_each_local_gpu(llamas: dict[str, ModelFacts]) -> None:
+    """70B with a q8_0 cache at 131,072 on a 40 GiB and a 20 GiB card: 74 of 81 slots fit, the rest in
+    RAM, and each card holds its copies (masks 128 + 5 hidden 80 + a layer's f16 K and V 512 + its
+    q8_0 rows 272 = 992 MiB). When the split was sized with the RPC-measured 328 MiB, both the
+    proportional split (0.6743, 0.3257) and the filled one (50, 24) put 24 slots on the 20 GiB card,
+    19,525.6 MiB of its 19,456 usable, so the search gave up a layer (73 slots, 1,314 MiB left idle
+    on the 40 GiB card)."""
+    gpus = two_local_cards()
+    placement, how = best_placement(llamas["70b"], gpus, 131072, "q8_0", "native")
+    assert how == "74 of 81 layers on GPU" and placement.n_gpu_layers == 74
+    assert [compute / MIB for compute in placement.device_compute] == [992.0, 992.0]
+    totals = [
+        m + k + c for m, k, c in zip(placement.device_model, placement.device_kv, placement.device_compute, strict=True)
+    ]
+    assert all(total <= usable for total, usable in zip(totals, placement.device_usable, strict=True))
+    assert placement.slot_devices.count(0) == 51 and placement.slot_devices.count(1) == 23
+    proportional = place(llamas["70b"], gpus, 131072, "q8_0", "native", 74)  # the first split tried fits already
+    assert proportional.tensor_split == (0.6784, 0.3216) and not proportional.overflow()
+
+
+def test_the_split_leaves_the_copies_out_of_a_remote_device(llamas: dict[str, ModelFacts]) -> None:
+    """A local 40 GiB card beside an RPC device of the same size, 74 of 81 slots: the split leaves room
+    for the copies (992 MiB) on the local card only; the remote one is sized with the buffer measured
+    on ggml-rpc-server (328 MiB), as place() counts both. Before, both were sized at 328 (an even split)."""
+    local = two_local_cards()[0]
+    remote = Device(1, local.name, local.total_bytes, local.free_bytes, local.compute_capability, node="node2")
+    placement = place(llamas["70b"], (local, remote), 131072, "q8_0", "native", 74)
+    assert [compute / MIB for compute in placement.device_compute] == [992.0, 328.0]
+    usable = local.free_bytes - GPU_MARGIN_BYTES
+    room = [usable - 992 * MIB, usable - 328 * MIB]
+    assert placement.tensor_split == tuple(round(r / sum(room), 4) for r in room) == (0.4958, 0.5042)
