@@ -137,7 +137,6 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         intermediate_size=int(value("feed_forward_length")),
         vocab_size=int(value("vocab_size")) or int(getattr(header.metadata.get("tokenizer.ggml.tokens"), "count", 0)),
         max_position=int(value("context_length")) or None,
-        dtype="float16",
         quantization=f"gguf file type {header.metadata.get('general.file_type', '?')}",
         weight_bytes=total,
         weight_bytes_source="gguf tensor table",

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import backends.vllm.releases as releases
 from backends import objective
+from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.estimate import decode_tokens_per_s
 from backends.vllm.memory import (
     CUDA_CONTEXT_BYTES,
@@ -33,7 +34,6 @@ from backends.vllm.memory import (
 from backends.vllm.settings import VllmPins
 from backends.vllm.weight_kernels import weight_only
 from gateway.core.devices import GIB, Device
-from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import Goal, Policy
 
 ENGINE = "vllm"
@@ -203,7 +203,7 @@ class VllmCandidate:
         }
 
 
-def valid_tp_sizes(facts: ModelFacts, gpu_count: int) -> list[int]:
+def valid_tp_sizes(facts: CheckpointFacts, gpu_count: int) -> list[int]:
     """Powers of two up to the GPU count that divide the attention heads (largest first)."""
     sizes = [tp for tp in (1, 2, 4, 8, 16) if tp <= gpu_count and facts.num_heads % tp == 0]
     return sorted(sizes, reverse=True)
@@ -337,17 +337,13 @@ def evaluate(
     return candidate
 
 
-def _estimated(facts: ModelFacts) -> str:
+def _estimated(facts: CheckpointFacts) -> str:
     """Marks a weights figure that is an estimate, and what it assumed kept in 16 bits."""
     if not facts.weight_bytes_source.startswith("estimated"):
         return ""
-    if facts.hf.quant_kept and facts.quantization:
-        kept = ", ".join(facts.hf.quant_kept)
-        how = (
-            "a known list, estimated"
-            if facts.hf.quant_kept_source.startswith("estimate")
-            else facts.hf.quant_kept_source
-        )
+    if facts.quant_kept and facts.quantization:
+        kept = ", ".join(facts.quant_kept)
+        how = "a known list, estimated" if facts.quant_kept_source.startswith("estimate") else facts.quant_kept_source
         return f" (estimated from config.json; {facts.quantization} with {kept} in BF16: {how})"
     return " (estimated from config.json)"
 
@@ -437,7 +433,7 @@ def ladder(
     return out
 
 
-def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Device, ...], version: str) -> str:
+def _no_fp8_kv(facts: CheckpointFacts, gpus: tuple[Device, ...], version: str) -> str:
     for gpu in sorted(gpus, key=lambda g: g.compute_capability):
         verdict = releases.kv_cache_verdict(facts, gpu.compute_capability, "fp8", version)
         if not verdict.ok:
@@ -447,7 +443,7 @@ def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Device, ...], version: str) -> str
     return "--kv-cache-dtype fp8 has no backend here"
 
 
-def _mtp_choices(facts: ModelFacts, version: str, pins: Any) -> list[tuple[int, int]]:
+def _mtp_choices(facts: CheckpointFacts, version: str, pins: Any) -> list[tuple[int, int]]:
     """(concession, draft tokens): speculative decoding with the model's own MTP layers first where
     this release can draft with them, then without. Pinned flags are evaluated as given: no MTP."""
     if facts.mtp_layers and not pins and releases.mtp_draft(facts, version):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from backends import llamacpp, vllm
+from backends.vllm.checkpoint_facts import checkpoint_facts
 from backends.vllm.memory import cuda_total
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import facts_from_config
@@ -66,7 +67,7 @@ def _config(case: dict[str, Any]) -> dict[str, Any] | None:
 def replay_vllm(case: dict[str, Any], inputs: dict[str, Any]) -> list[Row]:
     config = _config(case)
     assert config is not None
-    facts = facts_from_config({**config, **inputs.get("config", {})}, case["model_id"], quantization=inputs["quant"])
+    facts = checkpoint_facts({**config, **inputs.get("config", {})}, case["model_id"], quantization=inputs["quant"])
     gpu = Device(0, inputs.get("name", "GPU"), int(inputs["total_gib"] * GIB), int(inputs["total_gib"] * GIB), (8, 9))
     tokens, seqs = vllm.batch_defaults(gpu)
     flags = vllm.VllmFlags(inputs["tp"], inputs["util"], inputs["len"], seqs, tokens)
@@ -94,7 +95,7 @@ def replay_max_len(case: dict[str, Any], inputs: dict[str, Any]) -> list[Row]:
     error = case["reported"].get("error") or case["reported"].get("error_default_util")
     length = int(error["max_seq_len"])
     if "config" in inputs:
-        facts = facts_from_config(json.loads((DATA / inputs["config"]).read_text()), case["model_id"])
+        facts = checkpoint_facts(json.loads((DATA / inputs["config"]).read_text()), case["model_id"])
         per_token = vllm.kv_bytes_per_token(facts, inputs["tp"], "auto", inputs["version"])
     else:
         per_token = inputs["layers"] * 2 * inputs["kv_heads"] * inputs["head_dim"] * 2
@@ -138,7 +139,7 @@ def replay_seed_003() -> list[Row]:
     memory loading the weights (its hf_quant_config.json keeps self_attn, lm_head, vision in BF16)."""
     config = json.loads((DATA / "configs" / "gemma-4-31B-it.json").read_text())
     quant = json.loads((DATA / "configs" / "gemma-4-31B-it-nvfp4.hf_quant_config.json").read_text())
-    facts = facts_from_config(config, "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
+    facts = checkpoint_facts(config, "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
     gpus = (
         Device(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)),
         Device(1, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)),

