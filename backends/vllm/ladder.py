@@ -32,7 +32,7 @@ from backends.vllm.memory import (
     memory,
 )
 from backends.vllm.settings import VllmPins
-from backends.vllm.weight_kernels import weight_only
+from backends.vllm.weight_kernels import WeightOnly, weight_only
 from gateway.core.devices import GIB, Device
 from gateway.core.policy import Goal, Policy
 
@@ -239,13 +239,46 @@ def evaluate(
     rung: str = "as given",
 ) -> VllmCandidate:
     """Compute one configuration's memory and decide whether it fits, with the reason in numbers."""
-    gpu = min(gpus[: flags.tensor_parallel_size], key=lambda g: (g.total_bytes, g.free_bytes))
+    used = gpus[: flags.tensor_parallel_size]
+    gpu = min(used, key=lambda g: (g.total_bytes, g.free_bytes))
     m = memory(checkpoint, gpu, flags, version)
     facts = checkpoint.facts
-    head = f"{checkpoint.quantization or facts.dtype} TP{flags.tensor_parallel_size}"
-    marlin = weight_only(facts, min(g.compute_capability for g in gpus[: flags.tensor_parallel_size]))
-    if marlin:  # the checkpoint loads, but runs 16-bit activations through Marlin (weight_kernels.py)
-        head += f" as {marlin.scheme} Marlin"
+    marlin = weight_only(facts, min(g.compute_capability for g in used))
+    problems = _memory_problems(checkpoint, gpu, m, flags)
+    goal = policy.goal
+    if short := goal.too_short(flags.max_model_len):
+        problems.append(short)
+    summary = _summary(_head(checkpoint, flags, m, marlin, version), facts, m, flags, tight=not problems)
+    fits = not problems
+    speed = decode_tokens_per_s(facts, m, flags, gpu) if m.kv_cache > 0 else 0.0
+    if marlin:  # 16-bit activations through weight-only kernels: slower than the native ones it was priced as
+        speed *= marlin.decode_share
+    reason = (
+        f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs, ~{speed:,.0f} tokens/s"
+        if fits
+        else f"{summary}; " + "; ".join(problems)
+    )
+    if fits and flags.max_model_len < goal.floor:
+        reason += f"; below the {goal.floor:,} floor: a last resort"
+    candidate = VllmCandidate(
+        checkpoint,
+        flags,
+        m,
+        fits,
+        reason,
+        concessions,
+        rung,
+        weight_kernel=marlin.scheme if marlin else "",
+        tokens_per_s=speed,
+        goal=goal,
+        devices=used,
+    )
+    candidate.problems = problems
+    return candidate
+
+
+def _memory_problems(checkpoint: Checkpoint, gpu: Device, m: VllmMemory, flags: VllmFlags) -> list[str]:
+    """Why vLLM would refuse to start or run out of memory with these flags on this card, in numbers."""
     problems: list[str] = []
     # 0.21.0 v1/worker/gpu_worker.py init_device calls request_memory whatever the KV pin:
     #     if init_snapshot.free_memory < requested_memory: raise ValueError(f"Free memory on device ...")
@@ -258,7 +291,7 @@ def evaluate(
             f"free {_fmt(free)} after the CUDA context < util {flags.gpu_memory_utilization} × "
             f"{_fmt(m.total)} = {_fmt(m.budget)}: vLLM refuses to start"
         )
-    load_spike = (2 if facts.is_moe else 1) * GIB if checkpoint.quantization else 0
+    load_spike = (2 if checkpoint.facts.is_moe else 1) * GIB if checkpoint.quantization else 0
     if m.weights + load_spike > m.total - CUDA_CONTEXT_BYTES:
         spike = f" + {_fmt(load_spike)} load spike" if load_spike else ""
         problems.append(f"weights {_fmt(m.weights)}/GPU{spike} exceed the {_fmt(m.total)} card")
@@ -286,55 +319,36 @@ def evaluate(
             f"{_fmt(m.kv_cache)} KV/GPU → {m.kv_tokens:,} tokens; one request of {flags.max_model_len:,} "
             f"does not fit (largest: {m.max_fitting_model_len:,})"
         )
-    goal = policy.goal
-    if short := goal.too_short(flags.max_model_len):
-        problems.append(short)
-    kv_how = (
-        f"with KV pinned at {_fmt(m.kv_cache)}"
-        if flags.kv_cache_memory_bytes is not None
-        else f"leave {_fmt(max(m.kv_cache, 0))} KV at util {flags.gpu_memory_utilization}"
-    )
+    return problems
+
+
+def _head(checkpoint: Checkpoint, flags: VllmFlags, m: VllmMemory, marlin: WeightOnly | None, version: str) -> str:
+    """What is loaded and how: the checkpoint's format, TP, Marlin kernels, MTP drafting."""
+    facts = checkpoint.facts
+    head = f"{checkpoint.quantization or facts.dtype} TP{flags.tensor_parallel_size}"
+    if marlin:  # the checkpoint loads, but runs 16-bit activations through Marlin (weight_kernels.py)
+        head += f" as {marlin.scheme} Marlin"
     if flags.speculative_mtp:
         draft = releases.mtp_draft(facts, version)
         head += (
             f" + MTP speculative decoding ({flags.speculative_mtp} draft token(s) via {draft}: "
             f"{_fmt(m.mtp_weights)}/GPU of MTP weights and {facts.mtp_layers} more KV layer(s))"
         )
-    summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
+    return head
+
+
+def _summary(head: str, facts: CheckpointFacts, m: VllmMemory, flags: VllmFlags, *, tight: bool) -> str:
+    """The weights and the KV they leave; for a configuration that fits (``tight``: no problem so far)
+    with little below the budget, how little is left for the CUDA context."""
+    kv_how = (
+        f"with KV pinned at {_fmt(m.kv_cache)}"
+        if flags.kv_cache_memory_bytes is not None
+        else f"leave {_fmt(max(m.kv_cache, 0))} KV at util {flags.gpu_memory_utilization}"
+    )
     slack = m.total - m.budget
-    if (
-        not problems
-        and flags.kv_cache_memory_bytes is None
-        and slack < PRE_SNAPSHOT_SEEN_BYTES + UTILIZATION_MARGIN_BYTES
-    ):
+    if tight and flags.kv_cache_memory_bytes is None and slack < PRE_SNAPSHOT_SEEN_BYTES + UTILIZATION_MARGIN_BYTES:
         kv_how += f" (leaves {_fmt(slack)} below the budget for the CUDA context: 0.45–0.60 GiB seen)"
-        summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
-    fits = not problems
-    speed = decode_tokens_per_s(facts, m, flags, gpu) if m.kv_cache > 0 else 0.0
-    if marlin:  # 16-bit activations through weight-only kernels: slower than the native ones it was priced as
-        speed *= marlin.decode_share
-    reason = (
-        f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs, ~{speed:,.0f} tokens/s"
-        if fits
-        else f"{summary}; " + "; ".join(problems)
-    )
-    if fits and flags.max_model_len < goal.floor:
-        reason += f"; below the {goal.floor:,} floor: a last resort"
-    candidate = VllmCandidate(
-        checkpoint,
-        flags,
-        m,
-        fits,
-        reason,
-        concessions,
-        rung,
-        weight_kernel=marlin.scheme if marlin else "",
-        tokens_per_s=speed,
-        goal=goal,
-        devices=gpus[: flags.tensor_parallel_size],
-    )
-    candidate.problems = problems
-    return candidate
+    return f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
 
 
 def _estimated(facts: CheckpointFacts) -> str:
