@@ -76,53 +76,20 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
     ``num_global_key_value_heads``; the sliding layers' head sizes are ``key_length_swa`` /
     ``value_length_swa`` (Gemma 4 31B: 50 sliding layers of 16 KV heads × 256, 10 full of 4 × 512)."""
     arch = header.architecture
-    where = where or name
-
-    def value(key: str, default: Any = 0) -> Any:
-        found = header.metadata.get(f"{arch}.{key}")
-        if found is None or not isinstance(found, int | float | str):
-            return default
-        if key in GGUF_LIMITS:  # a count or size: a whole number a real model could have, or one line
-            return integer(found, where, f"{arch}.{key}", *GGUF_LIMITS[key])
-        return found
-
-    def per_layer(key: str, layers: int) -> tuple[int, ...]:
-        values = _per_layer(header.metadata.get(f"{arch}.{key}"), layers)
-        return tuple(integer(v, where, f"{arch}.{key}[]", *GGUF_LIMITS[key]) for v in values)
-
+    value = _Keys(header, where or name)
     if header.metadata.get(f"{arch}.block_count") is None:
-        raise ModelError(f"{where}: GGUF has no {arch}.block_count")
+        raise ModelError(f"{where or name}: GGUF has no {arch}.block_count")
     layers = int(value("block_count"))
-    layer_bytes = [0] * layers
-    expert_bytes = [0] * layers
-    embedding = output = 0
-    for tensor in header.tensors:
-        match = _BLOCK.match(tensor.name)
-        if match and int(match.group(1)) < layers:
-            layer_bytes[int(match.group(1))] += tensor.nbytes
-            if _EXPERTS.search(tensor.name):
-                expert_bytes[int(match.group(1))] += tensor.nbytes
-        elif tensor.name.startswith("token_embd"):
-            embedding += tensor.nbytes
-        elif tensor.name.startswith("output"):
-            output += tensor.nbytes
-    if not any(t.name == "output.weight" for t in header.tensors):
-        output += embedding  # tied embeddings: llama.cpp duplicates the matrix for the output layer
-    head_array = per_layer("attention.head_count", layers)
+    layer_bytes, expert_bytes, embedding, output = _tensor_bytes(header, layers)
+    head_array = value.per_layer("attention.head_count", layers)
     heads = (max(head_array) if head_array else int(value("attention.head_count", 1))) or 1
     hidden = int(value("embedding_length"))
-    kv_array = per_layer("attention.head_count_kv", layers)
+    kv_array = value.per_layer("attention.head_count_kv", layers)
     kv_heads = (max(kv_array) if kv_array else int(value("attention.head_count_kv", heads))) or heads
     key_length = int(value("attention.key_length", hidden // heads))
     window = int(value("attention.sliding_window")) or None
     swa_pattern = header.metadata.get(f"{arch}.attention.sliding_window_pattern")
     pattern = tuple(bool(v) for v in _per_layer(swa_pattern, layers))
-    sliding_layers = 0
-    if window and pattern:
-        sliding_layers = sum(pattern)
-    elif window:
-        every = SWA_PATTERN.get(arch, 1)
-        sliding_layers = layers - layers // every if every > 1 else layers
     total = sum(t.nbytes for t in header.tensors)
     mtp = min(int(value("nextn_predict_layers")), layers)
     recurrent, kind, dims = _recurrent(value, layers - mtp, kv_array)
@@ -143,7 +110,7 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         kv_lora_rank=int(value("attention.kv_lora_rank")),
         qk_rope_head_dim=int(value("rope.dimension_count")) if value("attention.kv_lora_rank") else 0,
         sliding_window=window,
-        sliding_layers=sliding_layers,
+        sliding_layers=_sliding_layers(arch, layers, window, pattern),
         num_experts=int(value("expert_count")),
         experts_per_token=int(value("expert_used_count")),
         moe_intermediate_size=int(value("expert_feed_forward_length")),
@@ -168,6 +135,57 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         recurrent_dims=dims,
         recurrent_pattern=recurrent,
     )
+
+
+class _Keys:
+    """The header's ``<arch>.<key>`` values; a count or size is checked to be a whole number a real
+    model could have (``GGUF_LIMITS``), else ModelError naming it."""
+
+    def __init__(self, header: GgufHeader, where: str) -> None:
+        self.metadata, self.arch, self.where = header.metadata, header.architecture, where
+
+    def __call__(self, key: str, default: Any = 0) -> Any:
+        found = self.metadata.get(f"{self.arch}.{key}")
+        if found is None or not isinstance(found, int | float | str):
+            return default
+        if key in GGUF_LIMITS:
+            return integer(found, self.where, f"{self.arch}.{key}", *GGUF_LIMITS[key])
+        return found
+
+    def per_layer(self, key: str, layers: int) -> tuple[int, ...]:
+        values = _per_layer(self.metadata.get(f"{self.arch}.{key}"), layers)
+        return tuple(integer(v, self.where, f"{self.arch}.{key}[]", *GGUF_LIMITS[key]) for v in values)
+
+
+def _tensor_bytes(header: GgufHeader, layers: int) -> tuple[list[int], list[int], int, int]:
+    """From the tensor table: each block's bytes, each block's expert bytes, the token embedding's and
+    the output's (tied embeddings: llama.cpp duplicates the matrix for the output layer)."""
+    layer_bytes = [0] * layers
+    expert_bytes = [0] * layers
+    embedding = output = 0
+    for tensor in header.tensors:
+        match = _BLOCK.match(tensor.name)
+        if match and int(match.group(1)) < layers:
+            layer_bytes[int(match.group(1))] += tensor.nbytes
+            if _EXPERTS.search(tensor.name):
+                expert_bytes[int(match.group(1))] += tensor.nbytes
+        elif tensor.name.startswith("token_embd"):
+            embedding += tensor.nbytes
+        elif tensor.name.startswith("output"):
+            output += tensor.nbytes
+    if not any(t.name == "output.weight" for t in header.tensors):
+        output += embedding
+    return layer_bytes, expert_bytes, embedding, output
+
+
+def _sliding_layers(arch: str, layers: int, window: int | None, pattern: tuple[bool, ...]) -> int:
+    """How many layers slide: as the per-layer pattern says, else llama.cpp's pattern for the architecture."""
+    if window and pattern:
+        return sum(pattern)
+    if window:
+        every = SWA_PATTERN.get(arch, 1)
+        return layers - layers // every if every > 1 else layers
+    return 0
 
 
 def _recurrent(value: Any, trunk: int, kv_heads: tuple[int, ...]) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
