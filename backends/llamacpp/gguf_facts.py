@@ -10,7 +10,7 @@ from typing import Any
 from backends.llamacpp.gguf_reader import GgufHeader
 from gateway.core.checked import integer
 from gateway.core.errors import ModelError
-from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, text_config
+from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, recurrent_layout, text_config
 
 # llama.cpp's sliding-window pattern per architecture, for GGUFs that carry a window but no per-layer
 # pattern: layer il slides unless il % n == n - 1 (the one table; placement reads it too)
@@ -54,11 +54,17 @@ class GgufFacts(ModelFacts):
     cache_key_dim_sliding: int = 0  # K and V head sizes of the sliding layers (0: as the full ones)
     cache_value_dim_sliding: int = 0
     shared_kv_layers: int = 0  # the last N layers reuse earlier layers' cache (Gemma 3n / 4 E2B, E4B)
+    recurrent_pattern: tuple[bool, ...] = ()  # per layer of a hybrid model: True where it is recurrent
+
+    def is_recurrent(self, layer: int) -> bool:
+        return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
 
     @classmethod
-    def of(cls, facts: ModelFacts) -> GgufFacts:
-        """config.json's facts, before the GGUF layout is filled in."""
-        return cls(**{f.name: getattr(facts, f.name) for f in fields(ModelFacts)})
+    def of(cls, facts: ModelFacts, config: dict[str, Any]) -> GgufFacts:
+        """config.json's facts, before the GGUF layout is filled in: which layers are recurrent, as the
+        config says."""
+        pattern = recurrent_layout(text_config(config), facts.num_layers)[0] if facts.recurrent_layers else ()
+        return cls(**{f.name: getattr(facts, f.name) for f in fields(ModelFacts)}, recurrent_pattern=pattern)
 
 
 def _per_layer(found: Any, layers: int) -> tuple[Any, ...]:
@@ -245,7 +251,7 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
     # convert_hf_to_gguf.py writes the MTP (nextn) blocks as the last blocks: block_count counts them
     blocks = facts.num_layers + facts.mtp_layers
     experts = int(experts_per_block * per_weight)
-    attention = _per_layer_attention(GgufFacts.of(facts), cfg)
+    attention = _per_layer_attention(GgufFacts.of(facts, config), cfg)
     return replace(
         attention,
         num_layers=blocks,

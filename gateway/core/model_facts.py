@@ -67,11 +67,6 @@ class ModelFacts:
     recurrent_layers: int = 0
     recurrent_kind: str = ""
     recurrent_dims: tuple[int, ...] = ()
-    recurrent_pattern: tuple[bool, ...] = ()  # per layer: True where it is recurrent
-
-    def is_recurrent(self, layer: int) -> bool:
-        return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
-
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -329,7 +324,7 @@ def facts_from_config(
             notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
     window, sliding_layers = _sliding(cfg, layers)
     mtp_layers = _mtp_layers(cfg, tensor_names)
-    recurrent_pattern, recurrent_kind, recurrent_dims = _recurrent(cfg, layers)
+    recurrent_pattern, recurrent_kind, recurrent_dims = recurrent_layout(cfg, layers)
     return ModelFacts(
         name=name,
         model_type=str(cfg.get("model_type") or ""),
@@ -356,12 +351,11 @@ def facts_from_config(
         recurrent_layers=sum(recurrent_pattern),
         recurrent_kind=recurrent_kind,
         recurrent_dims=recurrent_dims,
-        recurrent_pattern=recurrent_pattern,
         notes=tuple(notes),
     )
 
 
-def _recurrent(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
+def recurrent_layout(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
     """(which layers have no KV, their kind, its dimensions) of a hybrid model, as its config.json
     says: Qwen3-Next's gated delta-net layers (``layer_types`` "linear_attention", else all but every
     ``full_attention_interval``-th), Granite 4.0-H's Mamba-2 layers (``layer_types`` "mamba")."""
