@@ -135,7 +135,6 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         shared_kv_layers=int(value("attention.shared_kv_layers")),
         # GLM-4.x, DeepSeek-V3, Qwen3-Next: the MTP (nextn) blocks are the GGUF's last ones
         mtp_layers=mtp,
-        mtp_bytes=sum(layer_bytes[layers - mtp :]) if mtp else 0,
         recurrent_layers=sum(recurrent),
         recurrent_kind=kind,
         recurrent_dims=dims,
@@ -259,7 +258,6 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
         kv_heads_per_layer=_extended(attention.kv_heads_per_layer, facts.mtp_layers, facts.num_kv_heads),
         layer_bytes=(layer,) * blocks,
         expert_layer_bytes=(experts,) * blocks,
-        mtp_bytes=layer * facts.mtp_layers,
         embedding_bytes=int(embeddings * per_weight),
         output_bytes=int(embeddings * 6.56 / 8),  # llama.cpp quantizes the output matrix to Q6_K
         weight_bytes=int(layer * blocks + embeddings * per_weight + embeddings * 6.56 / 8),

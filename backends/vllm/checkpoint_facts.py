@@ -15,6 +15,7 @@ from gateway.core.errors import ModelError
 from gateway.core.model_facts import (
     ModelFacts,
     estimate_vision_bytes,
+    estimate_weight_bytes,
     facts_from_config,
     quant_algo,
     quant_exclusions,
@@ -44,6 +45,9 @@ class CheckpointFacts(ModelFacts):
     # the engine's minimum compute capability depends on it, not on the storage format alone
     quant_method: str = ""
     quant_algo: str = ""
+    # the multi-token-prediction layers' bytes: in the checkpoint's safetensors (weight_bytes includes
+    # them unless estimated)
+    mtp_bytes: int = 0
 
     @property
     def dtype_bytes(self) -> int:
@@ -91,7 +95,18 @@ def checkpoint_facts(
         quant_kept_source=kept_source,
         quant_method=str(qc.get("quant_method") or ("modelopt" if quant_file else "")).lower(),
         quant_algo=quant_algo(qc) or (quant_algo(quant_file) if isinstance(quant_file, dict) else ""),
+        mtp_bytes=facts.mtp_layers * _mtp_layer_bytes(cfg, facts.quantization, kept),
     )
+
+
+def _mtp_layer_bytes(cfg: dict[str, Any], quantization: str | None, kept: tuple[str, ...]) -> int:
+    """One multi-token-prediction layer: a decoder layer like the last one (MoE where the model is)
+    plus its projection of [embedding; hidden] (2h × h, 16-bit) and norms. An estimate."""
+    layers = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    one_more = {**cfg, "num_hidden_layers": layers + 1}
+    per_layer = estimate_weight_bytes(one_more, quantization, kept) - estimate_weight_bytes(cfg, quantization, kept)
+    return per_layer + 2 * hidden * hidden * 2 + 3 * hidden * 2
 
 
 SAFETENSORS_MAX_HEADER = 100_000_000  # the format's own limit (safetensors' MAX_HEADER_SIZE)

@@ -56,10 +56,8 @@ class ModelFacts:
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
-    # multi-token-prediction layers (num_nextn_predict_layers) and their bytes: in a checkpoint's
-    # safetensors (weight_bytes includes them unless estimated), loaded only for speculative decoding
+    # multi-token-prediction layers (num_nextn_predict_layers), loaded only for speculative decoding
     mtp_layers: int = 0
-    mtp_bytes: int = 0
     # hybrid models: layers with no per-token KV cache (linear attention, Mamba) that keep a fixed
     # recurrent state per sequence instead; its kind and the dimensions the engines size it from
     # ("gated_delta_net": k heads, v heads, k head dim, v head dim, conv kernel; "mamba2":
@@ -347,7 +345,6 @@ def facts_from_config(
         experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
         mtp_layers=mtp_layers,
-        mtp_bytes=mtp_layers * _mtp_layer_bytes(cfg, quant, kept),
         recurrent_layers=sum(recurrent_pattern),
         recurrent_kind=recurrent_kind,
         recurrent_dims=recurrent_dims,
@@ -377,16 +374,6 @@ def recurrent_layout(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...]
         dims = (inner, int(cfg.get("mamba_n_groups") or 1), int(cfg["mamba_n_heads"]), head, state, kernel)
         return tuple(kind == "mamba" for kind in kinds), "mamba2", dims
     return (), "", ()
-
-
-def _mtp_layer_bytes(cfg: dict[str, Any], quantization: str | None, kept: tuple[str, ...]) -> int:
-    """One multi-token-prediction layer: a decoder layer like the last one (MoE where the model is)
-    plus its projection of [embedding; hidden] (2h × h, 16-bit) and norms. An estimate."""
-    layers = int(cfg["num_hidden_layers"])
-    hidden = int(cfg["hidden_size"])
-    one_more = {**cfg, "num_hidden_layers": layers + 1}
-    per_layer = estimate_weight_bytes(one_more, quantization, kept) - estimate_weight_bytes(cfg, quantization, kept)
-    return per_layer + 2 * hidden * hidden * 2 + 3 * hidden * 2
 
 
 # Families whose checkpoints ship MTP layers their config.json does not count: Qwen3-Next's
