@@ -311,15 +311,9 @@ def facts_from_config(
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"{name}: config.json lacks {exc} (need hidden_size, num_hidden_layers, heads)") from exc
     quant = _quantization(cfg, quantization) or _quantization_of_file(quant_file)
-    kept, kept_source = quant_exclusions(cfg, quant_file, quant)
-    vision = estimate_vision_bytes(config)
     notes: list[str] = []
     if weight_bytes is None:
-        weight_bytes = estimate_weight_bytes(cfg, quant, kept) + vision
-        weight_source = "estimated from the architecture"
-        notes.append(f"weights estimated from config.json ({quant or 'unquantized'}): {no_weights}")
-        if kept_source.startswith("estimate") and set(kept) - {"lm_head"}:  # lm_head is 16-bit here anyway
-            notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
+        weight_bytes, weight_source, notes = _estimated_weights(config, quant, quant_file, no_weights)
     window, sliding_layers = _sliding(cfg, layers)
     mtp_layers = _mtp_layers(cfg, tensor_names)
     recurrent_pattern, recurrent_kind, recurrent_dims = recurrent_layout(cfg, layers)
@@ -350,6 +344,20 @@ def facts_from_config(
         recurrent_dims=recurrent_dims,
         notes=tuple(notes),
     )
+
+
+def _estimated_weights(
+    config: dict[str, Any], quant: str | None, quant_file: dict[str, Any] | None, why: str
+) -> tuple[int, str, list[str]]:
+    """(weight bytes, their source, the notes that say so) from the architecture, when no index or
+    header gave them (``why``): the parts a quantized checkpoint keeps in 16 bits, and a vision tower."""
+    cfg = text_config(config)
+    kept, kept_source = quant_exclusions(cfg, quant_file, quant)
+    notes = [f"weights estimated from config.json ({quant or 'unquantized'}): {why}"]
+    if kept_source.startswith("estimate") and set(kept) - {"lm_head"}:  # lm_head is 16-bit here anyway
+        notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
+    weight_bytes = estimate_weight_bytes(cfg, quant, kept) + estimate_vision_bytes(config)
+    return weight_bytes, "estimated from the architecture", notes
 
 
 def recurrent_layout(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
