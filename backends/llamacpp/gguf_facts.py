@@ -10,7 +10,7 @@ from typing import Any
 from backends.llamacpp.gguf_reader import GgufHeader
 from gateway.core.checked import integer
 from gateway.core.errors import ModelError
-from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, text_config
+from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, recurrent_layout, text_config
 
 # llama.cpp's sliding-window pattern per architecture, for GGUFs that carry a window but no per-layer
 # pattern: layer il slides unless il % n == n - 1 (the one table; placement reads it too)
@@ -54,11 +54,17 @@ class GgufFacts(ModelFacts):
     cache_key_dim_sliding: int = 0  # K and V head sizes of the sliding layers (0: as the full ones)
     cache_value_dim_sliding: int = 0
     shared_kv_layers: int = 0  # the last N layers reuse earlier layers' cache (Gemma 3n / 4 E2B, E4B)
+    recurrent_pattern: tuple[bool, ...] = ()  # per layer of a hybrid model: True where it is recurrent
+
+    def is_recurrent(self, layer: int) -> bool:
+        return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
 
     @classmethod
-    def of(cls, facts: ModelFacts) -> GgufFacts:
-        """config.json's facts, before the GGUF layout is filled in."""
-        return cls(**{f.name: getattr(facts, f.name) for f in fields(ModelFacts)})
+    def of(cls, facts: ModelFacts, config: dict[str, Any]) -> GgufFacts:
+        """config.json's facts, before the GGUF layout is filled in: which layers are recurrent, as the
+        config says."""
+        pattern = recurrent_layout(text_config(config), facts.num_layers)[0] if facts.recurrent_layers else ()
+        return cls(**{f.name: getattr(facts, f.name) for f in fields(ModelFacts)}, recurrent_pattern=pattern)
 
 
 def _per_layer(found: Any, layers: int) -> tuple[Any, ...]:
@@ -76,53 +82,20 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
     ``num_global_key_value_heads``; the sliding layers' head sizes are ``key_length_swa`` /
     ``value_length_swa`` (Gemma 4 31B: 50 sliding layers of 16 KV heads × 256, 10 full of 4 × 512)."""
     arch = header.architecture
-    where = where or name
-
-    def value(key: str, default: Any = 0) -> Any:
-        found = header.metadata.get(f"{arch}.{key}")
-        if found is None or not isinstance(found, int | float | str):
-            return default
-        if key in GGUF_LIMITS:  # a count or size: a whole number a real model could have, or one line
-            return integer(found, where, f"{arch}.{key}", *GGUF_LIMITS[key])
-        return found
-
-    def per_layer(key: str, layers: int) -> tuple[int, ...]:
-        values = _per_layer(header.metadata.get(f"{arch}.{key}"), layers)
-        return tuple(integer(v, where, f"{arch}.{key}[]", *GGUF_LIMITS[key]) for v in values)
-
+    value = _Keys(header, where or name)
     if header.metadata.get(f"{arch}.block_count") is None:
-        raise ModelError(f"{where}: GGUF has no {arch}.block_count")
+        raise ModelError(f"{where or name}: GGUF has no {arch}.block_count")
     layers = int(value("block_count"))
-    layer_bytes = [0] * layers
-    expert_bytes = [0] * layers
-    embedding = output = 0
-    for tensor in header.tensors:
-        match = _BLOCK.match(tensor.name)
-        if match and int(match.group(1)) < layers:
-            layer_bytes[int(match.group(1))] += tensor.nbytes
-            if _EXPERTS.search(tensor.name):
-                expert_bytes[int(match.group(1))] += tensor.nbytes
-        elif tensor.name.startswith("token_embd"):
-            embedding += tensor.nbytes
-        elif tensor.name.startswith("output"):
-            output += tensor.nbytes
-    if not any(t.name == "output.weight" for t in header.tensors):
-        output += embedding  # tied embeddings: llama.cpp duplicates the matrix for the output layer
-    head_array = per_layer("attention.head_count", layers)
+    layer_bytes, expert_bytes, embedding, output = _tensor_bytes(header, layers)
+    head_array = value.per_layer("attention.head_count", layers)
     heads = (max(head_array) if head_array else int(value("attention.head_count", 1))) or 1
     hidden = int(value("embedding_length"))
-    kv_array = per_layer("attention.head_count_kv", layers)
+    kv_array = value.per_layer("attention.head_count_kv", layers)
     kv_heads = (max(kv_array) if kv_array else int(value("attention.head_count_kv", heads))) or heads
     key_length = int(value("attention.key_length", hidden // heads))
     window = int(value("attention.sliding_window")) or None
     swa_pattern = header.metadata.get(f"{arch}.attention.sliding_window_pattern")
     pattern = tuple(bool(v) for v in _per_layer(swa_pattern, layers))
-    sliding_layers = 0
-    if window and pattern:
-        sliding_layers = sum(pattern)
-    elif window:
-        every = SWA_PATTERN.get(arch, 1)
-        sliding_layers = layers - layers // every if every > 1 else layers
     total = sum(t.nbytes for t in header.tensors)
     mtp = min(int(value("nextn_predict_layers")), layers)
     recurrent, kind, dims = _recurrent(value, layers - mtp, kv_array)
@@ -137,14 +110,13 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         intermediate_size=int(value("feed_forward_length")),
         vocab_size=int(value("vocab_size")) or int(getattr(header.metadata.get("tokenizer.ggml.tokens"), "count", 0)),
         max_position=int(value("context_length")) or None,
-        dtype="float16",
         quantization=f"gguf file type {header.metadata.get('general.file_type', '?')}",
         weight_bytes=total,
         weight_bytes_source="gguf tensor table",
         kv_lora_rank=int(value("attention.kv_lora_rank")),
         qk_rope_head_dim=int(value("rope.dimension_count")) if value("attention.kv_lora_rank") else 0,
         sliding_window=window,
-        sliding_layers=sliding_layers,
+        sliding_layers=_sliding_layers(arch, layers, window, pattern),
         num_experts=int(value("expert_count")),
         experts_per_token=int(value("expert_used_count")),
         moe_intermediate_size=int(value("expert_feed_forward_length")),
@@ -163,12 +135,62 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         shared_kv_layers=int(value("attention.shared_kv_layers")),
         # GLM-4.x, DeepSeek-V3, Qwen3-Next: the MTP (nextn) blocks are the GGUF's last ones
         mtp_layers=mtp,
-        mtp_bytes=sum(layer_bytes[layers - mtp :]) if mtp else 0,
         recurrent_layers=sum(recurrent),
         recurrent_kind=kind,
         recurrent_dims=dims,
         recurrent_pattern=recurrent,
     )
+
+
+class _Keys:
+    """The header's ``<arch>.<key>`` values; a count or size is checked to be a whole number a real
+    model could have (``GGUF_LIMITS``), else ModelError naming it."""
+
+    def __init__(self, header: GgufHeader, where: str) -> None:
+        self.metadata, self.arch, self.where = header.metadata, header.architecture, where
+
+    def __call__(self, key: str, default: Any = 0) -> Any:
+        found = self.metadata.get(f"{self.arch}.{key}")
+        if found is None or not isinstance(found, int | float | str):
+            return default
+        if key in GGUF_LIMITS:
+            return integer(found, self.where, f"{self.arch}.{key}", *GGUF_LIMITS[key])
+        return found
+
+    def per_layer(self, key: str, layers: int) -> tuple[int, ...]:
+        values = _per_layer(self.metadata.get(f"{self.arch}.{key}"), layers)
+        return tuple(integer(v, self.where, f"{self.arch}.{key}[]", *GGUF_LIMITS[key]) for v in values)
+
+
+def _tensor_bytes(header: GgufHeader, layers: int) -> tuple[list[int], list[int], int, int]:
+    """From the tensor table: each block's bytes, each block's expert bytes, the token embedding's and
+    the output's (tied embeddings: llama.cpp duplicates the matrix for the output layer)."""
+    layer_bytes = [0] * layers
+    expert_bytes = [0] * layers
+    embedding = output = 0
+    for tensor in header.tensors:
+        match = _BLOCK.match(tensor.name)
+        if match and int(match.group(1)) < layers:
+            layer_bytes[int(match.group(1))] += tensor.nbytes
+            if _EXPERTS.search(tensor.name):
+                expert_bytes[int(match.group(1))] += tensor.nbytes
+        elif tensor.name.startswith("token_embd"):
+            embedding += tensor.nbytes
+        elif tensor.name.startswith("output"):
+            output += tensor.nbytes
+    if not any(t.name == "output.weight" for t in header.tensors):
+        output += embedding
+    return layer_bytes, expert_bytes, embedding, output
+
+
+def _sliding_layers(arch: str, layers: int, window: int | None, pattern: tuple[bool, ...]) -> int:
+    """How many layers slide: as the per-layer pattern says, else llama.cpp's pattern for the architecture."""
+    if window and pattern:
+        return sum(pattern)
+    if window:
+        every = SWA_PATTERN.get(arch, 1)
+        return layers - layers // every if every > 1 else layers
+    return 0
 
 
 def _recurrent(value: Any, trunk: int, kv_heads: tuple[int, ...]) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
@@ -228,7 +250,7 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
     # convert_hf_to_gguf.py writes the MTP (nextn) blocks as the last blocks: block_count counts them
     blocks = facts.num_layers + facts.mtp_layers
     experts = int(experts_per_block * per_weight)
-    attention = _per_layer_attention(GgufFacts.of(facts), cfg)
+    attention = _per_layer_attention(GgufFacts.of(facts, config), cfg)
     return replace(
         attention,
         num_layers=blocks,
@@ -236,7 +258,6 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
         kv_heads_per_layer=_extended(attention.kv_heads_per_layer, facts.mtp_layers, facts.num_kv_heads),
         layer_bytes=(layer,) * blocks,
         expert_layer_bytes=(experts,) * blocks,
-        mtp_bytes=layer * facts.mtp_layers,
         embedding_bytes=int(embeddings * per_weight),
         output_bytes=int(embeddings * 6.56 / 8),  # llama.cpp quantizes the output matrix to Q6_K
         weight_bytes=int(layer * blocks + embeddings * per_weight + embeddings * 6.56 / 8),

@@ -12,10 +12,10 @@ The figure ranks rungs and tells people what to expect; it is not a benchmark.
 
 from __future__ import annotations
 
+from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.memory import VllmFlags, VllmMemory
 from gateway.core.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth
 from gateway.core.devices import GIB, Device
-from gateway.core.model_facts import ModelFacts
 
 EFFICIENCY = 0.7  # share of the peak bandwidth decode reaches (as llama.cpp's estimate assumes)
 ESTIMATE_CONTEXT = 32768  # tokens in the cache while decoding (an agent's typical prompt), at most the context
@@ -27,7 +27,7 @@ _EXPERT_BYTES = {None: 2.0, "fp8": 1.0, "mxfp8": 1.03, "int8": 1.02, "nvfp4": 0.
 _FOUR_BIT = 0.52  # awq, gptq, int4
 
 
-def routed_share(facts: ModelFacts) -> float:
+def routed_share(facts: CheckpointFacts) -> float:
     """The share of the weights one token reads: 1 for a dense model; for MoE the non-expert part
     plus ``experts_per_token / num_experts`` of the experts."""
     if not facts.is_moe or not facts.num_experts or not facts.weight_bytes:
@@ -38,7 +38,7 @@ def routed_share(facts: ModelFacts) -> float:
     return 1 - experts * (1 - facts.experts_per_token / facts.num_experts)
 
 
-def decode_tokens_per_s(facts: ModelFacts, memory: VllmMemory, flags: VllmFlags, gpu: Device) -> float:
+def decode_tokens_per_s(facts: CheckpointFacts, memory: VllmMemory, flags: VllmFlags, gpu: Device) -> float:
     """Estimated decode tokens/s of one request on this rung (``gpu``: the smallest of its GPUs)."""
     share = routed_share(facts)
     offloaded = flags.cpu_offload_gb * GIB

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import backends.vllm.releases as releases
 from backends import objective
+from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.estimate import decode_tokens_per_s
 from backends.vllm.memory import (
     CUDA_CONTEXT_BYTES,
@@ -31,9 +32,8 @@ from backends.vllm.memory import (
     memory,
 )
 from backends.vllm.settings import VllmPins
-from backends.vllm.weight_kernels import weight_only
+from backends.vllm.weight_kernels import WeightOnly, weight_only
 from gateway.core.devices import GIB, Device
-from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import Goal, Policy
 
 ENGINE = "vllm"
@@ -203,7 +203,7 @@ class VllmCandidate:
         }
 
 
-def valid_tp_sizes(facts: ModelFacts, gpu_count: int) -> list[int]:
+def valid_tp_sizes(facts: CheckpointFacts, gpu_count: int) -> list[int]:
     """Powers of two up to the GPU count that divide the attention heads (largest first)."""
     sizes = [tp for tp in (1, 2, 4, 8, 16) if tp <= gpu_count and facts.num_heads % tp == 0]
     return sorted(sizes, reverse=True)
@@ -239,13 +239,46 @@ def evaluate(
     rung: str = "as given",
 ) -> VllmCandidate:
     """Compute one configuration's memory and decide whether it fits, with the reason in numbers."""
-    gpu = min(gpus[: flags.tensor_parallel_size], key=lambda g: (g.total_bytes, g.free_bytes))
+    used = gpus[: flags.tensor_parallel_size]
+    gpu = min(used, key=lambda g: (g.total_bytes, g.free_bytes))
     m = memory(checkpoint, gpu, flags, version)
     facts = checkpoint.facts
-    head = f"{checkpoint.quantization or facts.dtype} TP{flags.tensor_parallel_size}"
-    marlin = weight_only(facts, min(g.compute_capability for g in gpus[: flags.tensor_parallel_size]))
-    if marlin:  # the checkpoint loads, but runs 16-bit activations through Marlin (weight_kernels.py)
-        head += f" as {marlin.scheme} Marlin"
+    marlin = weight_only(facts, min(g.compute_capability for g in used))
+    problems = _memory_problems(checkpoint, gpu, m, flags)
+    goal = policy.goal
+    if short := goal.too_short(flags.max_model_len):
+        problems.append(short)
+    summary = _summary(_head(checkpoint, flags, m, marlin, version), facts, m, flags, tight=not problems)
+    fits = not problems
+    speed = decode_tokens_per_s(facts, m, flags, gpu) if m.kv_cache > 0 else 0.0
+    if marlin:  # 16-bit activations through weight-only kernels: slower than the native ones it was priced as
+        speed *= marlin.decode_share
+    reason = (
+        f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs, ~{speed:,.0f} tokens/s"
+        if fits
+        else f"{summary}; " + "; ".join(problems)
+    )
+    if fits and flags.max_model_len < goal.floor:
+        reason += f"; below the {goal.floor:,} floor: a last resort"
+    candidate = VllmCandidate(
+        checkpoint,
+        flags,
+        m,
+        fits,
+        reason,
+        concessions,
+        rung,
+        weight_kernel=marlin.scheme if marlin else "",
+        tokens_per_s=speed,
+        goal=goal,
+        devices=used,
+    )
+    candidate.problems = problems
+    return candidate
+
+
+def _memory_problems(checkpoint: Checkpoint, gpu: Device, m: VllmMemory, flags: VllmFlags) -> list[str]:
+    """Why vLLM would refuse to start or run out of memory with these flags on this card, in numbers."""
     problems: list[str] = []
     # 0.21.0 v1/worker/gpu_worker.py init_device calls request_memory whatever the KV pin:
     #     if init_snapshot.free_memory < requested_memory: raise ValueError(f"Free memory on device ...")
@@ -258,7 +291,7 @@ def evaluate(
             f"free {_fmt(free)} after the CUDA context < util {flags.gpu_memory_utilization} × "
             f"{_fmt(m.total)} = {_fmt(m.budget)}: vLLM refuses to start"
         )
-    load_spike = (2 if facts.is_moe else 1) * GIB if checkpoint.quantization else 0
+    load_spike = (2 if checkpoint.facts.is_moe else 1) * GIB if checkpoint.quantization else 0
     if m.weights + load_spike > m.total - CUDA_CONTEXT_BYTES:
         spike = f" + {_fmt(load_spike)} load spike" if load_spike else ""
         problems.append(f"weights {_fmt(m.weights)}/GPU{spike} exceed the {_fmt(m.total)} card")
@@ -286,68 +319,45 @@ def evaluate(
             f"{_fmt(m.kv_cache)} KV/GPU → {m.kv_tokens:,} tokens; one request of {flags.max_model_len:,} "
             f"does not fit (largest: {m.max_fitting_model_len:,})"
         )
-    goal = policy.goal
-    if short := goal.too_short(flags.max_model_len):
-        problems.append(short)
-    kv_how = (
-        f"with KV pinned at {_fmt(m.kv_cache)}"
-        if flags.kv_cache_memory_bytes is not None
-        else f"leave {_fmt(max(m.kv_cache, 0))} KV at util {flags.gpu_memory_utilization}"
-    )
+    return problems
+
+
+def _head(checkpoint: Checkpoint, flags: VllmFlags, m: VllmMemory, marlin: WeightOnly | None, version: str) -> str:
+    """What is loaded and how: the checkpoint's format, TP, Marlin kernels, MTP drafting."""
+    facts = checkpoint.facts
+    head = f"{checkpoint.quantization or facts.dtype} TP{flags.tensor_parallel_size}"
+    if marlin:  # the checkpoint loads, but runs 16-bit activations through Marlin (weight_kernels.py)
+        head += f" as {marlin.scheme} Marlin"
     if flags.speculative_mtp:
         draft = releases.mtp_draft(facts, version)
         head += (
             f" + MTP speculative decoding ({flags.speculative_mtp} draft token(s) via {draft}: "
             f"{_fmt(m.mtp_weights)}/GPU of MTP weights and {facts.mtp_layers} more KV layer(s))"
         )
-    summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
+    return head
+
+
+def _summary(head: str, facts: CheckpointFacts, m: VllmMemory, flags: VllmFlags, *, tight: bool) -> str:
+    """The weights and the KV they leave; for a configuration that fits (``tight``: no problem so far)
+    with little below the budget, how little is left for the CUDA context."""
+    kv_how = (
+        f"with KV pinned at {_fmt(m.kv_cache)}"
+        if flags.kv_cache_memory_bytes is not None
+        else f"leave {_fmt(max(m.kv_cache, 0))} KV at util {flags.gpu_memory_utilization}"
+    )
     slack = m.total - m.budget
-    if (
-        not problems
-        and flags.kv_cache_memory_bytes is None
-        and slack < PRE_SNAPSHOT_SEEN_BYTES + UTILIZATION_MARGIN_BYTES
-    ):
+    if tight and flags.kv_cache_memory_bytes is None and slack < PRE_SNAPSHOT_SEEN_BYTES + UTILIZATION_MARGIN_BYTES:
         kv_how += f" (leaves {_fmt(slack)} below the budget for the CUDA context: 0.45–0.60 GiB seen)"
-        summary = f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
-    fits = not problems
-    speed = decode_tokens_per_s(facts, m, flags, gpu) if m.kv_cache > 0 else 0.0
-    if marlin:  # 16-bit activations through weight-only kernels: slower than the native ones it was priced as
-        speed *= marlin.decode_share
-    reason = (
-        f"{summary}; context {flags.max_model_len:,}, {flags.max_num_seqs} seqs, ~{speed:,.0f} tokens/s"
-        if fits
-        else f"{summary}; " + "; ".join(problems)
-    )
-    if fits and flags.max_model_len < goal.floor:
-        reason += f"; below the {goal.floor:,} floor: a last resort"
-    candidate = VllmCandidate(
-        checkpoint,
-        flags,
-        m,
-        fits,
-        reason,
-        concessions,
-        rung,
-        weight_kernel=marlin.scheme if marlin else "",
-        tokens_per_s=speed,
-        goal=goal,
-        devices=gpus[: flags.tensor_parallel_size],
-    )
-    candidate.problems = problems
-    return candidate
+    return f"{head}: {_fmt(m.weights)} weights/GPU{_estimated(facts)} {kv_how} → {m.kv_tokens:,} tokens"
 
 
-def _estimated(facts: ModelFacts) -> str:
+def _estimated(facts: CheckpointFacts) -> str:
     """Marks a weights figure that is an estimate, and what it assumed kept in 16 bits."""
     if not facts.weight_bytes_source.startswith("estimated"):
         return ""
-    if facts.hf.quant_kept and facts.quantization:
-        kept = ", ".join(facts.hf.quant_kept)
-        how = (
-            "a known list, estimated"
-            if facts.hf.quant_kept_source.startswith("estimate")
-            else facts.hf.quant_kept_source
-        )
+    if facts.quant_kept and facts.quantization:
+        kept = ", ".join(facts.quant_kept)
+        how = "a known list, estimated" if facts.quant_kept_source.startswith("estimate") else facts.quant_kept_source
         return f" (estimated from config.json; {facts.quantization} with {kept} in BF16: {how})"
     return " (estimated from config.json)"
 
@@ -437,7 +447,7 @@ def ladder(
     return out
 
 
-def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Device, ...], version: str) -> str:
+def _no_fp8_kv(facts: CheckpointFacts, gpus: tuple[Device, ...], version: str) -> str:
     for gpu in sorted(gpus, key=lambda g: g.compute_capability):
         verdict = releases.kv_cache_verdict(facts, gpu.compute_capability, "fp8", version)
         if not verdict.ok:
@@ -447,7 +457,7 @@ def _no_fp8_kv(facts: ModelFacts, gpus: tuple[Device, ...], version: str) -> str
     return "--kv-cache-dtype fp8 has no backend here"
 
 
-def _mtp_choices(facts: ModelFacts, version: str, pins: Any) -> list[tuple[int, int]]:
+def _mtp_choices(facts: CheckpointFacts, version: str, pins: Any) -> list[tuple[int, int]]:
     """(concession, draft tokens): speculative decoding with the model's own MTP layers first where
     this release can draft with them, then without. Pinned flags are evaluated as given: no MTP."""
     if facts.mtp_layers and not pins and releases.mtp_draft(facts, version):

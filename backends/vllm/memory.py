@@ -14,10 +14,10 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.releases import CUDAGRAPH_RESERVED_SINCE, at_least, uses_mla
 from backends.vllm.releases import DEFAULT_VERSION as DEFAULT_VERSION  # re-exported: where callers look
 from gateway.core.devices import GIB, Device
-from gateway.core.model_facts import ModelFacts
 
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # exists before vLLM's free-memory snapshot
 # In use before that snapshot in the recorded start-ups: total − free = 23.53 − 23.08 = 0.45,
@@ -55,7 +55,7 @@ class Checkpoint:
     """One set of weights vLLM could load: the original or a pre-quantized variant."""
 
     name: str
-    facts: ModelFacts
+    facts: CheckpointFacts
 
     @property
     def quantization(self) -> str | None:
@@ -162,7 +162,9 @@ def cpu_layout() -> StateLayout:
     return StateLayout(CPU_BLOCK_TOKENS, 4 if _host_has_avx512_bf16() else None)
 
 
-def recurrent_state_page(facts: ModelFacts, tp: int, speculative: int = 0, layout: StateLayout = CUDA_LAYOUT) -> int:
+def recurrent_state_page(
+    facts: CheckpointFacts, tp: int, speculative: int = 0, layout: StateLayout = CUDA_LAYOUT
+) -> int:
     """One recurrent layer's state page, before padding, on each GPU (0.32.0 model_executor/layers/
     mamba/mamba_utils.py): gated delta-net: conv ``(2 k_heads k_dim + v_heads v_dim) / TP × (kernel − 1
     + spec)`` + ``v_heads / TP × v_dim × k_dim``; Mamba-2: conv ``(intermediate + 2 groups' state) / TP ×
@@ -183,7 +185,11 @@ def recurrent_state_page(facts: ModelFacts, tp: int, speculative: int = 0, layou
 
 
 def recurrent_state_bytes(
-    facts: ModelFacts, tp: int, speculative: int = 0, attention_token_bytes: int = 0, layout: StateLayout = CUDA_LAYOUT
+    facts: CheckpointFacts,
+    tp: int,
+    speculative: int = 0,
+    attention_token_bytes: int = 0,
+    layout: StateLayout = CUDA_LAYOUT,
 ) -> int:
     """One recurrent layer's state for one request: its page padded to the attention page
     (:func:`padded_state_page`) when ``attention_token_bytes`` (one attention layer's KV per token) is
@@ -194,7 +200,12 @@ def recurrent_state_bytes(
 
 
 def kv_layers(
-    facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str, mtp: bool = False, layout: StateLayout = CUDA_LAYOUT
+    facts: CheckpointFacts,
+    tp: int,
+    kv_cache_dtype: str,
+    version: str,
+    mtp: bool = False,
+    layout: StateLayout = CUDA_LAYOUT,
 ) -> list[KvLayers]:
     """The KV cache specs ``kv_cache_interface`` builds, grouped by layer kind.
 
@@ -210,12 +221,12 @@ def kv_layers(
         return [KvLayers(layers, (facts.kv_lora_rank + facts.qk_rope_head_dim) * element)]
     if facts.is_mla:
         heads = max(1, facts.num_heads // tp)
-        qk_head = facts.hf.qk_nope_head_dim + facts.qk_rope_head_dim
-        return [KvLayers(layers, 2 * heads * max(qk_head, facts.hf.v_head_dim) * element)]
+        qk_head = facts.qk_nope_head_dim + facts.qk_rope_head_dim
+        return [KvLayers(layers, 2 * heads * max(qk_head, facts.v_head_dim) * element)]
     per_layer = 2 * max(1, facts.num_kv_heads // tp) * facts.head_dim * element
     sliding = facts.sliding_layers if facts.sliding_window else 0
-    full_heads = facts.hf.global_kv_heads or facts.num_kv_heads
-    full_dim = facts.hf.global_head_dim or facts.head_dim
+    full_heads = facts.global_kv_heads or facts.num_kv_heads
+    full_dim = facts.global_head_dim or facts.head_dim
     full_layer = 2 * max(1, full_heads // tp) * full_dim * element
     recurrent = facts.recurrent_layers
     speculative = facts.mtp_layers if mtp else 0
@@ -230,12 +241,12 @@ def kv_layers(
     return [kind for kind in kinds if kind.count]
 
 
-def kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, version: str) -> int:
+def kv_bytes_per_token(facts: CheckpointFacts, tp: int, kv_cache_dtype: str, version: str) -> int:
     """KV bytes one token costs on each GPU, over all layers."""
     return sum(kind.count * kind.bytes_per_token for kind in kv_layers(facts, tp, kv_cache_dtype, version))
 
 
-def _one_request_bytes(facts: ModelFacts, kinds: list[KvLayers], length: int, batched_tokens: int) -> int:
+def _one_request_bytes(facts: CheckpointFacts, kinds: list[KvLayers], length: int, batched_tokens: int) -> int:
     """KV for one request of ``length`` tokens; sliding-window layers keep only their window."""
     window = min((facts.sliding_window or length) - 1 + batched_tokens, length)
     tokens = sum(kind.count * kind.bytes_per_token * _cached(kind, window, length) for kind in kinds)
@@ -269,7 +280,9 @@ def hybrid_tokens(kinds: list[KvLayers], available: int, length: int) -> int:
     return int(blocks / per_request * length) if per_request else 0
 
 
-def max_fitting_len(facts: ModelFacts, kinds: list[KvLayers], available: int, batched_tokens: int, cap: int) -> int:
+def max_fitting_len(
+    facts: CheckpointFacts, kinds: list[KvLayers], available: int, batched_tokens: int, cap: int
+) -> int:
     """Largest length one request can have in ``available`` bytes: vLLM's own binary search
     (0.21.0 v1/core/kv_cache_utils.py ``_estimate_max_model_len_from_groups``, which
     ``--max-model-len auto`` uses through ``_auto_fit_max_model_len``)."""
@@ -285,27 +298,27 @@ def max_fitting_len(facts: ModelFacts, kinds: list[KvLayers], available: int, ba
     return low
 
 
-def mtp_in_checkpoint(facts: ModelFacts) -> int:
+def mtp_in_checkpoint(facts: CheckpointFacts) -> int:
     """MTP bytes counted in ``weight_bytes``: a checkpoint's safetensors hold them, an estimate
     from config.json (num_hidden_layers only) does not."""
     return 0 if facts.weight_bytes_source.startswith("estimated") else facts.mtp_bytes
 
 
 def weights_per_gpu(
-    facts: ModelFacts, tp: int, cpu_offload_gb: float, language_model_only: bool = False, mtp: bool = False
+    facts: CheckpointFacts, tp: int, cpu_offload_gb: float, language_model_only: bool = False, mtp: bool = False
 ) -> int:
     """Sharded parts split over TP; norms and the vision tower replicated on every GPU (none of the
     tower with ``--language-model-only``); ``--cpu-offload-gb`` moves weights to host. MTP layers
     are skipped at load unless speculative decoding uses them (GLM-4.7-Flash's
     ``num_nextn_predict_layers``: vLLM's model class loads layers < num_hidden_layers only)."""
     replicated = (facts.num_layers * 2 + 1) * facts.hidden_size * facts.dtype_bytes
-    tower = 0 if language_model_only else facts.hf.vision_bytes
-    sharded = facts.weight_bytes - mtp_in_checkpoint(facts) - facts.hf.vision_bytes - replicated
+    tower = 0 if language_model_only else facts.vision_bytes
+    sharded = facts.weight_bytes - mtp_in_checkpoint(facts) - facts.vision_bytes - replicated
     sharded += facts.mtp_bytes if mtp else 0
     return max(0, sharded // tp + replicated + tower - int(cpu_offload_gb * GIB))
 
 
-def peak_activation(facts: ModelFacts, tp: int, batched_tokens: int, seqs: int) -> int:
+def peak_activation(facts: CheckpointFacts, tp: int, batched_tokens: int, seqs: int) -> int:
     """Dummy forward of ``batched_tokens`` plus the sampler warm-up over ``seqs`` rows of logits.
 
     Calibrated on published logs: 1.04 GiB for Qwen2.5-7B and 1.4 GiB for Qwen3-8B-FP8 at 2048
@@ -345,7 +358,7 @@ FULL_LADDER_GRAPHS = len(capture_sizes(256, 2048))  # 51: what the published fig
 FIRST_CAPTURE_SHARE = 0.1
 
 
-def cudagraph_bytes(facts: ModelFacts, flags: VllmFlags) -> int:
+def cudagraph_bytes(facts: CheckpointFacts, flags: VllmFlags) -> int:
     """vLLM profiles the first capture plus a per-graph cost × the other graphs (0.21.0
     v1/worker/gpu_model_runner.py ``profile_cudagraph_memory``: ``first_capture + per_graph ×
     (len(descs) - 1)``). Published at 256 sequences (51 graphs): 0.48–0.72 GiB on one dense GPU,

@@ -18,11 +18,11 @@ import math
 import shlex
 
 from backends.vllm.argv import build_argv
+from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.ladder import MAX_UTILIZATION, VllmCandidate, evaluate
 from backends.vllm.memory import Checkpoint, VllmFlags, batch_defaults
 from backends.vllm.releases import default_utilization, language_model_only
 from gateway.core.devices import Device, Inventory
-from gateway.core.model_facts import ModelFacts
 from gateway.core.policy import Policy
 
 RAY_PORT = 6379
@@ -40,11 +40,11 @@ def node_layout(inventory: Inventory) -> tuple[int, int] | None:
     return counts.pop(), len(nodes)
 
 
-def stage_facts(facts: ModelFacts, pp: int) -> ModelFacts:
+def stage_facts(facts: CheckpointFacts, pp: int) -> CheckpointFacts:
     """The heaviest pipeline stage: ⌈layers / PP⌉ layers' weights and KV, plus one vocabulary
     matrix (the first stage embeds, the last projects to logits; with tied embeddings each loads it)."""
     vocabulary = facts.vocab_size * facts.hidden_size * facts.dtype_bytes
-    tower = facts.hf.vision_bytes
+    tower = facts.vision_bytes
     per_layer = max(0, facts.weight_bytes - tower - 2 * vocabulary) / facts.num_layers
     layers = math.ceil(facts.num_layers / pp)
     sliding = math.ceil(facts.sliding_layers / pp) if facts.sliding_layers else 0

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from gateway.core.model_facts import ModelFacts
+from backends.vllm.checkpoint_facts import CheckpointFacts
 
 DATA = Path(__file__).resolve().parent / "release_data"
 # releases PyPI holds as wheels only: no source to read
@@ -82,16 +82,16 @@ class ReleaseTable:
     def mla_types(self) -> list[str]:
         return list(self.data["mla_model_types"]["values"])
 
-    def uses_mla(self, facts: ModelFacts) -> bool:
+    def uses_mla(self, facts: CheckpointFacts) -> bool:
         """``is_deepseek_mla``: model_type in the release's list (exact spelling) and kv_lora_rank set."""
         return facts.is_mla and facts.model_type in self.data["mla_model_types"]["values"]
 
-    def mtp_draft(self, facts: ModelFacts) -> tuple[str, str] | None:
+    def mtp_draft(self, facts: CheckpointFacts) -> tuple[str, str] | None:
         """(draft model type, source) when ``--speculative-config '{"method": "mtp"}'`` can use the
         model's own MTP layers: ``hf_config_override`` renames its type (or architecture) to a
         type in ``MTPModelTypes``."""
         mtp = self.data["mtp"]
-        for key in (facts.hf.architecture, facts.model_type):
+        for key in (facts.architecture, facts.model_type):
             found = mtp["renames"].get(key)
             if found and found["draft"] in mtp["model_types"]:
                 return found["draft"], found["source"]
@@ -118,7 +118,7 @@ class ReleaseTable:
         same = [k for k in table if int(k.split(".")[0]) == capability[0] and int(k.split(".")[1]) <= capability[1]]
         return max(same, key=lambda k: int(k.split(".")[1])) if same else None
 
-    def attention_backend(self, facts: ModelFacts, capability: tuple[int, int], kv_cache_dtype: str) -> Verdict:
+    def attention_backend(self, facts: CheckpointFacts, capability: tuple[int, int], kv_cache_dtype: str) -> Verdict:
         """The backend ``_get_backend_priorities`` order gives for this model, GPU and KV dtype:
         the first that supports the capability, accepts the dtype and the model's head sizes (sparse
         MLA backends serve only sparse-attention models and are skipped). FlashAttention's fp8 KV
@@ -135,7 +135,7 @@ class ReleaseTable:
         order, why = order_by_cap[key], ""
         if kind == "standard" and (hooked := self._mixed_heads_backend(facts, key)):
             order, where = [hooked[0]], hooked[1]
-            heads = f"{facts.head_dim}/{facts.hf.global_head_dim}"
+            heads = f"{facts.head_dim}/{facts.global_head_dim}"
             why = f"; set for head sizes {heads} where FA4 does not run, {hooked[1]}"
         refused: list[str] = []
         for name in order:
@@ -154,7 +154,7 @@ class ReleaseTable:
                 continue
             fa = self._flash(key) if name == "FLASH_ATTN" else None
             fa_version = fa.get("fa_version") if fa else None
-            if fa_version and max(facts.head_dim, facts.hf.global_head_dim) > 256:
+            if fa_version and max(facts.head_dim, facts.global_head_dim) > 256:
                 fa_version = 4  # get_flash_attn_version: FA3 on SM90 takes no head size above 256, FA4 does
             version = f", FA{fa_version}" if fa_version else ""
             what = "MLA" if kind == "mla" else "attention"
@@ -182,27 +182,27 @@ class ReleaseTable:
             where = self.data["attention"]["flash_attn"]["fp8_kv_source"]
         return dtypes, where
 
-    def _head_refused(self, name: str, key: str, facts: ModelFacts) -> str | None:
+    def _head_refused(self, name: str, key: str, facts: CheckpointFacts) -> str | None:
         """Why FlashAttention on this capability refuses the model's largest head size, or None."""
         fa = self._flash(key) if name == "FLASH_ATTN" else None
-        head = max(facts.head_dim, facts.hf.global_head_dim)
+        head = max(facts.head_dim, facts.global_head_dim)
         if not fa or fa["head_sizes"].get(str(head)) is not False:
             return None
         source = self.data["attention"]["flash_attn"]["head_sizes_source"]
         return f"{name} takes no head size {head} on {key} without FA4 ({source})"
 
-    def _mixed_heads_backend(self, facts: ModelFacts, key: str) -> tuple[str, str] | None:
+    def _mixed_heads_backend(self, facts: CheckpointFacts, key: str) -> tuple[str, str] | None:
         """(backend, source) a model's config hook sets for layers of different head sizes (Gemma 4's
         256 sliding, 512 full): TRITON_ATTN where FA4 does not run; None where it does (the usual
         order, FlashAttention at FA4 on every layer), for other models and for uniform heads."""
         hook = self.data["attention"].get("heterogeneous_head_dims")
-        names = {facts.hf.architecture, facts.model_type}
-        if not hook or not names & set(hook["names"]) or not facts.hf.global_head_dim:
+        names = {facts.architecture, facts.model_type}
+        if not hook or not names & set(hook["names"]) or not facts.global_head_dim:
             return None
-        if facts.hf.global_head_dim == facts.head_dim:
+        if facts.global_head_dim == facts.head_dim:
             return None
         fa = self._flash(key)
-        largest = max(facts.head_dim, facts.hf.global_head_dim)
+        largest = max(facts.head_dim, facts.global_head_dim)
         fa4 = hook["tries_fa4"] and fa and largest <= (hook["max_fa4_head_size"] or 0)
         if fa4 and fa and fa["head_sizes"].get(str(largest)) is True:  # FA4 runs: the usual order, FA4 everywhere
             return None
@@ -210,14 +210,14 @@ class ReleaseTable:
 
     # quantization ------------------------------------------------------------------------
 
-    def quantization_capability(self, facts: ModelFacts) -> tuple[int, str, str] | None:
+    def quantization_capability(self, facts: CheckpointFacts) -> tuple[int, str, str] | None:
         """(minimum capability × 10, which vLLM class decides it, source) for the checkpoint's
         quantization, or None when unquantized or unknown to this table."""
         quant = facts.quantization
         if not quant:
             return None
         table = self.data["quantization"]
-        method = facts.hf.quant_method
+        method = facts.quant_method
         if quant in ("nvfp4", "fp8", "mxfp8") and (method.startswith("modelopt") or (not method and quant == "nvfp4")):
             wanted = {"nvfp4": "NVFP4", "fp8": "FP8", "mxfp8": "MXFP8"}[quant]
             for cls, info in table["modelopt_algos"].items():
@@ -245,7 +245,7 @@ class ReleaseTable:
             return found["value"], f"{found['config']}.get_min_capability", found["source"]
         return None
 
-    def quantization_verdict(self, facts: ModelFacts, capability: tuple[int, int]) -> Verdict | None:
+    def quantization_verdict(self, facts: CheckpointFacts, capability: tuple[int, int]) -> Verdict | None:
         need = self.quantization_capability(facts)
         if need is None:
             return None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
+from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.release_table import Verdict, first_registering, next_read, table_for, versions
 from backends.vllm.weight_kernels import weight_only
-from gateway.core.model_facts import ModelFacts
 
 DEFAULT_VERSION = "0.32.0"  # assumed when vLLM is not installed beside the gateway
 
@@ -48,33 +48,33 @@ def at_least(version: str, since: str) -> bool:
     return parse_version(version) >= Version(since)
 
 
-def cannot_load(facts: ModelFacts, version: str) -> str | None:
+def cannot_load(facts: CheckpointFacts, version: str) -> str | None:
     """Why this release cannot load the architecture, or None: an architecture some later table's
     registry lists but this release's does not (one no table lists may still load through vLLM's
     Transformers fallback, so it is not refused)."""
-    if not facts.hf.architecture:
+    if not facts.architecture:
         return None
     table = table_for(version)
-    if table.registers(facts.hf.architecture):
+    if table.registers(facts.architecture):
         return None
-    since = first_registering(facts.hf.architecture)
+    since = first_registering(facts.architecture)
     if since is None or not at_least(since, table.read):
         return None
     if not table.exact and next_read(version) == since:
         return None  # not read (0.15.x: wheels only): the release before lacks it, the one after has it
     return (
-        f"vLLM {version} cannot load {facts.hf.architecture} (in vllm/model_executor/models/registry.py since "
+        f"vLLM {version} cannot load {facts.architecture} (in vllm/model_executor/models/registry.py since "
         f"{since}; not in {table.provenance}): install vLLM {since} or later"
     )
 
 
-def quantization_verdict(facts: ModelFacts, capability: tuple[int, int], version: str) -> Verdict | None:
+def quantization_verdict(facts: CheckpointFacts, capability: tuple[int, int], version: str) -> Verdict | None:
     """Whether the checkpoint's quantization runs on this capability (its config class's
     ``get_min_capability`` in this release), or None when unquantized or unknown."""
     return table_for(version).quantization_verdict(facts, capability)
 
 
-def notes(facts: ModelFacts, version: str, capability: tuple[int, int] = (0, 0)) -> list[str]:
+def notes(facts: CheckpointFacts, version: str, capability: tuple[int, int] = (0, 0)) -> list[str]:
     """Release notes for this checkpoint that do not change the verdict; on these GPUs
     (``capability``: the lowest), where the checkpoint runs as Marlin weight-only kernels, that
     instead of notes about its native kernels."""
@@ -85,19 +85,21 @@ def notes(facts: ModelFacts, version: str, capability: tuple[int, int] = (0, 0))
     return [found[1]] if found and not at_least(version, found[0]) else []
 
 
-def uses_mla(facts: ModelFacts, version: str) -> bool:
+def uses_mla(facts: CheckpointFacts, version: str) -> bool:
     """``is_deepseek_mla`` of this release: the model type is listed (exact spelling) and
     kv_lora_rank is set."""
     return table_for(version).uses_mla(facts)
 
 
-def kv_cache_verdict(facts: ModelFacts, capability: tuple[int, int], kv_cache_dtype: str, version: str) -> Verdict:
+def kv_cache_verdict(facts: CheckpointFacts, capability: tuple[int, int], kv_cache_dtype: str, version: str) -> Verdict:
     """The attention backend this release would pick for the KV dtype on this capability, or why
     none can (e.g. TRITON_MLA, the only MLA backend on 8.x and 12.x, takes no fp8 before 0.18)."""
     return table_for(version).attention_backend(facts, capability, kv_cache_dtype)
 
 
-def kv_cache_dtype_since(facts: ModelFacts, capability: tuple[int, int], kv_cache_dtype: str, after: str) -> str | None:
+def kv_cache_dtype_since(
+    facts: CheckpointFacts, capability: tuple[int, int], kv_cache_dtype: str, after: str
+) -> str | None:
     """The first release read after ``after`` that has a backend for this KV dtype on this capability."""
     for version in versions():
         if at_least(version, after) and kv_cache_verdict(facts, capability, kv_cache_dtype, version).ok:
@@ -105,11 +107,11 @@ def kv_cache_dtype_since(facts: ModelFacts, capability: tuple[int, int], kv_cach
     return None
 
 
-def fp8_kv_supported(facts: ModelFacts, capability: tuple[int, int], version: str) -> bool:
+def fp8_kv_supported(facts: CheckpointFacts, capability: tuple[int, int], version: str) -> bool:
     return kv_cache_verdict(facts, capability, "fp8", version).ok
 
 
-def mtp_draft(facts: ModelFacts, version: str) -> str | None:
+def mtp_draft(facts: CheckpointFacts, version: str) -> str | None:
     """The draft model type vLLM's ``--speculative-config '{"method": "mtp"}'`` builds from this
     model's own MTP layers in this release (``SpeculativeConfig.hf_config_override``), or None."""
     found = table_for(version).mtp_draft(facts)
@@ -122,7 +124,7 @@ def default_utilization(version: str) -> float:
     return table_for(version).default_utilization
 
 
-def language_model_only(facts: ModelFacts, version: str) -> bool:
+def language_model_only(facts: CheckpointFacts, version: str) -> bool:
     """Text-only serving of a multimodal checkpoint: pass the flag so the towers are neither loaded
     nor profiled (vLLM 0.21 logs "running in text-only mode" and loads fewer bytes)."""
-    return facts.hf.vision_bytes > 0 and at_least(version, LANGUAGE_MODEL_ONLY_SINCE)
+    return facts.vision_bytes > 0 and at_least(version, LANGUAGE_MODEL_ONLY_SINCE)

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 import backends.vllm.parsers as parsers
+from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts, facts_from_dir, facts_from_hub
 from backends.vllm.hub_checkpoints import checkpoint_variants, method_of
 from backends.vllm.memory import Checkpoint
 from backends.vllm.parsers import Parsers
 from gateway.core.checked import json_object
 from gateway.core.errors import ModelError
 from gateway.core.hub_guard import guard_hub
-from gateway.core.model_facts import facts_from_config, facts_from_dir, facts_from_hub
 
 if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry
@@ -84,7 +84,7 @@ def read(entry: ModelEntry) -> VllmModel:
     try:
         model.checkpoints.append(Checkpoint(source.checkpoint, _facts(source, bundled)))
         for variant in source.quantized:
-            facts = facts_from_config(
+            facts = checkpoint_facts(
                 bundled or _config_of(source.checkpoint),
                 variant.checkpoint,
                 weight_bytes=variant.checkpoint_bytes,
@@ -114,7 +114,7 @@ def _add_remembered(
     planned besides the original, and the hub is not searched again."""
     used = str(remembered.get("memo", {}).get("checkpoint") or "")
     if remembered.get("engine") == "vllm" and used and used != checkpoint and (method := method_of(used)):
-        facts = facts_from_config(bundled or _config_of(checkpoint), used, quantization=method)
+        facts = checkpoint_facts(bundled or _config_of(checkpoint), used, quantization=method)
         model.checkpoints.append(Checkpoint(used, facts))
     model.notes.append("vLLM: quantized checkpoints not searched: a configuration is remembered (--replan searches)")
 
@@ -134,7 +134,7 @@ def _add_hub_checkpoints(model: VllmModel, checkpoint: str, bundled: dict[str, A
         except ModelError:
             facts = None
         if facts is None or facts.quantization is None:  # else the original's shapes at the method's bytes
-            facts = facts_from_config(config, variant.repo, quantization=variant.quantization)
+            facts = checkpoint_facts(config, variant.repo, quantization=variant.quantization)
         model.checkpoints.append(Checkpoint(variant.repo, facts))
     if found:
         names = ", ".join(f"{v.repo} ({v.quantization})" for v in found)
@@ -169,13 +169,13 @@ def _chat_template(checkpoint: str) -> str | None:
     return None
 
 
-def _facts(source: VllmSource, bundled: dict[str, Any] | None) -> Any:
+def _facts(source: VllmSource, bundled: dict[str, Any] | None) -> CheckpointFacts:
     path = Path(source.checkpoint).expanduser()
     if path.is_dir():
         return facts_from_dir(path, source.checkpoint)
     if bundled is not None:
         origin = "catalog" if source.checkpoint_bytes else ""
-        return facts_from_config(bundled, source.checkpoint, weight_bytes=source.checkpoint_bytes, weight_source=origin)
+        return checkpoint_facts(bundled, source.checkpoint, weight_bytes=source.checkpoint_bytes, weight_source=origin)
     return facts_from_hub(source.checkpoint)
 
 

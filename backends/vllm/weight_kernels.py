@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.core.model_facts import ModelFacts
+from backends.vllm.checkpoint_facts import CheckpointFacts
 
 MARLIN_FP8 = "vllm/model_executor/kernels/linear/scaled_mm/marlin.py:35"
 MARLIN_FP4 = "vllm/model_executor/layers/quantization/utils/marlin_utils_fp4.py:33"
@@ -67,7 +67,7 @@ def native_fp4(capability: tuple[int, int]) -> bool:
     return (10, 0) <= capability < (13, 0)
 
 
-def weight_only(facts: ModelFacts, capability: tuple[int, int]) -> WeightOnly | None:
+def weight_only(facts: CheckpointFacts, capability: tuple[int, int]) -> WeightOnly | None:
     """The Marlin path vLLM takes for this checkpoint on this capability, or None where its own
     kernels run (or it is not FP8/NVFP4, or the GPU is unknown)."""
     if capability == (0, 0):
@@ -79,7 +79,7 @@ def weight_only(facts: ModelFacts, capability: tuple[int, int]) -> WeightOnly | 
     return None
 
 
-def decode_share(facts: ModelFacts, capability: tuple[int, int]) -> float:
+def decode_share(facts: CheckpointFacts, capability: tuple[int, int]) -> float:
     """What a decode speed estimate of the native kernels is multiplied by on this GPU: 1.0 where
     they run, :data:`DECODE_SHARE` of the scheme where Marlin does."""
     found = weight_only(facts, capability)

@@ -1,21 +1,18 @@
-"""What the planner needs to know about a model, from whichever source has it.
+"""What every engine plans from about a model, read from its config.json.
 
-Sources, in order: the catalog entry (a bundled config.json and, when known, the checkpoint's bytes);
-a local directory (config.json + safetensors index or shard headers; weights need not be present);
-the hub (config.json and the safetensors index, cached by huggingface_hub, no weights); a GGUF file
-(header and tensor table). When no source gives the weight bytes they are estimated from the
-architecture, and the facts say so.
+The engines read their own files beside themselves and extend these facts there: llama.cpp a GGUF's
+header and tensor table (``backends/llamacpp/gguf_facts``), vLLM a checkpoint's directory or the
+hub's safetensors index (``backends/vllm/checkpoint_facts``). When no source gives the weight bytes
+they are estimated from the architecture, and the facts say so.
 """
 
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from gateway.core.checked import integer, json_object
+from gateway.core.checked import integer
 from gateway.core.errors import ModelError
 
 # bytes per weight for linear layers by checkpoint quantization (scales and zero points included)
@@ -33,33 +30,11 @@ _LINEAR_BYTES = {
 
 
 @dataclass(frozen=True)
-class HfCheckpointFacts:
-    """What a checkpoint's config.json (and hf_quant_config.json) says that only an engine loading the
-    checkpoint itself reads (vLLM; a GGUF carries none of it)."""
-
-    architecture: str = ""  # the class the engine's model registry is asked for
-    vision_bytes: int = 0  # part of weight_bytes that is a vision/audio tower
-    qk_nope_head_dim: int = 0  # MLA run without MLA stores full K (nope + rope) and V heads
-    v_head_dim: int = 0
-    # the head size and KV heads of the full-attention layers where they differ (Gemma 4: 512; 0: as
-    # head_dim and num_kv_heads)
-    global_head_dim: int = 0
-    global_kv_heads: int = 0
-    # which parts a quantized checkpoint keeps in 16 bits ("attention", "mlp", "lm_head", "vision") and
-    # where that list came from (hf_quant_config.json, config.json, or a known list: an estimate)
-    quant_kept: tuple[str, ...] = ()
-    quant_kept_source: str = ""
-    # how the checkpoint names its quantization (config.json quant_method, ModelOpt's quant_algo):
-    # the engine's minimum compute capability depends on it, not on the storage format alone
-    quant_method: str = ""
-    quant_algo: str = ""
-
-
-@dataclass(frozen=True)
 class ModelFacts:
     """A model's architecture and weights as every engine plans from them. What one engine alone
-    reads of its own file format extends this beside that engine (llama.cpp's per-block GGUF
-    layout: ``backends/llamacpp/gguf_facts.GgufFacts``)."""
+    reads of its own file format extends this beside that engine: llama.cpp's per-block GGUF layout
+    (``backends/llamacpp/gguf_facts.GgufFacts``), what vLLM reads of a Hugging Face checkpoint
+    (``backends/vllm/checkpoint_facts.CheckpointFacts``)."""
 
     name: str
     model_type: str
@@ -71,7 +46,6 @@ class ModelFacts:
     intermediate_size: int
     vocab_size: int
     max_position: int | None
-    dtype: str  # of the unquantized parts: bfloat16 | float16 | float32
     quantization: str | None
     weight_bytes: int
     weight_bytes_source: str
@@ -82,11 +56,8 @@ class ModelFacts:
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
-    hf: HfCheckpointFacts = field(default_factory=HfCheckpointFacts)  # what only a checkpoint's files say
-    # multi-token-prediction layers (num_nextn_predict_layers) and their bytes: in a checkpoint's
-    # safetensors (weight_bytes includes them unless estimated), loaded only for speculative decoding
+    # multi-token-prediction layers (num_nextn_predict_layers), loaded only for speculative decoding
     mtp_layers: int = 0
-    mtp_bytes: int = 0
     # hybrid models: layers with no per-token KV cache (linear attention, Mamba) that keep a fixed
     # recurrent state per sequence instead; its kind and the dimensions the engines size it from
     # ("gated_delta_net": k heads, v heads, k head dim, v head dim, conv kernel; "mamba2":
@@ -94,11 +65,6 @@ class ModelFacts:
     recurrent_layers: int = 0
     recurrent_kind: str = ""
     recurrent_dims: tuple[int, ...] = ()
-    recurrent_pattern: tuple[bool, ...] = ()  # per layer: True where it is recurrent
-
-    def is_recurrent(self, layer: int) -> bool:
-        return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
-
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -108,10 +74,6 @@ class ModelFacts:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
-
-    @property
-    def dtype_bytes(self) -> int:
-        return 4 if self.dtype == "float32" else 2
 
 
 _BIG = (1 << 31) - 1  # llama.cpp and vLLM hold these in 32-bit integers
@@ -166,7 +128,7 @@ def _quantization(config: dict[str, Any], override: str | None) -> str | None:
     if not isinstance(qc, dict):
         return None
     method = str(qc.get("quant_method", "")).lower()
-    algo = _quant_algo(qc)
+    algo = quant_algo(qc)
     if method == "modelopt_fp4":
         return "nvfp4"
     if method.startswith("modelopt"):
@@ -176,7 +138,7 @@ def _quantization(config: dict[str, Any], override: str | None) -> str | None:
     return method or None
 
 
-def _quant_algo(section: dict[str, Any]) -> str:
+def quant_algo(section: dict[str, Any]) -> str:
     """``quant_algo`` of a ModelOpt section: top level or under "quantization", upper-cased as
     vLLM's ``_extract_modelopt_quant_algo`` does."""
     inner = section.get("quantization")
@@ -300,7 +262,7 @@ def kept_parts(patterns: list[str]) -> tuple[str, ...]:
     return tuple(sorted(parts))
 
 
-def _exclusions(
+def quant_exclusions(
     config: dict[str, Any], quant_file: dict[str, Any] | None, quant: str | None
 ) -> tuple[tuple[str, ...], str]:
     """(kept parts, where the list came from): hf_quant_config.json, config.json, else a known list."""
@@ -349,23 +311,12 @@ def facts_from_config(
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"{name}: config.json lacks {exc} (need hidden_size, num_hidden_layers, heads)") from exc
     quant = _quantization(cfg, quantization) or _quantization_of_file(quant_file)
-    kept, kept_source = _exclusions(cfg, quant_file, quant)
-    vision = estimate_vision_bytes(config)
     notes: list[str] = []
     if weight_bytes is None:
-        weight_bytes = estimate_weight_bytes(cfg, quant, kept) + vision
-        weight_source = "estimated from the architecture"
-        notes.append(f"weights estimated from config.json ({quant or 'unquantized'}): {no_weights}")
-        if kept_source.startswith("estimate") and set(kept) - {"lm_head"}:  # lm_head is 16-bit here anyway
-            notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
+        weight_bytes, weight_source, notes = _estimated_weights(config, quant, quant_file, no_weights)
     window, sliding_layers = _sliding(cfg, layers)
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    found = cfg.get("quantization_config")
-    qc: dict[str, Any] = found if isinstance(found, dict) else {}
-    quant_method = str(qc.get("quant_method") or ("modelopt" if quant_file else "")).lower()
-    quant_algo = _quant_algo(qc) or (_quant_algo(quant_file) if isinstance(quant_file, dict) else "")
     mtp_layers = _mtp_layers(cfg, tensor_names)
-    recurrent_pattern, recurrent_kind, recurrent_dims = _recurrent(cfg, layers)
+    recurrent_pattern, recurrent_kind, recurrent_dims = recurrent_layout(cfg, layers)
     return ModelFacts(
         name=name,
         model_type=str(cfg.get("model_type") or ""),
@@ -377,7 +328,6 @@ def facts_from_config(
         intermediate_size=int(cfg.get("intermediate_size") or 0),
         vocab_size=int(cfg.get("vocab_size") or 0),
         max_position=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
-        dtype=dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16",
         quantization=quant,
         weight_bytes=int(weight_bytes),
         weight_bytes_source=weight_source,
@@ -388,29 +338,29 @@ def facts_from_config(
         num_experts=int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
         experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-        hf=HfCheckpointFacts(
-            architecture=str((config.get("architectures") or [""])[0]),
-            vision_bytes=vision,
-            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
-            v_head_dim=int(cfg.get("v_head_dim") or 0),
-            global_head_dim=int(cfg.get("global_head_dim") or 0),
-            global_kv_heads=int(cfg.get("num_global_key_value_heads") or 0),
-            quant_kept=kept,
-            quant_kept_source=kept_source,
-            quant_method=quant_method,
-            quant_algo=quant_algo,
-        ),
         mtp_layers=mtp_layers,
-        mtp_bytes=mtp_layers * _mtp_layer_bytes(cfg, quant, kept),
         recurrent_layers=sum(recurrent_pattern),
         recurrent_kind=recurrent_kind,
         recurrent_dims=recurrent_dims,
-        recurrent_pattern=recurrent_pattern,
         notes=tuple(notes),
     )
 
 
-def _recurrent(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
+def _estimated_weights(
+    config: dict[str, Any], quant: str | None, quant_file: dict[str, Any] | None, why: str
+) -> tuple[int, str, list[str]]:
+    """(weight bytes, their source, the notes that say so) from the architecture, when no index or
+    header gave them (``why``): the parts a quantized checkpoint keeps in 16 bits, and a vision tower."""
+    cfg = text_config(config)
+    kept, kept_source = quant_exclusions(cfg, quant_file, quant)
+    notes = [f"weights estimated from config.json ({quant or 'unquantized'}): {why}"]
+    if kept_source.startswith("estimate") and set(kept) - {"lm_head"}:  # lm_head is 16-bit here anyway
+        notes.append(f"{quant} keeps {', '.join(kept)} in 16 bits ({kept_source}; no hf_quant_config.json read)")
+    weight_bytes = estimate_weight_bytes(cfg, quant, kept) + estimate_vision_bytes(config)
+    return weight_bytes, "estimated from the architecture", notes
+
+
+def recurrent_layout(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...], str, tuple[int, ...]]:
     """(which layers have no KV, their kind, its dimensions) of a hybrid model, as its config.json
     says: Qwen3-Next's gated delta-net layers (``layer_types`` "linear_attention", else all but every
     ``full_attention_interval``-th), Granite 4.0-H's Mamba-2 layers (``layer_types`` "mamba")."""
@@ -432,16 +382,6 @@ def _recurrent(cfg: dict[str, Any], layers: int) -> tuple[tuple[bool, ...], str,
         dims = (inner, int(cfg.get("mamba_n_groups") or 1), int(cfg["mamba_n_heads"]), head, state, kernel)
         return tuple(kind == "mamba" for kind in kinds), "mamba2", dims
     return (), "", ()
-
-
-def _mtp_layer_bytes(cfg: dict[str, Any], quantization: str | None, kept: tuple[str, ...]) -> int:
-    """One multi-token-prediction layer: a decoder layer like the last one (MoE where the model is)
-    plus its projection of [embedding; hidden] (2h × h, 16-bit) and norms. An estimate."""
-    layers = int(cfg["num_hidden_layers"])
-    hidden = int(cfg["hidden_size"])
-    one_more = {**cfg, "num_hidden_layers": layers + 1}
-    per_layer = estimate_weight_bytes(one_more, quantization, kept) - estimate_weight_bytes(cfg, quantization, kept)
-    return per_layer + 2 * hidden * hidden * 2 + 3 * hidden * 2
 
 
 # Families whose checkpoints ship MTP layers their config.json does not count: Qwen3-Next's
@@ -466,144 +406,5 @@ def _quantization_of_file(quant_file: dict[str, Any] | None) -> str | None:
     """hf_quant_config.json's ``quant_algo`` (NVFP4, FP8) when config.json names no method."""
     if not isinstance(quant_file, dict):
         return None
-    algo = _quant_algo(quant_file)
+    algo = quant_algo(quant_file)
     return "nvfp4" if "FP4" in algo else "mxfp8" if "MXFP8" in algo else "fp8" if "FP8" in algo else None
-
-
-SAFETENSORS_MAX_HEADER = 100_000_000  # the format's own limit (safetensors' MAX_HEADER_SIZE)
-
-
-def _safetensors_header(path: Path) -> dict[str, Any]:
-    """One shard's header: each tensor's dtype, shape and offsets (the weights themselves are not read)."""
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        if length > SAFETENSORS_MAX_HEADER:
-            raise ModelError(f"{path}: a safetensors header of {length:,} bytes (at most {SAFETENSORS_MAX_HEADER:,})")
-        return json_object(handle.read(length), str(path))
-
-
-MAX_WEIGHT_BYTES = 1 << 50  # a pebibyte: no checkpoint is larger
-
-
-def _tensor_bytes(header: dict[str, Any]) -> int:
-    """Sum of the tensor sizes a shard's header declares."""
-    return sum(
-        end - start for key, value in header.items() if key != "__metadata__" for start, end in [value["data_offsets"]]
-    )
-
-
-def weights_read(total: int, names: list[str] | None, where: str) -> int:
-    """The weight bytes an index or headers gave, when they describe weights: an index that lists no
-    tensor, or offsets adding up to nothing, negative or beyond any checkpoint, raises ModelError
-    (the caller estimates from config.json instead and says why)."""
-    if names is not None and not names:
-        raise ModelError(f"{where} lists no tensors")
-    if not 0 < total <= MAX_WEIGHT_BYTES:
-        raise ModelError(f"{where} gives {total:,} bytes of weights")
-    return total
-
-
-def _hub_weights(repo: str) -> tuple[int | None, list[str] | None, str]:
-    """(weight bytes, tensor names, why not) from the hub's safetensors index or headers."""
-    from huggingface_hub import get_safetensors_metadata
-    from huggingface_hub.errors import NotASafetensorsRepoError
-
-    try:
-        metadata = get_safetensors_metadata(repo)
-        offsets = [info.data_offsets for shard in metadata.files_metadata.values() for info in shard.tensors.values()]
-        if any(not (isinstance(a, int) and isinstance(b, int) and 0 <= a <= b) for a, b in offsets):
-            raise ModelError(f"the safetensors headers of {repo} give impossible offsets")
-        names = list(metadata.weight_map)
-        return weights_read(sum(b - a for a, b in offsets), names, f"the safetensors index of {repo}"), names, ""
-    except NotASafetensorsRepoError:
-        return None, None, "no safetensors index available"
-    except Exception as exc:  # unreadable index or headers, or ones that describe no weights
-        why = str(exc).splitlines()[0][:200] if isinstance(exc, ModelError) else type(exc).__name__
-        return None, None, f"the hub's safetensors index or headers were not usable ({why})"
-
-
-def facts_from_dir(directory: Path, name: str | None = None) -> ModelFacts:
-    config_path = directory / "config.json"
-    try:
-        config = json_object(config_path.read_bytes(), str(config_path))
-    except OSError as exc:
-        raise ModelError(f"cannot read {config_path}: {exc}") from exc
-    index = directory / "model.safetensors.index.json"
-    weight_bytes: int | None = None
-    source = ""
-    names: list[str] | None = None
-    unusable = "no safetensors index available"
-    try:
-        if index.is_file():
-            read = json_object(index.read_bytes(), str(index))
-            meta, mapped = read.get("metadata"), read.get("weight_map")
-            total = meta.get("total_size") if isinstance(meta, dict) else None
-            names = list(mapped) if isinstance(mapped, dict) and mapped else None
-            if total:
-                weight_bytes = weights_read(
-                    integer(total, str(index), "metadata.total_size", 1, MAX_WEIGHT_BYTES), names, str(index)
-                )
-                source = "safetensors index"
-        shards = sorted(directory.glob("*.safetensors"))
-        if weight_bytes is None and shards:
-            headers = [_safetensors_header(shard) for shard in shards]
-            names = [key for header in headers for key in header if key != "__metadata__"]
-            weight_bytes = weights_read(
-                sum(_tensor_bytes(h) for h in headers), names, f"the safetensors headers in {directory}"
-            )
-            source = "safetensors headers"
-    except (ModelError, OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
-        weight_bytes, source, names = None, "", None
-        unusable = f"the safetensors index or headers were not usable ({str(exc)[:200]})"
-    quant_file = directory / "hf_quant_config.json"
-    try:
-        quant = json_object(quant_file.read_bytes(), str(quant_file)) if quant_file.is_file() else None
-    except (OSError, ModelError):
-        quant = None
-    return facts_from_config(
-        config,
-        name or directory.name,
-        weight_bytes=weight_bytes,
-        weight_source=source,
-        quant_file=quant,
-        tensor_names=names,
-        no_weights=unusable,
-    )
-
-
-def facts_from_hub(repo: str) -> ModelFacts:
-    """config.json and the safetensors index (or header metadata) from the hub; never the weights. An
-    index that lists no tensors or headers that cannot be parsed leave the weights estimated from
-    config.json, and the facts say so."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
-
-    from gateway.core.hub_errors import hub_error
-    from gateway.core.hub_guard import UntrustedAnswer, guard_hub
-
-    guard_hub()
-    try:
-        config = json_object(Path(hf_hub_download(repo, "config.json")).read_bytes(), f"config.json of {repo}")
-    except (GatedRepoError, UntrustedAnswer) as exc:  # the fix is the user's licence and token, not the network
-        raise hub_error(repo, exc) from exc
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        raise ModelError(
-            f"cannot read config.json of {repo} from the hub ({type(exc).__name__}): check the network "
-            "or HF_TOKEN, or pass a local checkpoint directory"
-        ) from exc
-    weight_bytes, names, why = _hub_weights(repo)
-    try:  # ModelOpt checkpoints name their 16-bit layers here
-        quant: dict[str, Any] | None = json_object(
-            Path(hf_hub_download(repo, "hf_quant_config.json")).read_bytes(), f"hf_quant_config.json of {repo}"
-        )
-    except Exception:  # most checkpoints have none
-        quant = None
-    return facts_from_config(
-        config,
-        repo,
-        weight_bytes=weight_bytes,
-        weight_source="hub safetensors metadata" if weight_bytes else "",
-        quant_file=quant,
-        tensor_names=names,
-        no_weights=why,
-    )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from backends import llamacpp, vllm
+from backends.vllm.checkpoint_facts import checkpoint_facts
 from backends.vllm.memory import cuda_total
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.model_facts import facts_from_config
@@ -66,7 +67,7 @@ def _config(case: dict[str, Any]) -> dict[str, Any] | None:
 def replay_vllm(case: dict[str, Any], inputs: dict[str, Any]) -> list[Row]:
     config = _config(case)
     assert config is not None
-    facts = facts_from_config({**config, **inputs.get("config", {})}, case["model_id"], quantization=inputs["quant"])
+    facts = checkpoint_facts({**config, **inputs.get("config", {})}, case["model_id"], quantization=inputs["quant"])
     gpu = Device(0, inputs.get("name", "GPU"), int(inputs["total_gib"] * GIB), int(inputs["total_gib"] * GIB), (8, 9))
     tokens, seqs = vllm.batch_defaults(gpu)
     flags = vllm.VllmFlags(inputs["tp"], inputs["util"], inputs["len"], seqs, tokens)
@@ -94,7 +95,7 @@ def replay_max_len(case: dict[str, Any], inputs: dict[str, Any]) -> list[Row]:
     error = case["reported"].get("error") or case["reported"].get("error_default_util")
     length = int(error["max_seq_len"])
     if "config" in inputs:
-        facts = facts_from_config(json.loads((DATA / inputs["config"]).read_text()), case["model_id"])
+        facts = checkpoint_facts(json.loads((DATA / inputs["config"]).read_text()), case["model_id"])
         per_token = vllm.kv_bytes_per_token(facts, inputs["tp"], "auto", inputs["version"])
     else:
         per_token = inputs["layers"] * 2 * inputs["kv_heads"] * inputs["head_dim"] * 2
@@ -138,7 +139,7 @@ def replay_seed_003() -> list[Row]:
     memory loading the weights (its hf_quant_config.json keeps self_attn, lm_head, vision in BF16)."""
     config = json.loads((DATA / "configs" / "gemma-4-31B-it.json").read_text())
     quant = json.loads((DATA / "configs" / "gemma-4-31B-it-nvfp4.hf_quant_config.json").read_text())
-    facts = facts_from_config(config, "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
+    facts = checkpoint_facts(config, "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
     gpus = (
         Device(0, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)),
         Device(1, "16 GB", 16303 * MIB, 16303 * MIB, (12, 0)),
@@ -156,17 +157,12 @@ def replay_llamacpp() -> list[Row]:
         ("llama-03", 28, 8, 40960, 4480),
     ):
         config = {"hidden_size": 4096, "num_hidden_layers": layers, "num_attention_heads": 32}
-        facts = llamacpp.GgufFacts.of(
-            facts_from_config({**config, "num_key_value_heads": kv_heads, "head_dim": 128}, case_id)
-        )
+        config |= {"num_key_value_heads": kv_heads, "head_dim": 128}
+        facts = llamacpp.GgufFacts.of(facts_from_config(config, case_id), config)
         kv = sum(llamacpp.kv_layer_bytes(facts, i, "f16", n_ctx, "native") for i in range(layers))
         rows.append(Row(case_id, "KV cache MiB", kv / MIB, reported_mib))
-    qwen3_17b = llamacpp.GgufFacts.of(
-        facts_from_config(
-            {"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16, "vocab_size": 151936},
-            "qwen3-1.7b",
-        )
-    )
+    qwen3_config = {"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16, "vocab_size": 151936}
+    qwen3_17b = llamacpp.GgufFacts.of(facts_from_config(qwen3_config, "qwen3-1.7b"), qwen3_config)
     compute = llamacpp.compute_buffer_bytes(qwen3_17b, 40960, flash_attention=True, holds_output=True)
     rows.append(Row("llama-03", "compute buffer MiB (output GPU)", compute / MIB, 300))
     return rows

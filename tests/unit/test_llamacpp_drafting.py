@@ -49,7 +49,7 @@ def test_the_nextn_block_is_read_from_the_gguf_with_its_bytes() -> None:
     facts, tensors = _air_q4()
     assert facts.num_layers == 47 and facts.mtp_layers == 1  # block_count counts the MTP block
     nextn = sum(gguf_shapes.nbytes(shape, kind) for name, shape, kind in tensors if name.startswith("blk.46."))
-    assert facts.mtp_bytes == nextn and drafting.mtp_block_bytes(facts) == nextn
+    assert drafting.mtp_block_bytes(facts) == nextn
     assert list(drafting.mtp_blocks(facts)) == [46]
 
 
@@ -61,14 +61,14 @@ def test_without_drafting_llama_cpp_skips_the_nextn_block_and_its_cache() -> Non
     plain = place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1)
     drafting_ = place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1, draft="mtp")
     on_gpus = sum(plain.device_model) + plain.host_model - facts.embedding_bytes
-    assert on_gpus == facts.weight_bytes - facts.embedding_bytes - facts.mtp_bytes
+    assert on_gpus == facts.weight_bytes - facts.embedding_bytes - drafting.mtp_block_bytes(facts)
     one_layer = kv_layer_bytes(facts, 0, "f16", 32768, "native")
     assert sum(plain.device_kv) == one_layer * 46
     # drafting: + the block's weights, + one layer of cache in the draft context, + its compute buffer
-    assert sum(drafting_.device_model) - sum(plain.device_model) == facts.mtp_bytes
+    assert sum(drafting_.device_model) - sum(plain.device_model) == drafting.mtp_block_bytes(facts)
     assert sum(drafting_.device_kv) - sum(plain.device_kv) == one_layer
     weights, kv, compute, host = drafting_.draft_bytes
-    assert (weights, kv, host) == (facts.mtp_bytes, one_layer, 0)
+    assert (weights, kv, host) == (drafting.mtp_block_bytes(facts), one_layer, 0)
     assert sum(drafting_.device_compute) - sum(plain.device_compute) == compute > 32768 * 512 * 2  # its mask alone
     assert plain.draft_bytes == (0, 0, 0, 0) and plain.n_gpu_layers == drafting_.n_gpu_layers == 48
 
@@ -97,7 +97,7 @@ def test_mtp_drafting_is_chosen_where_it_costs_nothing_else() -> None:
     assert chosen.n_ctx == without.n_ctx == 131072 and chosen.kv_type == without.kv_type
     assert "MTP drafting (draft-mtp)" in chosen.reason and "nextn weights" in chosen.reason
     assert chosen.to_json()["draft"]["mode"] == "mtp"
-    assert chosen.to_json()["draft"]["gpu_weights_mib"] == pytest.approx(facts.mtp_bytes / MIB, abs=0.1)
+    assert chosen.to_json()["draft"]["gpu_weights_mib"] == pytest.approx(drafting.mtp_block_bytes(facts) / MIB, abs=0.1)
 
 
 def test_mtp_drafting_is_not_bought_with_a_shorter_context_or_a_smaller_kv() -> None:
@@ -174,7 +174,11 @@ def test_the_plan_starts_llama_server_with_the_draft_flags_and_says_so() -> None
 def test_a_plan_from_the_config_counts_the_nextn_block_as_convert_hf_to_gguf_writes_it() -> None:
     config = json.loads((DATA / "configs" / "GLM-4.7-Flash.json").read_text())
     facts = estimate_gguf_facts(facts_from_config(config, "glm"), config, 4.85)
-    assert facts.num_layers == 48 and facts.mtp_layers == 1 and facts.mtp_bytes == facts.layer_bytes[-1] > 0
+    assert (
+        facts.num_layers == 48
+        and facts.mtp_layers == 1
+        and drafting.mtp_block_bytes(facts) == facts.layer_bytes[-1] > 0
+    )
     inventory = Inventory(_gpus("2x32GiB@12.0"), 64 * GIB, 64 * GIB, source="simulated")
     plan = evaluate_and_choose("glm", engine_plans("glm", gguf_facts=facts, launcher="native"), inventory, Policy())
     assert plan.chosen is not None and plan.chosen.draft == "mtp" and plan.chosen.placement.n_gpu_layers == 49
@@ -243,7 +247,7 @@ def test_the_measured_figures_carry_the_acceptance_and_status_shows_it() -> None
 
 def test_by_default_a_model_without_an_mtp_block_drafts_from_the_context() -> None:
     facts, _ = _air_q4()
-    plain = replace(facts, model_type="qwen3moe", mtp_layers=0, mtp_bytes=0)
+    plain = replace(facts, model_type="qwen3moe", mtp_layers=0)
     inventory = Inventory(_gpus("2x80GiB@9.0"), 256 * GIB, 256 * GIB, source="simulated")
     plan = evaluate_and_choose("m", engine_plans("m", gguf_facts=plain, launcher="native"), inventory, Policy())
     assert plan.chosen is not None and plan.chosen.draft == "ngram" and not any(c.optional for c in plan.candidates)

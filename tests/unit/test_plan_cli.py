@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from backends.vllm.checkpoint_facts import facts_from_dir
 from gateway.cli.commands import main
-from gateway.core.model_facts import facts_from_dir
 from tests.extras import needs_embedded_model, needs_native_llama_server
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"

@@ -34,8 +34,10 @@ LLAMA_70B = {
 
 
 def _llama70b_engines() -> list[EnginePlan]:
-    facts = facts_from_config(LLAMA_70B, "meta-llama/Llama-3.1-70B-Instruct")
     from backends import vllm
+    from backends.vllm.checkpoint_facts import checkpoint_facts
+
+    facts = checkpoint_facts(LLAMA_70B, "meta-llama/Llama-3.1-70B-Instruct")
 
     return engine_plans(
         "llama-3.1-70b",
@@ -130,7 +132,7 @@ def _gqa_facts(layers: int, kv_heads: int, head: int) -> GgufFacts:
         "num_key_value_heads": kv_heads,
     }
     config["head_dim"] = head
-    return GgufFacts.of(facts_from_config(config, "gqa"))
+    return GgufFacts.of(facts_from_config(config, "gqa"), config)
 
 
 @pytest.mark.parametrize(

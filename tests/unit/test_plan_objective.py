@@ -11,10 +11,10 @@ import pytest
 
 from backends import llamacpp, objective, vllm
 from backends.vllm import releases
+from backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.cli.full_settings import Settings
 from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import DEFAULT_MIN_CONTEXT, Goal, Policy, policy_for
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render, to_json
@@ -113,7 +113,7 @@ def test_below_the_floor_is_a_last_resort_and_said_loudly() -> None:
     """Llama-3.1-8B BF16 on one 20 GiB card with 3 GiB of RAM: vLLM's KV holds far less than 65,536, llama.cpp
     cannot put enough in RAM for 65,536; the longest below the floor is offered, and the plan says so."""
     config = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())
-    facts = facts_from_config(config, "meta-llama/Llama-3.1-8B-Instruct")
+    facts = checkpoint_facts(config, "meta-llama/Llama-3.1-8B-Instruct")
     gguf = llamacpp.estimate_gguf_facts(facts, config, 16.0)
     engines = engine_plans("llama", checkpoints=[vllm.Checkpoint("meta-llama/Llama-3.1-8B-Instruct", facts)],
                            gguf_facts=gguf, launcher="native")  # fmt: skip

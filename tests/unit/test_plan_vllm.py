@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from backends import vllm
+from backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.planner import Plan, evaluate_and_choose
@@ -104,7 +104,7 @@ def test_nvfp4_runs_from_compute_capability_7_5_and_is_refused_below() -> None:
 
 
 def test_tp_sizes_divide_the_heads_and_fit_the_gpu_count() -> None:
-    facts = facts_from_config(
+    facts = checkpoint_facts(
         {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2}, "tiny"
     )
     assert vllm.valid_tp_sizes(facts, 4) == [2, 1]  # 14 heads: TP4 never proposed
@@ -113,7 +113,7 @@ def test_tp_sizes_divide_the_heads_and_fit_the_gpu_count() -> None:
 
 def test_kv_heads_fewer_than_tp_are_replicated() -> None:
     qwen3_moe = json.loads((CONFIGS / "Qwen3-30B-A3B.json").read_text())
-    facts = facts_from_config(qwen3_moe, "Qwen3-30B-A3B")
+    facts = checkpoint_facts(qwen3_moe, "Qwen3-30B-A3B")
     assert facts.num_kv_heads == 4
     at_tp4 = vllm.kv_bytes_per_token(facts, 4, "auto", "0.32.0")
     assert at_tp4 == 48 * 2 * 1 * 128 * 2 == 24576
@@ -163,7 +163,7 @@ def test_argv_uses_current_flags_only() -> None:
 def test_available_kv_matches_published_logs_within_10_percent(
     case_config: str, reported_available_gib: float, budget_gib: float, flags: dict[str, object]
 ) -> None:
-    facts = facts_from_config(
+    facts = checkpoint_facts(
         json.loads((CONFIGS / case_config).read_text()), case_config, quantization=str(flags["quant"])
     )
     gpu = parse_gpu_spec(f"1x{budget_gib}GiB")[0]

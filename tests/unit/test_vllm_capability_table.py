@@ -18,9 +18,9 @@ import pytest
 
 from backends import vllm
 from backends.vllm import releases
+from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from backends.vllm.release_table import table_for, versions
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.planner import evaluate_and_choose
 from tests.unit.plan_helpers import engine_plans
@@ -79,15 +79,15 @@ def expected_fp8_kv(release: str, mla: bool, capability: tuple[int, int]) -> boo
     return capability[0] in (9, 10) or _v(release) >= (0, 18)
 
 
-def _facts(model: str, quant: str) -> ModelFacts:
+def _facts(model: str, quant: str) -> CheckpointFacts:
     config = json.loads((CONFIGS / f"{model}.json").read_text())
     quantization = QUANTIZATIONS[quant]
     if quantization is not None:
         config = {**config, "quantization_config": quantization}
-    return facts_from_config(config, f"{model}-{quant}")
+    return checkpoint_facts(config, f"{model}-{quant}")
 
 
-def _plan_row(facts: ModelFacts, capability: tuple[int, int], release: str, kv: str) -> vllm.VllmCandidate:
+def _plan_row(facts: CheckpointFacts, capability: tuple[int, int], release: str, kv: str) -> vllm.VllmCandidate:
     """The one pinned rung `gateway plan` evaluates on an 80 GiB card of this capability."""
     spec = f"1x80GiB@{capability[0]}.{capability[1]}"
     inventory = Inventory(parse_gpu_spec(spec), 64 * GIB, 64 * GIB, source="simulated")
@@ -159,7 +159,7 @@ def test_the_mla_list_follows_each_release_including_033s_lower_case_axk1() -> N
     assert len(added - {"axk1"}) == 9, sorted(added)
     config = json.loads((CONFIGS / "DeepSeek-V2-Lite.json").read_text())
     for model_type in sorted(added):
-        facts = facts_from_config({**config, "model_type": model_type}, model_type)
+        facts = checkpoint_facts({**config, "model_type": model_type}, model_type)
         per_token = vllm.kv_bytes_per_token(facts, 1, "auto", "0.33.0")
         assert per_token == facts.num_layers * 576 * 2, model_type  # the latent, not 16 full heads
         assert vllm.kv_bytes_per_token(facts, 1, "auto", "0.24.0") > 10 * per_token
@@ -211,8 +211,8 @@ def test_gemma4_head_size_512_gets_the_backend_its_config_hook_sets(
     (models/config.py:229) keeps FlashAttention at FA4 on every layer where FA4 runs (9.x: its
     supports_head_size takes 512 only with FA4), else forces TRITON_ATTN; FA2 (8.x, 12.x) takes no 512."""
     config = json.loads((CONFIGS / "gemma-4-31B-it.json").read_text())
-    facts = facts_from_config(config, "gemma-4-31B-it")
-    assert (facts.head_dim, facts.hf.global_head_dim) == (256, 512)
+    facts = checkpoint_facts(config, "gemma-4-31B-it")
+    assert (facts.head_dim, facts.global_head_dim) == (256, 512)
     verdict = table_for("0.32.0").attention_backend(facts, capability, kv)
     assert verdict.ok and verdict.reason.startswith(backend), verdict.reason
     if backend == "FLASH_ATTN":

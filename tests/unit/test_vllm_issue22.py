@@ -9,9 +9,9 @@ from pathlib import Path
 
 from backends import vllm
 from backends.vllm import releases
+from backends.vllm.checkpoint_facts import checkpoint_facts
 from backends.vllm.ladder import MAX_UTILIZATION
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.planner import Plan, evaluate_and_choose
@@ -43,12 +43,12 @@ def _glm() -> list[vllm.Checkpoint]:
 
 def test_modelopt_fp8_is_read_as_fp8_at_about_one_byte_per_weight() -> None:
     """quant_method "modelopt" is ModelOptFp8Config (quant_algo FP8), not NVFP4."""
-    fp8 = facts_from_config(_qwen({"quant_method": "modelopt", "quant_algo": "FP8"}), "fp8")
-    nvfp4 = facts_from_config(_qwen({"quant_method": "modelopt", "quant_algo": "NVFP4"}), "nvfp4")
-    nested = facts_from_config(_qwen({"quant_method": "modelopt", "quantization": {"quant_algo": "fp8"}}), "n")
-    bf16 = facts_from_config(_qwen(None), "bf16")
+    fp8 = checkpoint_facts(_qwen({"quant_method": "modelopt", "quant_algo": "FP8"}), "fp8")
+    nvfp4 = checkpoint_facts(_qwen({"quant_method": "modelopt", "quant_algo": "NVFP4"}), "nvfp4")
+    nested = checkpoint_facts(_qwen({"quant_method": "modelopt", "quantization": {"quant_algo": "fp8"}}), "n")
+    bf16 = checkpoint_facts(_qwen(None), "bf16")
     assert (fp8.quantization, nvfp4.quantization, nested.quantization) == ("fp8", "nvfp4", "fp8")
-    assert fp8.hf.quant_method == "modelopt" and fp8.hf.quant_algo == "FP8"
+    assert fp8.quant_method == "modelopt" and fp8.quant_algo == "FP8"
     assert 0.5 < fp8.weight_bytes / bf16.weight_bytes < 0.6  # ~1 byte per linear weight, embeddings in 16 bits
     assert fp8.weight_bytes > 1.4 * nvfp4.weight_bytes  # was taken for NVFP4 before
 
@@ -57,7 +57,7 @@ def test_compressed_tensors_schemes_are_read_from_the_weights() -> None:
     def scheme(bits: int, kind: str, group: int | None = None) -> str | None:
         weights = {"num_bits": bits, "type": kind, **({"group_size": group} if group else {})}
         config = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": weights}}}
-        return facts_from_config(_qwen(config), "ct").quantization
+        return checkpoint_facts(_qwen(config), "ct").quantization
 
     assert scheme(4, "float", 16) == "nvfp4"
     assert scheme(4, "float", 32) == "mxfp4"
@@ -67,7 +67,7 @@ def test_compressed_tensors_schemes_are_read_from_the_weights() -> None:
 
 
 def test_modelopt_fp8_needs_8_9_until_0_24_and_8_0_from_0_32() -> None:
-    facts = facts_from_config(_qwen({"quant_method": "modelopt", "quant_algo": "FP8"}), "fp8")
+    facts = checkpoint_facts(_qwen({"quant_method": "modelopt", "quant_algo": "FP8"}), "fp8")
     ampere = _plan([vllm.Checkpoint("fp8", facts)], "1x80GiB@8.0", "0.24.0")
     refused = ampere.candidates_of("vllm")
     assert refused and not any(c.startable for c in refused)
@@ -103,7 +103,7 @@ def test_mtp_is_a_rung_where_the_release_drafts_with_the_models_own_layers() -> 
     facts = _glm()[0].facts
     assert releases.mtp_draft(facts, "0.16.0") == "glm4_moe_lite_mtp"
     assert releases.mtp_draft(facts, "0.14.0") is None
-    qwen = facts_from_config(_qwen(None), "q")
+    qwen = checkpoint_facts(_qwen(None), "q")
     assert releases.mtp_draft(qwen, "0.33.0") is None  # no MTP layers: no rung
     plan = _plan(_glm(), RTX_5090_PAIR, "0.32.0")
     bf16 = [c for c in plan.candidates_of("vllm") if c.checkpoint.quantization is None and c.fits]
@@ -129,7 +129,7 @@ def test_mtp_is_a_rung_where_the_release_drafts_with_the_models_own_layers() -> 
 def test_a_pinned_kv_size_is_checked_against_the_releases_default_utilization() -> None:
     """Without --gpu-memory-utilization vLLM requests CacheConfig's default share: 0.9 in 0.19,
     0.92 in 0.21. 28.9 GiB free of a 31.36 GiB card passes the first and fails the second."""
-    facts = facts_from_config(_qwen(None), "q")
+    facts = checkpoint_facts(_qwen(None), "q")
     pins = Pins(
         context_length=8192, engine={"tensor_parallel_size": 1, "kv_cache_memory_bytes": 4 * GIB, "max_num_seqs": 4}
     )

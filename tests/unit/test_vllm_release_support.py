@@ -14,11 +14,11 @@ import pytest
 
 from backends import vllm
 from backends.vllm import releases
+from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from backends.vllm.memory import capture_sizes, cuda_total, cudagraph_bytes
 from gateway.cli.commands import build_parser
 from gateway.cli.full_settings import load_settings
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.plan_report import render
@@ -51,12 +51,12 @@ def _gemma_config() -> dict[str, object]:
     return dict(json.loads((DATA / "configs" / "gemma-4-31B-it.json").read_text()))
 
 
-def _gemma_nvfp4(quant_file: bool = True) -> ModelFacts:
+def _gemma_nvfp4(quant_file: bool = True) -> CheckpointFacts:
     """nvidia/Gemma-4-31B-IT-NVFP4: from its hf_quant_config.json, or (False) from config.json alone."""
     if not quant_file:
-        return facts_from_config(_gemma_config(), "nvidia/Gemma-4-31B-IT-NVFP4", quantization="nvfp4")
+        return checkpoint_facts(_gemma_config(), "nvidia/Gemma-4-31B-IT-NVFP4", quantization="nvfp4")
     quant = json.loads((DATA / "configs" / "gemma-4-31B-it-nvfp4.hf_quant_config.json").read_text())
-    return facts_from_config(_gemma_config(), "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
+    return checkpoint_facts(_gemma_config(), "nvidia/Gemma-4-31B-IT-NVFP4", quant_file=quant)
 
 
 # Item 1 ---------------------------------------------------------------------------------------
@@ -132,8 +132,8 @@ def test_mla_follows_each_releases_is_deepseek_mla_list(model_type: str, mla_in:
 def test_an_mla_model_run_without_mla_stores_k_and_v_padded_to_the_qk_head() -> None:
     """Without MLA, K and V are full heads and V is padded to qk_head_dim (nope + rope)."""
     config = json.loads((DATA / "configs" / "DeepSeek-V2-Lite.json").read_text())
-    facts = facts_from_config({**config, "model_type": "not_listed_mla"}, "mla-not-listed")
-    qk_head = facts.hf.qk_nope_head_dim + facts.qk_rope_head_dim  # 192 > v_head_dim 128
+    facts = checkpoint_facts({**config, "model_type": "not_listed_mla"}, "mla-not-listed")
+    qk_head = facts.qk_nope_head_dim + facts.qk_rope_head_dim  # 192 > v_head_dim 128
     assert vllm.kv_bytes_per_token(facts, 1, "auto", "0.21.0") == facts.num_layers * 2 * facts.num_heads * qk_head * 2
 
 
@@ -202,7 +202,7 @@ def test_modelopt_nvfp4_gemma_keeps_attention_in_bf16_and_does_not_fit_two_16_gb
     self_attn, lm_head and the vision tower; counting all linear layers as NVFP4 said it fits."""
     assert "OutOfMemory" in SEED_003.read_text() or "CUDA out of memory" in SEED_003.read_text()
     facts = _gemma_nvfp4()
-    assert facts.quantization == "nvfp4" and {"attention", "lm_head", "vision"} <= set(facts.hf.quant_kept)
+    assert facts.quantization == "nvfp4" and {"attention", "lm_head", "vision"} <= set(facts.quant_kept)
     plan = _plan("gemma-4-31b", [vllm.Checkpoint(facts.name, facts)], BLACKWELL_16GB_PAIR, "0.21.0", SEED_003_PINS)
     refused = plan.candidates_of("vllm")
     assert refused and not any(c.fits for c in refused)
@@ -211,17 +211,17 @@ def test_modelopt_nvfp4_gemma_keeps_attention_in_bf16_and_does_not_fit_two_16_gb
         **_gemma_config(),
         "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": []},
     }
-    naive = facts_from_config(naive_config, "all-linear-nvfp4")
-    assert naive.hf.quant_kept == ()
+    naive = checkpoint_facts(naive_config, "all-linear-nvfp4")
+    assert naive.quant_kept == ()
     wrong = _plan("gemma-4-31b", [vllm.Checkpoint("naive", naive)], BLACKWELL_16GB_PAIR, "0.21.0", SEED_003_PINS)
     assert any(c.fits for c in wrong.candidates_of("vllm"))  # what the planner said before
 
 
 def test_with_only_config_json_the_known_exclusions_are_used_and_marked_as_an_estimate() -> None:
     estimated = _gemma_nvfp4(quant_file=False)
-    assert estimated.hf.quant_kept == _gemma_nvfp4().hf.quant_kept
+    assert estimated.quant_kept == _gemma_nvfp4().quant_kept
     assert estimated.weight_bytes == _gemma_nvfp4().weight_bytes
-    assert estimated.hf.quant_kept_source.startswith("estimate")
+    assert estimated.quant_kept_source.startswith("estimate")
     plan = _plan("gemma-4-31b", [vllm.Checkpoint(estimated.name, estimated)], BLACKWELL_16GB_PAIR, "0.21.0")
     rejected = plan.candidates_of("vllm")[0]
     assert "estimated from config.json" in rejected.reason and "a known list, estimated" in rejected.reason
@@ -235,7 +235,7 @@ def test_with_only_config_json_the_known_exclusions_are_used_and_marked_as_an_es
 def test_gemma4_kv_layout_sliding_16_heads_of_256_full_4_heads_of_512() -> None:
     """0.21.0 vllm/model_executor/models/gemma4.py: full layers use ``global_head_dim`` and, with
     ``attention_k_eq_v``, ``num_global_key_value_heads`` (K loaded into both K and V slots)."""
-    facts = facts_from_config(_gemma_config(), "google/gemma-4-31B-it")
+    facts = checkpoint_facts(_gemma_config(), "google/gemma-4-31B-it")
     assert (facts.sliding_layers, facts.num_layers, facts.sliding_window) == (50, 60, 1024)
     sliding, full = 50 * 2 * 16 * 256 * 2, 10 * 2 * 4 * 512 * 2
     assert vllm.kv_bytes_per_token(facts, 1, "auto", "0.21.0") == sliding + full == 901_120
@@ -252,8 +252,8 @@ def test_gemma4_kv_layout_sliding_16_heads_of_256_full_4_heads_of_512() -> None:
 def test_text_only_serving_of_a_multimodal_checkpoint_passes_language_model_only() -> None:
     """--language-model-only (0.17.0+ arg_utils.py; "running in text-only mode" in seed 003's log):
     the vision tower is neither copied to every GPU nor profiled."""
-    facts = facts_from_config(_gemma_config(), "google/gemma-4-31B-it")
-    assert facts.hf.vision_bytes > 0.5 * GIB
+    facts = checkpoint_facts(_gemma_config(), "google/gemma-4-31B-it")
+    assert facts.vision_bytes > 0.5 * GIB
     plan = _plan("gemma-4-31b", [vllm.Checkpoint(facts.name, facts)], "2x80GiB@9.0", "0.21.0")
     chosen = plan.chosen
     assert isinstance(chosen, vllm.VllmCandidate) and chosen.flags.language_model_only
@@ -264,14 +264,14 @@ def test_text_only_serving_of_a_multimodal_checkpoint_passes_language_model_only
         dataclasses.replace(chosen.flags, language_model_only=False),
         "0.21.0",
     )
-    assert with_tower.weights - chosen.memory.weights == facts.hf.vision_bytes
+    assert with_tower.weights - chosen.memory.weights == facts.vision_bytes
     assert not releases.language_model_only(facts, "0.16.0")  # no such flag before 0.17.0
-    text_only = facts_from_config(json.loads((DATA / "configs" / "Qwen3-8B.json").read_text()), "Qwen3-8B")
+    text_only = checkpoint_facts(json.loads((DATA / "configs" / "Qwen3-8B.json").read_text()), "Qwen3-8B")
     assert not releases.language_model_only(text_only, "0.21.0")
 
 
 def test_gemma4_is_not_in_the_registry_before_0_19() -> None:
-    facts = facts_from_config(_gemma_config(), "google/gemma-4-31B-it")
+    facts = checkpoint_facts(_gemma_config(), "google/gemma-4-31B-it")
     assert "since 0.19.0" in (releases.cannot_load(facts, "0.18.0") or "")
     assert releases.cannot_load(facts, "0.19.0") is None
 

@@ -13,8 +13,8 @@ import pytest
 
 from backends import vllm
 from backends.vllm import weight_kernels
+from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts, facts_from_config
 from gateway.core.policy import Policy
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.planner import Plan, evaluate_and_choose
@@ -23,16 +23,16 @@ from tests.unit.plan_helpers import engine_plans
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
-def _qwen(quantization: dict[str, object]) -> ModelFacts:
+def _qwen(quantization: dict[str, object]) -> CheckpointFacts:
     config = json.loads((CONFIGS / "Qwen3-8B.json").read_text())
-    return facts_from_config({**config, "quantization_config": quantization}, "Qwen3-8B-quantized")
+    return checkpoint_facts({**config, "quantization_config": quantization}, "Qwen3-8B-quantized")
 
 
 FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
 NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
 
 
-def _plan(facts: ModelFacts, spec: str, version: str = "0.32.0") -> Plan:
+def _plan(facts: CheckpointFacts, spec: str, version: str = "0.32.0") -> Plan:
     engines = engine_plans(facts.name, checkpoints=[vllm.Checkpoint(facts.name, facts)], vllm_version=version)
     inventory = Inventory(parse_gpu_spec(spec), 64 * GIB, 64 * GIB, source="simulated")
     return evaluate_and_choose(facts.name, engines, inventory, Policy(min_context=32768))
