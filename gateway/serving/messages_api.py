@@ -2,6 +2,11 @@
 
 Used when the live backend has no `/v1/messages` of its own (llama-cpp-python). Errors on these
 routes are Anthropic-shaped (written by ``gateway.serving.error_shapes.ANTHROPIC``).
+
+A stream is translated in three parts: ``chat_stream`` reads the chat chunks as typed events;
+``_Message`` holds the only stream state and the dialect's rules (which block is open, its number,
+how the message ends); the builders after it (``_message_start``, ``_block_delta``, …) only say what
+each event is called and carries.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.serving.chat_stream import (
+    ChatEvent,
     Finish,
     ReasoningDelta,
     StreamError,
@@ -205,74 +211,96 @@ def _parse_arguments(arguments: Any) -> Any:
     return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
-_EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
-    "thinking": {"type": "thinking", "thinking": "", "signature": ""},
-    "text": {"type": "text", "text": "", "citations": None},
-}
+class _Message:
+    """A message as it streams, and the rules of its blocks: one open at a time, numbered in order.
+    Thinking and text continue the open block of their kind or open the next; a tool call opens its
+    own, and its argument pieces go to that block's number (they may come after another block opened)."""
 
+    def __init__(self, input_tokens: int) -> None:
+        self.input_tokens = input_tokens  # the gateway's count of the prompt, for an engine that gives none
+        self.index = -1  # the last block opened
+        self.open: str | None = None  # its kind while it is open: "thinking" | "text" | "tool_use"
+        self.tools: dict[int, int] = {}  # chat tool-call index → its block's index
 
-class _Blocks:
-    """The content blocks as they stream: one open at a time, numbered in order; a tool call's argument
-    pieces go to its own block's number."""
+    def take(self, got: ChatEvent) -> list[bytes]:
+        if isinstance(got, StreamError):
+            return [_error(got.message)]
+        if isinstance(got, ReasoningDelta | TextDelta):
+            kind = "text" if isinstance(got, TextDelta) else "thinking"
+            out = [] if self.open == kind else self._start(_EMPTY_BLOCKS[kind])
+            return [*out, _block_delta(self.index, kind, got.text)]
+        if isinstance(got, ToolCallStarted):
+            out = self._start(_tool_use(got))
+            self.tools[got.index] = self.index
+            return out
+        if isinstance(got, ToolArgumentsDelta):
+            return [_block_delta(self.tools[got.index], "tool_use", got.arguments)]
+        if isinstance(got, Finish):
+            return [*self._close(), _message_delta(got, self.input_tokens, has_tool_use=bool(self.tools)), _STOP]
+        return []  # a tool call's end: its block closes when the next one opens, or at the finish
 
-    def __init__(self) -> None:
-        self.index = -1
-        self.open: str | None = None  # "thinking" | "text" | "tool"
-        self.tools: dict[int, int] = {}  # chat tool-call index → block index
+    def _start(self, block: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        self.index, self.open = self.index + 1, block["type"]
+        return [*out, _sent("content_block_start", index=self.index, content_block=block)]
 
-    def close(self) -> list[bytes]:
+    def _close(self) -> list[bytes]:
         if self.open is None:
             return []
         self.open = None
-        return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
-
-    def start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
-        out = self.close()
-        self.index, self.open = self.index + 1, kind
-        return [
-            *out,
-            event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}),
-        ]
-
-    def delta(self, kind: str, delta: dict[str, Any]) -> list[bytes]:
-        """A piece of the open thinking or text block (one opened first if the answer moved on)."""
-        out = self.start(kind, _EMPTY_BLOCKS[kind]) if self.open != kind else []
-        return [*out, _block_delta(self.index, delta)]
-
-
-def _block_delta(index: int, delta: dict[str, Any]) -> bytes:
-    return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        return [_sent("content_block_stop", index=self.index)]
 
 
 async def stream_from_chat(
     chunks: AsyncIterator[dict[str, Any] | object], model: str, input_tokens: int = 0
 ) -> AsyncIterator[bytes]:
     """message_start, content_block_* per block, message_delta with the stop reason, message_stop."""
+    yield _message_start(model, input_tokens)
+    message = _Message(input_tokens)
+    async for got in read_chat_stream(chunks):
+        for step in message.take(got):
+            yield step
+
+
+# The Messages stream's words: what each event is called and carries (the rules above decide when).
+
+_EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
+    "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+    "text": {"type": "text", "text": "", "citations": None},
+}
+_DELTAS = {  # a block's kind → its delta's type, and the field that carries the piece
+    "thinking": ("thinking_delta", "thinking"),
+    "text": ("text_delta", "text"),
+    "tool_use": ("input_json_delta", "partial_json"),
+}
+
+
+def _sent(name: str, **payload: Any) -> bytes:
+    return event(name, {"type": name, **payload})
+
+
+_STOP = _sent("message_stop")
+
+
+def _message_start(model: str, input_tokens: int) -> bytes:
+    """The message before its content: the gateway's count of the prompt (the engine's comes at the end)."""
     start: dict[str, Any] = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model}
     start |= {"content": [], "stop_reason": None, "stop_sequence": None, "stop_details": None, "container": None}
-    yield event("message_start", {"type": "message_start", "message": start | {"usage": usage_block(input_tokens, 0)}})
-    blocks = _Blocks()
-    async for got in read_chat_stream(chunks):
-        if isinstance(got, StreamError):
-            error = {"type": "api_error", "message": anthropic_message(got.message)}
-            yield event("error", {"type": "error", "error": error})
-            return
-        out: list[bytes] = []
-        if isinstance(got, ReasoningDelta):
-            out = blocks.delta("thinking", {"type": "thinking_delta", "thinking": got.text})
-        elif isinstance(got, TextDelta):
-            out = blocks.delta("text", {"type": "text_delta", "text": got.text})
-        elif isinstance(got, ToolCallStarted):
-            tool = {"caller": {"type": "direct"}, "type": "tool_use", "id": got.call_id or f"toolu_{uuid.uuid4().hex}"}
-            out = blocks.start("tool", tool | {"name": got.name, "input": {}})
-            blocks.tools[got.index] = blocks.index
-        elif isinstance(got, ToolArgumentsDelta):
-            out = [_block_delta(blocks.tools[got.index], {"type": "input_json_delta", "partial_json": got.arguments})]
-        elif isinstance(got, Finish):
-            out = [*blocks.close(), _message_delta(got, input_tokens, has_tool_use=bool(blocks.tools))]
-            out.append(event("message_stop", {"type": "message_stop"}))
-        for block in out:
-            yield block
+    return _sent("message_start", message=start | {"usage": usage_block(input_tokens, 0)})
+
+
+def _tool_use(call: ToolCallStarted) -> dict[str, Any]:
+    tool = {"caller": {"type": "direct"}, "type": "tool_use", "id": call.call_id or f"toolu_{uuid.uuid4().hex}"}
+    return tool | {"name": call.name, "input": {}}
+
+
+def _block_delta(index: int, kind: str, piece: str) -> bytes:
+    name, field = _DELTAS[kind]
+    return _sent("content_block_delta", index=index, delta={"type": name, field: piece})
+
+
+def _error(message: str) -> bytes:
+    return _sent("error", error={"type": "api_error", "message": anthropic_message(message)})
 
 
 def _message_delta(finish: Finish, input_tokens: int, *, has_tool_use: bool) -> bytes:
@@ -286,7 +314,7 @@ def _message_delta(finish: Finish, input_tokens: int, *, has_tool_use: bool) -> 
         "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
     }
     delta = {"stop_reason": stop_reason(finish.reason, has_tool_use=has_tool_use), "stop_sequence": None}
-    return event("message_delta", {"type": "message_delta", "delta": delta, "usage": counts})
+    return _sent("message_delta", delta=delta, usage=counts)
 
 
 def prompt_text(body: dict[str, Any]) -> str:

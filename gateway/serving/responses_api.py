@@ -5,10 +5,16 @@ agents use it (`store: false`): every request carries its whole conversation in 
 Codex's `namespace` tools are flattened into function tools, its custom (freeform) tools become
 function tools with one string parameter (`custom_tools`); tool types no backend runs (`web_search`,
 `local_shell`, `file_search`, …) are dropped, with one warning per request that counts them.
+
+A stream is translated in three parts: ``chat_stream`` reads the chat chunks as typed events;
+``_Response`` here holds the only stream state and the dialect's rules (which item is open, when it
+closes, in what order the response ends or fails); ``responses_events`` (the items and their events)
+and ``_Shell`` (the response object and its own events) are pure builders of what each step carries.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -19,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.serving import custom_tools
+from gateway.serving import responses_events as words
 from gateway.serving.chat_stream import (
-    Finish,
+    ChatEvent,
     ReasoningDelta,
     StreamError,
     TextDelta,
@@ -31,7 +38,7 @@ from gateway.serving.chat_stream import (
     read_chat_stream,
 )
 from gateway.serving.error_shapes import ApiError
-from gateway.serving.sse import event
+from gateway.serving.responses_events import Event
 
 log = logging.getLogger("gateway.responses")
 
@@ -168,6 +175,9 @@ def _usage(usage: Usage) -> dict[str, Any]:
     }
 
 
+_STARTED = ("response.created", "response.in_progress")  # the events that announce the response
+
+
 @dataclass
 class _Shell:
     """The response object's fields that echo the request."""
@@ -215,39 +225,23 @@ class _Shell:
             "metadata": r.get("metadata") or {},
         }
 
+    def ended(self, output: list[dict[str, Any]], usage: Usage, finish_reason: str | None) -> dict[str, Any]:
+        """The response as the engine ended it: incomplete when it ran out of output tokens."""
+        status, reason = ("incomplete", "max_output_tokens") if finish_reason == "length" else ("completed", None)
+        return self.build(status, output, _usage(usage), reason)
 
-def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = (
-        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-    )
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+    # the stream's events about the whole response
 
+    def started(self) -> list[Event]:
+        return [(name, {"response": self.build("in_progress", [], None, None)}) for name in _STARTED]
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+    def finished(self, output: list[dict[str, Any]], usage: Usage, finish_reason: str | None) -> Event:
+        response = self.ended(output, usage, finish_reason)
+        return f"response.{response['status']}", {"response": response}
 
-
-def _tool_call_item(
-    call_id: str, name: str, arguments: str, custom: set[str], status: str = "completed"
-) -> dict[str, Any]:
-    """The output item of one call the engine made: a function_call, or for one of the request's custom
-    (freeform) tools a custom_tool_call carrying its text."""
-    if name in custom:
-        return custom_tools.call_item(
-            f"ctc_{uuid.uuid4().hex}", call_id, name, custom_tools.input_of(arguments), status
-        )
-    return _call_item(f"fc_{uuid.uuid4().hex}", call_id, name, arguments, status=status)
-
-
-def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    def failed(self, output: list[dict[str, Any]], message: str) -> Event:
+        response = self.build("failed", output, None, None)
+        return "response.failed", {"response": response | {"error": {"code": "server_error", "message": message}}}
 
 
 def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict[str, Any]:
@@ -257,144 +251,78 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
     output: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if reasoning:
-        output.append(_reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning))
+        output.append(words.reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning))
     if message.get("content"):
-        output.append(_message_item(f"msg_{uuid.uuid4().hex}", message["content"]))
+        output.append(words.message_item(f"msg_{uuid.uuid4().hex}", message["content"]))
     custom = custom_tools.names(request.get("tools"))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         call_id = call.get("id") or f"call_{uuid.uuid4().hex}"
-        output.append(_tool_call_item(call_id, function.get("name", ""), function.get("arguments") or "", custom))
-    truncated = choice.get("finish_reason") == "length"
-    shell = _Shell(request, model)
-    return shell.build(
-        "incomplete" if truncated else "completed",
-        output,
-        _usage(Usage.read(chat.get("usage"))),
-        "max_output_tokens" if truncated else None,
-    )
+        output.append(words.tool_call_item(call_id, function.get("name", ""), function.get("arguments") or "", custom))
+    return _Shell(request, model).ended(output, Usage.read(chat.get("usage")), choice.get("finish_reason"))
 
 
-class _Writer:
-    """Numbers the events of one Responses stream."""
+class _Response:
+    """A response as it streams, and the rules of which item is open: text opens a reasoning or message
+    item (message text closes the reasoning first); a tool call closes both, and each call closes when
+    the stream ends (a chat stream never says sooner); then the response ends, or fails as it stands."""
 
-    def __init__(self) -> None:
-        self.sequence = 0
+    def __init__(self, request: dict[str, Any], model: str) -> None:
+        self.shell = _Shell(request, model)
+        self.custom = custom_tools.names(request.get("tools"))  # their calls become custom_tool_call items
+        self.items: dict[int, dict[str, Any]] = {}  # output index → the item as its last event showed it
+        self.pieces: dict[int, list[str]] = {}  # output index → its text or arguments so far
+        self.open: dict[str | int, int] = {}  # "reasoning" | "message" | chat tool-call index → output index
 
-    def __call__(self, name: str, **payload: Any) -> bytes:
-        self.sequence += 1
-        return event(name, {"type": name, "sequence_number": self.sequence - 1, **payload})
-
-
-# an item kind that streams text → the prefix of its events' names, and the fields they add
-_TEXTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "reasoning": ("response.reasoning_text", {}),
-    "message": ("response.output_text", {"logprobs": []}),
-}
-
-
-class _Output:
-    """The response's output as it streams: at most one reasoning and one message item open, each closed
-    (its done events) when the answer moves on; function calls close when the stream ends."""
-
-    def __init__(self, emit: _Writer, custom: set[str]) -> None:
-        self.emit = emit
-        self.custom = custom  # custom (freeform) tools: their calls' text is held to the end
-        self.items: list[dict[str, Any]] = []
-        self.open: dict[str, tuple[int, list[str]]] = {}  # "reasoning" | "message" → (output index, its text)
-        self.calls: dict[int, tuple[int, list[str]]] = {}  # chat tool-call index → (output index, arguments)
-
-    def text(self, kind: str, piece: str) -> list[bytes]:
-        out = self.close("reasoning") if kind == "message" else []
-        out += [] if kind in self.open else self._start(kind)
-        index, pieces = self.open[kind]
-        pieces.append(piece)
-        (name, extra), where = _TEXTS[kind], {"item_id": self.items[index]["id"], "output_index": index}
-        return [*out, self.emit(f"{name}.delta", **where, content_index=0, delta=piece, **extra)]
-
-    def call(self, got: ToolCallStarted | ToolArgumentsDelta | ToolCallFinished) -> list[bytes]:
+    def take(self, got: ChatEvent) -> list[Event]:
+        if isinstance(got, StreamError):
+            return [self.shell.failed(self.so_far(), got.message)]
+        if isinstance(got, ReasoningDelta | TextDelta):
+            kind = "message" if isinstance(got, TextDelta) else "reasoning"
+            out = self.close("reasoning") if kind == "message" else []
+            out += [] if kind in self.open else self._open(kind, words.started(kind))
+            return out + self._grow(kind, got.text)
         out = self.close("reasoning", "message")
         if isinstance(got, ToolCallStarted):
-            self.calls[got.index] = (len(self.items), [])
             call_id = got.call_id or f"call_{uuid.uuid4().hex}"
-            return [*out, self._add(_tool_call_item(call_id, got.name, "", self.custom, status="in_progress"))]
-        index, pieces = self.calls[got.index]
-        custom = self.items[index]["type"] == "custom_tool_call"
+            return out + self._open(got.index, words.tool_call_item(call_id, got.name, "", self.custom, "in_progress"))
         if isinstance(got, ToolArgumentsDelta):
-            pieces.append(got.arguments)
-            delta = {"item_id": self.items[index]["id"], "output_index": index, "delta": got.arguments}
-            return out if custom else [*out, self.emit("response.function_call_arguments.delta", **delta)]
-        if custom:
-            text, item = custom_tools.input_of(got.arguments), self.items[index]
-            done = custom_tools.call_item(item["id"], item["call_id"], item["name"], text)
-            where = {"item_id": done["id"], "output_index": index}
-            return [
-                *out,
-                self.emit("response.custom_tool_call_input.delta", **where, delta=text),
-                self.emit("response.custom_tool_call_input.done", **where, input=text),
-                self._done(index, done),
-            ]
-        done = self.items[index] | {"arguments": got.arguments, "status": "completed"}
-        whole = {"item_id": done["id"], "output_index": index, "arguments": got.arguments}
-        return [*out, self.emit("response.function_call_arguments.done", **whole), self._done(index, done)]
+            return out + self._grow(got.index, got.arguments)
+        if isinstance(got, ToolCallFinished):
+            return out + self.close(got.index)
+        return [*out, self.shell.finished(list(self.items.values()), got.usage, got.reason)]  # the Finish
 
-    def close(self, *kinds: str) -> list[bytes]:
-        out: list[bytes] = []
-        for kind, (index, pieces) in [(kind, self.open.pop(kind)) for kind in kinds if kind in self.open]:
-            text, item_id = "".join(pieces), self.items[index]["id"]
-            where = {"item_id": item_id, "output_index": index, "content_index": 0}
-            done = _reasoning_item(item_id, text) if kind == "reasoning" else _message_item(item_id, text)
-            out.append(self.emit(f"{_TEXTS[kind][0]}.done", **where, text=text, **_TEXTS[kind][1]))
-            if kind == "message":
-                out.append(self.emit("response.content_part.done", **where, part=done["content"][0]))
-            out.append(self._done(index, done))
+    def close(self, *keys: str | int) -> list[Event]:
+        """The open items named, closed in that order."""
+        out: list[Event] = []
+        for index in [self.open.pop(key) for key in keys if key in self.open]:
+            self.items[index], events = words.closed(index, self.items[index], "".join(self.pieces[index]))
+            out += events
         return out
 
-    def _start(self, kind: str) -> list[bytes]:
-        self.open[kind] = (len(self.items), [])
-        if kind == "reasoning":
-            return [self._add({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": []})]
-        item = _message_item(f"msg_{uuid.uuid4().hex}", "", status="in_progress")
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        where = {"item_id": item["id"], "output_index": len(self.items), "content_index": 0}
-        return [self._add(item), self.emit("response.content_part.added", **where, part=part)]
+    def _open(self, key: str | int, item: dict[str, Any]) -> list[Event]:
+        index = self.open[key] = len(self.items)
+        self.items[index], self.pieces[index] = item, []
+        return words.opened(index, item)
 
-    def _add(self, item: dict[str, Any]) -> bytes:
-        self.items.append(item)
-        return self.emit("response.output_item.added", output_index=len(self.items) - 1, item=item)
-
-    def _done(self, index: int, item: dict[str, Any]) -> bytes:
-        self.items[index] = item
-        return self.emit("response.output_item.done", output_index=index, item=item)
+    def _grow(self, key: str | int, piece: str) -> list[Event]:
+        index = self.open[key]
+        self.pieces[index].append(piece)
+        return words.grown(index, self.items[index], piece)
 
     def so_far(self) -> list[dict[str, Any]]:
         """The items as they stand (a failed response's output): calls with the arguments that came."""
-        calls = {index: "".join(pieces) for index, pieces in self.calls.values()}
-        with_arguments = [i for i in calls if self.items[i]["type"] == "function_call"]
-        return [item | {"arguments": calls[i]} if i in with_arguments else item for i, item in enumerate(self.items)]
+        calls = {i: {"arguments": "".join(self.pieces[i])} for i, item in self.items.items() if "arguments" in item}
+        return [item | calls.get(i, {}) for i, item in self.items.items()]
 
 
 async def stream_from_chat(
     chunks: AsyncIterator[dict[str, Any] | object], request: dict[str, Any], model: str
 ) -> AsyncIterator[bytes]:
-    """The Responses event sequence for a streamed chat completion, ending with response.completed."""
-    shell, emit = _Shell(request, model), _Writer()
-    yield emit("response.created", response=shell.build("in_progress", [], None, None))
-    yield emit("response.in_progress", response=shell.build("in_progress", [], None, None))
-    output = _Output(emit, custom_tools.names(request.get("tools")))
+    """The Responses events for a streamed chat completion, numbered as sent (two before the engine answers)."""
+    response, number = _Response(request, model), itertools.count()
+    for step in response.shell.started():
+        yield words.written(step, next(number))
     async for got in read_chat_stream(chunks):
-        if isinstance(got, StreamError):
-            failed = shell.build("failed", output.so_far(), None, None)
-            yield emit("response.failed", response=failed | {"error": {"code": "server_error", "message": got.message}})
-            return
-        if isinstance(got, ReasoningDelta | TextDelta):
-            blocks = output.text("reasoning" if isinstance(got, ReasoningDelta) else "message", got.text)
-        elif isinstance(got, Finish):
-            blocks = output.close("reasoning", "message")
-            status, reason = ("incomplete", "max_output_tokens") if got.reason == "length" else ("completed", None)
-            final = shell.build(status, output.items, _usage(got.usage), reason)
-            blocks.append(emit(f"response.{status}", response=final))
-        else:
-            blocks = output.call(got)
-        for block in blocks:
-            yield block
+        for step in response.take(got):
+            yield words.written(step, next(number))
