@@ -257,8 +257,8 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
     custom = custom_tools.names(request.get("tools"))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        call_id = call.get("id") or f"call_{uuid.uuid4().hex}"
-        output.append(words.tool_call_item(call_id, function.get("name", ""), function.get("arguments") or "", custom))
+        arguments = function.get("arguments") or ""
+        output.append(words.tool_call_item(call.get("id"), function.get("name", ""), arguments, custom))
     return _Shell(request, model).ended(output, Usage.read(chat.get("usage")), choice.get("finish_reason"))
 
 
@@ -284,8 +284,8 @@ class _Response:
             return out + self._grow(kind, got.text)
         out = self.close("reasoning", "message")
         if isinstance(got, ToolCallStarted):
-            call_id = got.call_id or f"call_{uuid.uuid4().hex}"
-            return out + self._open(got.index, words.tool_call_item(call_id, got.name, "", self.custom, "in_progress"))
+            call = words.tool_call_item(got.call_id, got.name, "", self.custom, "in_progress")
+            return out + self._open(got.index, call)
         if isinstance(got, ToolArgumentsDelta):
             return out + self._grow(got.index, got.arguments)
         if isinstance(got, ToolCallFinished):

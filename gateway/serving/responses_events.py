@@ -35,10 +35,11 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 
 
 def tool_call_item(
-    call_id: str, name: str, arguments: str, custom: set[str], status: str = "completed"
+    call_id: str | None, name: str, arguments: str, custom: set[str], status: str = "completed"
 ) -> dict[str, Any]:
-    """The output item of one call the engine made: a function_call, or for one of the request's custom
-    (freeform) tools a custom_tool_call carrying its text."""
+    """The output item of one call the engine made (with an id of ours if it gave none): a function_call,
+    or for one of the request's custom (freeform) tools a custom_tool_call carrying its text."""
+    call_id = call_id or f"call_{uuid.uuid4().hex}"
     if name in custom:
         return custom_tools.call_item(
             f"ctc_{uuid.uuid4().hex}", call_id, name, custom_tools.input_of(arguments), status
