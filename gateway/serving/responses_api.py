@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.serving import custom_tools
-from gateway.serving import responses_events as words
+from gateway.serving import responses_events as shapes
 from gateway.serving.chat_stream import (
     ChatEvent,
     ReasoningDelta,
@@ -251,14 +251,14 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
     output: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if reasoning:
-        output.append(words.reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning))
+        output.append(shapes.reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning))
     if message.get("content"):
-        output.append(words.message_item(f"msg_{uuid.uuid4().hex}", message["content"]))
+        output.append(shapes.message_item(f"msg_{uuid.uuid4().hex}", message["content"]))
     custom = custom_tools.names(request.get("tools"))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         arguments = function.get("arguments") or ""
-        output.append(words.tool_call_item(call.get("id"), function.get("name", ""), arguments, custom))
+        output.append(shapes.tool_call_item(call.get("id"), function.get("name", ""), arguments, custom))
     return _Shell(request, model).ended(output, Usage.read(chat.get("usage")), choice.get("finish_reason"))
 
 
@@ -280,11 +280,11 @@ class _Response:
         if isinstance(got, ReasoningDelta | TextDelta):
             kind = "message" if isinstance(got, TextDelta) else "reasoning"
             out = self.close("reasoning") if kind == "message" else []
-            out += [] if kind in self.open else self._open(kind, words.started(kind))
+            out += [] if kind in self.open else self._open(kind, shapes.started(kind))
             return out + self._grow(kind, got.text)
         out = self.close("reasoning", "message")
         if isinstance(got, ToolCallStarted):
-            call = words.tool_call_item(got.call_id, got.name, "", self.custom, "in_progress")
+            call = shapes.tool_call_item(got.call_id, got.name, "", self.custom, "in_progress")
             return out + self._open(got.index, call)
         if isinstance(got, ToolArgumentsDelta):
             return out + self._grow(got.index, got.arguments)
@@ -296,19 +296,19 @@ class _Response:
         """The open items named, closed in that order."""
         out: list[Event] = []
         for index in [self.open.pop(key) for key in keys if key in self.open]:
-            self.items[index], events = words.closed(index, self.items[index], "".join(self.pieces[index]))
+            self.items[index], events = shapes.closed(index, self.items[index], "".join(self.pieces[index]))
             out += events
         return out
 
     def _open(self, key: str | int, item: dict[str, Any]) -> list[Event]:
         index = self.open[key] = len(self.items)
         self.items[index], self.pieces[index] = item, []
-        return words.opened(index, item)
+        return shapes.opened(index, item)
 
     def _grow(self, key: str | int, piece: str) -> list[Event]:
         index = self.open[key]
         self.pieces[index].append(piece)
-        return words.grown(index, self.items[index], piece)
+        return shapes.grown(index, self.items[index], piece)
 
     def so_far(self) -> list[dict[str, Any]]:
         """The items as they stand (a failed response's output): calls with the arguments that came."""
@@ -322,7 +322,7 @@ async def stream_from_chat(
     """The Responses events for a streamed chat completion, numbered as sent (two before the engine answers)."""
     response, number = _Response(request, model), itertools.count()
     for step in response.shell.started():
-        yield words.written(step, next(number))
+        yield shapes.written(step, next(number))
     async for got in read_chat_stream(chunks):
         for step in response.take(got):
-            yield words.written(step, next(number))
+            yield shapes.written(step, next(number))
