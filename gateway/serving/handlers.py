@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.serving import messages_api, responses_api
+from gateway.serving import custom_tools, messages_api, responses_api
 from gateway.serving import request_shapes as shapes
 from gateway.serving.chat_fixups import (
     ChatStreamFixer,
@@ -227,6 +227,10 @@ class Inference:
         changed |= strip_billing_header(payload)  # before passing through or translating: one prefix for both
         target = self._target()
         if dialect.native in target.native:
+            if dialect is RESPONSES and (described := custom_tools.grammars_described(payload.get("tools"))):
+                shown = ", ".join(repr(name)[:40] for name in described[:5])  # the client's names, bounded
+                log.info("custom tool(s) %s: grammar put in the description (free-form input)", shown)
+                changed = True
             return await self._passthrough(dialect, target, payload, body if not changed else None)
         return await self._translate(dialect, target, payload)
 
