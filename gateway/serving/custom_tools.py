@@ -6,7 +6,9 @@ only function tools, so a custom tool goes to the engine as a function with one 
 ``input`` (its description followed by the grammar its input follows, when it names one), and a call
 of it comes back as a ``custom_tool_call`` item whose ``input`` is that string; the agent's replayed
 ``custom_tool_call`` and ``custom_tool_call_output`` items go back as the function call and its
-result. The same text every turn, so the prompt prefix the engine caches does not change.
+result. The same text every turn, so the prompt prefix the engine caches does not change. An engine
+with its own Responses API (vLLM) gets custom tools as they are, except a grammar: it goes into the
+description there too (:func:`grammars_described`).
 """
 
 from __future__ import annotations
@@ -17,21 +19,47 @@ from typing import Any
 PARAMETER = "input"
 
 
-def as_function(tool: dict[str, Any]) -> dict[str, Any]:
-    """The chat function tool standing for a custom tool."""
+def _description(tool: dict[str, Any]) -> str:
+    """A custom tool's description, followed by the grammar its input follows when it names one."""
     description = str(tool.get("description") or "")
     form = tool.get("format")
     if isinstance(form, dict) and form.get("type") == "grammar" and form.get("definition"):
         syntax = form.get("syntax") or "grammar"
         description += f"\n\nThe `{PARAMETER}` string follows this {syntax} grammar:\n{form['definition']}"
+    return description.strip()
+
+
+def as_function(tool: dict[str, Any]) -> dict[str, Any]:
+    """The chat function tool standing for a custom tool."""
+    description = _description(tool)
     parameters = {
         "type": "object",
         "properties": {PARAMETER: {"type": "string", "description": "The tool's free-form input."}},
         "required": [PARAMETER],
         "additionalProperties": False,
     }
-    function = {"name": tool.get("name", ""), "description": description.strip(), "parameters": parameters}
+    function = {"name": tool.get("name", ""), "description": description, "parameters": parameters}
     return {"type": "function", "function": function}
+
+
+def grammars_described(tools: Any) -> list[str]:
+    """Custom tools whose input follows a grammar made free-form, the grammar in their description, in
+    place, for an engine's own Responses API: vLLM 0.32 refuses them with a 400 ("only free-form text
+    custom tools are accepted"), and Codex declares apply_patch with its Lark grammar. vLLM shows a
+    custom tool to the model as a function with one string ``input`` and the tool's description, so
+    the model reads what the translated route gives it (:func:`as_function`). The names changed."""
+    changed: list[str] = []
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        if not isinstance(tool, dict):
+            continue
+        if tool.get("type") == "namespace":
+            changed += grammars_described(tool.get("tools"))
+            continue
+        form = tool.get("format")
+        if tool.get("type") == "custom" and isinstance(form, dict) and form.get("type") == "grammar":
+            tools[index] = {**tool, "description": _description(tool), "format": {"type": "text"}}
+            changed.append(str(tool.get("name", "")))
+    return changed
 
 
 def names(tools: Any) -> set[str]:

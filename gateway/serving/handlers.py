@@ -7,6 +7,7 @@ and Messages share one translate path; a :class:`Dialect` says what differs betw
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -17,7 +18,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.serving import messages_api, responses_api
+from gateway.serving import custom_tools, messages_api, responses_api
 from gateway.serving import request_shapes as shapes
 from gateway.serving.chat_fixups import (
     ChatStreamFixer,
@@ -132,6 +133,21 @@ class Inference:
         counted = await self.rt.engine_client.count_prompt(target, payload)
         return None if counted is None else counted[0]
 
+    def _count_beside(self, target: EngineTarget, chat: dict[str, Any]) -> asyncio.Task[int | None]:
+        """The prompt's tokens, counted beside the request rather than before it: the count renders and
+        tokenizes the whole prompt again (two engine round trips, ~110 ms of llama-server's CPU for a
+        20k-token Claude Code turn: benchmarks/messages_overhead.py), and only message_start's figure
+        needs it. A count that fails leaves that figure 0; message_delta carries the engine's own count."""
+
+        async def count() -> int | None:
+            try:
+                return await self._prompt_tokens(target, chat)
+            except ApiError as exc:
+                log.debug("prompt not counted for message_start: %s", exc.message)
+                return None
+
+        return asyncio.create_task(count())
+
     async def _fit_chat(self, target: EngineTarget, payload: dict[str, Any]) -> tuple[bool, int | None]:
         """Engine-specific fixes to a chat request: (payload changed, prompt tokens if counted).
 
@@ -227,6 +243,10 @@ class Inference:
         changed |= strip_billing_header(payload)  # before passing through or translating: one prefix for both
         target = self._target()
         if dialect.native in target.native:
+            if dialect is RESPONSES and (described := custom_tools.grammars_described(payload.get("tools"))):
+                shown = ", ".join(repr(name)[:40] for name in described[:5])  # the client's names, bounded
+                log.info("custom tool(s) %s: grammar put in the description (free-form input)", shown)
+                changed = True
             return await self._passthrough(dialect, target, payload, body if not changed else None)
         return await self._translate(dialect, target, payload)
 
@@ -246,12 +266,20 @@ class Inference:
                     return dialect.errors.engine_error(status, answer, target.context_length)
                 return JSONResponse(dialect.reply(answer, payload, fronted))
             synthesize = "include_usage" not in target.native
-            if prompt is None and (synthesize or dialect is MESSAGES):  # message_start says the prompt's size
+            if prompt is None and synthesize:  # the usage chunk the engine will not send is written from it
                 prompt = await self._prompt_tokens(target, chat)
             usage: ChunkFilter | None = (
                 ChatStreamFixer(mirror=None, usage_prompt_tokens=prompt or 0) if synthesize else None
             )
-            failed, chunks = await self.rt.engine_client.chat_stream(target, json.dumps(chat).encode(), usage)
+            # message_start says the prompt's size: counted while the engine already works on the request
+            counting = self._count_beside(target, chat) if prompt is None and dialect is MESSAGES else None
+            try:
+                failed, chunks = await self.rt.engine_client.chat_stream(target, json.dumps(chat).encode(), usage)
+                if counting is not None:
+                    prompt = await counting
+            finally:
+                if counting is not None:
+                    counting.cancel()
             if failed is not None:
                 return dialect.errors.engine_error(*failed, target.context_length)
             events = dialect.events(chunks, payload, fronted, prompt or 0)

