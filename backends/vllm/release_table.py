@@ -26,7 +26,10 @@ DATA = Path(__file__).resolve().parent / "release_data"
 WHEEL_ONLY = ("0.15.0", "0.15.1")
 
 
+@cache
 def _version(text: str) -> Version:
+    """Cached: the vLLM ladder asks for the release table of each rung it sizes (15,000 parses in
+    four plans)."""
     try:
         return Version(text.split("+")[0])
     except InvalidVersion:
