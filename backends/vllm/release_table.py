@@ -258,9 +258,10 @@ class ReleaseTable:
         return Verdict(have >= value, text, where)
 
 
+@cache
 def table_for(version: str) -> ReleaseTable:
     """The table of ``version``, else of the newest release read before it (the oldest table
-    for anything older than every table)."""
+    for anything older than every table). Cached: asked for by each rung the vLLM ladder sizes."""
     known = versions()
     asked = _version(version)
     older = [v for v in known if _version(v) <= asked]
