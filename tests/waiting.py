@@ -15,6 +15,8 @@ from typing import TypeVar
 
 import httpx
 
+from gateway.core.tls import client_tls
+
 T = TypeVar("T")
 
 
@@ -63,7 +65,7 @@ async def async_wait_until(
 def answers(url: str, *, headers: dict[str, str] | None = None, timeout_s: float = 2.0) -> bool:
     """Whether ``url`` answers 200 now (a server still starting refuses the connection: False)."""
     try:
-        return httpx.get(url, headers=headers, timeout=timeout_s).status_code == 200
+        return httpx.get(url, headers=headers, timeout=timeout_s, verify=client_tls()).status_code == 200
     except httpx.HTTPError:
         return False
 

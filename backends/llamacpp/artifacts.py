@@ -25,10 +25,33 @@ def from_package(module_name: str, pip_name: str) -> Path:
             f"the model package {pip_name} is not installed: pip install '{pip_name}' "
             "(or install the gateway with the extra that provides it)"
         ) from exc
+    known = _ASSEMBLED.get(module_name)
+    if known and _unchanged(*known):
+        return known[0]
     try:
-        return Path(module.assemble())
+        path = Path(module.assemble())
     except Exception as exc:  # the package verifies a checksum; any failure means no usable file
         raise ModelError(f"{pip_name} could not assemble its GGUF: {exc}; reinstall it") from exc
+    _ASSEMBLED[module_name] = (path, _stat_key(path))
+    return path
+
+
+# a package's assembled file, verified once per process: assemble() hashes all of it (0.4 s for
+# Gemma 3 270M) on every call, and planning and serving ask for it several times
+_ASSEMBLED: dict[str, tuple[Path, tuple[int, int, int, int]]] = {}
+
+
+def _stat_key(path: Path) -> tuple[int, int, int, int]:
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _unchanged(path: Path, key: tuple[int, int, int, int]) -> bool:
+    """The file assembled and verified before is still there as it was (else it is verified again)."""
+    try:
+        return _stat_key(path) == key
+    except OSError:
+        return False
 
 
 def from_hub(repo: str, filename: str) -> Path:

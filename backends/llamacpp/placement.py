@@ -663,6 +663,33 @@ def _filled_split(
     return tuple(float(count) for count in counts)  # llama.cpp normalizes: '10,11' means 10 and 11 slots
 
 
+def _gpu_bytes_by_layers(facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, draft: str | None) -> list[int]:
+    """For each ``-ngl`` (index), the weights and KV its slots put on the GPUs, whatever the split:
+    the last slots' on-GPU costs, as :func:`place` adds them up. A lower bound on what the GPUs must
+    hold (compute buffers come on top), so a count whose bound exceeds all the GPUs' usable memory
+    together overflows one of them and :func:`best_placement` skips it without placing it."""
+    costs = _slot_costs(facts, n_ctx, kv_type, launcher, 0, draft)
+    totals = [0]
+    for on_gpu, _, cache in reversed(costs):
+        totals.append(totals[-1] + on_gpu + cache)
+    return totals
+
+
+def _gpu_bytes_by_experts_in_ram(
+    facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, draft: str | None
+) -> list[int]:
+    """For each ``--n-cpu-moe`` (index), the weights and KV every slot puts on the GPUs with that
+    many blocks' experts in RAM (the same lower bound as :func:`_gpu_bytes_by_layers`)."""
+    in_ram = _slot_costs(facts, n_ctx, kv_type, launcher, facts.num_layers, draft)
+    none_in_ram = _slot_costs(facts, n_ctx, kv_type, launcher, 0, draft)
+    total = sum(on_gpu + cache for on_gpu, _, cache in none_in_ram)
+    totals = [total]
+    for (kept, _, cache), (whole, _, whole_cache) in zip(in_ram[:-1], none_in_ram[:-1], strict=True):
+        total += kept + cache - whole - whole_cache
+        totals.append(total)
+    return totals
+
+
 def best_placement(
     facts: GgufFacts, gpus: tuple[Device, ...], n_ctx: int, kv_type: str, launcher: str, draft: str | None = None
 ) -> tuple[Placement, str]:
@@ -679,13 +706,16 @@ def best_placement(
         filled = place(facts, gpus, n_ctx, kv_type, launcher, layers, moe, split, draft=draft) if split else None
         return filled if filled and not filled.overflow() else None
 
+    room = sum(max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus)
     if everything := fitting(full):
         return everything, "all layers on GPU"
     if launcher == "native" and facts.is_moe and facts.expert_layer_bytes:
+        kept = _gpu_bytes_by_experts_in_ram(facts, n_ctx, kv_type, launcher, draft)
         for moe in range(1, facts.num_layers + 1):
-            if partial := fitting(full, moe):
+            if kept[moe] <= room and (partial := fitting(full, moe)):
                 return partial, f"experts of {moe} layers in RAM"
+    on_gpus = _gpu_bytes_by_layers(facts, n_ctx, kv_type, launcher, draft)
     for layers in range(full - 1, 0, -1):
-        if partial := fitting(layers):
+        if on_gpus[layers] <= room and (partial := fitting(layers)):
             return partial, f"{layers} of {full} layers on GPU"
     return place(facts, gpus, n_ctx, kv_type, launcher, 0, draft=draft), "CPU only (not one layer fits a GPU)"

@@ -26,7 +26,10 @@ DATA = Path(__file__).resolve().parent / "release_data"
 WHEEL_ONLY = ("0.15.0", "0.15.1")
 
 
+@cache
 def _version(text: str) -> Version:
+    """Cached: the vLLM ladder asks for the release table of each rung it sizes (15,000 parses in
+    four plans)."""
     try:
         return Version(text.split("+")[0])
     except InvalidVersion:
@@ -255,9 +258,10 @@ class ReleaseTable:
         return Verdict(have >= value, text, where)
 
 
+@cache
 def table_for(version: str) -> ReleaseTable:
     """The table of ``version``, else of the newest release read before it (the oldest table
-    for anything older than every table)."""
+    for anything older than every table). Cached: asked for by each rung the vLLM ladder sizes."""
     known = versions()
     asked = _version(version)
     older = [v for v in known if _version(v) <= asked]

@@ -93,20 +93,36 @@ def parse(text: str, format: str, path: Path) -> Doc:
 
 
 def _check_shape(data: Any, path: Path) -> None:
-    """At most ``MAX_DEPTH`` levels of lists and tables and ``MAX_VALUES`` values (YAML aliases can make a
-    1 KB file a billion values), walked without recursion."""
-    budget = MAX_VALUES
-    level: list[tuple[Any, int]] = [(data, 0)]
-    while level:
-        value, depth = level.pop()
-        if depth > MAX_DEPTH:
+    """At most ``MAX_DEPTH`` levels of lists and tables and ``MAX_VALUES`` values, counted as the agent
+    would see them with every YAML alias expanded (aliases can make a 1 KB file a billion values), walked
+    without recursion. Each list or table is measured once, however many aliases point to it: walking
+    the expanded values took a second for a billion-laughs file; one that holds itself is endlessly deep."""
+    measured: dict[int, tuple[int, int]] = {}  # id of a list or table -> (levels below it, values in it)
+    open_: set[int] = set()  # on the path being walked: meeting one again is a loop
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        value, children_done = stack.pop()
+        if not isinstance(value, dict | list):
+            continue
+        inner = list(value.values()) if isinstance(value, dict) else value
+        nested = [item for item in inner if isinstance(item, dict | list)]
+        if not children_done:
+            if id(value) in measured:
+                continue
+            if id(value) in open_:
+                raise ConfigError(f"{path} is nested more than {MAX_DEPTH} levels deep: fix it or edit it by hand")
+            open_.add(id(value))
+            stack.append((value, True))
+            stack += [(item, False) for item in nested if id(item) not in measured]
+            continue
+        open_.discard(id(value))
+        levels = 1 + max((measured[id(item)][0] for item in nested), default=0) if inner else 0
+        values = len(inner) + sum(measured[id(item)][1] for item in nested)
+        if levels > MAX_DEPTH:
             raise ConfigError(f"{path} is nested more than {MAX_DEPTH} levels deep: fix it or edit it by hand")
-        if isinstance(value, dict | list):
-            inner = value.values() if isinstance(value, dict) else value
-            budget -= len(inner)
-            if budget < 0:
-                raise ConfigError(f"{path} holds more than {MAX_VALUES:,} values (YAML aliases?): edit it by hand")
-            level += [(item, depth + 1) for item in inner]
+        if values > MAX_VALUES:
+            raise ConfigError(f"{path} holds more than {MAX_VALUES:,} values (YAML aliases?): edit it by hand")
+        measured[id(value)] = (levels, values)
 
 
 def _read_text(path: Path) -> str | None:

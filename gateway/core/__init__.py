@@ -5,5 +5,6 @@
 ``policy`` (what the user pinned, context bounds), ``settings`` (the gateway's generic settings; each
 engine adds its own), ``errors``, ``auth`` (the one API-key check, the Bearer header), ``files``
 (atomic writes), ``process`` + ``reaper`` (a child in its own process group with an explicit
-environment, which cannot outlive the gateway). Imports nothing from ``backends`` or above.
+environment, which cannot outlive the gateway), ``tls`` (the HTTP clients' one TLS context). Imports
+nothing from ``backends`` or above.
 """

@@ -23,6 +23,7 @@ from backends.registry import LENDER
 from gateway.core.auth import bearer_header
 from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.errors import ConfigError
+from gateway.core.tls import client_tls
 
 log = logging.getLogger("gateway.nodes")
 
@@ -101,7 +102,7 @@ def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S
     headers = bearer_header(api_key)
     try:
         rtt_ms = _connect_ms(address, timeout_s)
-        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client:
             answer = client.get(f"http://{address}{INVENTORY_PATH}", headers=headers)
     except (OSError, httpx.HTTPError) as exc:
         return NodeReport(address, address, error=f"unreachable ({type(exc).__name__}: {exc})")
@@ -171,7 +172,7 @@ def gone(states: Sequence[NodeState]) -> list[str]:
 def answers(address: str, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
     """Whether a worker's HTTP side answers ``/health`` now (I/O)."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client:
             return client.get(f"http://{address}/health").status_code == 200
     except httpx.HTTPError:
         return False

@@ -8,12 +8,15 @@ bounded, and a key of ours holding the wrong type is named with its file, nothin
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
+import random
 import resource
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -221,3 +224,54 @@ def test_a_yaml_merge_key_overridden_is_not_a_duplicate(tmp_path: Path) -> None:
     path.write_text("base: &base {a: 1, b: 2}\nmine:\n  <<: *base\n  b: 3\n")
     change = plan(Target(path, "yaml", lambda old: deep_merge(old, OURS)))
     assert change is not None and "b: 3" in change.new
+
+
+def _expanded_walk(data: Any, max_depth: int, max_values: int) -> str:
+    """The shape check's rule read literally: walk every value with the aliases expanded (slow on a
+    billion-laughs file, which is why the check measures each shared list or table once)."""
+    budget, level = max_values, [(data, 0)]
+    while level:
+        value, depth = level.pop()
+        if depth > max_depth:
+            return "refused"
+        if isinstance(value, dict | list):
+            inner = list(value.values()) if isinstance(value, dict) else value
+            budget -= len(inner)
+            if budget < 0:
+                return "refused"
+            level += [(item, depth + 1) for item in inner]
+    return "ok"
+
+
+def test_measuring_shared_values_once_refuses_exactly_what_walking_them_all_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """600 random documents whose lists and tables are shared the way YAML aliases share them, against
+    small limits so that both kinds of refusal come up often."""
+    shapes = importlib.import_module("gateway.agents.write")
+    rng = random.Random(30)
+
+    def document(levels: int, made: list[Any]) -> Any:
+        draw = rng.random()
+        if levels <= 0 or draw < 0.2:
+            return rng.choice([1, "s", [], {}])
+        if made and draw < 0.4:
+            return rng.choice(made)  # an alias to something already made
+        items = [document(levels - 1, made) for _ in range(rng.randint(0, 4))]
+        made.append(items if rng.random() < 0.5 else {str(i): item for i, item in enumerate(items)})
+        return made[-1]
+
+    seen = set()
+    for _ in range(600):
+        max_depth, max_values = rng.choice([3, 5, 8]), rng.choice([10, 50, 1000])
+        monkeypatch.setattr(shapes, "MAX_DEPTH", max_depth)
+        monkeypatch.setattr(shapes, "MAX_VALUES", max_values)
+        data = document(rng.randint(1, 12), [])
+        try:
+            shapes._check_shape(data, Path("f.yml"))
+            measured = "ok"
+        except ConfigError:
+            measured = "refused"
+        assert measured == _expanded_walk(data, max_depth, max_values), data
+        seen.add(measured)
+    assert seen == {"ok", "refused"}

@@ -63,3 +63,16 @@ def test_an_empty_file_is_named(tmp_path: Path) -> None:
     path.touch()
     with pytest.raises(ModelError, match="empty.gguf"):
         read_gguf_header(path)
+
+
+def test_a_file_read_again_unchanged_is_not_parsed_again_and_a_changed_one_is(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path)
+    first = read_gguf_header(path)
+    assert read_gguf_header(path) is first  # the same file, unchanged: what was read before
+    cut = path.read_bytes()[:200]
+    path.write_bytes(cut)  # the same path rewritten (a re-download cut short): read afresh, and refused
+    with pytest.raises(ModelError, match="truncated or corrupt GGUF header"):
+        read_gguf_header(path)
+    _write_gguf(path)
+    assert read_gguf_header(path) == first

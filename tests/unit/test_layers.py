@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,17 @@ def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
+@cache
+def _parsed(path: Path) -> ast.Module:
+    """A source file's tree, parsed once for the import graph and every rule that reads the code."""
+    return ast.parse(path.read_text())
+
+
 def imports(module: str, path: Path, known: set[str]) -> set[str]:
     """The project modules this one imports. ``from pkg import submodule`` names both: the package's
     ``__init__`` runs and hands the name over."""
     targets = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.Import):
             targets |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -196,10 +203,9 @@ def test_each_rule_catches_its_seeded_violation(tmp_path: Path, files: dict[str,
 def test_every_package_says_what_it_holds() -> None:
     bare = [
         str(path.relative_to(ROOT))
-        for path in ROOT.glob("*/**/__init__.py")
-        if path.parts[-3] != "tests"
-        and path.relative_to(ROOT).parts[0] in ("gateway", "backends")
-        and not ast.get_docstring(ast.parse(path.read_text()))
+        for top in ("gateway", "backends")
+        for path in (ROOT / top).rglob("__init__.py")
+        if path.parts[-3] != "tests" and not ast.get_docstring(_parsed(path))
     ]
     assert not bare, f"packages without a docstring: {bare}"
 
@@ -235,7 +241,7 @@ def test_the_generic_layers_name_no_engine_outside_docstrings() -> None:
     named = [
         f"{path.relative_to(ROOT)}:{line}: {word[:80]!r}"
         for path in sorted((ROOT / "gateway").rglob("*.py"))
-        for line, word in _code_words(ast.parse(path.read_text()))
+        for line, word in _code_words(_parsed(path))
         if ENGINE_WORDS.search(word)
     ]
     assert not named, "engine names in the generic layers:\n" + "\n".join(named)
@@ -246,6 +252,7 @@ def test_no_test_imports_a_benchmark() -> None:
     importing = [
         str(path.relative_to(ROOT))
         for path in sorted((ROOT / "tests").rglob("*.py"))
+        if "benchmarks" in path.read_text()  # no import of benchmarks without the word
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Import | ast.ImportFrom)
         and any(
@@ -265,7 +272,7 @@ def test_the_generic_layers_ask_engines_only_what_the_contract_says() -> None:
     probes = [
         f"{path.relative_to(ROOT)}:{node.lineno}: getattr({node.args[0].id}, ...)"
         for path in sorted((ROOT / "gateway").rglob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(_parsed(path))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
         and node.func.id == "getattr"

@@ -445,22 +445,29 @@ def test_when_no_quantization_fits_the_plan_says_so_and_shows_the_smallest(hub: 
 
 
 def test_a_gated_model_without_a_token_plans_llamacpp_from_a_public_gguf_and_names_hf_token(
-    local_hub: tuple[str, LocalHub], tmp_path: Path
+    hub: LocalHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Its metadata is public and the community's GGUFs are not gated; its own files (config.json,
-    for vLLM) are: the plan says so in one line naming HF_TOKEN and serves what it can."""
-    url, _ = local_hub
-    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
-    env |= {"HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "gateway", "plan", "--model", LLAMA, "--gpus", "1x24GiB@8.9", "--ram", "64GiB"]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stdout.splitlines() if "HF_TOKEN" in line]
+    for vLLM) are: the plan says so in one line naming HF_TOKEN and serves what it can. In this process,
+    without a token (the command as typed, reading its environment, is the headline test's)."""
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    # a cache of its own, as a user's first plan of the model has (this module's is shared by its rows)
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    monkeypatch.setattr(search, "_SEARCHES", {})
+    code = main(["plan", "--model", LLAMA, "--gpus", "1x24GiB@8.9", "--ram", "64GiB"])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    lines = [line for line in stdout.splitlines() if "HF_TOKEN" in line]
     assert lines == [
         f"note: vLLM not planned: {LLAMA} is gated: accept its licence on the hub, then export "
         "HF_TOKEN=<a token with access> and retry"
     ]
-    assert done.stdout.startswith("decision: llama.cpp: bartowski/Meta-Llama-3.1-8B-Instruct-GGUF/")
+    assert stdout.startswith("decision: llama.cpp: bartowski/Meta-Llama-3.1-8B-Instruct-GGUF/")
 
 
 def test_a_discovered_nvfp4_checkpoint_meets_the_capability_gate(hub: LocalHub) -> None:

@@ -335,9 +335,22 @@ class _Writer(GGUFWriter):
 
 @lru_cache(maxsize=16)
 def _vocabulary(size: int) -> _Packed:
-    """``size`` made-up token strings as a GGUF string array, so the header spans megabytes like a real one."""
-    items = b"".join(struct.pack("<Q", len(token)) + token for token in (f"t{i}".encode() for i in range(size)))
-    return _Packed(struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, size) + items)
+    """``size`` made-up token strings (``t0``, ``t1``, ...) as a GGUF string array, so the header spans
+    megabytes like a real one. Packed with numpy, one block per count of digits (each item: its length
+    as a u64, then ``t`` and the number): ten times faster than item by item."""
+    blocks = []
+    low, digits = 0, 1
+    while low < size:
+        high = min(size, 10**digits)
+        numbers = np.arange(low, high, dtype=np.int64)
+        items = np.empty((high - low, 9 + digits), dtype=np.uint8)
+        items[:, :8] = np.frombuffer(struct.pack("<Q", 1 + digits), dtype=np.uint8)
+        items[:, 8] = ord("t")
+        for place in range(digits):
+            items[:, 8 + digits - place] = 48 + (numbers // 10**place) % 10
+        blocks.append(items.tobytes())
+        low, digits = high, digits + 1
+    return _Packed(struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, size) + b"".join(blocks))
 
 
 def header_bytes(
