@@ -352,7 +352,8 @@ def run_fit(model: str, device_mib: int, min_ctx: int, workdir: Path, shim: Path
     p = chosen.placement
     result = FitResult(model, device_mib, chosen.n_ctx)
     split = p.tensor_split if p.n_gpu_layers else (1.0, 1.0)
-    case = Case(f"{model}-plan", model, chosen.n_ctx, split, p.n_gpu_layers, chosen.kv_type, p.n_cpu_moe)
+    # the unified cache's cells as the plan counted them (the context and its room for warm sessions)
+    case = Case(f"{model}-plan", model, chosen.kv_tokens, split, p.n_gpu_layers, chosen.kv_type, p.n_cpu_moe)
     result.ours = {
         "reason": chosen.reason,
         "n_gpu_layers": p.n_gpu_layers,
@@ -370,8 +371,9 @@ def run_fit(model: str, device_mib: int, min_ctx: int, workdir: Path, shim: Path
         healthy, log = run_server(argv, port, workdir / f"fit-ours-{model}.log")
         result.ours |= {"healthy": healthy} | engine_summary(log)
         result.ours.pop("fit")
-        # llama.cpp's fitter: no -c/-ngl/-ts/--n-cpu-moe; our context as its minimum, our margin as its target
-        fit_argv = _strip(argv, ("-c", "-ngl", "-ts", "--n-cpu-moe", "--fit"))
+        # llama.cpp's fitter: no -c/-ngl/-ts/--n-cpu-moe (nor the per-slot cap, which without -c would size the
+        # cache to four contexts); our context as its minimum, our margin as its target
+        fit_argv = _strip(argv, ("-c", "--kv-unified-per-slot", "-ngl", "-ts", "--n-cpu-moe", "--fit"))
         fit_argv += ["--fit", "on", "--fit-ctx", str(chosen.n_ctx), "--fit-target", str(GPU_MARGIN_BYTES // MIB)]
         params = [str(binary("llama-fit-params")), *_strip(fit_argv[1:], SERVER_ONLY)]
         params = [a for a in params if a not in SERVER_ONLY_SWITCHES]

