@@ -172,6 +172,8 @@ GEMMA4_31B = {
 }  # fmt: skip  (google/gemma-4-31B-it config.json: 50 sliding layers, 10 full; K = V on the full ones)
 LLAMA_8B = {"layers": 32, "embd": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "ff": 14336, "vocab": 128256}
 LLAMA_70B = {"layers": 80, "embd": 8192, "heads": 64, "kv_heads": 8, "head_dim": 128, "ff": 28672, "vocab": 128256}
+# Phi-3-mini-128k's widths (LongRoPE from 4,096), laid out as a llama (no fused QKV): for planning tests
+PHI3_MINI = {"layers": 32, "embd": 3072, "heads": 32, "kv_heads": 32, "head_dim": 96, "ff": 8192, "vocab": 32064}
 _Q4_K, _Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
 _SHAPE_ONLY = np.dtype(np.float32)  # the element shape is given; the type is raw_dtype's
 
@@ -253,11 +255,14 @@ def make_llama_shapes(
     shape: dict[str, int] = LLAMA_70B,
     name: str = "llama-3-70b-q4_k_m-shapes",
     tokenizer_gguf: Path | None = None,
+    long_rope: int = 0,
 ) -> Path:
     """A llama of ``shape`` in Q4_K_M, shapes only (Llama 3 70B by default: about 39.6 GiB apparent, as the real
     file; nothing on disk). With ``tokenizer_gguf`` (its vocabulary must be ``shape["vocab"]``: llama.cpp's
     models/ggml-vocab-llama-bpe.gguf for Llama 3) llama-server loads and runs it on its zero weights,
-    answering noise with the real model's buffers (benchmarks/gpu_llamacpp_memory.py)."""
+    answering noise with the real model's buffers (benchmarks/gpu_llamacpp_memory.py). With ``long_rope`` (an
+    original training context), LongRoPE as conversion/phi.py writes it: ``rope.scaling.original_context_length``
+    and the ``rope_factors_long`` / ``rope_factors_short`` tensors (head_dim / 2 floats each)."""
     if tokenizer_gguf is None:
         writer, vocab = gguf.GGUFWriter(str(out), "llama"), shape["vocab"]
         writer.add_name(name)
@@ -274,6 +279,11 @@ def make_llama_shapes(
     _shape_tensor(writer, "token_embd.weight", vocab, embd, _Q4_K)
     writer.add_tensor_info("output_norm.weight", (embd,), np.dtype(np.float32), embd * 4)
     _shape_tensor(writer, "output.weight", vocab, embd, _Q6_K)
+    if long_rope:
+        writer.add_rope_scaling_orig_ctx_len(long_rope)
+        for which in ("long", "short"):
+            half = shape["head_dim"] // 2
+            writer.add_tensor_info(f"rope_factors_{which}.weight", (half,), np.dtype(np.float32), half * 4)
     for layer in range(shape["layers"]):
         _q4_k_m_block(writer, layer, shape["layers"], embd, q, kv, shape["ff"])
     return _finish_shapes(writer, out)

@@ -29,6 +29,7 @@ GGUF_LIMITS = {
     "expert_feed_forward_length": (0, 1 << 24), "nextn_predict_layers": (0, 64), "full_attention_interval": (0, 4096),
     "ssm.inner_size": (0, 1 << 24), "ssm.time_step_rank": (0, 1 << 14), "ssm.state_size": (0, 1 << 16),
     "ssm.group_count": (0, 1 << 14), "ssm.conv_kernel": (0, 1 << 10),
+    "rope.scaling.original_context_length": (0, _BIG),
 }  # fmt: skip
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"ffn_(up|down|gate|gate_up)_(ch)?exps")
@@ -55,6 +56,9 @@ class GgufFacts(ModelFacts):
     cache_value_dim_sliding: int = 0
     shared_kv_layers: int = 0  # the last N layers reuse earlier layers' cache (Gemma 3n / 4 E2B, E4B)
     recurrent_pattern: tuple[bool, ...] = ()  # per layer of a hybrid model: True where it is recurrent
+    # LongRoPE (Phi-3/3.5/4-mini, MiniCPM3): llama.cpp takes the long RoPE factors for every token once its
+    # context (-c with --kv-unified) passes this, the original training context; 0: no such switch
+    long_rope_context: int = 0
 
     def is_recurrent(self, layer: int) -> bool:
         return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
@@ -99,6 +103,11 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
     total = sum(t.nbytes for t in header.tensors)
     mtp = min(int(value("nextn_predict_layers")), layers)
     recurrent, kind, dims = _recurrent(value, layers - mtp, kv_array)
+    names = {t.name for t in header.tensors}
+    # llama_model::get_rope_factors (src/llama-model.cpp:2343): rope_freqs first, else long past
+    # n_ctx_orig_yarn (rope.scaling.original_context_length, else context_length: llama-model.cpp:1412)
+    long_rope = "rope_factors_long.weight" in names and "rope_freqs.weight" not in names
+    original = int(value("rope.scaling.original_context_length")) or int(value("context_length"))
     return GgufFacts(
         name=name,
         model_type=arch,
@@ -139,7 +148,21 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         recurrent_kind=kind,
         recurrent_dims=dims,
         recurrent_pattern=recurrent,
+        long_rope_context=original if long_rope else 0,
     )
+
+
+def long_rope_context(config: dict[str, Any]) -> int:
+    """What convert_hf_to_gguf.py (conversion/phi.py) makes of a LongRoPE config.json: the original
+    context where ``rope_scaling`` has ``long_factor`` (0 otherwise)."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or not rope.get("long_factor"):
+        return 0
+    for original in (rope.get("original_max_position_embeddings"), config.get("original_max_position_embeddings"),
+                     config.get("max_position_embeddings")):  # fmt: skip
+        if isinstance(original, int) and original > 0:
+            return original
+    return 0
 
 
 class _Keys:
@@ -265,6 +288,7 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
         cache_key_dim=(facts.kv_lora_rank + facts.qk_rope_head_dim) if facts.is_mla else global_head,
         cache_value_dim=global_head,
         quantization=f"gguf ~{bits} bpw",
+        long_rope_context=long_rope_context(cfg),
         # the config's own weight estimate (if any) is replaced by this one: the GGUF's size is what counts
         notes=(f"GGUF size estimated at {bits} bits/weight from the architecture (the file is not local yet)",),
     )

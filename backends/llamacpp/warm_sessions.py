@@ -15,7 +15,10 @@ when several sessions, side requests and subagents share the four slots:
   chosen (never at its expense), with the same layers where they were; ``--kv-unified-per-slot`` keeps
   one request to the context the gateway advertises (b11434 caps each slot's context at it, and a
   longer prompt gets the engine's own "exceeds the available context size" error, so the gateway adds
-  no check of its own). The room's KV is in the placement's terms like the rest of the cache.
+  no check of its own). The room's KV is in the placement's terms like the rest of the cache. A
+  LongRoPE model (Phi-3/3.5/4-mini: GGUF tensor ``rope_factors_long``) gets room only up to its
+  original training context: b11434 picks its RoPE factors from the whole ``-c`` under ``--kv-unified``,
+  not from the per-slot cap (:func:`long_rope_room`).
 - ``--cache-ram``: a slot's prompt is saved to a host-RAM cache before another request takes the
   slot, and restored from there when its session comes back (b11434's default is 8 GiB whatever the
   machine has, uncounted). The plan gives it half the RAM its own terms and margin leave, at most
@@ -39,7 +42,7 @@ when several sessions, side requests and subagents share the four slots:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.placement import (
@@ -73,6 +76,7 @@ class WarmSessions:
     checkpoint_bytes: int = 0  # one checkpoint of one slot
     room_cells: int = 0  # the unified cache's cells beyond one request's context (-c is the two together)
     room_bytes: int = 0  # the KV those cells take, on the devices that hold it (already in the placement's terms)
+    long_rope: int = 0  # the LongRoPE original context that bounded the room (0: none did)
 
     @property
     def host_bytes(self) -> int:
@@ -93,6 +97,8 @@ class WarmSessions:
                 f"; unified KV {n_ctx + self.room_cells:,} cells: {self.room_cells:,} beyond the context "
                 f"({self.room_cells / n_ctx:.1f}x) for sessions kept warm, +{self.room_bytes / GIB:.2f} GiB KV"
             )
+        if self.long_rope:
+            room += f" (LongRoPE: none past its original {self.long_rope:,}, where llama.cpp takes the long factors)"
         cache = (
             f"prompt cache {self.cache_ram_bytes / GIB:.1f} GiB in RAM" if self.cache_ram_bytes else "no prompt cache"
         )
@@ -140,7 +146,9 @@ def widen(
     def holds(placement: Placement) -> bool:
         return not placement.overflow() and placement.host_total - base.host_total <= host_spare
 
-    most = (SLOTS - 1) * n_ctx
+    most = min((SLOTS - 1) * n_ctx, long_rope_room(facts, n_ctx))
+    if most <= 0:
+        return 0, base
     if holds(widest := placed(most)):
         return most, widest
     step = max(KV_PAD, n_ctx // ROOM_STEPS // KV_PAD * KV_PAD)
@@ -152,6 +160,20 @@ def widen(
         else:
             high = middle - 1
     return low * step, found
+
+
+def long_rope_room(facts: GgufFacts, n_ctx: int) -> int:
+    """The most room that leaves a LongRoPE model on the RoPE factors its context implies. With
+    ``--kv-unified`` llama.cpp's per-sequence context is the whole ``-c`` (src/llama-context.cpp:294-295:
+    ``n_ctx_seq = n_ctx``, padded to 256 at :292; ``--kv-unified-per-slot`` caps only the server's slots,
+    tools/server/server-context.cpp:4376-4385), and ``get_rope_factors`` (src/llama-model.cpp:2351) takes the
+    long factors for every token once ``n_ctx_seq > n_ctx_orig_yarn``: room past that would change every
+    answer of a model served at a context within it. Unbounded for any other model, or one whose context
+    alone is past it (long factors either way)."""
+    original = facts.long_rope_context
+    if not original or -(-n_ctx // KV_PAD) * KV_PAD > original:
+        return (SLOTS - 1) * n_ctx
+    return original // KV_PAD * KV_PAD - n_ctx
 
 
 def keep_warm(
@@ -176,6 +198,8 @@ def keep_warm(
         room, roomy = widen(facts, gpus, placement, n_ctx, kv_type, draft, spare)
     spare = ram_available - roomy.host_total - HOST_MARGIN_BYTES
     warm = size(spare, context_kv, checkpoint_bytes(facts, kv_type), (room, kv_total(roomy) - context_kv))
+    if fits and long_rope_room(facts, n_ctx) < (SLOTS - 1) * n_ctx:
+        warm = replace(warm, long_rope=facts.long_rope_context)
     return warm, roomy
 
 

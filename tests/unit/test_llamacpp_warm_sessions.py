@@ -10,7 +10,8 @@ from pathlib import Path
 
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, warm_sessions
-from backends.llamacpp.gguf_facts import GgufFacts
+from backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
+from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.ladder import LlamaCppCandidate, candidates
 from backends.llamacpp.launchers import LlamaCppConfig, build_launch, plan_argv
 from backends.llamacpp.placement import GPU_MARGIN_BYTES, HOST_MARGIN_BYTES, best_placement, place
@@ -18,6 +19,7 @@ from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 from gateway.planning.planner import evaluate_and_choose
+from tests.synthetic_gguf import PHI3_MINI, make_llama_shapes
 from tests.unit.plan_helpers import engine_plans
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -177,3 +179,34 @@ def test_llama_server_caps_each_request_at_the_advertised_context() -> None:
     by_hand = build_launch(LlamaCppConfig(Path("/m.gguf"), "m", 8192, launcher="native"), port=1, api_key="k",
                            command=["llama-server"])  # fmt: skip
     assert (_flag(by_hand.argv, "-c"), _flag(by_hand.argv, "--kv-unified-per-slot")) == (8192, 8192)
+
+
+def test_a_long_rope_model_gets_room_only_up_to_its_original_context(tmp_path: Path) -> None:
+    """Phi-3-mini-128k is LongRoPE from 4,096: with --kv-unified b11434's per-sequence context is the whole -c
+    (src/llama-context.cpp:294-295), and get_rope_factors (src/llama-model.cpp:2351) takes the long factors for
+    every token once it passes 4,096. Served at 4,096, the usual -c 16,384 would answer every request with the
+    128k factors; the room stops at 4,096 cells instead, and only a context already past it gets its usual room."""
+    path = make_llama_shapes(tmp_path / "phi.gguf", PHI3_MINI, "phi-3-mini-128k-shapes", long_rope=4096)
+    facts = facts_from_gguf(read_gguf_header(path), "phi")
+    assert facts.long_rope_context == 4096 and facts.max_position == 131072
+
+    def cells(n_ctx: int) -> tuple[int, int]:
+        found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=n_ctx, max_context=n_ctx, launcher="native")
+        chosen = _rung(found, n_ctx)
+        argv = plan_argv(chosen, served_name="m", gguf="m.gguf")
+        assert ("none past its original 4,096" in chosen.reason) == (n_ctx <= 4096)
+        return _flag(argv, "-c"), _flag(argv, "--kv-unified-per-slot")
+
+    assert cells(4096) == (4096, 4096)  # no room: the short factors, as the advertised 4,096 implies
+    assert cells(2048) == (4096, 2048)  # room up to the original context
+    assert cells(8192) == (4 * 8192, 8192)  # past it already: long factors with or without the room
+    plain = facts_from_gguf(read_gguf_header(make_llama_shapes(tmp_path / "l.gguf", PHI3_MINI, "plain")), "l")
+    assert plain.long_rope_context == 0
+
+
+def test_a_long_rope_config_is_known_before_the_gguf_is_local() -> None:
+    config = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())
+    config["rope_scaling"] = {"type": "longrope", "long_factor": [1.0] * 64, "short_factor": [1.0] * 64}
+    config["original_max_position_embeddings"] = 4096
+    assert estimate_gguf_facts(facts_from_config(config, "phi"), config, 4.5).long_rope_context == 4096
+    assert _facts("Llama-3.1-8B").long_rope_context == 0  # llama3 rope_scaling: fixed rope_freqs, no switch
