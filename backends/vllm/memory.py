@@ -399,7 +399,8 @@ def memory(
     layout = cpu_layout() if gpu.kind == "cpu" else CUDA_LAYOUT
     kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version, mtp, layout)
     per_token = sum(kind.count * kind.bytes_per_token for kind in kinds)
-    tokens = max(0, available // per_token // BLOCK_TOKENS * BLOCK_TOKENS) if per_token else 0
+    block = flags.block_size or BLOCK_TOKENS  # vLLM counts its cache in whole blocks
+    tokens = max(0, available // per_token // block * block) if per_token else 0
     if any(kind.state_bytes for kind in kinds) and available > 0:
         # vLLM reports concurrency × max_model_len (kv_cache_utils get_kv_cache_capacity): each
         # request also holds its recurrent state

@@ -4,6 +4,7 @@ within 31 tokens (vLLM's prefix cache keeps whole blocks only; the CPU default i
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ import pytest
 from backends.vllm.argv import build_argv
 from backends.vllm.checkpoint_facts import checkpoint_facts
 from backends.vllm.ladder import cpu_candidate
-from backends.vllm.memory import Checkpoint
-from gateway.core.devices import GIB
+from backends.vllm.memory import Checkpoint, memory
+from gateway.core.devices import GIB, Device
 from gateway.core.policy import Policy
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -41,3 +42,13 @@ def test_a_dense_model_on_vllm_cpu_gets_32_token_blocks() -> None:
 )
 def test_models_whose_block_vllm_decides_get_no_block_size(config: str) -> None:
     assert _block(_cpu_argv(config)) is None
+
+
+def test_the_planned_cache_is_counted_in_whole_32_token_blocks() -> None:
+    """vLLM logs its cache as blocks × block size: 10.5 blocks' bytes hold 320 tokens, not 336."""
+    facts = checkpoint_facts(json.loads((CONFIGS / "Qwen2.5-3B.json").read_text()), "Qwen2.5-3B")
+    candidate = cpu_candidate(Checkpoint(facts.name, facts), 16 * GIB, "0.32.0", Policy())
+    per_token = candidate.memory.kv_bytes_per_token
+    flags = replace(candidate.flags, kv_cache_memory_bytes=per_token * (32 * 10 + 16))
+    host = Device(0, "CPU (host RAM)", 16 * GIB, 16 * GIB, (0, 0), kind="cpu")
+    assert memory(Checkpoint(facts.name, facts), host, flags, "0.32.0").kv_tokens == 320
