@@ -367,71 +367,89 @@ def _layer_kv(facts: GgufFacts, n_ctx: int, kv_type: str, launcher: str, draft: 
     return tuple(kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher, draft) for slot in range(facts.num_layers))
 
 
-def device_compute_bytes(
-    facts: GgufFacts,
-    gpu: Device,
-    n_ctx: int,
-    kv_type: str,
-    launcher: str,
-    flash: bool,
-    copies: int,
-    *,
-    first: bool,
-    output: bool,
-    blocks: list[int] | None,
-    host_blocks: int,
-    offloaded: int = 0,
-) -> int:
-    """One GPU's compute buffer: what :func:`place` counts for the ``blocks`` it holds (None: every
-    block, as the split's sizing assumes before the blocks are dealt) and what the split is aimed at,
-    one function so the two cannot drift. ``offloaded``: the products of weights kept in RAM, which op
-    offload brings to this GPU. A local CUDA GPU adds its graph's own terms, the attention phase a
-    peak of its own (:func:`cuda_attention_copies_bytes`); an RPC device keeps the buffer measured on
-    ggml-rpc-server."""
-    held = range(facts.num_layers) if blocks is None else blocks
-    if not held and not output:
-        return offloaded
-    compute = offloaded + compute_buffer_bytes(
-        facts, n_ctx, flash, output, launcher=launcher, first=first, copies=copies, blocks=blocks
-    )
-    if flash and not gpu.is_remote and not gpu.is_cpu:
-        copies_bytes = cuda_attention_copies_bytes(facts, n_ctx, kv_type, launcher, held, host_blocks > 0)
-        compute = max(compute + 2 * _hidden(facts), copies_bytes)
-    return compute
+@dataclass(frozen=True)
+class _GpuCompute:
+    """What every GPU's compute buffer depends on in one placement (its ``-ngl`` and ``--n-cpu-moe``),
+    worked out once, so that :func:`place` and the split's sizing (:func:`place`'s proportional split,
+    :func:`_filled_split`) count each card's buffer with one function and cannot drift."""
+
+    facts: GgufFacts
+    gpus: tuple[Device, ...]
+    n_ctx: int
+    kv_type: str
+    launcher: str
+    flash: bool
+    copies: int  # inputs kept per device: SCHED_COPIES with pipeline parallelism, else 1
+    host_blocks: int  # blocks left in RAM
+    offloaded: int  # the products of weights kept in RAM, which op offload brings to ``offload_to``
+    offload_to: int | None  # the first device that can: a local GPU (RPC devices never do)
+
+    @classmethod
+    def of(
+        cls,
+        facts: GgufFacts,
+        gpus: tuple[Device, ...],
+        n_ctx: int,
+        kv_type: str,
+        launcher: str,
+        n_gpu_layers: int,
+        n_cpu_moe: int,
+        op_offload: bool = True,
+    ) -> _GpuCompute:
+        slots = min(n_gpu_layers, facts.num_layers + 1) if gpus else 0
+        host_blocks = min(facts.num_layers + 1 - slots, facts.num_layers)
+        offloads = op_offload and bool(host_blocks or n_cpu_moe)
+        return cls(
+            facts,
+            gpus,
+            n_ctx,
+            kv_type,
+            launcher,
+            flash=uses_flash_attention(launcher, gpus),
+            copies=SCHED_COPIES if pipeline_parallel(gpus, slots, facts, n_cpu_moe) else 1,
+            host_blocks=host_blocks,
+            offloaded=offloaded_weight_bytes(facts, host_blocks, n_cpu_moe) if offloads else 0,
+            offload_to=next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None),
+        )
+
+    def device(self, i: int, *, first: bool, output: bool, blocks: list[int] | None) -> int:
+        """GPU ``i``'s compute buffer for the ``blocks`` it holds (None: every block, as the split's
+        sizing assumes before the blocks are dealt). A local CUDA GPU adds its graph's own terms, the
+        attention phase a peak of its own (:func:`cuda_attention_copies_bytes`); an RPC device keeps
+        the buffer measured on ggml-rpc-server."""
+        facts, gpu = self.facts, self.gpus[i]
+        offloaded = self.offloaded if i == self.offload_to else 0
+        held = range(facts.num_layers) if blocks is None else blocks
+        if not held and not output:
+            return offloaded
+        compute = offloaded + compute_buffer_bytes(
+            facts,
+            self.n_ctx,
+            self.flash,
+            output,
+            launcher=self.launcher,
+            first=first,
+            copies=self.copies,
+            blocks=blocks,
+        )
+        if self.flash and not gpu.is_remote and not gpu.is_cpu:
+            copies_bytes = cuda_attention_copies_bytes(
+                facts, self.n_ctx, self.kv_type, self.launcher, held, self.host_blocks > 0
+            )
+            compute = max(compute + 2 * _hidden(facts), copies_bytes)
+        return compute
+
+    def role(self, i: int, *, first: bool, output: bool) -> int:
+        """The compute buffer GPU ``i``'s share of the split leaves room for, before its blocks are
+        known: every block, in the GPU's role (first device, output's device)."""
+        return _role_compute(self, i, first, output)
 
 
 @lru_cache(maxsize=1024)
-def _role_compute(
-    facts: GgufFacts,
-    gpu: Device,
-    n_ctx: int,
-    kv_type: str,
-    launcher: str,
-    flash: bool,
-    copies: int,
-    host_blocks: int,
-    *,
-    first: bool,
-    output: bool,
-    offloaded: int = 0,
-) -> int:
-    """The compute buffer a GPU's share of the split leaves room for, before its blocks are known:
-    :func:`device_compute_bytes` of every block, in the GPU's role (first device, output's device).
-    Cached: the placement search asks for the same roles at every layer count it tries."""
-    return device_compute_bytes(
-        facts,
-        gpu,
-        n_ctx,
-        kv_type,
-        launcher,
-        flash,
-        copies,
-        first=first,
-        output=output,
-        blocks=None,
-        host_blocks=host_blocks,
-        offloaded=offloaded,
-    )
+def _role_compute(gpu_compute: _GpuCompute, i: int, first: bool, output: bool) -> int:
+    """Cached: the placement search sizes the proportional split and then the filled one with the same
+    roles at each layer count it tries."""
+    return gpu_compute.device(i, first=first, output=output, blocks=None)
 
 
 def place(
@@ -455,31 +473,10 @@ def place(
     layers = facts.num_layers
     slots = min(n_gpu_layers, layers + 1) if gpus else 0
     first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
-    flash = uses_flash_attention(launcher, gpus)
-    copies = SCHED_COPIES if pipeline_parallel(gpus, slots, facts, n_cpu_moe) else 1
+    terms = _GpuCompute.of(facts, gpus, n_ctx, kv_type, launcher, n_gpu_layers, n_cpu_moe, op_offload)
     usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
-    host_blocks = min(first_gpu_slot, layers)
-    # the scheduler offloads to the first device that can: a local GPU (RPC devices never do)
-    offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
-    offloads = op_offload and bool(host_blocks or n_cpu_moe)
-    offloaded = offloaded_weight_bytes(facts, host_blocks, n_cpu_moe) if offloads else 0
     if split is None and gpus:
-        roles = [
-            _role_compute(
-                facts,
-                gpu,
-                n_ctx,
-                kv_type,
-                launcher,
-                flash,
-                copies,
-                host_blocks,
-                first=i == 0,
-                output=i == len(gpus) - 1,
-                offloaded=offloaded if i == offload_to else 0,
-            )
-            for i, gpu in enumerate(gpus)
-        ]
+        roles = [terms.role(i, first=i == 0, output=i == len(gpus) - 1) for i in range(len(gpus))]
         room = [max(1, u - role) for u, role in zip(usable, roles, strict=True)]
         split = tuple(round(r / sum(room), 4) for r in room)
     split = split or ()
@@ -509,24 +506,10 @@ def place(
             blocks[device].append(slot)
     first_device = next((i for i, held in enumerate(blocks) if held), None)
     compute = [
-        device_compute_bytes(
-            facts,
-            gpu,
-            n_ctx,
-            kv_type,
-            launcher,
-            flash,
-            copies,
-            first=i == first_device,
-            output=i == output_device,
-            blocks=blocks[i],
-            host_blocks=host_blocks,
-            offloaded=offloaded if i == offload_to else 0,
-        )
-        for i, gpu in enumerate(gpus)
+        terms.device(i, first=i == first_device, output=i == output_device, blocks=blocks[i]) for i in range(len(gpus))
     ]
-    host_compute = host_compute_bytes(facts, n_ctx, launcher, flash, output_device is None, copies)
-    extra = _draft_bytes(facts, n_ctx, kv_type, launcher, flash, draft, where)
+    host_compute = host_compute_bytes(facts, n_ctx, launcher, terms.flash, output_device is None, terms.copies)
+    extra = _draft_bytes(facts, n_ctx, kv_type, launcher, terms.flash, draft, where)
     if extra.compute_device is None:
         host_compute += extra.compute
     else:
@@ -610,31 +593,12 @@ def _filled_split(
     in RAM that op offload brings in (what :func:`place` adds; leaving it out filled GPU0 past what
     place accepts; so did leaving out a local CUDA GPU's attention copies). None when the slots
     cannot fit at all."""
-    flash = uses_flash_attention(launcher, gpus)
-    copies = SCHED_COPIES if pipeline_parallel(gpus, n_gpu_layers, facts, n_cpu_moe) else 1
+    terms = _GpuCompute.of(facts, gpus, n_ctx, kv_type, launcher, n_gpu_layers, n_cpu_moe)
     usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
-    host_blocks = max(0, min(facts.num_layers + 1 - n_gpu_layers, facts.num_layers))
-    offload_to = next((i for i, gpu in enumerate(gpus) if not gpu.is_remote), None)
-    offloaded = offloaded_weight_bytes(facts, host_blocks, n_cpu_moe) if host_blocks or n_cpu_moe else 0
-
-    def role(i: int, output: bool) -> int:
-        """GPU ``i``'s compute buffer as :func:`place` counts it, holding the output layer or not."""
-        return _role_compute(
-            facts,
-            gpus[i],
-            n_ctx,
-            kv_type,
-            launcher,
-            flash,
-            copies,
-            host_blocks,
-            first=i == 0,
-            output=output,
-            offloaded=offloaded if i == offload_to else 0,
-        )
-
-    own = [role(i, False) for i in range(len(gpus))]
-    logits_extra = [role(i, True) - own[i] for i in range(len(gpus))]  # on the device the output slot lands
+    own = [terms.role(i, first=i == 0, output=False) for i in range(len(gpus))]
+    logits_extra = [
+        terms.role(i, first=i == 0, output=True) - own[i] for i in range(len(gpus))
+    ]  # on the device the output slot lands
     costs = _slot_costs(facts, n_ctx, kv_type, launcher, n_cpu_moe, draft)[facts.num_layers + 1 - n_gpu_layers :]
     needs = [on_gpu + cache for on_gpu, _, cache in costs]
 
