@@ -23,6 +23,17 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Scheduling:
+    """What the engine can do for many sessions at once, as the gateway's admission uses it
+    (gateway.serving.admission): how many long prefills it runs at once without starving the short
+    turns beside them, and what a long prefill's request carries to be served after short ones."""
+
+    long_lane: int = 0  # long prefills in the engine at once; 0: no limit (the engine interleaves them itself)
+    long_fields: Mapping[str, Any] = field(default_factory=dict)  # added to a long prefill's request body
+    means: str = ""  # one line for the plan and /status: what the engine itself does for many sessions
+
+
+@dataclass(frozen=True)
 class Launch:
     """A fully decided engine start: the supervisor runs ``argv`` with ``env`` added and polls health."""
 
@@ -61,6 +72,7 @@ class Launch:
     # its totals so far, for an engine whose log has no per-request timings (vLLM)
     speed_metrics: Callable[[str], dict[str, tuple[float, float]]] | None = None
     metrics_path: str = "/metrics"
+    scheduling: Scheduling = field(default_factory=Scheduling)
 
     @property
     def base_url(self) -> str:

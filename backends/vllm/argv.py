@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from backends.vllm.memory import VllmFlags
+from backends.vllm.scheduling import long_prefill_threshold
 
 HEALTH_PATH = "/health"
 
@@ -36,6 +37,12 @@ def build_argv(
         argv += ["--gpu-memory-utilization", str(flags.gpu_memory_utilization)]
     argv += ["--max-model-len", str(flags.max_model_len), "--max-num-seqs", str(flags.max_num_seqs)]
     argv += ["--max-num-batched-tokens", str(flags.max_num_batched_tokens)]
+    # many agents at once (backends/vllm/scheduling.py): warm turns before long prefills, which share each step
+    argv += ["--scheduling-policy", "priority"]
+    argv += [
+        "--long-prefill-token-threshold",
+        str(long_prefill_threshold(flags.max_num_batched_tokens, flags.max_model_len)),
+    ]
     if flags.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", flags.kv_cache_dtype]
     if flags.block_size:  # prefix caching reuses whole blocks only

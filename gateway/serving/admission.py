@@ -1,10 +1,27 @@
-"""Admission control: forward at most as many requests as the engine runs at once, queue the rest.
+"""Admission: forward at most as many requests as the engine runs at once, and choose who goes next.
 
-Capacity follows the live engine (vLLM's max_num_seqs, llama.cpp's slots). Beyond it a bounded FIFO
-queue; a request that would overflow the queue, or waits longer than the limit, gets 429 with
-Retry-After so agents and SDKs back off instead of piling onto a saturated engine.
+Capacity follows the live engine (vLLM's max_num_seqs, llama.cpp's slots). Beyond it a bounded queue;
+a request that would overflow the queue, or waits longer than the limit, gets 429 with Retry-After so
+agents and SDKs back off instead of piling onto a saturated engine.
 
-A slot is held for the length of an ``async with admission.slot() as ticket:`` block, so every way
+The queue is not first-in first-out. Many agents share one engine, and a warm turn (a session's next
+tool result: a few hundred tokens to prefill) must not wait a minute behind other sessions' cold 20k-token
+prefills. When a slot frees, the next request is, in order:
+
+1. from the key with the fewest requests in flight (one key's burst of 20 subagents cannot hold every
+   slot while another key waits), then the session with the fewest;
+2. a short prefill before a long one (:class:`Claim`: the gateway's estimate of what the engine must
+   prefill, :mod:`gateway.serving.sessions`); a request that has waited ``aging_s`` counts as short, so a
+   long one is never starved;
+3. the oldest.
+
+Two limits hold a request back even with a slot free: a cap on each key's requests in flight (a
+setting; 0: none), and the **long-prefill lane**: at most ``long_lane()`` long prefills in the engine at
+once (the engine says how many it can run without starving short ones: :class:`backends.base.Scheduling`),
+so the other slots stay free for warm turns. A long request leaves the lane when its first output goes
+out (its prefill is over), not when its answer ends.
+
+A slot is held for the length of an ``async with admission.slot(claim) as ticket:`` block, so every way
 out of a handler frees it. A streamed response outlives its handler: ``ticket.hand_over()`` gives the
 slot to the stream, whose close frees it through the same ``release``.
 """
@@ -14,25 +31,49 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 from gateway.serving.error_shapes import ApiError, unavailable
 
 RETRY_AFTER_FULL_S = 2
+AGING_S = 30.0  # a long request waiting this long goes as if it were short
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a request asks of the engine, as the scheduler orders it."""
+
+    key: str = "open"  # the API key's id (gateway.serving.sessions.key_id)
+    session: str = ""
+    prefill_tokens: int = 0  # the gateway's estimate of what the engine must prefill
+    long: bool = False  # a long prefill: it takes the long-prefill lane
 
 
 class Ticket:
     """One admitted request's slot; released once (idempotent) when its response is over."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, claim: Claim, queued_s: float) -> None:
         self._admission = admission
+        self.claim = claim
+        self.queued_s = queued_s  # time spent waiting for the slot
         self._released = False
+        self._in_lane = claim.long
         self.handed_over = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._admission._leave()
+            self.prefilled()
+            self._admission._leave(self.claim)
+
+    def prefilled(self) -> None:
+        """The engine has begun to answer (the prompt is prefilled): the long-prefill lane frees."""
+        if self._in_lane:
+            self._in_lane = False
+            self._admission._leave_lane()
 
     def hand_over(self) -> Callable[[], None]:
         """The response outlives the ``slot()`` block (a stream): leaving the block without an error
@@ -41,25 +82,51 @@ class Ticket:
         return self.release
 
 
+@dataclass(eq=False)
+class _Waiter:
+    claim: Claim
+    since: float
+    order: int
+    future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
 class Admission:
-    def __init__(self, capacity: Callable[[], int], *, queue_limit: int, wait_s: float) -> None:
+    def __init__(
+        self,
+        capacity: Callable[[], int],
+        *,
+        queue_limit: int,
+        wait_s: float,
+        per_key_limit: int = 0,
+        long_lane: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.monotonic,
+        aging_s: float = AGING_S,
+    ) -> None:
         self.capacity = capacity
         self.queue_limit = queue_limit
         self.wait_s = wait_s
+        self.per_key_limit = per_key_limit  # requests in flight per key; 0: no cap
+        self.long_lane = long_lane  # long prefills in the engine at once; 0: no lane (every slot may take one)
+        self.clock = clock
+        self.aging_s = aging_s
         self.active = 0
+        self.long_active = 0
         self.rejected = 0
         self.closed: str | None = None  # why nothing more is admitted (the gateway is stopping)
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.by_key: collections.Counter[str] = collections.Counter()
+        self.by_session: collections.Counter[str] = collections.Counter()
+        self._waiters: list[_Waiter] = []
+        self._order = itertools.count()
 
     @property
     def queued(self) -> int:
         return len(self._waiters)
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[Ticket]:
+    async def slot(self, claim: Claim | None = None) -> AsyncIterator[Ticket]:
         """Wait for a slot (or raise 429) and hold it for the block; an error anywhere in it frees the
         slot even if it was handed over, since no stream will ever run to free it."""
-        ticket = await self.enter()
+        ticket = await self.enter(claim)
         try:
             yield ticket
         except BaseException:
@@ -71,53 +138,94 @@ class Admission:
     def close(self, why: str) -> None:
         """Admit nothing more: every queued request, and every later one, gets 503 + Retry-After."""
         self.closed = why
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(unavailable(why))
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(unavailable(why))
 
-    async def enter(self) -> Ticket:
-        """A slot now, or a place in the queue until one frees; the caller must release the ticket."""
+    async def enter(self, claim: Claim | None = None) -> Ticket:
+        """A slot now, or a place in the queue until the scheduler picks this request; the caller must
+        release the ticket."""
         if self.closed:
             raise unavailable(self.closed)
-        if self.active < max(1, self.capacity()) and not self._waiters:
-            self.active += 1
-            return Ticket(self)
-        if len(self._waiters) >= self.queue_limit:
+        claim = claim or Claim()
+        started = self.clock()
+        waiter = _Waiter(claim, started, next(self._order))
+        self._waiters.append(waiter)
+        self._dispatch()
+        if waiter.future.done():
+            return Ticket(self, claim, 0.0)
+        if len(self._waiters) > self.queue_limit:  # the others waiting, this one aside
+            self._waiters.remove(waiter)
             self.rejected += 1
             raise _full(f"the engine is busy and {len(self._waiters)} requests are already waiting")
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout=self.wait_s)
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=self.wait_s)
         except TimeoutError:
-            if _admitted(waiter):  # admitted at the last moment: give it back
-                self._leave()
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            self._withdraw(waiter)
             self.rejected += 1
             raise _full(f"the request waited {self.wait_s:.0f} s for the engine") from None
         except asyncio.CancelledError:  # the client went away while queued
-            if _admitted(waiter):
-                self._leave()
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            self._withdraw(waiter)
             raise
-        return Ticket(self)
+        return Ticket(self, claim, max(self.clock() - started, 0.0))
 
-    def _leave(self) -> None:
-        """A slot frees: hand it to the oldest waiter, or count it free."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the slot passes on; active stays the same
+    def _withdraw(self, waiter: _Waiter) -> None:
+        """A waiter leaves (timed out, or its client went away): a slot given at the last moment goes back."""
+        if _admitted(waiter.future):
+            self._leave(waiter.claim)
+            if waiter.claim.long:
+                self._leave_lane()
+        elif waiter in self._waiters:
+            self._waiters.remove(waiter)
+
+    def _eligible(self, waiter: _Waiter) -> bool:
+        claim = waiter.claim
+        if self.per_key_limit and self.by_key[claim.key] >= self.per_key_limit:
+            return False
+        lane = self.long_lane()
+        return not (claim.long and lane and self.long_active >= lane)
+
+    def _rank(self, waiter: _Waiter, now: float) -> tuple[int, int, int, int]:
+        claim = waiter.claim
+        short = not claim.long or now - waiter.since >= self.aging_s
+        return (self.by_key[claim.key], self.by_session[claim.session], 0 if short else 1, waiter.order)
+
+    def _dispatch(self) -> None:
+        """Give free slots to the best eligible waiters, one at a time (each start changes the ranks)."""
+        while self._waiters and self.active < max(1, self.capacity()):
+            now = self.clock()
+            eligible = [waiter for waiter in self._waiters if self._eligible(waiter)]
+            if not eligible:
                 return
+            chosen = min(eligible, key=lambda waiter: self._rank(waiter, now))
+            self._waiters.remove(chosen)
+            if chosen.future.done():  # cancelled while it waited
+                continue
+            self.active += 1
+            self.by_key[chosen.claim.key] += 1
+            self.by_session[chosen.claim.session] += 1
+            if chosen.claim.long:
+                self.long_active += 1
+            chosen.future.set_result(None)
+
+    def _leave(self, claim: Claim) -> None:
+        """A slot frees: it goes to whoever the scheduler picks next."""
         self.active -= 1
+        for counter, name in ((self.by_key, claim.key), (self.by_session, claim.session)):
+            counter[name] -= 1
+            if counter[name] <= 0:
+                del counter[name]
+        self._dispatch()
+
+    def _leave_lane(self) -> None:
+        self.long_active -= 1
+        self._dispatch()
 
 
-def _admitted(waiter: asyncio.Future[None]) -> bool:
+def _admitted(future: asyncio.Future[None]) -> bool:
     """The waiter was given a slot (not cancelled, not refused because the gateway is stopping)."""
-    return waiter.done() and not waiter.cancelled() and waiter.exception() is None
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def _full(message: str) -> ApiError:

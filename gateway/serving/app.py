@@ -30,6 +30,7 @@ from gateway.serving.metrics import StateCollector
 from gateway.serving.metrics import endpoint as metrics_endpoint
 from gateway.serving.readiness import EngineProbe, public
 from gateway.serving.runtime import Runtime
+from gateway.serving.usage_board import BoardCollector
 from gateway.supervision.lifecycle import State
 
 log = logging.getLogger("gateway.app")
@@ -75,6 +76,8 @@ class Gateway:
         }
         data["plan"] = {**(data.get("plan") or {}), **self.rt.plan_details}
         data["gpus"] = self._gpus()
+        data["usage"] = self.rt.usage.snapshot()
+        data["scheduling"] = self.rt.scheduling_status()
         return data
 
     def _gpus(self) -> list[dict[str, Any]]:
@@ -174,6 +177,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
     ]
     registry = CollectorRegistry()
     registry.register(StateCollector(runtime))
+    registry.register(BoardCollector(runtime.usage))
     routes.append(Route("/metrics", metrics_endpoint(registry), methods=["GET"]))
     handlers = {ApiError: _error, HTTPException: _error, Exception: _error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
@@ -183,4 +187,4 @@ def create_app(runtime: Runtime) -> ASGIApp:
         allowed_hosts=runtime.allowed_hosts, cors_allow_origins=runtime.cors_allow_origins,
     )  # fmt: skip
     paths = [route.path for route in routes if "{" not in route.path]  # one label per route, not per model id
-    return CancelOnDisconnect(RequestMetrics(guarded, registry, paths))
+    return CancelOnDisconnect(RequestMetrics(guarded, registry, paths, board=runtime.usage))

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.core import auth
 from gateway.serving.error_shapes import shape_for
+from gateway.serving.usage_board import RequestRecord, UsageBoard
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -78,6 +79,24 @@ class ApiKeys:
 
 
 KEY_STATE = "key_accepted"
+RECORD_STATE = "record"  # the request's RequestRecord (gateway.serving.usage_board), for the handlers
+
+
+def record_of(scope: Scope) -> RequestRecord:
+    """The request's account, which the handler fills in (a request that came in around the edge: a new one)."""
+    state = scope.setdefault("state", {})
+    record = state.get(RECORD_STATE)
+    if not isinstance(record, RequestRecord):
+        record = state[RECORD_STATE] = RequestRecord()
+    return record
+
+
+def presented_key(scope: Scope) -> str | None:
+    """The API key the request carried (Bearer or x-api-key), to name its key id; never logged."""
+    bearer = _header(scope, b"authorization")
+    if bearer and bearer[:7].lower() == "bearer ":
+        return bearer[7:].strip() or None
+    return (_header(scope, b"x-api-key") or "").strip() or None
 
 
 def may_see_detail(scope: Scope) -> bool:
@@ -89,8 +108,11 @@ class RequestMetrics:
     """Counts requests by route and status, times them (and the first streamed byte), sums tokens
     from the usage figures the responses carry, and tags each response with an X-Request-Id."""
 
-    def __init__(self, app: ASGIApp, registry: CollectorRegistry, routes: Iterable[str] = ()) -> None:
+    def __init__(
+        self, app: ASGIApp, registry: CollectorRegistry, routes: Iterable[str] = (), board: UsageBoard | None = None
+    ) -> None:
         self.app = app
+        self.board = board if board is not None else UsageBoard()
         self.routes = frozenset(routes)  # the app's own paths; anything else is counted as "other"
         self.requests = Counter(
             "gateway_requests", "Requests by route and status", ["route", "status"], registry=registry
@@ -116,7 +138,8 @@ class RequestMetrics:
         route = scope["path"] if scope["path"] in self.routes else "other"
         rid = _usable_request_id(_header(scope, b"x-request-id")) or uuid.uuid4().hex
         token = request_id.set(rid)
-        started = time.perf_counter()
+        record = scope.setdefault("state", {})[RECORD_STATE] = RequestRecord()
+        started = record.started
         status: dict[str, Any] = {"code": 500, "streaming": False, "first": True, "first_byte_s": None}
         tokens = {"in": 0, "out": 0, "cached": 0, "usage": 0}  # usage: whether the answer carried any figures
 
@@ -133,9 +156,11 @@ class RequestMetrics:
                 self.latency.labels(route).observe(status["first_byte_s"])
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
-                if status["streaming"] and status["first"] and body:
+                if status["first"] and body:
                     status["first"] = False
-                    self.ttft.labels(route).observe(time.perf_counter() - started)
+                    record.first_output()
+                    if status["streaming"]:
+                        self.ttft.labels(route).observe(time.perf_counter() - started)
                 if b"_tokens" in body and (b'"usage"' in body or b'"message_delta"' in body):
                     self._count_tokens(body, tokens)
             await send(message)
@@ -147,6 +172,8 @@ class RequestMetrics:
             if tokens["usage"]:
                 self.prompt_tokens.labels("reused").inc(tokens["cached"])
                 self.prompt_tokens.labels("evaluated").inc(max(tokens["in"] - tokens["cached"], 0))
+            record.first_output()  # whoever waited for it (the long-prefill lane): the answer is over
+            self.board.add(record, status=status["code"], tokens=tokens, agent=_header(scope, b"user-agent"))
             if scope["path"] not in QUIET_PATHS:
                 _log_access(scope, rid, status, tokens, time.perf_counter() - started)
             request_id.reset(token)
@@ -184,6 +211,9 @@ def _log_access(scope: Scope, rid: str, status: dict[str, Any], tokens: dict[str
     counts the answer did not carry (a stream without ``include_usage``) are unknown: ``?`` / null."""
     client = scope.get("client")
     known = bool(tokens["usage"])
+    record = scope.get("state", {}).get(RECORD_STATE)
+    identity = record.identity if isinstance(record, RequestRecord) else None
+    queued_s = record.queued_s if isinstance(record, RequestRecord) else None
     fields = {
         "method": scope.get("method", ""),
         "path": scope["path"],
@@ -196,10 +226,15 @@ def _log_access(scope: Scope, rid: str, status: dict[str, Any], tokens: dict[str
         "client": f"{client[0]}:{client[1]}" if client else None,
         "user_agent": _header(scope, b"user-agent"),
         "request_id": rid,
+        "session": identity.session if identity else None,  # gateway.serving.sessions: never the key itself
+        "key": identity.key if identity else None,
+        "queued_ms": None if queued_s is None else round(queued_s * 1000, 1),
     }
     counted = f"in={tokens['in']} out={tokens['out']} cached={tokens['cached']}" if known else "in=? out=?"
+    waited = "-" if queued_s is None else f"{queued_s * 1000:.0f}ms"
+    who = f" session={identity.session} key={identity.key} queued={waited}" if identity else ""
     access_log.info(
-        '%s %s %s %.0f ms %s client=%s agent="%s" id=%s',
-        fields["method"], fields["path"], fields["status"], fields["ms"], counted, fields["client"],
+        '%s %s %s %.0f ms %s%s client=%s agent="%s" id=%s',
+        fields["method"], fields["path"], fields["status"], fields["ms"], counted, who, fields["client"],
         fields["user_agent"] or "-", rid, extra={"access": fields},
     )  # fmt: skip

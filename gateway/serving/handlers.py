@@ -8,9 +8,10 @@ and Messages share one translate path; a :class:`Dialect` says what differs betw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,18 +21,21 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.serving import custom_tools, messages_api, responses_api
 from gateway.serving import request_shapes as shapes
+from gateway.serving.admission import Claim, Ticket
 from gateway.serving.chat_fixups import (
     ChatStreamFixer,
     clamp_output,
     complete_chat_shape,
     map_max_completion_tokens,
 )
+from gateway.serving.edge import presented_key, record_of
 from gateway.serving.error_shapes import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
 from gateway.serving.prompt_prefix import strip_billing_header
 from gateway.serving.proxy import ChunkFilter, chained, translated_stream
 from gateway.serving.readiness import public
 from gateway.serving.request_body import BodyReader
 from gateway.serving.runtime import Runtime
+from gateway.serving.sessions import LONG_PREFILL_TOKENS, identify, prompt_units
 from gateway.serving.stream_guard import response_failed_event
 from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 
@@ -129,6 +133,36 @@ class Inference:
             raise unavailable(f"the backend for '{self.rt.route.fronted}' {_not_ready(backend)}; retry shortly")
         return target
 
+    def _claim(self, request: Request, payload: Mapping[str, Any]) -> Claim:
+        """Name the request's session and key, and estimate what the engine must prefill of it (what the
+        scheduler orders by: gateway.serving.sessions); the estimate counts this prompt as sent from now on."""
+        units = prompt_units(payload)
+        identity = identify(request.headers, payload, units, presented_key(request.scope))
+        new_tokens = self.rt.prefixes.new_tokens(units)
+        self.rt.prefixes.remember(units)
+        record = record_of(request.scope)
+        record.identity, record.prefill_estimate = identity, new_tokens
+        record.long = new_tokens > LONG_PREFILL_TOKENS
+        return Claim(identity.key, identity.session, new_tokens, record.long)
+
+    @staticmethod
+    def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:
+        """A long prefill carries what the engine needs to serve it after short turns (vLLM's priority,
+        llama-server's last slot: backends.base.Scheduling); True when the payload changed."""
+        fields = target.scheduling.long_fields if claim.long else {}
+        payload.update(fields)
+        return bool(fields)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, request: Request, claim: Claim) -> AsyncIterator[Ticket]:
+        """An engine slot for the block (gateway.serving.admission), with the wait and the first output
+        noted on the request's record: the long-prefill lane frees when the answer starts."""
+        async with self.rt.admission.slot(claim) as ticket:
+            record = record_of(request.scope)
+            record.queued_s = ticket.queued_s
+            record.on_first_output.append(ticket.prefilled)
+            yield ticket
+
     async def _prompt_tokens(self, target: EngineTarget, payload: dict[str, Any]) -> int | None:
         counted = await self.rt.engine_client.count_prompt(target, payload)
         return None if counted is None else counted[0]
@@ -171,16 +205,18 @@ class Inference:
     # -- chat and text completions -----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
         body, payload = await self.bodies.read(request, shapes.ChatCompletionRequest)
-        return await self._completion(payload, body, "/v1/chat/completions")
+        return await self._completion(request, payload, body, "/v1/chat/completions")
 
     async def completions(self, request: Request) -> Response:
         body, payload = await self.bodies.read(request, shapes.CompletionRequest)
-        return await self._completion(payload, body, "/v1/completions")
+        return await self._completion(request, payload, body, "/v1/completions")
 
-    async def _completion(self, payload: dict[str, Any], body: bytes, path: str) -> Response:
+    async def _completion(self, request: Request, payload: dict[str, Any], body: bytes, path: str) -> Response:
         changed = self._route_model(payload)
         changed |= strip_billing_header(payload)
         target = self._target()
+        claim = self._claim(request, payload)
+        changed |= self._mark_long(target, claim, payload)
         fixed, prompt = await self._fit_chat(target, payload)
         stream = payload.get("stream") is True
         filters: list[ChunkFilter] = []
@@ -203,7 +239,7 @@ class Inference:
         def rewrite(data: bytes) -> bytes:
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
 
-        async with self.rt.admission.slot() as ticket:
+        async with self._admitted(request, claim) as ticket:
             return await self.rt.engine_client.relay(
                 target,
                 path,
@@ -215,10 +251,13 @@ class Inference:
             )
 
     async def _passthrough(
-        self, dialect: Dialect, target: EngineTarget, payload: dict[str, Any], body: bytes | None
+        self, request: Request, dialect: Dialect, target: EngineTarget, payload: dict[str, Any], body: bytes | None
     ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
-        async with self.rt.admission.slot() as ticket:
+        claim = self._claim(request, payload)
+        if self._mark_long(target, claim, payload):
+            body = None
+        async with self._admitted(request, claim) as ticket:
             return await self.rt.engine_client.relay(
                 target,
                 dialect.path,
@@ -247,17 +286,21 @@ class Inference:
                 shown = ", ".join(repr(name)[:40] for name in described[:5])  # the client's names, bounded
                 log.info("custom tool(s) %s: grammar put in the description (free-form input)", shown)
                 changed = True
-            return await self._passthrough(dialect, target, payload, body if not changed else None)
-        return await self._translate(dialect, target, payload)
+            return await self._passthrough(request, dialect, target, payload, body if not changed else None)
+        return await self._translate(request, dialect, target, payload)
 
-    async def _translate(self, dialect: Dialect, target: EngineTarget, payload: dict[str, Any]) -> Response:
+    async def _translate(
+        self, request: Request, dialect: Dialect, target: EngineTarget, payload: dict[str, Any]
+    ) -> Response:
         """Ask the engine in chat completions and answer in the dialect: one reply, or a stream of its
         events (usage synthesized when the engine ignores include_usage). An engine's refusal comes
         back in the dialect's error shape."""
         fronted = self.rt.route.fronted
         chat = dialect.to_chat(payload, self.rt.route.served)
+        claim = self._claim(request, payload)  # the client's own request: its session fields, as it sent them
+        self._mark_long(target, claim, chat)
         _, prompt = await self._fit_chat(target, chat)
-        async with self.rt.admission.slot() as ticket:
+        async with self._admitted(request, claim) as ticket:
             if not chat["stream"]:
                 status, answer = await self.rt.engine_client.post_json(target, "/v1/chat/completions", chat)
                 if status == 200 and not _is_chat_completion(answer):

@@ -12,6 +12,8 @@ from typing import Any
 from gateway.serving.admission import Admission
 from gateway.serving.model_names import ModelRoute
 from gateway.serving.proxy import EngineClient
+from gateway.serving.sessions import KnownPrefixes
+from gateway.serving.usage_board import UsageBoard
 from gateway.supervision.lifecycle import ServedBackend
 
 # Every ``gpu`` below is a device's label (gateway.core.devices.Device.label): its index on its own node as
@@ -53,6 +55,7 @@ class Runtime:
     max_body_elements: int = 100_000
     queue_limit: int = 64
     queue_wait_s: float = 600.0
+    per_key_limit: int = 0  # requests in flight per API key (0: no cap)
     api_keys: tuple[str, ...] = ()
     bind_host: str = "127.0.0.1"  # with allowed_hosts: the Host names accepted without keys (browser_guard)
     allowed_hosts: tuple[str, ...] = ()
@@ -65,10 +68,18 @@ class Runtime:
     on_startup_failure: Callable[[], None] = lambda: None
     created: int = 0
     admission: Admission = field(init=False)
+    usage: UsageBoard = field(default_factory=UsageBoard)  # who uses the node: per key and session
+    prefixes: KnownPrefixes = field(default_factory=KnownPrefixes)  # what the engine's prefix cache likely holds
 
     def __post_init__(self) -> None:
         self.created = int(time.time())
-        self.admission = Admission(self.capacity, queue_limit=self.queue_limit, wait_s=self.queue_wait_s)
+        self.admission = Admission(
+            self.capacity,
+            queue_limit=self.queue_limit,
+            wait_s=self.queue_wait_s,
+            per_key_limit=self.per_key_limit,
+            long_lane=self.long_lane,
+        )
 
     def show_plan(self, figures: PlanFigures) -> None:
         """The plan the backend runs now (the first, or one made again when a node was lost or came back)."""
@@ -82,6 +93,25 @@ class Runtime:
         """Requests the live engine runs at once (it changes when the engine restarts or steps down)."""
         target = self.backend.target
         return target.max_concurrency if target else 1
+
+    def long_lane(self) -> int:
+        """Long prefills the live engine runs at once without starving warm turns (0: no limit)."""
+        target = self.backend.target
+        return target.scheduling.long_lane if target else 0
+
+    def scheduling_status(self) -> dict[str, Any]:
+        """For /status: how requests are scheduled now."""
+        target = self.backend.target
+        admission = self.admission
+        return {
+            "engine": target.scheduling.means if target else None,
+            "capacity": self.capacity(),
+            "active": admission.active,
+            "queued": admission.queued,
+            "long_prefills_active": admission.long_active,
+            "long_lane": self.long_lane(),
+            "per_key_limit": self.per_key_limit or None,
+        }
 
     def context_length(self) -> int:
         """The one context figure (/v1/models, /status, /metrics): the backend's (see ServedBackend)."""

@@ -9,7 +9,10 @@ the handlers and ``/metrics`` speak only this protocol.
 from __future__ import annotations
 
 import enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from backends.base import Scheduling
 
 
 class State(enum.Enum):
@@ -50,6 +53,8 @@ class EngineTarget(Protocol):
     def tokenize_chat(self) -> bool: ...
     @property
     def template_path(self) -> str | None: ...
+    @property
+    def scheduling(self) -> Scheduling: ...  # the engine's means for many sessions at once
 
 
 class ServedBackend(Protocol):

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from backends.base import Launch
+from backends.base import Launch, Scheduling
 from gateway.serving.edge import ASGIApp
 from gateway.serving.model_names import ModelRoute
 from gateway.serving.proxy import EngineClient, Timeouts
@@ -352,6 +352,8 @@ def make_runtime(
     restarts: int = 0,
     max_body_bytes: int = 64 * 1024,
     template_path: str | None = None,
+    scheduling: Scheduling | None = None,
+    per_key_limit: int = 0,
 ) -> Runtime:
     launch = Launch(
         engine="fake",
@@ -367,6 +369,7 @@ def make_runtime(
         tokenize_path="/tokenize",
         template_path=template_path,
         base=engine_url,
+        scheduling=scheduling or Scheduling(),
     )
     return Runtime(
         route=ModelRoute(fronted=FRONTED, served=SERVED, aliases=("alias",)),
@@ -376,6 +379,7 @@ def make_runtime(
         queue_limit=queue_limit,
         queue_wait_s=queue_wait_s,
         api_keys=api_keys,
+        per_key_limit=per_key_limit,
         allowed_hosts=("testserver",),  # starlette's TestClient's Host
         plan_memory=[("0", "weights", 1000)],
         plan_kv_tokens=12345,

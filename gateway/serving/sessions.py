@@ -1,0 +1,145 @@
+"""Who a request belongs to, and how much of its prompt the engine likely holds already.
+
+Many agents share one engine: Claude Code's subagents, a developer's two or three agents, a team. To
+schedule them (:mod:`gateway.serving.admission`) and to show who uses the node
+(:mod:`gateway.serving.usage_board`), each request gets:
+
+- a **session**: what the agent says names its conversation (Claude Code's ``x-claude-code-session-id``,
+  Codex's ``session-id`` header or ``prompt_cache_key``, opencode's ``x-session-affinity``), else a hash
+  of the conversation's stable start (tools, system prompt, first user message): Qwen Code, Cline and
+  aider send no id, and their conversation's start stays byte-identical from turn to turn;
+- a **key id**: a short hash of the API key it carried (never the key), so that keys share the engine
+  fairly and are counted apart;
+- a **prefill estimate**: the prompt is cut into units (tools, system, each message) and fingerprinted
+  unit by unit; the longest run of leading units the gateway has already sent to the engine is what
+  the engine's prefix cache likely holds, so the rest is what it must prefill. A session's next turn
+  (its previous prompt plus a tool result) is short; a new conversation with its own 20k tokens is
+  long; a subagent that shares its parent's tools and system prompt is short too. This is the gateway's
+  belief, not the engine's word: the engine's own count comes back in the usage figures.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# headers agents send that name their conversation, most specific first (tests/data/agent-requests)
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-affinity", "x-session-id")
+CHARS_PER_TOKEN = 4  # a rough, engine-free estimate: only the order of magnitude matters here
+LONG_PREFILL_TOKENS = 2048  # an estimated prefill above this is a long one (a cold prompt, a large file)
+KNOWN_PREFIXES = 65_536  # fingerprints remembered (LRU); ~100 bytes each
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A request's session and key ids, as the access log, metrics and the scheduler name them."""
+
+    session: str  # 12 hex digits
+    session_from: str  # the header or field that named it, or "prefix" (the conversation's stable start)
+    key: str  # "key-" + 8 hex digits of the key's hash; "open" when the gateway has no keys
+
+
+def key_id(key: str | None) -> str:
+    """A stable, non-reversible short name for an API key (keys are never logged)."""
+    if not key:
+        return "open"
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def identify(headers: Mapping[str, str], payload: Mapping[str, Any], units: PromptUnits, key: str | None) -> Identity:
+    """The request's session: the agent's own id where it sends one, else its conversation's stable start."""
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value and value.strip():
+            return Identity(_short(value.strip()[:256]), name, key_id(key))
+    cache_key = payload.get("prompt_cache_key")
+    if isinstance(cache_key, str) and cache_key.strip():
+        return Identity(_short(cache_key.strip()[:256]), "prompt_cache_key", key_id(key))
+    return Identity(units.stable_start[:12], "prefix", key_id(key))
+
+
+@dataclass(frozen=True)
+class PromptUnits:
+    """A prompt cut where conversations diverge: tools, system text, then one unit per message (or item),
+    each with the fingerprint of everything up to it and the characters so far."""
+
+    chained: tuple[str, ...]  # fingerprint of units [0..i]
+    chars: tuple[int, ...]  # characters of units [0..i]
+    stable_start: str  # fingerprint up to the first user message (the conversation's name when none is sent)
+
+    @property
+    def total_chars(self) -> int:
+        return self.chars[-1] if self.chars else 0
+
+
+def _encode(unit: Any) -> bytes:
+    return json.dumps(unit, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def _is_user(unit: Any) -> bool:
+    return isinstance(unit, dict) and unit.get("role") == "user"
+
+
+def prompt_units(payload: Mapping[str, Any]) -> PromptUnits:
+    """Cut a chat, Messages, Responses or text-completion request into its units (the parts an agent's
+    next turn repeats byte for byte) and fingerprint them in a chain."""
+    head: list[Any] = [payload.get("tools"), payload.get("system"), payload.get("instructions")]
+    body: Iterable[Any]
+    if isinstance(payload.get("messages"), list):
+        body = payload["messages"]
+    elif isinstance(payload.get("input"), list):
+        body = payload["input"]
+    elif "input" in payload:
+        body = [payload.get("input")]
+    else:
+        body = [payload.get("prompt")]
+    digest = hashlib.blake2b(digest_size=12)
+    chained: list[str] = []
+    chars: list[int] = []
+    total = 0
+    stable = ""
+    for index, unit in enumerate([head, *body]):
+        encoded = _encode(unit)
+        digest.update(len(encoded).to_bytes(8, "little"))
+        digest.update(encoded)
+        total += len(encoded)
+        chained.append(digest.copy().hexdigest())
+        chars.append(total)
+        if not stable and index and _is_user(unit):
+            stable = chained[-1]
+    return PromptUnits(tuple(chained), tuple(chars), stable or (chained[-1] if chained else ""))
+
+
+class KnownPrefixes:
+    """The prompt prefixes the gateway has sent to the engine lately (fingerprint → characters), to
+    estimate what the engine's prefix cache holds of a new request. Bounded; least recently seen go first."""
+
+    def __init__(self, limit: int = KNOWN_PREFIXES) -> None:
+        self.limit = limit
+        self._seen: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    def new_tokens(self, units: PromptUnits) -> int:
+        """The estimated tokens the engine must prefill: everything past the longest known leading run."""
+        held = 0
+        for fingerprint, chars in zip(units.chained, units.chars, strict=True):
+            if fingerprint not in self._seen:
+                break
+            held = chars
+        return max(units.total_chars - held, 0) // CHARS_PER_TOKEN
+
+    def remember(self, units: PromptUnits) -> None:
+        for fingerprint, chars in zip(units.chained, units.chars, strict=True):
+            self._seen[fingerprint] = chars
+            self._seen.move_to_end(fingerprint)
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)

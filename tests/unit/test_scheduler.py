@@ -1,0 +1,294 @@
+"""Many agents on one engine: the admission queue's order (a warm turn before a cold prefill, keys and
+sessions served fairly, a per-key cap, one lane for long prefills, aging), with an injected clock; how a
+request's session, key and prefill are recognised; and, through the HTTP app, every finished request
+giving its slot back and the long prefill carrying the engine's fields."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from backends.base import Scheduling
+from gateway.serving.admission import Admission, Claim, Ticket
+from gateway.serving.sessions import KnownPrefixes, identify, key_id, prompt_units
+from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
+from tests.unit.test_http_gateway import BODIES, _gateway, _with_cue
+
+WARM = Claim(key="key-a", session="s-warm", prefill_tokens=120, long=False)
+
+
+def _cold(session: str, key: str = "key-a") -> Claim:
+    return Claim(key=key, session=session, prefill_tokens=20_000, long=True)
+
+
+def _run(scenario: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(scenario(), timeout=5))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _queue(gate: Admission, claim: Claim) -> asyncio.Task[Ticket]:
+    """A request that has to wait, once it is in the queue."""
+    before = gate.queued
+    task = asyncio.create_task(gate.enter(claim))
+    for _ in range(20):
+        await asyncio.sleep(0)
+        if gate.queued > before or task.done():
+            break
+    return task
+
+
+async def _next_admitted(tasks: list[asyncio.Task[Ticket]]) -> asyncio.Task[Ticket]:
+    for _ in range(20):
+        await asyncio.sleep(0)
+        done = [task for task in tasks if task.done()]
+        if done:
+            assert len(done) == 1, "one freed slot admitted more than one request"
+            tasks.remove(done[0])
+            return done[0]
+    raise AssertionError("nobody was admitted")
+
+
+def test_a_warm_turn_goes_before_cold_prefills_that_came_first() -> None:
+    async def scenario() -> list[str]:
+        gate = Admission(lambda: 1, queue_limit=8, wait_s=5)
+        holder = await gate.enter(_cold("s-0"))
+        waiting = [await _queue(gate, _cold("s-1")), await _queue(gate, _cold("s-2")), await _queue(gate, WARM)]
+        order: list[str] = []
+        current = holder
+        while waiting:
+            current.release()
+            task = await _next_admitted(waiting)
+            current = task.result()
+            order.append(current.claim.session)
+        current.release()
+        assert gate.active == 0
+        return order
+
+    assert _run(scenario) == ["s-warm", "s-1", "s-2"]
+
+
+def test_keys_share_the_engine_fairly_whatever_their_burst() -> None:
+    async def scenario() -> list[str]:
+        gate = Admission(lambda: 2, queue_limit=32, wait_s=5)
+        burst = [await gate.enter(Claim(key="key-a", session=f"a{i}")) for i in range(2)]
+        waiting = [await _queue(gate, Claim(key="key-a", session=f"a{i}")) for i in range(2, 6)]
+        waiting.append(await _queue(gate, Claim(key="key-b", session="b0")))
+        burst[0].release()  # key-a holds one slot, key-b none: key-b goes next though it came last
+        first = await _next_admitted(waiting)
+        burst[1].release()  # now each holds one: the oldest of key-a's
+        second = await _next_admitted(waiting)
+        return [first.result().claim.session, second.result().claim.session]
+
+    assert _run(scenario) == ["b0", "a2"]
+
+
+def test_a_cap_per_key_holds_a_key_back_while_others_go() -> None:
+    async def scenario() -> None:
+        gate = Admission(lambda: 4, queue_limit=8, wait_s=5, per_key_limit=1)
+        mine = await gate.enter(Claim(key="key-a", session="a0"))
+        second = await _queue(gate, Claim(key="key-a", session="a1"))
+        assert not second.done() and gate.active == 1  # a free slot, but key-a is at its cap
+        other = await gate.enter(Claim(key="key-b", session="b0"))  # another key goes at once
+        assert gate.active == 2
+        mine.release()
+        (await asyncio.wait_for(second, 1)).release()
+        other.release()
+        assert gate.active == 0 and not gate.by_key
+
+    _run(scenario)
+
+
+def test_long_prefills_take_one_lane_and_leave_it_when_the_answer_starts() -> None:
+    async def scenario() -> None:
+        gate = Admission(lambda: 4, queue_limit=8, wait_s=5, long_lane=lambda: 1)
+        first = await gate.enter(_cold("s-1"))
+        second = await _queue(gate, _cold("s-2"))
+        assert not second.done() and gate.long_active == 1
+        warm = await gate.enter(WARM)  # the other slots stay free for warm turns
+        assert gate.active == 2
+        first.prefilled()  # its first token: the prefill is over, the lane frees (the slot does not)
+        admitted = await asyncio.wait_for(second, 1)
+        assert (gate.active, gate.long_active) == (3, 1)
+        first.prefilled()  # idempotent
+        for ticket in (first, warm, admitted):
+            ticket.release()
+        assert (gate.active, gate.long_active) == (0, 0)
+
+    _run(scenario)
+
+
+def test_a_long_prefill_that_waited_long_enough_is_not_passed_by_newer_warm_turns() -> None:
+    async def scenario() -> str:
+        clock = Clock()
+        gate = Admission(lambda: 1, queue_limit=8, wait_s=600, clock=clock, aging_s=30)
+        holder = await gate.enter(WARM)
+        cold = await _queue(gate, _cold("s-old"))
+        clock.now = 31.0
+        warm = await _queue(gate, Claim(key="key-a", session="s-new", prefill_tokens=50))
+        holder.release()
+        chosen = await _next_admitted([cold, warm])
+        return chosen.result().claim.session
+
+    assert _run(scenario) == "s-old"
+
+
+def test_a_long_prefill_that_has_not_waited_long_is_passed() -> None:
+    async def scenario() -> str:
+        clock = Clock()
+        gate = Admission(lambda: 1, queue_limit=8, wait_s=600, clock=clock, aging_s=30)
+        holder = await gate.enter(WARM)
+        cold = await _queue(gate, _cold("s-old"))
+        clock.now = 29.0
+        warm = await _queue(gate, Claim(key="key-a", session="s-new", prefill_tokens=50))
+        holder.release()
+        chosen = await _next_admitted([cold, warm])
+        return chosen.result().claim.session
+
+    assert _run(scenario) == "s-new"
+
+
+def test_a_queued_waiter_records_how_long_it_waited() -> None:
+    async def scenario() -> float:
+        clock = Clock()
+        gate = Admission(lambda: 1, queue_limit=8, wait_s=600, clock=clock)
+        holder = await gate.enter(WARM)
+        waiting = await _queue(gate, _cold("s-1"))
+        clock.now = 4.5
+        holder.release()
+        return (await asyncio.wait_for(waiting, 1)).queued_s
+
+    assert _run(scenario) == 4.5
+
+
+# -- who a request is, and what the engine holds of it ---------------------------------------------------------
+
+SYSTEM = "You are Claude Code. " * 400
+TOOLS = [{"name": "Write", "input_schema": {"type": "object"}}]
+
+
+def _messages(first_task: str, *turns: str) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": first_task}]
+    for turn in turns:
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": turn}]
+    return {"system": SYSTEM, "tools": TOOLS, "messages": messages}
+
+
+def test_a_session_is_named_by_what_the_agent_sends_else_by_its_stable_start() -> None:
+    body = _messages("fix the bug")
+    units = prompt_units(body)
+    claude = identify({"x-claude-code-session-id": "8a33e757"}, body, units, "secret-key")
+    codex_header = identify({"session-id": "01a20a2d"}, {}, units, None)
+    codex_field = identify({}, {"prompt_cache_key": "01a20a2d"}, units, None)
+    opencode = identify({"x-session-affinity": "ses_df5d"}, body, units, None)
+    assert claude.session_from == "x-claude-code-session-id" and opencode.session_from == "x-session-affinity"
+    assert codex_header.session == codex_field.session  # the same id, by header or by field
+    assert len({claude.session, codex_header.session, opencode.session}) == 3
+    # no id sent (Qwen Code, Cline, aider): the conversation's start names it, the same on every turn
+    later = _messages("fix the bug", "the tool said 3 tests pass", "now the docs")
+    assert identify({}, later, prompt_units(later), None).session == identify({}, body, units, None).session
+    other = _messages("write a parser")
+    assert identify({}, other, prompt_units(other), None).session != identify({}, body, units, None).session
+    assert claude.key == key_id("secret-key") and "secret" not in claude.key and key_id(None) == "open"
+
+
+def test_what_the_engine_must_prefill_is_what_no_earlier_prompt_began_with() -> None:
+    known = KnownPrefixes()
+    first = prompt_units(_messages("fix the bug"))
+    assert known.new_tokens(first) == first.total_chars // 4  # cold: nothing known
+    known.remember(first)
+    turn_two = prompt_units(_messages("fix the bug", "the tool said 3 tests pass"))
+    assert known.new_tokens(turn_two) < 50  # warm: the previous prompt is its prefix
+    subagent = prompt_units(_messages("explore the repository layout"))
+    assert known.new_tokens(subagent) < 50  # shares the parent's tools and system prompt
+    own_notes = prompt_units({**_messages("fix the bug"), "system": "project notes " * 500 + SYSTEM})
+    assert known.new_tokens(own_notes) == own_notes.total_chars // 4  # differs from its first bytes: cold
+
+
+def test_known_prefixes_are_bounded() -> None:
+    known = KnownPrefixes(limit=10)
+    for task in range(20):
+        known.remember(prompt_units(_messages(f"task {task}")))
+    assert len(known._seen) == 10
+
+
+# -- through the HTTP app -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", list(BODIES))
+def test_every_finished_request_gives_its_slot_back(
+    engine: FakeEngine, engine_url: str, path: str, stream: bool
+) -> None:
+    """One slot and no queue: a request that kept its slot after its answer would make the next one 429."""
+    runtime = make_runtime(engine_url, max_concurrency=1, queue_limit=0, scheduling=Scheduling(long_lane=1))
+    with _gateway(runtime) as client:
+        for cue in ("hello", "REFUSE", "hello again"):
+            answer = client.post(path, json=_with_cue(path, cue, stream=stream))
+            assert answer.status_code in (200, 400), answer.text
+            assert (runtime.admission.active, runtime.admission.long_active, runtime.admission.queued) == (0, 0, 0)
+            assert not runtime.admission.by_key and not runtime.admission.by_session
+
+
+def test_a_long_prefill_carries_the_engine_fields_and_a_warm_turn_does_not(engine: FakeEngine, engine_url: str) -> None:
+    runtime = make_runtime(engine_url, scheduling=Scheduling(long_lane=1, long_fields={"id_slot": 3}))
+    cold = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
+    warm = {
+        **cold,
+        "messages": [*cold["messages"], {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}],
+    }
+    with _gateway(runtime) as client:
+        assert client.post("/v1/chat/completions", json=cold).status_code == 200
+        assert client.post("/v1/chat/completions", json=warm).status_code == 200
+        assert client.post("/v1/messages", json={**cold, "max_tokens": 10}).status_code == 200  # translated
+    sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
+    assert [body.get("id_slot") for body in sent] == [3, None, None]  # the Messages request shares the prefix
+
+
+def test_metrics_status_and_the_access_log_show_who_uses_the_node(
+    engine: FakeEngine, engine_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = make_runtime(engine_url, api_keys=("alpha-key", "beta-key"))
+    engine.cached_tokens = 2
+    sessions = [("alpha-key", "sess-1"), ("alpha-key", "sess-2"), ("beta-key", "sess-3"), ("alpha-key", "sess-1")]
+    with _gateway(runtime) as client, caplog.at_level("INFO", logger="gateway.access"):
+        for key, session in sessions:
+            headers = {"authorization": f"Bearer {key}", "x-claude-code-session-id": session}
+            body = {"model": FRONTED, "messages": [{"role": "user", "content": f"task of {session}"}]}
+            assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+        metrics = client.get("/metrics", headers={"authorization": "Bearer alpha-key"}).text
+        status = client.get("/status", headers={"authorization": "Bearer alpha-key"}).json()
+    alpha, beta = key_id("alpha-key"), key_id("beta-key")
+    assert f'gateway_key_requests_total{{key="{alpha}"}} 3.0' in metrics
+    assert f'gateway_key_requests_total{{key="{beta}"}} 1.0' in metrics
+    assert metrics.count("gateway_session_requests_total{") == 3
+    assert f'gateway_key_prompt_tokens_total{{key="{alpha}",kind="reused"}} 6.0' in metrics
+    assert "alpha-key" not in metrics and "beta-key" not in json.dumps(status)
+    rows = {(row["key"], row["requests"]) for row in status["usage"]["sessions"]}
+    assert rows == {(alpha, 2), (alpha, 1), (beta, 1)}
+    assert [row["key"] for row in status["usage"]["keys"]] == sorted([alpha, beta])
+    lines = [record.getMessage() for record in caplog.records if "/v1/chat/completions" in record.getMessage()]
+    assert len(lines) == 4 and all(f"key={alpha}" in line or f"key={beta}" in line for line in lines)
+    assert all(" session=" in line and "queued=" in line and "alpha-key" not in line for line in lines)
+
+
+def test_sessions_past_the_board_fold_into_one_row(engine: FakeEngine, engine_url: str) -> None:
+    runtime = make_runtime(engine_url)
+    runtime.usage.shown = 2
+    with _gateway(runtime) as client:
+        for session in range(5):
+            body = {"model": FRONTED, "messages": [{"role": "user", "content": f"task {session}"}]}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+        metrics = client.get("/metrics").text
+    assert metrics.count("gateway_session_requests_total{") == 3  # two shown, the rest as one
+    assert 'gateway_session_requests_total{key="",session="other"} 3.0' in metrics
