@@ -227,6 +227,10 @@ class Candidate(Protocol):
     @property
     def kv_tokens(self) -> int: ...  # tokens the KV cache holds (0 when the engine does not say)
     @property
+    def at_once(self) -> int: ...  # requests the engine runs at once (vLLM max_num_seqs, llama.cpp slots)
+    @property
+    def warm_tokens(self) -> int: ...  # prompt tokens kept between turns (KV, and a host prompt cache)
+    @property
     def traits(self) -> Traits: ...  # what it gives and gives up, as the one objective ranks (backends/objective.py)
     @property
     def devices(self) -> tuple[Device, ...]: ...  # what memory_terms' device positions name, in the engine's order

@@ -47,7 +47,7 @@ class Traits:
     offload: bool = False  # weights in host RAM beside GPUs (vLLM --cpu-offload-gb; llama.cpp layers, experts)
     raised_utilization: bool = False  # above the release's default share of GPU memory
     eager: bool = False  # no CUDA graphs
-    few_sequences: bool = False  # fewer than MIN_SEQUENCES at once
+    few_sequences: bool = False  # fewer than MIN_SEQUENCES (or the sessions asked for) at once
     weight_bits: float = 16.0
     kv_bits: float = 16.0  # only where the KV cache type loses precision
     tokens_per_s: float = 0.0  # estimated decode of one request; 0: not estimated
@@ -76,7 +76,7 @@ class Traits:
             (self.low_bit, f"{self.weight_bits:g} bits per weight"),
             (self.raised_utilization, "utilization above the default"),
             (self.eager, "eager mode"),
-            (self.few_sequences, f"fewer than {MIN_SEQUENCES} sequences"),
+            (self.few_sequences, f"fewer than {max(MIN_SEQUENCES, self.goal.sessions)} sequences"),
         ]
         return [text for present, text in named if present]
 

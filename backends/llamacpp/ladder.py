@@ -80,6 +80,18 @@ class LlamaCppCandidate:
         return self.n_ctx + self.warm.room_cells
 
     @property
+    def at_once(self) -> int:
+        """Requests the engine runs at once: llama-server's slots, llama-cpp-python's one."""
+        return warm_sessions.SLOTS if self.launcher == "native" else 1
+
+    @property
+    def warm_tokens(self) -> int:
+        """Prompt tokens kept between turns: the unified cache's cells and what the RAM prompt cache holds."""
+        kv_bytes = warm_sessions.kv_total(self.placement)
+        cached = self.warm.cache_ram_bytes * self.kv_tokens // kv_bytes if kv_bytes else 0
+        return self.kv_tokens + cached
+
+    @property
     def all_on_gpus(self) -> bool:
         """Every block and the output layer on a GPU, no experts in RAM: nothing waits for the host."""
         return self.level % 4 == 0
@@ -285,7 +297,7 @@ def _rungs(
         warm = warm_sessions.WarmSessions()
         if launcher == "native":  # the placement with the room for sessions kept warm (same layers, more cells)
             warm, placement = warm_sessions.keep_warm(
-                facts, gpus, placement, n_ctx, kv_type, mode, ram_available, fits=not problems
+                facts, gpus, placement, n_ctx, kv_type, mode, ram_available, fits=not problems, sessions=goal.sessions
             )
         gpu_part = ", ".join(
             f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"

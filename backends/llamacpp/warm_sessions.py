@@ -22,8 +22,9 @@ when several sessions, side requests and subagents share the four slots:
 - ``--cache-ram``: a slot's prompt is saved to a host-RAM cache before another request takes the
   slot, and restored from there when its session comes back (b11434's default is 8 GiB whatever the
   machine has, uncounted). The plan gives it half the RAM its own terms and margin leave, at most
-  what four full-context prompts hold (one per slot: more is rarely asked back), and none below
-  256 MiB unless that is all four need (a small model's). With ``--kv-unified`` and
+  what four full-context prompts hold (one per slot) or, when more sessions are asked for
+  (``--sessions``), what that many agent prompts of 32k tokens hold, and none below 256 MiB unless
+  that is all they need (a small model's). With ``--kv-unified`` and
   ``--cache-idle-slots`` (b11434's default) every idle slot is saved here and cleared when a request
   starts, so a session other agents' turns came between comes back from this cache, into the room above.
 - ``--ctx-checkpoints``: a model with sliding-window or recurrent layers cannot roll those back to
@@ -57,6 +58,7 @@ from backends.llamacpp.placement import (
     recurrent_state_bytes,
 )
 from gateway.core.devices import GIB, MIB, Device
+from gateway.core.policy import AGENT_PROMPT_TOKENS
 
 SLOTS = NATIVE_PARALLEL  # llama-server's -np
 MIN_CACHE_BYTES = 256 * MIB
@@ -106,7 +108,9 @@ class WarmSessions:
         return f"{room}; {cache}" + (f", {self.checkpoints} checkpoints/slot ({held / GIB:.1f} GiB)" if held else "")
 
 
-def size(spare_bytes: int, kv_bytes: int, checkpoint_bytes: int, room: tuple[int, int] = (0, 0)) -> WarmSessions:
+def size(
+    spare_bytes: int, kv_bytes: int, checkpoint_bytes: int, room: tuple[int, int] = (0, 0), wanted: int = 0
+) -> WarmSessions:
     """Fit the caches into ``spare_bytes`` of RAM (what the plan's own terms, the room included, and
     margin leave): checkpoints first (without them a sliding-window or recurrent model re-prefills
     everything), then half of the rest for the prompt cache, at most four times ``kv_bytes`` (one
@@ -116,7 +120,7 @@ def size(spare_bytes: int, kv_bytes: int, checkpoint_bytes: int, room: tuple[int
     if checkpoint_bytes:
         checkpoints = min(MAX_CHECKPOINTS, spare // 2 // (SLOTS * checkpoint_bytes))
         spare -= checkpoints * SLOTS * checkpoint_bytes
-    wanted = SLOTS * kv_bytes
+    wanted = max(wanted, SLOTS * kv_bytes)
     cache = min(spare // 2, wanted)
     cache = cache // MIB * MIB if cache >= min(MIN_CACHE_BYTES, wanted) and cache >= MIB else 0
     return WarmSessions(cache, checkpoints, checkpoint_bytes if checkpoints else 0, *room)
@@ -186,6 +190,7 @@ def keep_warm(
     ram_available: int,
     *,
     fits: bool,
+    sessions: int = SLOTS,
 ) -> tuple[WarmSessions, Placement]:
     """What keeps sessions warm for a placement of ``n_ctx`` that the plan chose: where it ``fits``, room
     in the unified cache from what the devices and half the spare RAM leave (:func:`widen`); then the
@@ -197,7 +202,11 @@ def keep_warm(
         spare = (ram_available - placement.host_total - HOST_MARGIN_BYTES) // 2
         room, roomy = widen(facts, gpus, placement, n_ctx, kv_type, draft, spare)
     spare = ram_available - roomy.host_total - HOST_MARGIN_BYTES
-    warm = size(spare, context_kv, checkpoint_bytes(facts, kv_type), (room, kv_total(roomy) - context_kv))
+    # the prompt cache is wanted for four contexts (one per slot), or for the sessions asked for (--sessions) at
+    # an agent's typical prompt, whichever is more
+    sessions_kv = sessions * context_kv * min(n_ctx, AGENT_PROMPT_TOKENS) // max(n_ctx, 1)
+    checkpoint = checkpoint_bytes(facts, kv_type)
+    warm = size(spare, context_kv, checkpoint, (room, kv_total(roomy) - context_kv), wanted=sessions_kv)
     if fits and long_rope_room(facts, n_ctx) < (SLOTS - 1) * n_ctx:
         warm = replace(warm, long_rope=facts.long_rope_context)
     return warm, roomy

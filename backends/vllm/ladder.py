@@ -119,7 +119,7 @@ class VllmCandidate:
             offload=f.cpu_offload_gb > 0,
             raised_utilization=c.utilization > 0,
             eager=c.eager > 0,
-            few_sequences=c.fewer_seqs > 0 and f.max_num_seqs < objective.MIN_SEQUENCES,
+            few_sequences=c.fewer_seqs > 0 and f.max_num_seqs < max(objective.MIN_SEQUENCES, self.goal.sessions),
             weight_bits=WEIGHT_BITS.get(self.checkpoint.quantization, 4.25),
             kv_bits=8.0 if f.kv_cache_dtype.startswith("fp8") else 16.0,
             tokens_per_s=self.tokens_per_s,
@@ -147,6 +147,15 @@ class VllmCandidate:
 
     @property
     def kv_tokens(self) -> int:
+        return self.memory.kv_tokens
+
+    @property
+    def at_once(self) -> int:
+        return self.flags.max_num_seqs
+
+    @property
+    def warm_tokens(self) -> int:
+        """Prompt tokens kept between turns: the KV cache (prefix caching keeps a finished prompt's blocks)."""
         return self.memory.kv_tokens
 
     def memory_terms(self) -> list[tuple[int, str, int]]:

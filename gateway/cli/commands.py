@@ -32,7 +32,7 @@ log = logging.getLogger("gateway")
 SERVE_SETTINGS = SETTING_NAMES
 PLAN_SETTINGS = (
     "model", "catalog_dir", "context_length", "min_context", "target_context", "max_context", "engine", "port",
-    "workers", "worker_api_key", "state_dir", "gpus", "ram", *ENGINE_SETTINGS,
+    "workers", "worker_api_key", "state_dir", "gpus", "ram", "sessions", *ENGINE_SETTINGS,
 )  # fmt: skip
 WORKER_SETTINGS = ("api_keys", "api_key_file", "threads", "state_dir", "log_dir", "gpus")
 

@@ -371,6 +371,7 @@ def _runtime(
         max_body_bytes=settings.max_body_bytes,
         max_body_elements=settings.max_body_elements,
         queue_limit=settings.queue_limit,
+        per_key_limit=settings.max_inflight_per_key,
         queue_wait_s=settings.queue_wait_s,
         api_keys=keys,
         bind_host=settings.host,

@@ -23,6 +23,10 @@ LAST_RESORT_CONTEXT = 8192  # below the floor, a plan must still hold this much 
 # Without a GPU, serve at most this much context: long prompts are slow on a CPU anyway.
 CPU_CONTEXT_CAP = 32768
 FALLBACK_CONTEXT = 4096  # when neither the catalog nor the model's files say
+# Agent sessions the plan keeps warm unless told (--sessions): one developer with two or three agents open,
+# or one Claude Code session with a subagent or two, the prompt of each about AGENT_PROMPT_TOKENS.
+DEFAULT_SESSIONS = 4
+AGENT_PROMPT_TOKENS = 32768  # a working agent session's prompt: ~20k of tools and system prompt, then its turns
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,13 @@ class Goal:
     floor: int = DEFAULT_MIN_CONTEXT
     target: int = DEFAULT_TARGET_CONTEXT
     hard: bool = False  # the floor was asked for (--min-context, a pinned context): nothing below it
+    sessions: int = DEFAULT_SESSIONS  # agent sessions run at once and kept warm between their turns
+
+    def warm_sessions(self, warm_tokens: int, context: int) -> tuple[int, int]:
+        """(sessions kept warm at the full ``context``, at an agent's typical prompt): how many whole
+        prompts ``warm_tokens`` (the engine's KV and its host prompt cache) hold."""
+        typical = min(context, AGENT_PROMPT_TOKENS)
+        return (warm_tokens // context if context else 0), (warm_tokens // typical if typical else 0)
 
     @property
     def least(self) -> int:
@@ -95,10 +106,11 @@ class Policy:
     remembered: dict[str, Any] | None = None
     target_context: int = DEFAULT_TARGET_CONTEXT
     hard_floor: bool = False  # min_context given (or a context pinned): nothing below it is a last resort
+    sessions: int = DEFAULT_SESSIONS  # agent sessions at once (--sessions)
 
     @property
     def goal(self) -> Goal:
-        return Goal(self.min_context, max(self.target_context, self.min_context), self.hard_floor)
+        return Goal(self.min_context, max(self.target_context, self.min_context), self.hard_floor, self.sessions)
 
     def plans(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines
@@ -115,7 +127,12 @@ def policy_for(settings: Settings, limit: int | None, has_gpus: bool) -> Policy:
     pins = Pins.from_values(settings)
     explicit_min = "min_context" in settings.model_fields_set
     engines = (settings.engine,) if settings.engine else None
-    common: dict[str, Any] = {"engines": engines, "pins": pins, "hard_floor": explicit_min}
+    common: dict[str, Any] = {
+        "engines": engines,
+        "pins": pins,
+        "hard_floor": explicit_min,
+        "sessions": settings.sessions,
+    }
     if pins.context_length is not None:
         if limit is not None and pins.context_length > limit:
             raise ConfigError(

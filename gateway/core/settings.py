@@ -201,6 +201,19 @@ class Settings(BaseSettings):
         "server's own slots where it says them (/props), else no queueing at all.",
     )
     queue_limit: int = Field(64, ge=0, description="Requests allowed to wait for a free engine slot (429 beyond).")
+    sessions: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="Agent sessions you run at once (subagents count): the plan runs that many requests at once "
+        "where it can and keeps their prompts warm between turns, and says how many fit.",
+    )
+    max_inflight_per_key: int = Field(
+        0,
+        ge=0,
+        description="Requests one API key may have in the engine at once (more wait their turn); 0: no cap, "
+        "the keys still share the engine fairly.",
+    )
     queue_wait_s: float = Field(
         600.0, gt=0, description="Longest wait for a slot before 429.", json_schema_extra={"flags": ["--queue-wait"]}
     )

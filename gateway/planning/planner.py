@@ -18,7 +18,7 @@ from backends.base import Backend, Candidate, Evaluation, Installation, ModelFil
 from gateway.core.devices import Inventory
 from gateway.core.errors import GatewayError
 from gateway.core.model_entry import ModelEntry
-from gateway.core.policy import Policy
+from gateway.core.policy import AGENT_PROMPT_TOKENS, Policy
 
 log = logging.getLogger("gateway.planner")
 
@@ -94,6 +94,41 @@ class Plan:
             f"{e.backend.name} {e.installation.version} ({e.installation.version_source})" for e in self.engines
         )
 
+    def sessions(self) -> dict[str, Any] | None:
+        """How many agent sessions the decision runs at once and keeps warm, against the number asked for
+        (--sessions): at its full context and at an agent's typical prompt."""
+        chosen = self.chosen
+        if chosen is None:
+            return None
+        goal = self.policy.goal
+        full, typical = goal.warm_sessions(chosen.warm_tokens, chosen.context_length)
+        return {
+            "asked": goal.sessions,
+            "at_once": chosen.at_once,
+            "warm_tokens": chosen.warm_tokens,
+            "warm_at_context": full,
+            "context": chosen.context_length,
+            "warm_at_typical_prompt": typical,
+            "typical_prompt": min(chosen.context_length, AGENT_PROMPT_TOKENS),
+        }
+
+    def sessions_line(self) -> str | None:
+        """The plan's one line on sessions: "sessions: 4 asked; 4 at once, 3 kept warm at 131,072 tokens
+        (12 at 32,768)", and what happens past that."""
+        sessions = self.sessions()
+        if sessions is None:
+            return None
+        line = (
+            f"sessions: {sessions['asked']} asked; {sessions['at_once']} at once, {sessions['warm_at_context']} kept "
+            f"warm at {sessions['context']:,} tokens ({sessions['warm_at_typical_prompt']} at "
+            f"{sessions['typical_prompt']:,})"
+        )
+        if sessions["asked"] > sessions["warm_at_typical_prompt"]:
+            line += "; more than that and the least recently used sessions prefill again"
+        if sessions["asked"] > sessions["at_once"]:
+            line += "; more requests than run at once wait in the gateway's queue (warm turns first)"
+        return line
+
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -123,6 +158,7 @@ class Plan:
             },
             "candidates": [c.to_json() for c in self.candidates],
             "notes": self.notes,
+            "sessions": self.sessions(),
         }
 
 
