@@ -107,7 +107,6 @@ class Traits:
             out.append(f"~{self.tokens_per_s:.1f} tokens/s")
         return out
 
-
     @property
     def cold_phrase(self) -> str:
         return f"re-prefills up to {self.turn_prefill:,} tokens every turn"

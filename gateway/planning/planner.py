@@ -204,8 +204,10 @@ def _why(engine: EnginePlan, best: Candidate, runner_up: tuple[EnginePlan, Candi
     if traits.below_floor:
         rule = f"LAST RESORT: nothing reaches the {traits.goal.floor:,}-token floor"
     elif not traits.offload and runner_up is not None and runner_up[1].traits.cold_turns and not traits.cold_turns:
-        other = runner_up[0].backend.title
-        rule = f"{engine.backend.title} meets the floor and keeps agent turns warm ({other}'s best does not)"
+        rule = (
+            f"{engine.backend.title} meets the floor and keeps agent turns warm "
+            f"({runner_up[0].backend.title}'s best does not)"
+        )
     elif not traits.offload and (runner_up is None or _before(engine, runner_up[0])):
         rule = f"{engine.backend.title} meets the floor" + (" without offload" if gpus else " on the CPU")
     elif not traits.offload:
