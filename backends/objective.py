@@ -13,6 +13,10 @@ For serving coding agents, in this order (README "Plan it" gives the reasons):
    checkpoint or a smaller GGUF quantization comes before any of them (the engines offer only
    checkpoints from the model's own organisation or a known quantizer). What the user pinned is
    never counted: they asked for it;
+2b. **warm turns**: a later turn of an agent's session that prefills again at least
+   :data:`COLD_TURN_TOKENS` of the previous prompt (an engine that cannot resume a hybrid model's
+   recurrent state near the prompt's end) ranks after every candidate that keeps turns warm: an
+   agent pays that prefill on every tool call, so it decides between engines before context or speed;
 3. **target**: more context, up to the target (131,072 by default, the model's maximum when smaller),
    in steps of :data:`CONTEXT_STEP`; then an estimated decode under :data:`ACCEPTABLE_TOKENS_PER_S`
    ranks after every faster one (the slower, the later), so that precision never buys a crawl
@@ -36,6 +40,9 @@ ACCEPTABLE_TOKENS_PER_S = 10.0  # below this an agent's turn of a few hundred to
 MIN_SEQUENCES = 4  # an agent runs subagents, titles and summaries beside its main request
 CONTEXT_STEP = 8192  # contexts closer than this count as equal (vLLM sizes each rung to the token)
 LOW_BITS = 4.0  # below this a GGUF's quality drops steeply
+# a later turn that prefills this much of the previous prompt again is cold: at 1,000-5,000 tokens/s
+# of prefill on a GPU (club-3090#1000) a second or more per tool call, and minutes from RAM or a CPU
+COLD_TURN_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class Traits:
     kv_bits: float = 16.0  # only where the KV cache type loses precision
     tokens_per_s: float = 0.0  # estimated decode of one request; 0: not estimated
     drafting: bool = False  # an optional extra that costs nothing above (vLLM's MTP speculative decoding)
+    # tokens of the previous prompt a later turn of the same session prefills again, at most (0: none
+    # beyond what is new, or not worked out: only hybrid and sliding-window models differ by engine)
+    turn_prefill: int = 0
     tie: tuple[float, ...] = ()  # the engine's own order between otherwise equal candidates (lower first)
 
     @property
@@ -61,6 +71,10 @@ class Traits:
     @property
     def low_bit(self) -> bool:
         return self.weight_bits < LOW_BITS
+
+    @property
+    def cold_turns(self) -> bool:
+        return self.turn_prefill >= COLD_TURN_TOKENS
 
     @property
     def slowness(self) -> float:
@@ -85,11 +99,17 @@ class Traits:
         the target (for one line of why)."""
         out = [f"context {self.context:,} below the {self.goal.floor:,} floor"] if self.below_floor else []
         out += self.fragile()
+        if self.cold_turns:
+            out.append(self.cold_phrase)
         if not self.below_floor and self.context < self.goal.target:
             out.append(f"context {self.context:,} < {self.goal.target:,}")
         if self.slowness:
             out.append(f"~{self.tokens_per_s:.1f} tokens/s")
         return out
+
+    @property
+    def cold_phrase(self) -> str:
+        return f"re-prefills up to {self.turn_prefill:,} tokens every turn"
 
 
 def key(traits: Traits) -> tuple[float | int | bool, ...]:
@@ -102,6 +122,7 @@ def key(traits: Traits) -> tuple[float | int | bool, ...]:
         t.raised_utilization,
         t.eager,
         t.few_sequences,
+        t.cold_turns,
         -(min(t.context, t.goal.target) // CONTEXT_STEP),
         t.slowness,
         -t.weight_bits,
@@ -147,6 +168,8 @@ def lost_on(chosen: Traits, other: Traits) -> str:
     if key(other)[1:6] > key(chosen)[1:6]:
         extra = [s for s in theirs if s not in mine] or theirs
         return "needs " + ", ".join(extra)
+    if other.cold_turns and not chosen.cold_turns:
+        return other.cold_phrase
     if min(other.context, other.goal.target) // CONTEXT_STEP < min(chosen.context, chosen.goal.target) // CONTEXT_STEP:
         return f"context {other.context:,} only"
     if other.slowness > chosen.slowness:

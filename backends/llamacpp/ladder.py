@@ -15,6 +15,7 @@ from typing import Any
 
 import backends.llamacpp.drafting as drafting
 import backends.llamacpp.warm_sessions as warm_sessions
+import backends.llamacpp.warm_turns as warm_turns
 from backends import objective
 from backends.llamacpp.gguf_facts import GgufFacts, gguf_bits_from_name
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
@@ -60,6 +61,8 @@ class LlamaCppCandidate:
     # llama-server's prompt cache in RAM and context checkpoints, sized from the RAM left (not in host_total)
     warm: warm_sessions.WarmSessions = field(default_factory=warm_sessions.WarmSessions)
     devices: tuple[Device, ...] = ()  # the placement's devices in llama.cpp's order (-ts, memory_terms)
+    # a model whose cache cannot roll back: what a later turn prefills again (backends/llamacpp/warm_turns.py)
+    warm_turn: warm_turns.WarmTurn | None = None
 
     @property
     def draft(self) -> str | None:
@@ -131,6 +134,7 @@ class LlamaCppCandidate:
             weight_bits=self.weight_bits or 16.0,
             kv_bits=8.0 if self.kv_type == "q8_0" else 16.0,
             tokens_per_s=self.tokens_per_s,
+            turn_prefill=self.warm_turn.tokens if self.warm_turn else 0,
             tie=(self.level // 4,),
         )
 
@@ -195,6 +199,8 @@ class LlamaCppCandidate:
             "reasoning_format": self.reasoning_format,
             "draft": self._draft_json(),
         }
+        if self.warm_turn:
+            data["warm_turn"] = self.warm_turn.to_json()
         if self.variant:  # a hub model: the file chosen, its alternatives, and why
             data |= {
                 "gguf_variant": self.variant,
@@ -268,6 +274,20 @@ def _bits_per_weight(name: str) -> float:
     return 3.0 if any(f"-{low}" in quant or f"_{low}" in quant or quant.startswith(low) for low in LOW_BIT) else 0.0
 
 
+# Models published quantized: the GGUF type that carries the checkpoint's own format unchanged. gpt-oss
+# is released with its experts in MXFP4 (openai/gpt-oss-20b config.json quantization_config
+# {quant_method: mxfp4}); convert_hf_to_gguf.py writes those tensors as GGML_TYPE_MXFP4 as they are
+# (ggml-org/gpt-oss-20b-GGUF is that file). Any other GGUF of it is requantized from it.
+NATIVE_GGUF_TYPES = {"gpt-oss": "MXFP4"}
+
+
+def native_bits(facts: GgufFacts, file_name: str) -> float:
+    """16 (full precision) for a GGUF in the format the model itself was released in; 0 otherwise."""
+    native = NATIVE_GGUF_TYPES.get(facts.model_type.replace("_", "-"))
+    name = file_name.upper().rsplit("/", 1)[-1]
+    return 16.0 if native and native in name else 0.0
+
+
 def _rungs(
     facts: GgufFacts,
     checkpoint: str,
@@ -281,7 +301,7 @@ def _rungs(
     optional_draft: str | None,
 ) -> list[LlamaCppCandidate]:
     """Each context with f16 and q8_0 KV, with ``draft`` and the ``optional_draft`` twin."""
-    bits = _bits_per_weight(facts.quantization or checkpoint)
+    bits = native_bits(facts, checkpoint) or _bits_per_weight(facts.quantization or checkpoint)
     out: list[LlamaCppCandidate] = []
     modes = [(draft, False)] + ([(optional_draft, True)] if optional_draft else [])
     rungs = [(n, k, m) for n in contexts for k in enumerate(("f16", "q8_0")) for m in modes]
@@ -325,6 +345,11 @@ def _rungs(
         if not problems and n_ctx < goal.floor:
             summary += f"; below the {goal.floor:,} floor: a last resort"
         summary += warm.phrase(n_ctx) if launcher == "native" else ""
+        warm_turn = None
+        if launcher == "native":
+            needs = warm_sessions.checkpoint_bytes(facts, kv_type) > 0
+            if warm_turn := warm_turns.turn(needs, warm.checkpoints, n_ctx):
+                summary += f"; {warm_turn.phrase}"
         out.append(
             LlamaCppCandidate(
                 checkpoint,
@@ -341,6 +366,7 @@ def _rungs(
                 weight_bits=bits,
                 warm=warm,
                 devices=gpus,
+                warm_turn=warm_turn,
             )
         )
     return out

@@ -44,6 +44,7 @@ class Alternative:
 
     def to_json(self, chosen: bool) -> dict[str, Any]:
         c = self.candidate
+        turn = {"warm_turn_tokens": c.warm_turn.tokens} if c is not None and c.warm_turn else {}
         return {
             "file": self.label,
             "quant": self.quant,
@@ -55,6 +56,7 @@ class Alternative:
             "kv_type": c.kv_type if c else None,
             "tokens_per_s_estimate": round(c.tokens_per_s, 1) if c else None,
             "chosen": chosen,
+            **turn,  # a model whose cache cannot roll back: what a later turn prefills again (issue 42)
         }
 
     def row(self, chosen: bool) -> str:

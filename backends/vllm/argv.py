@@ -47,6 +47,10 @@ def build_argv(
         argv += ["--kv-cache-dtype", flags.kv_cache_dtype]
     if flags.block_size:  # prefix caching reuses whole blocks only
         argv += ["--block-size", str(flags.block_size)]
+    if flags.enable_prefix_caching:  # off by default for hybrid models before 0.26 (warm_turns.py)
+        argv.append("--enable-prefix-caching")
+    if flags.prefix_match_unit:  # a hybrid's prefix hits inside its large blocks (warm_turns.py)
+        argv += ["--prefix-match-unit", str(flags.prefix_match_unit)]
     if flags.enforce_eager:
         argv.append("--enforce-eager")
     if flags.cpu_offload_gb:

@@ -33,6 +33,7 @@ from backends.vllm.memory import (
     memory,
 )
 from backends.vllm.settings import VllmPins
+from backends.vllm.warm_turns import WarmTurn, planned, turn
 from backends.vllm.weight_kernels import WeightOnly, weight_only
 from gateway.core.devices import GIB, Device
 from gateway.core.policy import Goal, Policy
@@ -87,6 +88,7 @@ class VllmCandidate:
     problems: list[str] = field(default_factory=list)  # why it does not fit, each in a few numbers
     goal: Goal = field(default_factory=Goal)  # the context the plan aims for
     devices: tuple[Device, ...] = ()  # the GPUs its tensor-parallel ranks run on (memory_terms' positions)
+    warm_turn: WarmTurn | None = None  # a hybrid model's: what a later turn prefills again (warm_turns.py)
 
     @property
     def headline(self) -> str:
@@ -120,10 +122,13 @@ class VllmCandidate:
             raised_utilization=c.utilization > 0,
             eager=c.eager > 0,
             few_sequences=c.fewer_seqs > 0 and f.max_num_seqs < max(objective.MIN_SEQUENCES, self.goal.sessions),
-            weight_bits=WEIGHT_BITS.get(self.checkpoint.quantization, 4.25),
+            # the model's own checkpoint is its native precision, quantized or not (gpt-oss's MXFP4, a model
+            # published in FP8): full precision; a quantized variant of it, by its format
+            weight_bits=16.0 if c.checkpoint == 0 else WEIGHT_BITS.get(self.checkpoint.quantization, 4.25),
             kv_bits=8.0 if f.kv_cache_dtype.startswith("fp8") else 16.0,
             tokens_per_s=self.tokens_per_s,
             drafting=f.speculative_mtp > 0,
+            turn_prefill=self.warm_turn.tokens if self.warm_turn else 0,
             tie=(-f.max_num_seqs,),
         )
 
@@ -205,6 +210,7 @@ class VllmCandidate:
             "tokens_per_s_estimate": round(self.tokens_per_s, 1),
             "argv": self.argv,
             "env": self.env,
+            **({"warm_turn": self.warm_turn.to_json()} if self.warm_turn else {}),
             **(
                 {"pipeline_parallel_size": self.pipeline_parallel_size, "nodes": list(self.nodes), "steps": self.steps}
                 if self.planned_only
@@ -251,8 +257,10 @@ def evaluate(
     """Compute one configuration's memory and decide whether it fits, with the reason in numbers."""
     used = gpus[: flags.tensor_parallel_size]
     gpu = min(used, key=lambda g: (g.total_bytes, g.free_bytes))
-    m = memory(checkpoint, gpu, flags, version)
     facts = checkpoint.facts
+    flags = planned(facts, flags, version, gpu.kind == "cpu")  # a hybrid's turns kept warm: no memory term
+    m = memory(checkpoint, gpu, flags, version)
+    warm_turn = turn(facts, flags, version, gpu.kind == "cpu")
     marlin = weight_only(facts, min(g.compute_capability for g in used))
     problems = _memory_problems(checkpoint, gpu, m, flags)
     goal = policy.goal
@@ -270,6 +278,8 @@ def evaluate(
     )
     if fits and flags.max_model_len < goal.floor:
         reason += f"; below the {goal.floor:,} floor: a last resort"
+    if fits and warm_turn:
+        reason += f"; {warm_turn.phrase}"
     candidate = VllmCandidate(
         checkpoint,
         flags,
@@ -282,6 +292,7 @@ def evaluate(
         tokens_per_s=speed,
         goal=goal,
         devices=used,
+        warm_turn=warm_turn,
     )
     candidate.problems = problems
     return candidate

@@ -80,6 +80,9 @@ class VllmFlags:
     language_model_only: bool = False  # multimodal checkpoint served as text: towers neither loaded nor profiled
     speculative_mtp: int = 0  # tokens drafted by the model's own MTP layers (--speculative-config method mtp)
     block_size: int | None = None  # --block-size; None: the platform's default (16 on GPUs, 128 on CPU)
+    # a hybrid model's turns kept warm (backends/vllm/warm_turns.py): hits every N tokens inside its blocks
+    prefix_match_unit: int | None = None
+    enable_prefix_caching: bool = False  # releases before 0.26 leave it off for hybrid models
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Each registered backend reads the model its own way, evaluates its ladder and ranks it by the one
 objective (``backends/objective.py``). The engine: the first in the registry's order of preference
-whose best candidate meets the context floor without CPU offload; otherwise the best of every
+whose best candidate meets the context floor without CPU offload (one whose agent turns stay warm
+before one that prefills thousands of tokens again every turn); otherwise the best of every
 engine's best by the same objective (a candidate below the floor is a last resort, and the decision
 says so). Pure apart from :func:`read_engines`, which reads the model's facts (catalog, local files, hub).
 """
@@ -193,7 +194,9 @@ def evaluate_and_choose(name: str, engines: list[EnginePlan], inventory: Invento
     offered = [(engine, best) for engine, best in bests if best is not None]
     if offered:
         steady = [(e, b) for e, b in offered if not b.traits.below_floor and not b.traits.offload]
-        engine, best = steady[0] if steady else objective.ranked(offered, lambda pair: pair[1].traits)[0]
+        # of those, one whose later turns stay warm before one that prefills thousands of tokens again
+        warm = [(e, b) for e, b in steady if not b.traits.cold_turns]
+        engine, best = (warm or steady)[0] if steady else objective.ranked(offered, lambda pair: pair[1].traits)[0]
         passed_over = [_passed_over(e, b, best) for e, b in bests if e is not engine and b is not best]
         reason = "; ".join([*passed_over, f"{best.label}: {best.reason}"])
         others = [(e, b) for e, b in offered if e is not engine]
@@ -236,6 +239,11 @@ def _why(engine: EnginePlan, best: Candidate, runner_up: tuple[EnginePlan, Candi
     traits = best.traits
     if traits.below_floor:
         rule = f"LAST RESORT: nothing reaches the {traits.goal.floor:,}-token floor"
+    elif not traits.offload and runner_up is not None and runner_up[1].traits.cold_turns and not traits.cold_turns:
+        rule = (
+            f"{engine.backend.title} meets the floor and keeps agent turns warm "
+            f"({runner_up[0].backend.title}'s best does not)"
+        )
     elif not traits.offload and (runner_up is None or _before(engine, runner_up[0])):
         rule = f"{engine.backend.title} meets the floor" + (" without offload" if gpus else " on the CPU")
     elif not traits.offload:

@@ -59,6 +59,40 @@ def _speed_row(speed: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+USAGE_COLUMNS = [
+    "requests",
+    "errors",
+    "prompt_evaluated",
+    "prompt_reused",
+    "reused_share",
+    "output_tokens",
+    "queue_wait_s_mean",
+    "ttft_s_mean",
+]
+
+
+def _usage(usage: dict[str, Any], scheduling: dict[str, Any]) -> list[str]:
+    """Who uses the node: per API key, the top sessions, and how requests are scheduled now."""
+    parts = ["<h2 id='usage'>Who uses the node</h2>"]
+    if scheduling:
+        line = (
+            f"{scheduling.get('active', 0)} of {scheduling.get('capacity', 0)} engine slots busy, "
+            f"{scheduling.get('queued', 0)} waiting; long prefills {scheduling.get('long_prefills_active', 0)} "
+            f"of {scheduling.get('long_lane') or 'any'}; per-key cap {scheduling.get('per_key_limit') or 'none'}"
+        )
+        parts.append(f"<p id='scheduling'>{html.escape(line)}</p>")
+        if scheduling.get("engine"):
+            parts.append(f"<p>{html.escape(str(scheduling['engine']))}</p>")
+    if usage.get("keys"):
+        parts.append("<h3>Per API key</h3>" + _table(usage["keys"], ["key", *USAGE_COLUMNS]))
+    if usage.get("sessions"):
+        columns = ["key", "session", "agent", "named_by", *USAGE_COLUMNS]
+        parts.append("<h3>Sessions (top by tokens)</h3>" + _table(usage["sessions"], columns))
+    if len(parts) == 1:
+        parts.append("<p>no inference requests yet</p>")
+    return parts
+
+
 def render(status: dict[str, Any]) -> str:
     plan = status.get("plan") or {}
     backend = status.get("backend") or {}
@@ -114,5 +148,6 @@ def render(status: dict[str, Any]) -> str:
         parts.append("<h2>Nodes</h2>" + _table(_node_rows(nodes), ["node", "state", "device", "link", "placed_mib"]))
     if replans := status.get("replans"):
         parts.append("<h3>Re-plans</h3>" + _table(replans, ["at", "why", "decision", "error"]))
+    parts += _usage(status.get("usage") or {}, status.get("scheduling") or {})
     parts.append("<p><a href='/status?format=json'>JSON</a> · <a href='/metrics'>metrics</a></p></body></html>")
     return "".join(parts)

@@ -150,7 +150,7 @@ TABLE = [
     (QWEN, "2x32@12.0", "vllm", QWEN, 2, 40960),
     (QWEN, "1x80@9.0", "vllm", QWEN, 1, 40960),
     (QWEN, "cpu", "llamacpp", "Q4_K_M", 0, 32768),  # nothing reaches 10 tokens/s: the fastest of 4 bits or more
-    (OSS, "2x16@8.9", "vllm", OSS, 2, 131072),
+    (OSS, "2x16@8.9", "vllm", OSS, 2, 131072),  # its own MXFP4 checkpoint: native, full precision; not a hybrid
     (OSS, "2x24@8.6", "vllm", OSS, 2, 131072),
     (OSS, "2x24@8.9", "vllm", OSS, 2, 131072),
     (OSS, "2x32@12.0", "vllm", OSS, 2, 131072),
@@ -159,10 +159,10 @@ TABLE = [
         OSS,
         "cpu",
         "llamacpp",
-        "Q4_K_M",
+        "MXFP4",
         0,
         32768,
-    ),  # Q4_K_M is named 4.85 bits against MXFP4 4.25, both above 10 tokens/s
+    ),  # MXFP4 is the format gpt-oss is released in: full precision, and the fastest (Q4_K_M is requantized)
     (LLAMA, "2x16@8.9", "vllm", LLAMA, 2, 131072),
     (LLAMA, "2x24@8.6", "vllm", LLAMA, 2, 131072),
     (LLAMA, "2x24@8.9", "vllm", LLAMA, 2, 131072),
@@ -259,8 +259,11 @@ TABLE = [
         "Qwen/Qwen3-Next-80B-A3B-Instruct-FP8",
         1,
         163840,
-    ),  # FP8 fits only the 80 GB card, and only at util 0.98; vLLM meets the floor
-    (NEXT, "cpu", "llamacpp", "Q6_K", 0, 32768),  # 3B active: Q6_K still reads fast enough from RAM
+    ),  # FP8 fits only the 80 GB card, and only at util 0.98; vLLM meets the floor, --prefix-match-unit 16 keeps
+    # its turns warm inside 1,072-token blocks (a later turn re-prefills at most 16 tokens; llama.cpp's 4)
+    # 3B active: Q6_K reads fast enough from RAM but leaves no RAM for a context checkpoint (every turn would
+    # re-prefill the whole conversation); Q5_K_M keeps 8 per slot
+    (NEXT, "cpu", "llamacpp", "Q5_K_M", 0, 32768),
     (GRANITE, "2x16@8.9", "llamacpp", "Q6_K", 2, 131072),  # FP8 at TP2 does not fit 16 GB cards
     (GRANITE, "2x24@8.6", "vllm", "ibm-granite/granite-4.0-h-small-FP8", 2, 131072),
     (GRANITE, "2x24@8.9", "vllm", "ibm-granite/granite-4.0-h-small-FP8", 2, 131072),
@@ -271,7 +274,8 @@ TABLE = [
         GRANITE,
         2,
         131072,
-    ),  # BF16 at the default share with fp8 KV and 8 seqs reaches the target
+    ),  # BF16 at the default share with fp8 KV and 8 seqs reaches the target; --prefix-match-unit 16 inside
+    # 1,056-token blocks keeps turns warm (16 tokens a turn at most; llama.cpp's checkpoints 4)
     (GRANITE, "1x80@9.0", "vllm", GRANITE, 1, 131072),
     (GRANITE, "cpu", "llamacpp", "Q4_K_M", 0, 32768),
     (KIMI, "2x16@8.9", None, "", 0, 0),  # 1T MoE: nothing fits
@@ -505,3 +509,33 @@ def test_candidates_leave_the_model_as_read_and_options_take_what_they_found(hub
     assert any(small.variant.label in note for note in small.notes)
     (option,) = llamacpp.BACKEND.options(model, small, Policy(), native, Settings())
     assert option.memo()["hub_variant"]["quant"] == small.variant.quant
+
+
+# Issue 42: the hybrid rows name what a later turn re-prefills on each engine, and decide by it
+HYBRID_ROWS = [
+    (NEXT, "1x80@9.0", 16, "--prefix-match-unit 16 inside 1,072-token blocks"),
+    (GRANITE, "2x32@12.0", 16, "--prefix-match-unit 16 inside 1,056-token blocks"),
+]
+
+
+@pytest.mark.parametrize(("model", "machine", "tokens", "setting"), HYBRID_ROWS)
+def test_a_hybrid_row_names_what_a_later_turn_re_prefills_on_each_engine(
+    hub: LocalHub, model: str, machine: str, tokens: int, setting: str
+) -> None:
+    data = plan_json(model, machine)
+    decision = data["decision"]
+    chosen = data["candidates"][decision["candidate"]]
+    assert chosen["warm_turn"]["tokens"] == tokens and setting in chosen["reason"]
+    assert chosen["argv"][chosen["argv"].index("--prefix-match-unit") + 1] == "16"
+    other = data["candidates"][decision["fallback"]["candidate"]]
+    assert (
+        other["backend"] == "llamacpp" and other["warm_turn"]["tokens"] == 4 and "server-context.cpp" in other["reason"]
+    )
+    assert objective_broken(data, releases.default_utilization("0.32.0")) is None
+
+
+def test_gpt_oss_on_a_cpu_plans_its_native_mxfp4(hub: LocalHub) -> None:
+    data = plan_json(OSS, "cpu")
+    chosen = data["candidates"][data["decision"]["candidate"]]
+    assert chosen["gguf_variant"]["quant"] == "MXFP4"
+    assert "Q4_K_M: less precise (4.85 bits per weight" in chosen["gguf_choice"]

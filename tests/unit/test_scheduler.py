@@ -268,6 +268,7 @@ def test_metrics_status_and_the_access_log_show_who_uses_the_node(
             assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
         metrics = client.get("/metrics", headers={"authorization": "Bearer alpha-key"}).text
         status = client.get("/status", headers={"authorization": "Bearer alpha-key"}).json()
+        page = client.get("/status?format=html", headers={"authorization": "Bearer alpha-key"}).text
     alpha, beta = key_id("alpha-key"), key_id("beta-key")
     assert f'gateway_key_requests_total{{key="{alpha}"}} 3.0' in metrics
     assert f'gateway_key_requests_total{{key="{beta}"}} 1.0' in metrics
@@ -277,6 +278,7 @@ def test_metrics_status_and_the_access_log_show_who_uses_the_node(
     rows = {(row["key"], row["requests"]) for row in status["usage"]["sessions"]}
     assert rows == {(alpha, 2), (alpha, 1), (beta, 1)}
     assert [row["key"] for row in status["usage"]["keys"]] == sorted([alpha, beta])
+    assert "Who uses the node" in page and page.count(f"<td>{alpha}</td>") == 3 and page.count(f"<td>{beta}</td>") == 2
     lines = [record.getMessage() for record in caplog.records if "/v1/chat/completions" in record.getMessage()]
     assert len(lines) == 4 and all(f"key={alpha}" in line or f"key={beta}" in line for line in lines)
     assert all(" session=" in line and "queued=" in line and "alpha-key" not in line for line in lines)
