@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -61,6 +61,12 @@ class Launch:
     # its totals so far, for an engine whose log has no per-request timings (vLLM)
     speed_metrics: Callable[[str], dict[str, tuple[float, float]]] | None = None
     metrics_path: str = "/metrics"
+    # the engine's own account of work done, for the progress watch (gateway.supervision.liveness): GET
+    # progress_path while requests are in flight, and ``progress`` reads a mark from its text that changes
+    # whenever the engine did work (prompt tokens processed, tokens generated, a scheduler step), None
+    # when the text says nothing usable. None: the engine reports nothing, only relayed chunks count.
+    progress_path: str | None = None
+    progress: Callable[[str], Hashable | None] | None = None
 
     @property
     def base_url(self) -> str:

@@ -9,6 +9,7 @@ from backends.base import Failure, Launch
 from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
 from backends.vllm.logs import adjust, classify
 from backends.vllm.memory import DEFAULT_VERSION, VllmFlags
+from backends.vllm.progress import PROGRESS_PATH, metrics_progress
 from backends.vllm.speed import METRICS_PATH, speed_totals
 
 ENGINE = "vllm"
@@ -89,6 +90,8 @@ class VllmOption:
             tokenize_chat=True,
             speed_metrics=speed_totals,
             metrics_path=METRICS_PATH,
+            progress_path=PROGRESS_PATH,
+            progress=metrics_progress,
         )
 
     def classify(self, line: str) -> Failure | None:
