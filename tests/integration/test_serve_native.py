@@ -288,6 +288,28 @@ def test_an_engine_stopped_mid_stream_is_found_hung_its_stream_ends_with_an_erro
     )
 
 
+def test_a_prefill_longer_than_the_stall_limit_is_not_cut_while_it_reports_progress(
+    tmp_path: Path, smollm2_gguf: Path
+) -> None:
+    """Issue 40: a non-streamed request relays nothing until its end, so only llama-server's /slots shows
+    its prefill moving, batch by batch. With 16-token batches a 2,000-token prompt takes longer than the
+    3 s stall limit to prefill (7 s on an idle machine, 25 s on a loaded one, where one batch took up to
+    1.6 s); it is answered, and nothing is counted as hung."""
+    command = f"{shlex.quote(_llama_server())} -b 16 -ub 16"
+    args = ("--context-length", str(CONTEXT), "--stall-timeout", "3", "--llama-server-command", command)
+    words = " ".join(f"w{n % 97}x{n // 97}" for n in range(400))  # ~2,000 tokens, no prefix any cache holds
+    with GatewayProcess(tmp_path, *args).serving() as process:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 2}
+        answer = httpx.post(process.url + "/v1/chat/completions", json=body, timeout=300)
+        status = process.status()
+    assert answer.status_code == 200, answer.text
+    prompt_ms = answer.json()["timings"]["prompt_ms"]  # llama-server's own timing of this prefill
+    assert answer.json()["usage"]["prompt_tokens"] > 1800
+    assert prompt_ms > 3000, f"the prefill took {prompt_ms:.0f} ms: not longer than the limit, proves nothing"
+    assert status["hangs"] == [] and status["restarts"] == 0, status["hangs"]
+    print(f"prefill of {answer.json()['usage']['prompt_tokens']} tokens took {prompt_ms / 1000:.1f} s; limit 3 s")
+
+
 @pytest.fixture(scope="module")
 def greedy(native: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """The same engine, greedy by default: llm-comply's requests name no temperature, and at the
