@@ -5,18 +5,21 @@ Read from llama.cpp's source (tools/server/server-context.cpp, b11434): ``/slots
 between two batches, so an answer proves the loop turns. Each slot reports ``id_task`` (its current or
 last request), ``n_prompt_tokens_processed`` (raised per prompt token put in a batch: a long prefill
 moves it batch by batch) and ``next_token[0].n_decoded`` (tokens generated). Both restart at 0 with a
-new request, so the mark is every slot's triple rather than a sum: any change is progress.
+new request, so the mark is every slot's triple rather than a sum: any change is progress. Because the
+main loop writes the answer, its ``is_processing`` is current: no slot processing means the requests
+in flight wait on something else (a client reading slowly), not on the engine.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable
+
+from backends.base import Progress
 
 SLOTS_PATH = "/slots"
 
 
-def slots_progress(text: str) -> Hashable | None:
+def slots_progress(text: str) -> Progress | None:
     """The slots' (id, task, prompt tokens processed, tokens generated, processing), or None for an
     answer that is not the slots list (an error object, text)."""
     try:
@@ -40,7 +43,7 @@ def slots_progress(text: str) -> Hashable | None:
                 bool(slot.get("is_processing")),
             )
         )
-    return tuple(mark)
+    return Progress(tuple(mark), busy=any(processing for *_, processing in mark))
 
 
 def _number(value: object) -> int | None:

@@ -8,14 +8,15 @@ KV blocks (``vllm:kv_cache_usage_perc`` moves); a step that yields tokens raises
 ``vllm:prompt_tokens_total`` (when a prefill completes), ``vllm:generation_tokens_total`` and the
 count of ``vllm:iteration_tokens_total`` (one per step with outputs). The page is served by the API
 server process, not the engine core: a hung core leaves it answering with figures that stop moving,
-which is what the watch looks for.
+which is what the watch looks for. Its running and waiting gauges are the last step's, stale once the
+core hangs, so they never tell the watch that the engine is idle (``busy`` unknown).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 from prometheus_client.parser import text_string_to_metric_families
+
+from backends.base import Progress
 
 PROGRESS_PATH = "/metrics"
 
@@ -28,7 +29,7 @@ _MOVING = (
 )
 
 
-def metrics_progress(text: str) -> Hashable | None:
+def metrics_progress(text: str) -> Progress | None:
     """The moving figures, each summed over engines, in a fixed order; None when the page has none of
     them (not vLLM's metrics, or text that is not Prometheus')."""
     sums: dict[str, float] = {}
@@ -41,4 +42,4 @@ def metrics_progress(text: str) -> Hashable | None:
         return None
     if not sums:
         return None
-    return tuple(sums.get(name) for name in _MOVING)
+    return Progress(tuple(sums.get(name) for name in _MOVING))

@@ -12,8 +12,9 @@ its own timeout, for ever, until a person restarts the engine.
   (the gateway's own count) or a change in the engine's own account of its work where it gives one
   (``Launch.progress_path``: llama-server's ``/slots``, vLLM's ``/metrics``, read by the engine's
   ``progress`` function), which also moves during a long prefill, batch by batch. No progress for
-  ``stall_s`` is a hang. An engine that reports nothing shows no progress during a prefill, so for it
-  the limit must cover the plan's longest prefill on this hardware;
+  ``stall_s`` is a hang, unless the engine says, first-hand, that it has nothing to work on (what is
+  in flight then waits on a slow client or the network). An engine that reports nothing shows no
+  progress during a prefill, so for it the limit must cover the plan's longest prefill on this hardware;
 - while idle: a one-token canary completion every ``canary_s`` that must be answered within
   ``stall_s``. An error answer is an answer (the engine's loop runs); only silence is a hang.
 
@@ -34,7 +35,7 @@ from typing import Protocol, TypeVar
 
 import httpx
 
-from backends.base import Launch
+from backends.base import Launch, Progress
 from gateway.core.auth import bearer_header
 from gateway.core.tls import client_tls
 
@@ -57,7 +58,7 @@ class Probe(Protocol):
 
     @property
     def reports_progress(self) -> bool: ...  # the engine gives an account of its work
-    async def progress(self) -> Hashable | None: ...  # that account now (None: no usable answer)
+    async def progress(self) -> Progress | None: ...  # that account now (None: no usable answer)
     async def canary(self) -> bool: ...  # a one-token completion: True when any answer came
     async def aclose(self) -> None: ...
 
@@ -115,9 +116,9 @@ class ProgressWatch:
                     continue
                 if self.probe.reports_progress:
                     left = limits.stall_s - (now - last_progress)
-                    now_mark = await self._within(self.probe.progress(), max(left, limits.poll_s))
-                    if now_mark is not None and now_mark != mark:
-                        mark, last_progress = now_mark, self.clock()
+                    found = await self._within(self.probe.progress(), max(left, limits.poll_s))
+                    if found is not None and (found.mark != mark or found.busy is False):
+                        mark, last_progress = found.mark, self.clock()  # it worked, or has nothing to work on
                 now = self.clock()
                 activity = self.activity()
                 if activity.chunks != seen or not activity.in_flight:
@@ -167,7 +168,7 @@ class HttpProbe:
     def reports_progress(self) -> bool:
         return self.launch.progress_path is not None and self.launch.progress is not None
 
-    async def progress(self) -> Hashable | None:
+    async def progress(self) -> Progress | None:
         if self.launch.progress_path is None or self.launch.progress is None:
             return None
         try:

@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from backends.base import Launch
+from backends.base import Launch, Progress
 from backends.llamacpp.progress import slots_progress
 from backends.vllm.progress import metrics_progress
 from gateway.serving.app import create_app
@@ -67,6 +67,7 @@ class StandInEngine:
     silent: bool = False
     reports: bool = True
     chunks_every_s: float | None = None  # a stream relaying chunks (an engine without a progress page)
+    done_at: float = float("inf")  # its work is over (the answer waits on a client that reads slowly)
     canaries: list[float] = field(default_factory=list)
 
     def _engine_time(self) -> float:
@@ -82,11 +83,12 @@ class StandInEngine:
     def reports_progress(self) -> bool:
         return self.reports
 
-    async def progress(self) -> Hashable | None:
+    async def progress(self) -> Progress | None:
         if self.silent and self.time.now >= self.frozen_at:
             await asyncio.Event().wait()  # never answers: the watch's own bound ends the wait
-        done = int(max(0.0, self._engine_time() - self.start_at) // self.batch_s) * self.batch
-        return ("slot 0", done)
+        worked = min(self._engine_time(), self.done_at) - self.start_at
+        done = int(max(0.0, worked) // self.batch_s) * self.batch
+        return Progress(("slot 0", done), busy=self.time.now < self.done_at)
 
     async def canary(self) -> bool:
         self.canaries.append(self.time.now)
@@ -137,6 +139,18 @@ def test_an_engine_whose_figures_stop_moving_with_a_request_in_flight_is_hung_af
         assert verdict is not None and "no progress for" in verdict and "1 request(s) in flight" in verdict
         # the last batch landed at 410 s: hung at 710 s, within one poll after
         assert 410.0 + STALL_S <= time.now <= 410.0 + STALL_S + Limits(STALL_S).poll_s + 1e-6, time.now
+
+    _run(scenario)
+
+
+def test_requests_in_flight_that_wait_on_a_slow_client_while_the_engine_says_it_is_idle_are_no_hang() -> None:
+    """llama-server's main loop answers /slots itself: no slot processing is first-hand. The answer it
+    finished at 100 s waits on a client that reads slowly; the request stays in flight for an hour."""
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=0.0, end_at=3600.0, done_at=100.0)
+
+    async def scenario() -> None:
+        assert await _watch_until(_watch(engine), time, 3600.0) is None
 
     _run(scenario)
 
@@ -212,9 +226,16 @@ def test_llama_servers_slots_mark_moves_with_prefill_and_decode() -> None:
                 "next_token": [token]}  # fmt: skip
         return json.dumps([slot, {"id": 1, "n_ctx": 4096, "speculative": False, "is_processing": False}])
 
-    assert slots_progress(slots(512, 0)) != slots_progress(slots(1024, 0)) != slots_progress(slots(1024, 1))
-    assert slots_progress(slots(512, 0)) == slots_progress(slots(512, 0))
-    assert slots_progress(slots(0, 0, task=8)) != slots_progress(slots(0, 0, task=7))  # a new request began
+    def mark(text: str) -> Hashable:
+        found = slots_progress(text)
+        assert found is not None and found.busy is True
+        return found.mark
+
+    assert mark(slots(512, 0)) != mark(slots(1024, 0)) != mark(slots(1024, 1))
+    assert mark(slots(512, 0)) == mark(slots(512, 0))
+    assert mark(slots(0, 0, task=8)) != mark(slots(0, 0, task=7))  # a new request began
+    idle = json.dumps([{"id": 0, "n_ctx": 4096, "speculative": False, "is_processing": False, "id_task": 7}])
+    assert slots_progress(idle) == Progress(((0, 7, None, None, False),), busy=False)
     assert slots_progress('{"error": {"code": 501, "message": "This server does not support slots endpoint."}}') is None
     assert slots_progress("not json") is None
 
@@ -230,7 +251,7 @@ def test_vllms_metrics_mark_moves_with_a_prefill_chunk_and_with_tokens() -> None
         )
 
     before = metrics_progress(page(100, 50, 60, 0.01))
-    assert before is not None
+    assert before is not None and before.busy is None  # its gauges are stale once the core hangs
     assert metrics_progress(page(100, 50, 60, 0.03)) != before  # a chunk of a long prefill took KV blocks
     assert metrics_progress(page(100, 51, 61, 0.01)) != before  # a token
     assert metrics_progress(page(100, 50, 60, 0.01)) == before
@@ -261,9 +282,9 @@ class _Probe:
     def reports_progress(self) -> bool:
         return True
 
-    async def progress(self) -> Hashable | None:
+    async def progress(self) -> Progress | None:
         self.n += 0 if self.hung else 1
-        return self.n
+        return Progress(self.n)
 
     async def canary(self) -> bool:
         return True
