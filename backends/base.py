@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -73,10 +73,26 @@ class Launch:
     speed_metrics: Callable[[str], dict[str, tuple[float, float]]] | None = None
     metrics_path: str = "/metrics"
     scheduling: Scheduling = field(default_factory=Scheduling)
+    # the engine's own account of work done, for the progress watch (gateway.supervision.liveness): GET
+    # progress_path while requests are in flight, and ``progress`` reads it (None when the text says
+    # nothing usable). None: the engine reports nothing, only relayed chunks count.
+    progress_path: str | None = None
+    progress: Callable[[str], Progress | None] | None = None
 
     @property
     def base_url(self) -> str:
         return self.base or f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """An engine's own account of its work at one moment."""
+
+    mark: Hashable  # changes whenever the engine did work (prompt tokens processed, tokens generated, a step)
+    # whether it has a request to work on, where the page is written by the loop that works (None: unknown,
+    # or a figure that stops being updated when that loop hangs); False: what is in flight waits on the
+    # network or a slow client, not on the engine
+    busy: bool | None = None
 
 
 @dataclass(frozen=True)

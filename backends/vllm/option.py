@@ -9,6 +9,7 @@ from backends.base import Failure, Launch
 from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
 from backends.vllm.logs import adjust, classify
 from backends.vllm.memory import DEFAULT_VERSION, VllmFlags
+from backends.vllm.progress import PROGRESS_PATH, metrics_progress
 from backends.vllm.scheduling import scheduling
 from backends.vllm.speed import METRICS_PATH, speed_totals
 
@@ -91,6 +92,8 @@ class VllmOption:
             speed_metrics=speed_totals,
             metrics_path=METRICS_PATH,
             scheduling=scheduling(self.flags.max_num_batched_tokens, self.flags.max_model_len),
+            progress_path=PROGRESS_PATH,
+            progress=metrics_progress,
         )
 
     def classify(self, line: str) -> Failure | None:

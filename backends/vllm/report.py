@@ -78,7 +78,7 @@ def _across_nodes(candidates: list[VllmCandidate]) -> list[str]:
     """The TP×PP rungs over several nodes, and the steps of the best fitting one (never started)."""
     if not candidates:
         return []
-    lines = ["", "vLLM across nodes (planned only, never started: needs Ray and the same vLLM on every node):"]
+    lines = ["", "vLLM across nodes (planned only, on vLLM's own launcher, no Ray; the same vLLM on every node):"]
     shown = sorted(candidates, key=lambda c: (not c.fits, c.flags.enforce_eager, -c.context_length))[:ACROSS_ROWS]
     for c in shown:
         m = c.memory
@@ -88,6 +88,9 @@ def _across_nodes(candidates: list[VllmCandidate]) -> list[str]:
         )
     fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.flags.enforce_eager, -c.context_length))
     if fitting:
-        lines.append("  steps (HEAD: this machine's address as the workers reach it):")
+        lines.append(
+            "  steps (HEAD: this machine's address as the workers reach it; NODE2…: each worker's; IFACE: "
+            "the interface that reaches the head):"
+        )
         lines += [f"    {number}. {step}" for number, step in enumerate(fitting[0].steps, 1)]
     return lines

@@ -38,6 +38,7 @@ from gateway.serving.proxy import EngineClient, Timeouts
 from gateway.serving.runtime import PlanFigures, PlannedDevice, Runtime
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import ServedBackend
+from gateway.supervision.liveness import Limits, Liveness
 from gateway.supervision.supervisor import Remember, Supervisor, remembered_first
 
 log = logging.getLogger("gateway.startup")
@@ -350,6 +351,11 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
         plan_summary=plan_summary(serve_plan.plan),
         replan=serve_plan.replan,
         nodes=serve_plan.nodes,
+        liveness=Liveness(
+            Limits(stall_s=settings.stall_timeout_s, canary_s=settings.canary_interval_s),
+            activity=client.activity,
+            end_requests=client.cut,
+        ),
     )
     for number, option in enumerate(serve_plan.options, 1):
         log.info("option %d of %d: %s", number, len(serve_plan.options), option.label)

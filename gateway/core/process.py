@@ -198,6 +198,7 @@ class ChildProcess:
             return None
         if self._proc.returncode is None:
             self._signal_group(signal.SIGTERM)
+            self._signal_group(signal.SIGCONT)  # a stopped process (SIGSTOP) handles its SIGTERM only once continued
             try:
                 await asyncio.wait_for(self._proc.wait(), timeout=grace_s)
             except TimeoutError:

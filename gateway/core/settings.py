@@ -102,6 +102,21 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(
         10.0, gt=0, description="Connecting to the backend.", json_schema_extra={"flags": ["--connect-timeout"]}
     )
+    stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="While requests are in flight, longest time the engine may make no progress (no chunk relayed, "
+        "no change in the progress figures it reports) before it counts as hung: those requests end with an error "
+        "and the engine is restarted. Also how long an idle engine's canary may wait. With an engine that reports "
+        "no prefill progress, it must exceed the longest prefill.",
+        json_schema_extra={"flags": ["--stall-timeout"]},
+    )
+    canary_interval_s: float = Field(
+        300.0,
+        ge=0,
+        description="How often an idle engine is sent a one-token completion to prove it still answers; 0: never.",
+        json_schema_extra={"flags": ["--canary-interval"]},
+    )
     shutdown_grace_s: float = Field(
         15.0,
         ge=0,

@@ -34,6 +34,10 @@ class StateCollector(Collector):
             state.add_metric([name], 1.0 if backend.state.value == name else 0.0)
         yield state
         yield GaugeMetricFamily("gateway_backend_restarts", "Engine restarts so far", value=backend.restarts)
+        hangs = len(backend.snapshot().get("hangs") or [])
+        yield GaugeMetricFamily(
+            "gateway_engine_hangs", "Engines found hung (no progress, or a silent canary) and restarted", value=hangs
+        )
         context = self.rt.context_length()  # the figure /v1/models gives: the live engine's only once ready
         yield GaugeMetricFamily("gateway_context_length", "Context length served", value=context)
         planned = GaugeMetricFamily(

@@ -30,6 +30,7 @@ from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, engine_ov
 from gateway.serving.sse import chat_chunks
 from gateway.serving.stream_guard import checked_chunks
 from gateway.supervision.lifecycle import EngineTarget
+from gateway.supervision.liveness import Activity
 
 log = logging.getLogger("gateway.proxy")
 
@@ -95,6 +96,10 @@ class EngineClient:
         self._session: aiohttp.ClientSession | None = None
         # answers whose bodies are being read (weak: a stream whose client left before it began is dropped)
         self._reading: weakref.WeakSet[aiohttp.ClientResponse] = weakref.WeakSet()
+        self._waiting = 0  # requests sent whose answer's headers have not come yet
+        self._chunks_read = 0  # chunks of answers read so far (the progress watch's evidence of tokens)
+        self._cuts = 0  # how many times the requests in flight were ended (:meth:`cut`)
+        self._cut_why = ""
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # created inside the running loop, on first use
@@ -119,7 +124,29 @@ class EngineClient:
             upstream.content.set_exception(aiohttp.ClientConnectionError(why))
         await self.aclose()  # requests still waiting for their headers
 
-    def _failure(self, what: str, exc: BaseException) -> ApiError:
+    def activity(self) -> Activity:
+        """Requests to the backend not over yet, and the chunks of answers read so far."""
+        return Activity(self._waiting + len(self._reading), self._chunks_read)
+
+    async def cut(self, why: str) -> None:
+        """End every request to the backend now (it hung and is being restarted): each answers 503 or
+        ends its stream with ``why`` in its dialect. Unlike :meth:`cut_all`, later requests go through,
+        on fresh connections."""
+        self._cuts += 1
+        self._cut_why = why
+        for upstream in list(self._reading):
+            upstream.content.set_exception(_Cut(why))
+        session, self._session = self._session, None
+        if session is not None:  # closing it fails the requests still waiting for their headers
+            await session.close()
+
+    def _failure(self, what: str, exc: BaseException, cuts: int | None = None) -> ApiError:
+        """A transport failure as a 503; one caused by :meth:`cut` (the exception, or ``cuts`` counted
+        before the request was sent) says why the requests were ended."""
+        if isinstance(exc, _Cut):
+            return unavailable(str(exc))
+        if cuts is not None and cuts != self._cuts:
+            return unavailable(self._cut_why)
         return unavailable(self.stopping or f"the backend {what} ({type(exc).__name__}); retry shortly")
 
     async def open(
@@ -144,6 +171,8 @@ class EngineClient:
         headers |= bearer_header(target.api_key)
         if deadline is None:
             deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
+        cuts = self._cuts
+        self._waiting += 1
         try:
             async with asyncio.timeout_at(deadline):
                 upstream = await self._client().post(
@@ -151,10 +180,15 @@ class EngineClient:
                 )  # a redirect is the backend's mistake: following it would re-send the prompt elsewhere
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ClientError):  # connecting took longer than connect_timeout_s
-                raise self._failure("did not accept the connection in time", exc) from exc
+                raise self._failure("did not accept the connection in time", exc, cuts) from exc
             raise self._silent(stream) from None
         except aiohttp.ClientError as exc:
-            raise self._failure("did not answer", exc) from exc
+            raise self._failure("did not answer", exc, cuts) from exc
+        finally:
+            self._waiting -= 1
+        if cuts != self._cuts:  # its headers came as the requests in flight were being ended: so is this one
+            upstream.close()
+            raise unavailable(self._cut_why)
         self._reading.add(upstream)
         return upstream
 
@@ -180,6 +214,7 @@ class EngineClient:
                 if (upstream.content_length or 0) > limit:
                     raise _too_big(limit)
                 async for part in upstream.content.iter_any():
+                    self._chunks_read += 1
                     size += len(part)
                     if size > limit:
                         raise _too_big(limit)
@@ -327,6 +362,7 @@ class EngineClient:
                     finished = True
                     break
                 watchdog.last = loop.time()
+                self._chunks_read += 1
                 if watchdog.first:
                     watchdog.started()
                 yield chunk_filter.feed(chunk) if chunk_filter else chunk
@@ -371,6 +407,10 @@ def _too_big(limit: int) -> ApiError:
 def _error_chunk(error: ApiError) -> bytes:
     """An error as a chat-completions chunk, for the translators (they word it in their dialect)."""
     return b"data: " + json.dumps({"error": {"message": error.message}}).encode() + b"\n\n"
+
+
+class _Cut(aiohttp.ClientConnectionError):
+    """Set on a backend answer's reader by :meth:`EngineClient.cut`; its message says why."""
 
 
 class _Silence(Exception):

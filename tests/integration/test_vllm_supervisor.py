@@ -70,8 +70,12 @@ def test_a_plans_vllm_on_cpu_starts_it_and_serves(
     assert status["backend"]["engine"] == "vllm" and len(status["attempts"]) == 1
     argv = status["backend"]["argv"]
     assert "--enforce-eager" in argv and "--kv-cache-memory-bytes" in argv
+    # issue 40: the progress watch reads vLLM's own figures from its /metrics, and they move with a request
+    before = _progress(status)
     reply = _chat(gateway, "tiny-llama")
     assert reply.model == "tiny-llama" and reply.choices[0].finish_reason in ("stop", "length")
+    assert before is not None and _progress(status) != before
+    assert gateway.status()["hangs"] == [] and gateway.status()["liveness"]["stall_timeout_s"] == 300
     models = httpx.get(gateway.url + "/v1/models").json()
     assert models["data"][0]["context_length"] == int(argv[argv.index("--max-model-len") + 1])
     # vLLM serves the Responses and Messages APIs itself: the gateway passes them through
@@ -117,6 +121,15 @@ def test_a_plans_vllm_on_cpu_starts_it_and_serves(
     remembered = json.loads((tmp_path / "state" / "known-good.json").read_text())
     measured = [entry["measured"] for entry in _entries(remembered) if entry.get("engine") == "vllm"]
     assert measured and measured[0]["decode_tokens_per_s"] > 0 and measured[0]["prompt_tokens_per_s"] > 0, remembered
+
+
+def _progress(status: dict[str, object]) -> object:
+    """The mark the gateway's progress watch reads from the live vLLM (backends/vllm/progress.py)."""
+    from backends.vllm.progress import PROGRESS_PATH, metrics_progress
+
+    backend = status["backend"]
+    assert isinstance(backend, dict)
+    return metrics_progress(httpx.get(str(backend["url"]) + PROGRESS_PATH, timeout=10).text)
 
 
 def _entries(tree: object) -> list[dict[str, object]]:

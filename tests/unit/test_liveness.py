@@ -1,0 +1,403 @@
+"""The progress watch (gateway.supervision.liveness) decides "hung" only on the evidence: while requests
+are in flight, no chunk relayed and no change in the engine's own account of its work for the stall
+limit; while idle, a canary that gets no answer. A prefill longer than the limit that reports its
+progress is never a hang.
+
+The engine here is a stand-in for what no real engine does on demand at a chosen pace (a prefill of a
+given length, a freeze at a given second); its clock is the watch's injected clock, so an hour of
+engine time takes milliseconds. The supervisor's side (a hang ends the requests in flight, then the
+engine restarts by the crash path) runs with the stand-in runs of test_supervisor_transitions.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import monotonic, sleep
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from backends.base import Launch, Progress
+from backends.llamacpp.progress import slots_progress
+from backends.vllm.progress import metrics_progress
+from gateway.serving.app import create_app
+from gateway.serving.proxy import EngineClient, Timeouts
+from gateway.supervision.lifecycle import State
+from gateway.supervision.liveness import Activity, Limits, Liveness, ProgressWatch
+from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
+from tests.unit.test_http_timeouts import LONG_S, _scripted
+from tests.unit.test_supervisor_transitions import Clock, Engines, _llama, _run, _supervisor, _until, serves
+
+STALL_S = 300.0
+
+
+class FakeTime:
+    """The watch's clock and sleep: sleeping moves the clock, and lets the loop run once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+@dataclass
+class StandInEngine:
+    """An engine as the watch sees it, driven by the fake clock: a request in flight from ``start_at``
+    to ``end_at`` whose prefill processes ``batch`` prompt tokens every ``batch_s``; frozen from
+    ``frozen_at`` (its progress figures stop; ``silent``: it stops answering at all)."""
+
+    time: FakeTime
+    start_at: float = 0.0
+    end_at: float = float("inf")
+    batch: int = 512
+    batch_s: float = 100.0
+    frozen_at: float = float("inf")
+    silent: bool = False
+    reports: bool = True
+    chunks_every_s: float | None = None  # a stream relaying chunks (an engine without a progress page)
+    done_at: float = float("inf")  # its work is over (the answer waits on a client that reads slowly)
+    canaries: list[float] = field(default_factory=list)
+
+    def _engine_time(self) -> float:
+        return min(self.time.now, self.frozen_at)
+
+    def activity(self) -> Activity:
+        busy = int(self.start_at <= self.time.now < self.end_at)
+        chunks = int(self._engine_time() // self.chunks_every_s) if self.chunks_every_s else 0
+        return Activity(busy, chunks)
+
+    # -- the Probe surface
+    @property
+    def reports_progress(self) -> bool:
+        return self.reports
+
+    async def progress(self) -> Progress | None:
+        if self.silent and self.time.now >= self.frozen_at:
+            await asyncio.Event().wait()  # never answers: the watch's own bound ends the wait
+        worked = min(self._engine_time(), self.done_at) - self.start_at
+        done = int(max(0.0, worked) // self.batch_s) * self.batch
+        return Progress(("slot 0", done), busy=self.time.now < self.done_at)
+
+    async def canary(self) -> bool:
+        self.canaries.append(self.time.now)
+        if self.time.now >= self.frozen_at:
+            await asyncio.Event().wait()
+        return True
+
+    async def aclose(self) -> None:
+        return None
+
+
+WATCHED = Limits(stall_s=STALL_S, canary_s=0)
+
+
+def _watch(engine: StandInEngine, limits: Limits = WATCHED) -> ProgressWatch:
+    return ProgressWatch(engine, engine.activity, limits, clock=engine.time.clock, sleep=engine.time.sleep)
+
+
+async def _watch_until(watch: ProgressWatch, time: FakeTime, until_s: float) -> str | None:
+    """The watch's verdict if it came before the fake clock reached ``until_s``, else None."""
+    task = asyncio.create_task(watch.watch())
+    while not task.done() and time.now < until_s:
+        await asyncio.sleep(0)
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
+
+
+def test_a_prefill_longer_than_the_stall_limit_that_progresses_is_never_a_hang() -> None:
+    """A 30-minute prefill (one 512-token batch per 100 s), six times the 300 s limit: no hang."""
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=10.0, end_at=1810.0, batch_s=100.0)
+
+    async def scenario() -> None:
+        assert await _watch_until(_watch(engine), time, 2400.0) is None
+
+    _run(scenario)
+
+
+def test_an_engine_whose_figures_stop_moving_with_a_request_in_flight_is_hung_after_the_limit() -> None:
+    """It answers its progress page (vLLM's /metrics while the core is stuck) but nothing moves."""
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=10.0, batch_s=100.0, frozen_at=500.0)
+
+    async def scenario() -> None:
+        verdict = await _watch_until(_watch(engine), time, 5000.0)
+        assert verdict is not None and "no progress for" in verdict and "1 request(s) in flight" in verdict
+        # the last batch landed at 410 s: hung at 710 s, within one poll after
+        assert 410.0 + STALL_S <= time.now <= 410.0 + STALL_S + Limits(STALL_S).poll_s + 1e-6, time.now
+
+    _run(scenario)
+
+
+def test_requests_in_flight_that_wait_on_a_slow_client_while_the_engine_says_it_is_idle_are_no_hang() -> None:
+    """llama-server's main loop answers /slots itself: no slot processing is first-hand. The answer it
+    finished at 100 s waits on a client that reads slowly; the request stays in flight for an hour."""
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=0.0, end_at=3600.0, done_at=100.0)
+
+    async def scenario() -> None:
+        assert await _watch_until(_watch(engine), time, 3600.0) is None
+
+    _run(scenario)
+
+
+def test_an_engine_that_stops_answering_its_progress_page_is_hung() -> None:
+    """A stopped process (SIGSTOP): the page never answers. Real time, a 0.2 s limit."""
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=0.0, frozen_at=0.0, silent=True)
+    watch = ProgressWatch(engine, engine.activity, Limits(stall_s=0.2, canary_s=0))
+
+    async def scenario() -> None:
+        verdict = await asyncio.wait_for(watch.watch(), 3)
+        assert "no progress for" in verdict
+
+    _run(scenario)
+
+
+def test_relayed_chunks_are_progress_for_an_engine_without_a_progress_page() -> None:
+    time = FakeTime()
+    streaming = StandInEngine(time, start_at=0.0, end_at=3000.0, reports=False, chunks_every_s=20.0)
+    stopping = StandInEngine(time, start_at=0.0, reports=False, chunks_every_s=20.0, frozen_at=1000.0)
+
+    async def scenario() -> None:
+        assert await _watch_until(_watch(streaming), time, 3600.0) is None
+        time.now = 0.0
+        verdict = await _watch_until(_watch(stopping), time, 5000.0)
+        assert verdict is not None and 1000.0 + STALL_S <= time.now <= 1000.0 + STALL_S + 31, time.now
+
+    _run(scenario)
+
+
+def test_an_idle_engine_is_never_hung_without_a_canary_and_gets_one_every_interval() -> None:
+    time = FakeTime()
+    idle = StandInEngine(time, start_at=float("inf"), frozen_at=100.0)  # frozen, but nothing is asked of it
+
+    async def scenario() -> None:
+        assert await _watch_until(_watch(idle), time, 10_000.0) is None
+        time.now = 0.0
+        answering = StandInEngine(time, start_at=float("inf"))
+        limits = Limits(stall_s=STALL_S, canary_s=600.0)
+        assert await _watch_until(_watch(answering, limits), time, 3100.0) is None
+        assert len(answering.canaries) == 5 and all(
+            b - a >= 600.0 for a, b in zip(answering.canaries, answering.canaries[1:], strict=False)
+        )
+
+    _run(scenario)
+
+
+def test_an_idle_engine_whose_canary_gets_no_answer_is_hung() -> None:
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=float("inf"), frozen_at=0.0)
+    watch = ProgressWatch(
+        engine, engine.activity, Limits(stall_s=0.2, canary_s=0.1), clock=time.clock, sleep=time.sleep
+    )
+
+    async def scenario() -> None:
+        verdict = await asyncio.wait_for(watch.watch(), 3)
+        assert "canary got no answer in 0.2 s" in verdict
+
+    _run(scenario)
+
+
+# -- the engines' own accounts ----------------------------------------------------------------------
+
+
+def test_llama_servers_slots_mark_moves_with_prefill_and_decode() -> None:
+    """Fields as b11434's server_slot::to_json writes them (tools/server/server-context.cpp)."""
+
+    def slots(processed: int, decoded: int, task: int = 7) -> str:
+        token = {"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": decoded}
+        slot = {"id": 0, "n_ctx": 4096, "speculative": False, "is_processing": True, "id_task": task,
+                "n_prompt_tokens": 3000, "n_prompt_tokens_processed": processed, "n_prompt_tokens_cache": 0,
+                "next_token": [token]}  # fmt: skip
+        return json.dumps([slot, {"id": 1, "n_ctx": 4096, "speculative": False, "is_processing": False}])
+
+    def mark(text: str) -> Hashable:
+        found = slots_progress(text)
+        assert found is not None and found.busy is True
+        return found.mark
+
+    assert mark(slots(512, 0)) != mark(slots(1024, 0)) != mark(slots(1024, 1))
+    assert mark(slots(512, 0)) == mark(slots(512, 0))
+    assert mark(slots(0, 0, task=8)) != mark(slots(0, 0, task=7))  # a new request began
+    idle = json.dumps([{"id": 0, "n_ctx": 4096, "speculative": False, "is_processing": False, "id_task": 7}])
+    assert slots_progress(idle) == Progress(((0, 7, None, None, False),), busy=False)
+    assert slots_progress('{"error": {"code": 501, "message": "This server does not support slots endpoint."}}') is None
+    assert slots_progress("not json") is None
+
+
+def test_vllms_metrics_mark_moves_with_a_prefill_chunk_and_with_tokens() -> None:
+    def page(prompt: float, generated: float, steps: float, kv: float) -> str:
+        labels = '{engine="0",model_name="m"}'
+        return (
+            f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{labels} {prompt}\n"
+            f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{labels} {generated}\n"
+            f"# TYPE vllm:iteration_tokens_total histogram\nvllm:iteration_tokens_total_count{labels} {steps}\n"
+            f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{labels} {kv}\n"
+        )
+
+    before = metrics_progress(page(100, 50, 60, 0.01))
+    assert before is not None and before.busy is None  # its gauges are stale once the core hangs
+    assert metrics_progress(page(100, 50, 60, 0.03)) != before  # a chunk of a long prefill took KV blocks
+    assert metrics_progress(page(100, 51, 61, 0.01)) != before  # a token
+    assert metrics_progress(page(100, 50, 60, 0.01)) == before
+    assert metrics_progress("# TYPE other counter\nother_total 3\n") is None
+    assert metrics_progress("{not prometheus") is None
+
+
+# -- the supervisor: a hang ends the requests in flight, then restarts like a crash --------------------
+
+
+class HungOnce:
+    """A probe factory: the first engine start never shows progress, later ones do."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def __call__(self, _launch: Launch) -> Any:
+        self.starts += 1
+        return _Probe(hung=self.starts == 1)
+
+
+@dataclass
+class _Probe:
+    hung: bool
+    n: int = 0
+
+    @property
+    def reports_progress(self) -> bool:
+        return True
+
+    async def progress(self) -> Progress | None:
+        self.n += 0 if self.hung else 1
+        return Progress(self.n)
+
+    async def canary(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_hung_engine_ends_its_requests_then_restarts_by_the_crash_path(tmp_path: Path) -> None:
+    time = FakeTime()
+    events: list[str] = []
+    engines = Engines(serves(), serves())
+
+    async def end_requests(why: str) -> None:
+        events.append(f"ended: {why}")
+        assert not engines.runs[0].stopped, "requests are ended before the engine is stopped"
+
+    liveness = Liveness(
+        Limits(stall_s=30.0, canary_s=0),
+        activity=lambda: Activity(1, 0),  # one request in flight all along
+        end_requests=end_requests,
+        probe=HungOnce(),
+        clock=time.clock,
+        sleep=time.sleep,
+    )
+    backoff = Clock()
+    supervisor = _supervisor([_llama()], engines, tmp_path, liveness=liveness, sleep=backoff.sleep)
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await _until(lambda: supervisor.restarts == 1 and supervisor.state is State.READY)
+        snapshot = supervisor.snapshot()
+        await supervisor.stop()
+        assert engines.runs[0].stopped and len(engines.runs) == 2
+        assert backoff.slept == [1.0]  # the first restart's backoff, as after a crash
+        [hang] = snapshot["hangs"]
+        assert hang["engine"] == "llamacpp" and "no progress for 30 s" in hang["why"]
+        assert snapshot["liveness"] == {"stall_timeout_s": 30.0, "canary_interval_s": 0}
+        [ended] = events
+        assert "stopped making progress" in ended and "retry" in ended
+
+    _run(scenario)
+
+
+def test_no_liveness_means_no_watch(tmp_path: Path) -> None:
+    engines = Engines(serves())
+    supervisor = _supervisor([_llama()], engines, tmp_path)
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await supervisor.wait_settled()
+        assert "hangs" not in supervisor.snapshot()
+        await supervisor.stop()
+
+    _run(scenario)
+
+
+# -- the requests in flight end in their own API's shape (the gateway's client to the engine) ----------
+
+
+def test_cutting_ends_each_request_in_flight_in_its_dialect_and_later_requests_go_through() -> None:
+    """What the supervisor's ``end_requests`` does (EngineClient.cut), against a stand-in engine that
+    holds a non-streamed answer and stops a stream after its first chunk, as a hung engine does."""
+    routes = [Route(path, _scripted, methods=["POST"]) for path in ("/v1/chat/completions", "/v1/messages")]
+    engine = Served(Starlette(routes=routes), lifespan="off")
+    runtime = make_runtime(engine.url, native=frozenset())
+    runtime.engine_client = client = EngineClient(
+        Timeouts(connect_s=LONG_S, first_byte_s=LONG_S, stream_idle_s=LONG_S, answer_s=LONG_S)
+    )
+    why = "the engine stopped making progress (test); it is being restarted: retry"
+
+    def said(cue: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": cue}]
+
+    asks = {
+        "chat, held": ("/v1/chat/completions", {"messages": said("HEADLESS")}),
+        "chat stream, stalled": ("/v1/chat/completions", {"messages": said("STALL"), "stream": True}),
+        "messages stream, stalled": ("/v1/messages", {"max_tokens": 9, "messages": said("STALL"), "stream": True}),
+    }
+    answers: dict[str, Any] = {}
+    try:
+        with TestClient(create_app(runtime), raise_server_exceptions=False) as http:
+
+            def ask(name: str) -> None:
+                path, body = asks[name]
+                answers[name] = http.post(path, json={"model": FRONTED, **body})
+
+            threads = [threading.Thread(target=ask, args=(name,)) for name in asks]
+            for thread in threads:
+                thread.start()
+            deadline = monotonic() + 5
+            while client.activity().in_flight < 3 or client.activity().chunks < 2:
+                assert monotonic() < deadline, client.activity()
+                sleep(0.01)
+            assert http.portal is not None
+            http.portal.call(client.cut, why)
+            for thread in threads:
+                thread.join(5)
+            while client.activity().in_flight:  # the app's cleanup may run just after the client read the end
+                assert monotonic() < deadline + 5, client.activity()
+                sleep(0.01)
+            hi = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            again = http.post("/v1/chat/completions", json=hi)
+    finally:
+        engine.stop()
+    held = answers["chat, held"]
+    assert held.status_code == 503 and held.json()["error"]["message"] == why
+    _, last = sse_events(answers["chat stream, stalled"].text)[-1]
+    assert "Hello" in answers["chat stream, stalled"].text and last["error"]["message"] == why
+    messages = answers["messages stream, stalled"]
+    if messages.status_code == 503:  # cut before its stream began: a whole Anthropic error
+        assert messages.json() == {"type": "error", "error": {"type": "overloaded_error", "message": why}}
+    else:
+        name, last = sse_events(messages.text)[-1]
+        assert name == "error" and last["type"] == "error" and last["error"]["message"] == why
+    assert again.status_code == 200 and "Hello" in again.text and why not in again.text  # on a fresh connection
