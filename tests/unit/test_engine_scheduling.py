@@ -1,0 +1,74 @@
+"""What each engine is asked to do for many sessions at once: vLLM started with priority scheduling and a
+cap per long prompt, llama-server's long prefill in its last slot, and the plan's sessions line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.llamacpp.scheduling import scheduling as llama_scheduling
+from backends.vllm.argv import build_argv
+from backends.vllm.checkpoint_facts import checkpoint_facts
+from backends.vllm.ladder import cpu_candidate
+from backends.vllm.memory import Checkpoint
+from backends.vllm.scheduling import long_prefill_threshold
+from backends.vllm.scheduling import scheduling as vllm_scheduling
+from gateway.cli.commands import main
+from gateway.core.devices import GIB
+from gateway.core.policy import Goal, Policy
+from tests.extras import needs_native_llama_server
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_vllm_runs_warm_turns_first_and_caps_what_a_long_prompt_takes_of_a_step() -> None:
+    facts = checkpoint_facts(json.loads((CONFIGS / "Qwen2.5-3B.json").read_text()), "Qwen2.5-3B")
+    flags = cpu_candidate(Checkpoint(facts.name, facts), 16 * GIB, "0.32.0", Policy()).flags
+    argv = build_argv(facts.name, flags, served_name="m", tool_call_parser=None, reasoning_parser=None)
+    assert _flag(argv, "--scheduling-policy") == "priority"
+    budget = int(_flag(argv, "--max-num-batched-tokens"))
+    assert int(_flag(argv, "--long-prefill-token-threshold")) == budget // 4
+    plan = vllm_scheduling(budget, flags.max_model_len)
+    assert plan.long_fields == {"priority": 1} and plan.long_lane * budget // 4 <= budget // 2
+
+
+def test_vllm_never_caps_a_prompt_past_the_context() -> None:
+    assert long_prefill_threshold(8192, 1024) == 1024  # vLLM refuses a threshold above max_model_len
+    assert long_prefill_threshold(32, 4096) == 16
+
+
+def test_llama_server_pins_the_long_prefill_to_its_last_slot() -> None:
+    four = llama_scheduling(4)
+    assert (four.long_lane, dict(four.long_fields)) == (1, {"id_slot": 3})
+    one = llama_scheduling(1)  # llama-cpp-python's one slot: nothing runs beside a long prefill
+    assert (one.long_lane, dict(one.long_fields)) == (0, {})
+
+
+def test_the_plan_says_how_many_sessions_it_keeps_warm() -> None:
+    goal = Goal(sessions=8)
+    assert goal.warm_sessions(4 * 131072, 131072) == (4, 16)  # four full contexts, sixteen 32k prompts
+    assert goal.warm_sessions(20_000, 16_384) == (1, 1)  # a context below 32k: the prompt is the context
+
+
+@needs_native_llama_server
+def test_more_sessions_asked_get_a_larger_prompt_cache_and_the_plan_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def plan(sessions: int) -> dict[str, Any]:
+        args = ["plan", "--model", "glm-4.7-flash", "--gpus", "2x24GiB", "--ram", "128GiB", "--engine", "llamacpp"]
+        assert main([*args, "--llama-launcher", "native", "--sessions", str(sessions), "--json"]) == 0
+        data: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return data
+
+    few, many = plan(4), plan(32)
+    assert few["sessions"]["asked"] == 4 and many["sessions"]["asked"] == 32
+    assert many["sessions"]["warm_tokens"] > few["sessions"]["warm_tokens"]
+    assert many["sessions"]["warm_at_typical_prompt"] > few["sessions"]["warm_at_typical_prompt"] >= 4
+    assert few["sessions"]["at_once"] == 4
