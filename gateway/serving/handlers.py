@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.serving import custom_tools, messages_api, responses_api
+from gateway.serving import custom_tools, messages_api, responses_api, usage_tally
 from gateway.serving import request_shapes as shapes
 from gateway.serving.chat_fixups import (
     ChatStreamFixer,
@@ -88,6 +88,22 @@ def _not_ready(backend: ServedBackend) -> str:
     if backend.state is State.STARTING and backend.target is not None and backend.target.engine == "external":
         return f"is unreachable ({why})"
     return {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(backend.state, "is not running")
+
+
+def _translated_reply(dialect: Dialect, answer: dict[str, Any], request: dict[str, Any], fronted: str) -> Response:
+    """The dialect's reply to a chat completion. An engine answer of the wrong types (a message, tool
+    call or arguments that is not what the schema says, arguments nested past Python's recursion limit,
+    text that is not UTF-8) is the backend's fault: a 502 in the dialect's shape, not a 500."""
+    try:
+        body = json.dumps(dialect.reply(answer, request, fronted), ensure_ascii=False, allow_nan=False)
+        return Response(body.encode("utf-8"), media_type="application/json")
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+        log.warning("cannot translate the backend's answer to %s: %s: %s", dialect.native, type(exc).__name__, exc)
+        raise ApiError(
+            502,
+            f"the backend's chat completion could not be translated ({type(exc).__name__}); see the gateway log",
+            code="backend_malformed_answer",
+        ) from None
 
 
 class Inference:
@@ -264,7 +280,8 @@ class Inference:
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
                     return dialect.errors.engine_error(status, answer, target.context_length)
-                return JSONResponse(dialect.reply(answer, payload, fronted))
+                usage_tally.report(answer.get("usage"))
+                return _translated_reply(dialect, answer, payload, fronted)
             synthesize = "include_usage" not in target.native
             if prompt is None and synthesize:  # the usage chunk the engine will not send is written from it
                 prompt = await self._prompt_tokens(target, chat)

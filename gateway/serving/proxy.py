@@ -29,6 +29,7 @@ from gateway.serving.edge import request_id
 from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
 from gateway.serving.sse import chat_chunks
 from gateway.serving.stream_guard import checked_chunks
+from gateway.serving.usage_tally import UsageTap, report_body, reported_chunks
 from gateway.supervision.lifecycle import EngineTarget
 
 log = logging.getLogger("gateway.proxy")
@@ -250,7 +251,8 @@ class EngineClient:
         error_event: Callable[[ApiError], bytes] | None = None,
     ) -> Response:
         """Pass the request through; the response comes back as it came (filtered only if asked). A
-        stream that breaks or goes silent ends with an error event in ``errors``' dialect."""
+        stream that breaks or goes silent ends with an error event in ``errors``' dialect. The engine's
+        usage is reported to the request's tally (read from the answer's own ``usage``)."""
         deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
         try:
             upstream = await self.open(target, path, body, stream=stream, deadline=deadline)
@@ -259,7 +261,8 @@ class EngineClient:
             raise
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
-            chunks = self._chunks(upstream, deadline, chunk_filter, error_event or errors.sse_event, on_close)
+            tapped = chained([*([chunk_filter] if chunk_filter else []), UsageTap()])
+            chunks = self._chunks(upstream, deadline, tapped, error_event or errors.sse_event, on_close)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
                 on_close()
@@ -275,6 +278,8 @@ class EngineClient:
             return errors.response(overflow)  # every engine's "too long" in the one wording agents act on
         if broken := _broken_answer(upstream.status, content_type, data, stream):
             raise broken
+        if upstream.status == 200:
+            report_body(data)
         kept = {name: upstream.headers[name] for name in ("Retry-After", "retry-after-ms") if name in upstream.headers}
         return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
 
@@ -293,7 +298,7 @@ class EngineClient:
                 return (broken.status, broken.body()), _empty()
             return (upstream.status, _json_or_error(data)), _empty()
         chunks = self._chunks(upstream, deadline, chunk_filter, _error_chunk)
-        return None, checked_chunks(chat_chunks(chunks))
+        return None, reported_chunks(checked_chunks(chat_chunks(chunks)))
 
     async def _chunks(
         self,
