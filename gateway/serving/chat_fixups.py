@@ -99,11 +99,16 @@ class ChatStreamFixer:
             payload = json.loads(body[6:])
         except ValueError:
             return event
+        choices = payload.get("choices") or [] if isinstance(payload, dict) else None
+        if not isinstance(choices, list) or not all(
+            isinstance(choice, dict) and isinstance(choice.get("delta") or {}, dict) for choice in choices
+        ):  # relayed as it came, this cut the connection mid-stream ("Exception in ASGI application")
+            raise ApiError(502, "the backend sent a malformed chat chunk ('choices' or a delta is not an object)")
         self.last = payload
         if payload.get("usage"):
             self.saw_usage = True
         changed = False
-        for choice in payload.get("choices") or []:
+        for choice in choices:
             delta = choice.get("delta") or {}
             if delta.get("content") or delta.get("tool_calls") or delta.get(self.mirror or "", None):
                 self.completion_tokens += 1

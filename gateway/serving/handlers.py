@@ -73,10 +73,29 @@ MESSAGES = Dialect(
 
 
 def _is_chat_completion(answer: Any) -> bool:
-    """Enough of a chat completion to translate: ``choices`` a list of objects (``[null]`` or ``"abc"``
-    would break the translator: a 502, not a 500)."""
+    """Enough of a chat completion to translate: ``choices`` a list of objects whose message, text,
+    tool calls, names and arguments have the schema's types (``[null]``, ``"abc"`` or arguments that are
+    a list would break the translator or pass through untyped: a 502, not a 500)."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
-    return isinstance(choices, list) and all(isinstance(choice, dict) for choice in choices)
+    return isinstance(choices, list) and all(isinstance(choice, dict) and _typed(choice) for choice in choices)
+
+
+def _typed(choice: dict[str, Any]) -> bool:
+    message = choice.get("message") or {}
+    if not isinstance(message, dict):
+        return False
+    texts = (message.get(key) for key in ("content", "reasoning_content", "reasoning"))
+    calls = message.get("tool_calls") or []
+    if not all(text is None or isinstance(text, str) for text in texts) or not isinstance(calls, list):
+        return False
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            return False
+        fields = (call.get("id"), function.get("name"), function.get("arguments"))
+        if not all(value is None or isinstance(value, str) for value in fields):
+            return False
+    return True
 
 
 def _not_ready(backend: ServedBackend) -> str:
