@@ -108,8 +108,8 @@ def _tool_choice(choice: Any) -> Any:
 def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     """A chat-completions request carrying the same conversation, tools and limits."""
     messages: list[dict[str, Any]] = []
-    if body.get("instructions"):
-        messages.append({"role": "system", "content": str(body["instructions"])})
+    if body.get("instructions"):  # a string, or input-text parts (never a Python repr of them)
+        messages.append({"role": "system", "content": _text_of(body["instructions"])})
     items = body.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
