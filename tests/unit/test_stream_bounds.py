@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.serving import responses_api
+from gateway.serving.proxy import EventAligned
 from gateway.serving.responses_api import _Pieces
 from gateway.serving.sse import EventBuffer, chat_chunks
 
@@ -79,3 +80,12 @@ def test_held_pieces_are_joined_in_groups_and_read_back_in_order() -> None:
         pieces.add(str(number % 10))
     assert len(pieces.joined) == 3 and len(pieces.recent) == 5
     assert pieces.text() == "".join(str(n % 10) for n in range(3 * _Pieces.GROUP + 5))
+
+
+def test_a_passed_through_stream_goes_on_in_whole_events_and_an_overlong_one_as_it_comes() -> None:
+    aligned = EventAligned(max_held=64)
+    assert aligned.feed(b"data: 1\n\ndata: 2") == b"data: 1\n\n"  # the half event waits
+    assert aligned.feed(b"2\n\n") == b"data: 22\n\n"
+    assert aligned.feed(b"data: 3\r\n\r\n") == b"data: 3\r\n\r\n"  # a read that ends an event: as it came
+    assert aligned.feed(b"x" * 100) == b"x" * 100  # longer than max_held: not held
+    assert aligned.feed(b"data: last") == b"" and aligned.flush() == b"data: last"
