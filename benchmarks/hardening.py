@@ -30,7 +30,7 @@
   many lines hold a raw control or bidi character.
 - tools (issue 30): one Responses request (translated) with 99,000 tools of types no backend runs
   (21 MB): its status, the warning lines and bytes it added to the log, the slowest /health.
-- readsize, responses, metadata, replan (issue 41): see benchmarks/hardening_41.py.
+- readsize, responses, metadata, stop, replan (issue 41): see benchmarks/hardening_41.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -606,7 +606,7 @@ def main() -> int:
     parser.add_argument(
         "what", nargs="+",
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
-                 "forged", "tools", "hub", "readsize", "responses", "metadata", "replan"],
+                 "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop"],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -628,6 +628,7 @@ def main() -> int:
         "responses",
         "metadata",
         "replan",
+        "stop",
     }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}

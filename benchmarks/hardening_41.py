@@ -7,6 +7,9 @@
   300 MB of them: the gateway's peak RSS for each, the last event, the slowest /health.
 - metadata: translated Responses requests (whole and streamed) whose ``metadata`` forges usage figures
   (0, 10^15, 10^309, 10^400): the statuses, the access lines' figures and ``gateway_tokens_total``.
+- stop: a fast endless passthrough stream (64 KB events, as fast as the upstream writes them), the
+  gateway sent SIGHUP 1 s in (shutdown_grace_s 1), three times: how many streams end with a readable
+  error event (a whole ``data: {"error": …}`` event) rather than in content.
 - replan: in this process, a supervisor (a stand-in engine) whose plan pools a real HTTP worker that
   answers ``/inventory`` with ``[1,2,3]`` while the engine dies, then recovers: what /ready would say
   meanwhile and how long until it serves again.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -226,6 +230,38 @@ def upstream_cases(cue: str, request: Any, web: Any) -> Any:
     return None
 
 
+async def _stopped_stream(url: str, gateway: psutil.Process) -> tuple[int, str]:
+    """(MB read, how it ended) of a fast endless stream whose gateway gets SIGHUP 1 s in."""
+    body = {"model": "fake", "stream": True, "messages": [{"role": "user", "content": "ENDLESS"}]}
+    size, tail = 0, b""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+        session.post(url + "/v1/chat/completions", json=body) as response,
+    ):
+        asyncio.get_running_loop().call_later(1.0, lambda: gateway.send_signal(signal.SIGHUP))
+        try:
+            async for block in response.content.iter_any():
+                size += len(block)
+                tail = (tail + block)[-2000:]
+        except aiohttp.ClientError as exc:
+            return size // MB, f"cut: {type(exc).__name__}"
+    last = tail.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+    if last.startswith(b'data: {"error"') and tail.endswith(b"\n\n"):
+        return size // MB, "error event"
+    return size // MB, "content, then the end" if b'"error"' not in last else "error run into content"
+
+
+def stops(source: Path, servers: Any) -> dict[str, Any]:
+    ends = []
+    for _ in range(3):
+        with servers(source, ["--shutdown-grace", "1"]) as (url, gateway):
+            time.sleep(2.5)
+            ends.append(asyncio.run(_stopped_stream(url, gateway)))
+            gateway.wait(30)
+    return {"runs": len(ends), "error_event": sum(end == "error event" for _, end in ends),
+            "ends": [f"{mb} MB read, {end}" for mb, end in ends]}  # fmt: skip
+
+
 def _ready(url: str, timeout_s: float = 60) -> None:
     """Until the gateway serves again (a case that pegged its CPU can leave it marking the backend down)."""
     import urllib.request
@@ -255,6 +291,8 @@ def issue_41(source: Path, wanted: set[str], servers: Any, health: Any, peak_rss
             if "metadata" in wanted:
                 _ready(url)
                 results["metadata"] = metadata_counters(url, servers.log)
+    if "stop" in wanted:
+        results["stop"] = stops(source, servers)
     if "replan" in wanted:
         results["replan_malformed_worker"] = replan_recovery(source, raising=False)
         results["replan_survey_raises"] = replan_recovery(source, raising=True)
