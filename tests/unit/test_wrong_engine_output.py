@@ -121,3 +121,19 @@ def test_a_lone_surrogate_from_the_client_is_its_400(upstream: tuple[Answers, st
         fine = client.post("/v1/responses", content=paired, headers={"content-type": "application/json"})
     assert refused.status_code == 400 and "surrogate" in refused.json()["error"]["message"]
     assert fine.status_code != 400, fine.text[:200]
+
+
+def test_a_number_json_cannot_write_back_passes_as_the_engine_wrote_it(upstream: tuple[Answers, str]) -> None:
+    """1e400 parses to infinity; re-encoded (naming the fronted model, completing the shape) it went out as
+    ``Infinity``, which is not JSON."""
+    answers, url = upstream
+    message = {"role": "assistant", "content": "ok"}
+    answers.body = _completion(message).replace('"index": 0', '"index": 0, "x": 1e400')
+    with TestClient(create_app(make_runtime(url, native=NATIVE))) as client:
+        answer = client.post(
+            "/v1/chat/completions", json={"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
+        )
+    assert answer.status_code == 200 and "Infinity" not in answer.text and "1e400" in answer.text
+    fixer = ChatStreamFixer(mirror="reasoning", usage_prompt_tokens=None)
+    out = fixer.feed(b'data: {"choices": [{"delta": {"reasoning": "r"}}], "x": 1e400}\n\n')
+    assert b"Infinity" not in out and b"1e400" in out
