@@ -73,6 +73,19 @@ def _tools(tools: list[Any], dropped: Counter[str] | None = None) -> list[dict[s
     return out
 
 
+def _one_tool_per_name(tools: list[dict[str, Any]]) -> None:
+    """A 400 for two tools of one name (a function and a custom tool, or a namespace's tool and another):
+    the engine's call names only the tool, so it could not say which was meant."""
+    seen: set[str] = set()
+    for tool in tools:
+        name = tool["function"].get("name")
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            raise ApiError(400, f"two tools are named {name[:64]!r}: give each tool its own name", param="tools")
+        seen.add(name)
+
+
 _KIND_SHOWN = 40  # characters of a dropped tool's type in the warning (the client chose it)
 _KINDS_SHOWN = 5  # distinct types named in the warning
 
@@ -153,6 +166,7 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     dropped: Counter[str] = Counter()
     tools = _tools(body.get("tools") or [], dropped)
     _warn_dropped(dropped)
+    _one_tool_per_name(tools)
     if tools:
         chat["tools"] = tools
         if (choice := _tool_choice(body.get("tool_choice"))) is not None:
