@@ -39,5 +39,4 @@ def cached_tokens(usage: Any) -> int:
         return 0
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    total = prompt_tokens(usage)
-    return min(cached, total) if total else cached
+    return min(cached, prompt_tokens(usage))  # a prompt the engine did not count has no cached part either

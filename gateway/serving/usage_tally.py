@@ -45,7 +45,7 @@ def figures(usage: Any) -> dict[str, int] | None:
     return {
         "in": prompt,
         "out": max(got["completion_tokens"], got["output_tokens"]),
-        "cached": min(cached, prompt) if prompt else cached,
+        "cached": min(cached, prompt),
     }
 
 

@@ -96,3 +96,11 @@ def test_an_engine_usage_of_ten_to_the_400_is_answered_and_not_counted(
     assert [(a["tokens_in"], a["tokens_out"]) for a in _access(caplog)] == [(0, 7)] * 3
     assert 'gateway_tokens_total{direction="out"} 21.0' in metrics
     assert not [line for line in metrics.splitlines() if line.startswith("gateway_tokens_total") and "Inf" in line]
+
+
+def test_a_cached_count_above_the_prompt_is_never_reported() -> None:
+    from gateway.serving.usage import cached_tokens
+
+    assert cached_tokens({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 50}}) == 10
+    assert cached_tokens({"prompt_tokens_details": {"cached_tokens": 50}}) == 0  # no prompt said: no cached part
+    assert usage_tally.figures({"prompt_tokens_details": {"cached_tokens": 50}}) == {"in": 0, "out": 0, "cached": 0}
