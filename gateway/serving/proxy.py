@@ -261,7 +261,8 @@ class EngineClient:
             raise
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
-            aligned = chained([*([chunk_filter] if chunk_filter else []), UsageTap(), EventAligned()])
+            # whole events first: the usage tap then parses no event twice nor holds one across reads
+            aligned = chained([*([chunk_filter] if chunk_filter else []), EventAligned(), UsageTap()])
             chunks = self._chunks(upstream, deadline, aligned, error_event or errors.sse_event, on_close)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
