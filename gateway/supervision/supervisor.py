@@ -56,6 +56,7 @@ class NodeWatch(Protocol):
 
 
 NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are still there
+MAX_REPLANS_SHOWN = 50  # re-plans /status lists
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
 # Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
 # the plan's summary for /status.
@@ -384,6 +385,7 @@ class Supervisor:
         """The plan made again over the nodes that answer now; its options replace the old ones."""
         assert self.replan is not None
         log.warning("re-planning: %s", why)
+        del self.replans[: -MAX_REPLANS_SHOWN + 1]  # retried with backoff while a cause lasts: the last few
         try:
             options, summary = await asyncio.to_thread(self.replan)
         except GatewayError as exc:
