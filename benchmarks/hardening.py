@@ -1,4 +1,4 @@
-"""The hardening figures of issues 11, 23 and 30, measured on a real gateway process in front of a fake upstream.
+"""The hardening figures of issues 11, 23, 30 and 41, measured on a real gateway process in front of a fake upstream.
 
     python benchmarks/hardening.py all                 # every figure below, this checkout
     python benchmarks/hardening.py headers huge        # some of them
@@ -30,6 +30,7 @@
   many lines hold a raw control or bidi character.
 - tools (issue 30): one Responses request (translated) with 99,000 tools of types no backend runs
   (21 MB): its status, the warning lines and bytes it added to the log, the slowest /health.
+- readsize, responses, metadata, stop, replan (issue 41): see benchmarks/hardening_41.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -58,6 +59,9 @@ import psutil
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks import hardening_41  # noqa: E402 (after the path it needs)
+
 MB = 1024 * 1024
 ANSWER = {
     "id": "chatcmpl-h",
@@ -73,6 +77,8 @@ ANSWER = {
 async def _chat(request: web.Request) -> web.StreamResponse:
     payload = await request.json()
     cue = json.dumps(payload.get("messages"))
+    if (case := hardening_41.upstream_cases(cue, request, web)) is not None:
+        return await case  # type: ignore[no-any-return]
     if "ENDLESS" in cue or "LONGLINE" in cue:  # a stream that never ends / 300 MB without a newline
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -600,7 +606,7 @@ def main() -> int:
     parser.add_argument(
         "what", nargs="+",
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
-                 "forged", "tools", "hub"],
+                 "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop"],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -618,11 +624,17 @@ def main() -> int:
         "endless",
         "forged",
         "tools",
+        "readsize",
+        "responses",
+        "metadata",
+        "replan",
+        "stop",
     }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
     results.update(issue_23(args.source, wanted))
     results.update(issue_30(args.source, wanted))
+    results.update(hardening_41.issue_41(args.source.resolve(), wanted, servers, HealthWatch, PeakRss))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

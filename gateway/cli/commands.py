@@ -268,11 +268,17 @@ def agent_command(args: argparse.Namespace) -> int:
     config = AGENTS[args.name](ask(args.url, args.api_key))
     if args.write:
         return write(args.name, config, yes=args.yes)
-    print(f"# {args.name}: {config.where}", file=sys.stderr)
+    print(f"# {args.name}: {_one_line(config.where)}", file=sys.stderr)
     for note in config.notes:
-        print(f"# {note}", file=sys.stderr)
+        print(f"# {_one_line(note)}", file=sys.stderr)
     print(config.text, end="")
     return 0
+
+
+def _one_line(text: str) -> str:
+    """A ``#`` note as one printable line: the model id in it is what the gateway's /v1/models said, and
+    a newline in it began a line of the user's shell paste (an ANSI escape reached the terminal)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def list_models(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ was lost while serving and one that came back (used again at the next re-plan).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
@@ -24,10 +25,13 @@ from gateway.core.auth import bearer_header
 from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.errors import ConfigError
 from gateway.core.tls import client_tls
+from gateway.nodes.inventory_check import Malformed, check
 
 log = logging.getLogger("gateway.nodes")
 
-SURVEY_TIMEOUT_S = 5.0
+SURVEY_TIMEOUT_S = 5.0  # each connect and read
+SURVEY_DEADLINE_S = 10.0  # a worker's whole answer (each read may add up to SURVEY_TIMEOUT_S past it)
+MAX_INVENTORY_BYTES = 1024 * 1024  # a worker's answer with 64 devices is ~20 KB
 CHECK_TIMEOUT_S = 3.0
 MISSES_TO_LOSE = 2  # consecutive unanswered checks before a node in use counts as gone
 INVENTORY_PATH = "/inventory"
@@ -71,49 +75,70 @@ def _endpoint(endpoint: str, address: str) -> str:
     return f"{address.rpartition(':')[0]}:{port}" if host in _ANY else endpoint
 
 
-def report_from(address: str, data: Mapping[str, Any], rtt_ms: float | None) -> NodeReport:
-    """A worker's ``/inventory`` answer as a report (pure): running devices only."""
-    name = str(data.get("node") or address)
+def report_from(address: str, data: Any, rtt_ms: float | None) -> NodeReport:
+    """A worker's ``/inventory`` answer as a report (pure): running devices only; an answer without the
+    inventory's shape (``inventory_check``) is a report with an error, so the worker is planned without."""
+    try:
+        checked = check(data)
+    except Malformed as exc:
+        return NodeReport(address, address, error=f"sent an inventory that cannot be used ({exc})")
+    name = checked.node or address
     link = f"TCP to {address}, {rtt_ms:.2f} ms round trip" if rtt_ms is not None else "unknown"
-    devices = []
-    for raw in data.get("devices", []):
-        if not raw.get("running", True) or not raw.get("endpoint"):
-            continue
-        devices.append(
-            Device.from_json(
-                raw, node=name, endpoint=_endpoint(str(raw["endpoint"]), address), link=link, rtt_ms=rtt_ms
-            )
-        )
+    devices = tuple(
+        Device.from_json(raw.to_json(), node=name, endpoint=_endpoint(raw.endpoint, address), link=link, rtt_ms=rtt_ms)
+        for raw in checked.devices
+    )
     error = None if devices else f"no running {LENDER.server_name}"
     return NodeReport(
-        address,
-        name,
-        tuple(devices),
-        int(data.get("ram_total_bytes", 0)),
-        int(data.get("ram_available_bytes", 0)),
-        str(data.get("build", "")),
-        rtt_ms,
-        error,
+        address, name, devices, checked.ram_total_bytes, checked.ram_available_bytes, checked.build, rtt_ms, error
     )
 
 
 def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S) -> NodeReport:
-    """Ask one worker for its inventory (I/O); an unreachable or refusing worker is a report with an error."""
+    """Ask one worker for its inventory (I/O); an unreachable, refusing, slow or malformed worker is a
+    report with an error. The answer is read within ``SURVEY_DEADLINE_S`` in all (a read timeout alone
+    let a byte every 4 s run for ever) and up to ``MAX_INVENTORY_BYTES`` (a 600 MB body took 2 GB)."""
     headers = bearer_header(api_key)
+    deadline = time.monotonic() + SURVEY_DEADLINE_S
     try:
         rtt_ms = _connect_ms(address, timeout_s)
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client:
-            answer = client.get(f"http://{address}{INVENTORY_PATH}", headers=headers)
+        with (
+            httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client,
+            client.stream("GET", f"http://{address}{INVENTORY_PATH}", headers=headers) as answer,
+        ):
+            if answer.status_code in (401, 403):
+                return NodeReport(
+                    address, address, error="refused the key: give the worker's key with --worker-api-key"
+                )
+            if answer.status_code != 200:
+                return NodeReport(address, address, error=f"answered {answer.status_code} to {INVENTORY_PATH}")
+            body = _bounded_body(answer, deadline)
+    except _TooSlowOrBig as exc:
+        return NodeReport(address, address, error=str(exc))
     except (OSError, httpx.HTTPError) as exc:
         return NodeReport(address, address, error=f"unreachable ({type(exc).__name__}: {exc})")
-    if answer.status_code in (401, 403):
-        return NodeReport(address, address, error="refused the key: give the worker's key with --worker-api-key")
-    if answer.status_code != 200:
-        return NodeReport(address, address, error=f"answered {answer.status_code} to {INVENTORY_PATH}")
     try:
-        return report_from(address, answer.json(), rtt_ms)
-    except (ValueError, KeyError, TypeError) as exc:
-        return NodeReport(address, address, error=f"sent an inventory that cannot be read ({exc})")
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return NodeReport(address, address, error=f"sent an inventory that is not JSON ({type(exc).__name__})")
+    return report_from(address, data, rtt_ms)
+
+
+class _TooSlowOrBig(Exception):
+    """A worker's answer past the survey's deadline or size cap."""
+
+
+def _bounded_body(answer: httpx.Response, deadline: float) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    for part in answer.iter_raw():
+        size += len(part)
+        if size > MAX_INVENTORY_BYTES:
+            raise _TooSlowOrBig(f"sent an inventory over {MAX_INVENTORY_BYTES} bytes")
+        if time.monotonic() > deadline:
+            raise _TooSlowOrBig(f"did not finish its inventory within {SURVEY_DEADLINE_S:g} s")
+        parts.append(part)
+    return b"".join(parts)
 
 
 def _connect_ms(address: str, timeout_s: float) -> float:
@@ -172,9 +197,12 @@ def gone(states: Sequence[NodeState]) -> list[str]:
 def answers(address: str, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
     """Whether a worker's HTTP side answers ``/health`` now (I/O)."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client:
-            return client.get(f"http://{address}/health").status_code == 200
-    except httpx.HTTPError:
+        with (
+            httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client,
+            client.stream("GET", f"http://{address}/health") as answer,
+        ):
+            return answer.status_code == 200  # its body is not read: a worker cannot hold the check with one
+    except (OSError, httpx.HTTPError):
         return False
 
 
@@ -198,7 +226,7 @@ class Nodes:
         """Ask every worker now and return ``machine`` with the reachable ones' devices; a worker in use
         that no longer answers counts as lost, one that answers again is used again."""
         with ThreadPoolExecutor(max_workers=max(1, len(self.states))) as pool:
-            reports = _unique(list(pool.map(lambda s: self.fetcher(s.address, self.api_key), self.states)))
+            reports = _unique(list(pool.map(lambda s: self._fetch(s.address), self.states)))
         stamp = time.strftime("%H:%M:%S")
         self.local = machine.gpus
         for state, report in zip(self.states, reports, strict=True):
@@ -218,6 +246,15 @@ class Nodes:
             state.in_use = report.reachable
             state.misses = 0
         return merge(machine, reports)
+
+    def _fetch(self, address: str) -> NodeReport:
+        """One worker's report; a fetch that raised (a bug, or an answer no check foresaw) is a report
+        with the error, so that this worker is planned without and the others still are."""
+        try:
+            return self.fetcher(address, self.api_key)
+        except Exception as exc:
+            log.exception("surveying worker %s failed", address)
+            return NodeReport(address, address, error=f"could not be surveyed ({type(exc).__name__}; see the log)")
 
     def check(self) -> list[str]:
         """Ask every node in use whether it is still there (I/O, in parallel); the ones now gone."""

@@ -41,6 +41,7 @@ from gateway.serving.error_shapes import OPENAI, as_api_error
 from gateway.serving.http_limits import bounded_protocol
 
 log = logging.getLogger("gateway.worker")
+CLIENT_TIMEOUT_S = 10.0  # a request's head or body, whole (the gateway's default is 60 s)
 
 DEFAULT_PORT = 50100  # the worker's HTTP side; its device servers take first_port, first_port + 1, …
 SERVER_START_S = 15.0  # after this a server that is still alive is waited for, with a log line
@@ -315,7 +316,9 @@ def run(config: WorkerConfig) -> int:
     app = create_app(worker, config.api_keys)
     uv = uvicorn.Config(
         app, host=config.host, port=config.port, log_level="warning", log_config=None, lifespan="off",
-        http=bounded_protocol(),  # the header cap (431) before the key, and the clocks on slow clients
+        # the header cap (431) before the key, and short clocks on slow clients: the head's requests are a
+        # few hundred bytes, and a worker the head cannot reach is a lost node
+        http=bounded_protocol(header_timeout_s=CLIENT_TIMEOUT_S, body_timeout_s=CLIENT_TIMEOUT_S),
     )  # fmt: skip
     server = uvicorn.Server(uv)
 

@@ -99,18 +99,23 @@ class ChatStreamFixer:
             payload = json.loads(body[6:])
         except ValueError:
             return event
+        choices = payload.get("choices") or [] if isinstance(payload, dict) else None
+        if not isinstance(choices, list) or not all(
+            isinstance(choice, dict) and isinstance(choice.get("delta") or {}, dict) for choice in choices
+        ):  # relayed as it came, this cut the connection mid-stream ("Exception in ASGI application")
+            raise ApiError(502, "the backend sent a malformed chat chunk ('choices' or a delta is not an object)")
         self.last = payload
         if payload.get("usage"):
             self.saw_usage = True
         changed = False
-        for choice in payload.get("choices") or []:
+        for choice in choices:
             delta = choice.get("delta") or {}
             if delta.get("content") or delta.get("tool_calls") or delta.get(self.mirror or "", None):
                 self.completion_tokens += 1
             if needs_twin and self.twin and self.mirror in delta and self.twin not in delta:
                 delta[self.twin] = delta[self.mirror]
                 changed = True
-        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n" if changed else event
+        return b"data: " + _encoded(payload, event[6:].strip()) + b"\n\n" if changed else event
 
     def _usage_chunk(self) -> bytes:
         if self.usage_prompt_tokens is None or self.saw_usage:
@@ -145,4 +150,13 @@ def complete_chat_shape(body: bytes) -> bytes:
         if isinstance(message, dict):
             message.setdefault("refusal", None)
             message.setdefault("annotations", [])
-    return json.dumps(payload).encode()
+    return _encoded(payload, body, compact=False)
+
+
+def _encoded(payload: Any, original: bytes, compact: bool = True) -> bytes:
+    """``payload`` as JSON, or the engine's own bytes when it holds a number JSON cannot write back
+    (``1e400`` parses to infinity, which ``json.dumps`` writes as ``Infinity``: not JSON)."""
+    try:
+        return json.dumps(payload, separators=(",", ":") if compact else None, allow_nan=False).encode()
+    except ValueError:
+        return original

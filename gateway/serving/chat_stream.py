@@ -44,10 +44,12 @@ class ToolArgumentsDelta:
 
 @dataclass(frozen=True)
 class ToolCallFinished:
+    """The call's end; its arguments came in its deltas (not held here: a translator that needs them
+    whole keeps them, with its own cap)."""
+
     index: int
     call_id: str | None
     name: str
-    arguments: str  # every piece, joined
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,10 @@ ChatEvent = TextDelta | ReasoningDelta | ToolCallStarted | ToolArgumentsDelta | 
 
 async def read_chat_stream(chunks: AsyncIterator[dict[str, Any] | object]) -> AsyncIterator[ChatEvent]:
     """The events of parsed chat chunks (``sse.chat_chunks``; anything not a dict, like DONE, is skipped).
-    Every choice's delta is read as one answer, as the agents' single-choice requests get."""
+    Every choice's delta is read as one answer, as the agents' single-choice requests get. A chunk the
+    engine shaped wrongly (``choices`` not a list of objects, a delta or text that is not what the
+    schema says) ends the stream with a :class:`StreamError` rather than an exception mid-stream."""
     started: dict[int, ToolCallStarted] = {}
-    arguments: dict[int, list[str]] = {}  # pieces, joined once at the end (a file written by a tool is thousands)
     usage: Any = None
     reason: str | None = None
     async for chunk in chunks:
@@ -91,22 +94,64 @@ async def read_chat_stream(chunks: AsyncIterator[dict[str, Any] | object]) -> As
             yield StreamError(str(error.get("message", error) if isinstance(error, dict) else error))
             return
         usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
+            yield StreamError(_malformed("'choices' is not a list of objects"))
+            return
+        for choice in choices:
             delta = choice.get("delta") or {}
-            reason = choice.get("finish_reason") or reason
-            if thought := delta.get("reasoning_content") or delta.get("reasoning"):
+            if not isinstance(delta, dict):
+                yield StreamError(_malformed("a delta is not an object"))
+                return
+            finish = choice.get("finish_reason")
+            reason = finish if isinstance(finish, str) and finish else reason
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            content = delta.get("content")
+            calls = delta.get("tool_calls") or []
+            if not _text(thought) or not _text(content) or not isinstance(calls, list):
+                yield StreamError(_malformed("a delta's text or tool calls have the wrong type"))
+                return
+            if thought:
                 yield ReasoningDelta(thought)
-            if delta.get("content"):
-                yield TextDelta(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                index, function = int(call.get("index", 0)), call.get("function") or {}
+            if content:
+                yield TextDelta(content)
+            for call in calls:
+                if (parts := _call_parts(call)) is None:
+                    yield StreamError(_malformed("a tool call's index, id, name or arguments have the wrong type"))
+                    return
+                index, call_id, name, piece = parts
                 if index not in started:
-                    started[index] = ToolCallStarted(index, call.get("id") or None, function.get("name") or "")
-                    arguments[index] = []
+                    started[index] = ToolCallStarted(index, call_id, name)
                     yield started[index]
-                if piece := function.get("arguments"):
-                    arguments[index].append(piece)
+                if piece:
                     yield ToolArgumentsDelta(index, piece)
     for index, call in started.items():
-        yield ToolCallFinished(index, call.call_id, call.name, "".join(arguments[index]))
+        yield ToolCallFinished(index, call.call_id, call.name)
     yield Finish(reason, Usage.read(usage))
+
+
+MAX_TOOL_CALLS = 4096  # tool-call indexes in one answer (agents' answers make a handful)
+
+
+def _call_parts(call: Any) -> tuple[int, str | None, str, str] | None:
+    """(index, id, name, arguments piece) of one tool-call delta, or None when its types are wrong."""
+    if not isinstance(call, dict):
+        return None
+    index, function = call.get("index", 0), call.get("function") or {}
+    if not (isinstance(index, int) and not isinstance(index, bool) and 0 <= index < MAX_TOOL_CALLS):
+        return None
+    if not isinstance(function, dict):
+        return None
+    call_id, name, piece = call.get("id"), function.get("name"), function.get("arguments")
+    if not (_text(call_id) and _text(name) and _text(piece)):
+        return None
+    return index, call_id or None, name or "", piece or ""
+
+
+def _text(value: Any) -> bool:
+    """Absent or a string: what the chat schema allows for a delta's text, a name or arguments."""
+    return value is None or isinstance(value, str)
+
+
+def _malformed(what: str) -> str:
+    return f"the backend sent a malformed chat chunk ({what})"

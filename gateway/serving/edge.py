@@ -2,12 +2,14 @@
 access log (one line per request: route, status, time, tokens in and out and how many of those in came
 from the engine's prefix cache, client, request id).
 
-Pure ASGI (not BaseHTTPMiddleware) so streamed responses pass through unbuffered; the per-chunk
-work is two substring checks.
+Pure ASGI (not BaseHTTPMiddleware) so streamed responses pass through unbuffered. The token figures
+are the engine's usage as the routes parsed it (``usage_tally``), never read from the response bytes:
+those carry what the client sent too (a Responses answer echoes its ``metadata``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -19,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.core import auth
+from gateway.serving import usage_tally
 from gateway.serving.error_shapes import shape_for
 from gateway.serving.usage_board import RequestRecord, UsageBoard
 
@@ -34,9 +37,6 @@ access_log = logging.getLogger("gateway.access")
 OPEN_PATHS = frozenset({"/health", "/ready", "/"})
 # the current request's id: forwarded to the engine and written into JSON log lines
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
-_USAGE = re.compile(
-    rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens|cached_tokens|cache_read_input_tokens)":\s*(\d+)'
-)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -106,7 +106,8 @@ def may_see_detail(scope: Scope) -> bool:
 
 class RequestMetrics:
     """Counts requests by route and status, times them (and the first streamed byte), sums tokens
-    from the usage figures the responses carry, and tags each response with an X-Request-Id."""
+    from the engine's usage figures (reported by the routes into the request's tally), and tags each
+    response with an X-Request-Id."""
 
     def __init__(
         self, app: ASGIApp, registry: CollectorRegistry, routes: Iterable[str] = (), board: UsageBoard | None = None
@@ -142,6 +143,7 @@ class RequestMetrics:
         started = record.started
         status: dict[str, Any] = {"code": 500, "streaming": False, "first": True, "first_byte_s": None}
         tokens = {"in": 0, "out": 0, "cached": 0, "usage": 0}  # usage: whether the answer carried any figures
+        tally = usage_tally.current.set(tokens)  # filled by the routes from the engine's parsed usage
 
         async def tapped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -161,8 +163,6 @@ class RequestMetrics:
                     record.first_output()
                     if status["streaming"]:
                         self.ttft.labels(route).observe(time.perf_counter() - started)
-                if b"_tokens" in body and (b'"usage"' in body or b'"message_delta"' in body):
-                    self._count_tokens(body, tokens)
             await send(message)
 
         try:
@@ -170,37 +170,22 @@ class RequestMetrics:
         finally:
             self.requests.labels(route, str(status["code"])).inc()
             if tokens["usage"]:
-                self.prompt_tokens.labels("reused").inc(tokens["cached"])
-                self.prompt_tokens.labels("evaluated").inc(max(tokens["in"] - tokens["cached"], 0))
+                self._count_usage(tokens)
             record.first_output()  # whoever waited for it (the long-prefill lane): the answer is over
             self.board.add(record, status=status["code"], tokens=tokens, agent=_header(scope, b"user-agent"))
             if scope["path"] not in QUIET_PATHS:
                 _log_access(scope, rid, status, tokens, time.perf_counter() - started)
+            usage_tally.current.reset(tally)
             request_id.reset(token)
 
-    def _count_tokens(self, body: bytes, seen: dict[str, int]) -> None:
-        """Add the usage figures in one body to the metrics and to this request's ``seen`` totals: the
-        largest figure per direction (a stream repeats its input count, and Anthropic's message_delta
-        restates the engine's final one). Anthropic counts a cache read apart from ``input_tokens``: it
-        is added back, so ``in`` is the whole prompt in every dialect and ``cached`` the part reused."""
-        for part in body.split(b"\n\n"):  # one event at a time: message_start's input is not message_delta's
-            if figures := {name: int(value) for name, value in _USAGE.findall(part)}:
-                self._count_usage(figures, seen)
-
-    def _count_usage(self, figures: dict[bytes, int], seen: dict[str, int]) -> None:
-        seen["usage"] = 1
-        cache_read = figures.get(b"cache_read_input_tokens", 0)
-        found = {
-            "in": max(figures.get(b"prompt_tokens", 0), figures.get(b"input_tokens", 0) + cache_read),
-            "out": max(figures.get(b"completion_tokens", 0), figures.get(b"output_tokens", 0)),
-            "cached": max(figures.get(b"cached_tokens", 0), cache_read),
-        }
-        for direction, value in found.items():
-            grown = value - seen[direction]
-            if grown > 0:
-                seen[direction] += grown
-                if direction != "cached":
-                    self.tokens.labels(direction).inc(grown)
+    def _count_usage(self, seen: dict[str, int]) -> None:
+        """Add one request's figures (each checked by ``usage_tally``: an integer up to its bound, so a
+        counter stays finite) to the metrics: ``in`` is the whole prompt in every dialect, ``cached``
+        the part of it reused from the engine's prefix cache."""
+        self.tokens.labels("in").inc(seen["in"])
+        self.tokens.labels("out").inc(seen["out"])
+        self.prompt_tokens.labels("reused").inc(seen["cached"])
+        self.prompt_tokens.labels("evaluated").inc(max(seen["in"] - seen["cached"], 0))
 
 
 QUIET_PATHS = frozenset({"/health", "/metrics"})  # polled every few seconds: a line each would bury the rest
@@ -234,7 +219,7 @@ def _log_access(scope: Scope, rid: str, status: dict[str, Any], tokens: dict[str
     waited = "-" if queued_s is None else f"{queued_s * 1000:.0f}ms"
     who = f" session={identity.session} key={identity.key} queued={waited}" if identity else ""
     access_log.info(
-        '%s %s %s %.0f ms %s%s client=%s agent="%s" id=%s',
+        "%s %s %s %.0f ms %s%s client=%s agent=%s id=%s",
         fields["method"], fields["path"], fields["status"], fields["ms"], counted, who, fields["client"],
-        fields["user_agent"] or "-", rid, extra={"access": fields},
+        json.dumps(fields["user_agent"] or "-", ensure_ascii=False), rid, extra={"access": fields},  # quotes escaped
     )  # fmt: skip

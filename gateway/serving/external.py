@@ -85,6 +85,9 @@ class ExternalBackend:
                         False,
                         f"the backend at {self._target.base_url} does not answer ({type(exc).__name__})",
                     )
+                except Exception as exc:  # a bug here must not end the watch: the state would never change again
+                    log.exception("polling the backend failed")
+                    answered, why = False, f"polling the backend failed ({type(exc).__name__}); see the gateway log"
                 if answered and self.state is not State.READY:
                     log.info("backend at %s is ready", self._target.base_url)
                 elif not answered and self.state is State.READY:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.serving import custom_tools, messages_api, responses_api
+from gateway.serving import custom_tools, messages_api, responses_api, usage_tally
 from gateway.serving import request_shapes as shapes
 from gateway.serving.admission import Claim, Ticket
 from gateway.serving.chat_fixups import (
@@ -77,10 +77,29 @@ MESSAGES = Dialect(
 
 
 def _is_chat_completion(answer: Any) -> bool:
-    """Enough of a chat completion to translate: ``choices`` a list of objects (``[null]`` or ``"abc"``
-    would break the translator: a 502, not a 500)."""
+    """Enough of a chat completion to translate: ``choices`` a list of objects whose message, text,
+    tool calls, names and arguments have the schema's types (``[null]``, ``"abc"`` or arguments that are
+    a list would break the translator or pass through untyped: a 502, not a 500)."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
-    return isinstance(choices, list) and all(isinstance(choice, dict) for choice in choices)
+    return isinstance(choices, list) and all(isinstance(choice, dict) and _typed(choice) for choice in choices)
+
+
+def _typed(choice: dict[str, Any]) -> bool:
+    message = choice.get("message") or {}
+    if not isinstance(message, dict):
+        return False
+    texts = (message.get(key) for key in ("content", "reasoning_content", "reasoning"))
+    calls = message.get("tool_calls") or []
+    if not all(text is None or isinstance(text, str) for text in texts) or not isinstance(calls, list):
+        return False
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            return False
+        fields = (call.get("id"), function.get("name"), function.get("arguments"))
+        if not all(value is None or isinstance(value, str) for value in fields):
+            return False
+    return True
 
 
 def _not_ready(backend: ServedBackend) -> str:
@@ -92,6 +111,22 @@ def _not_ready(backend: ServedBackend) -> str:
     if backend.state is State.STARTING and backend.target is not None and backend.target.engine == "external":
         return f"is unreachable ({why})"
     return {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(backend.state, "is not running")
+
+
+def _translated_reply(dialect: Dialect, answer: dict[str, Any], request: dict[str, Any], fronted: str) -> Response:
+    """The dialect's reply to a chat completion. An engine answer of the wrong types (a message, tool
+    call or arguments that is not what the schema says, arguments nested past Python's recursion limit,
+    text that is not UTF-8) is the backend's fault: a 502 in the dialect's shape, not a 500."""
+    try:
+        body = json.dumps(dialect.reply(answer, request, fronted), ensure_ascii=False, allow_nan=False)
+        return Response(body.encode("utf-8"), media_type="application/json")
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+        log.warning("cannot translate the backend's answer to %s: %s: %s", dialect.native, type(exc).__name__, exc)
+        raise ApiError(
+            502,
+            f"the backend's chat completion could not be translated ({type(exc).__name__}); see the gateway log",
+            code="backend_malformed_answer",
+        ) from None
 
 
 class Inference:
@@ -307,7 +342,8 @@ class Inference:
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
                     return dialect.errors.engine_error(status, answer, target.context_length)
-                return JSONResponse(dialect.reply(answer, payload, fronted))
+                usage_tally.report(answer.get("usage"))
+                return _translated_reply(dialect, answer, payload, fronted)
             synthesize = "include_usage" not in target.native
             if prompt is None and synthesize:  # the usage chunk the engine will not send is written from it
                 prompt = await self._prompt_tokens(target, chat)

@@ -211,44 +211,83 @@ def _parse_arguments(arguments: Any) -> Any:
     return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
+# A tool call's arguments after its block stopped (text came between): a Messages stream cannot carry them
+INTERLEAVED = "the backend sent a tool call's arguments after other content began, which a Messages stream cannot carry"
+
+
 class _Message:
-    """A message as it streams, and the rules of its blocks: one open at a time, numbered in order.
-    Thinking and text continue the open block of their kind or open the next; a tool call opens its
-    own, and its argument pieces go to that block's number (they may come after another block opened)."""
+    """A message as it streams, and the rules of its blocks, numbered in order: thinking and text
+    continue the open block of their kind or open the next (stopping every open block); a tool call opens
+    its own, and its argument pieces go to it.
+
+    A tool block stops when the next call begins if its arguments are whole JSON by then (the usual case:
+    an engine streams one call after the other); else it stays open beside the next, because the engine
+    interleaves the calls' pieces, and stops when it is whole or at the end. Before, such a block got
+    deltas after its ``content_block_stop``, which agents drop (they act on a block once it stops)."""
 
     def __init__(self, input_tokens: int) -> None:
         self.input_tokens = input_tokens  # the gateway's count of the prompt, for an engine that gives none
         self.index = -1  # the last block opened
-        self.open: str | None = None  # its kind while it is open: "thinking" | "text" | "tool_use"
+        self.text: str | None = None  # the open thinking or text block's kind (it is the last opened)
+        self.calls: dict[int, list[str]] = {}  # open tool blocks' index → their argument pieces so far
         self.tools: dict[int, int] = {}  # chat tool-call index → its block's index
+        self.failed = False  # an error event was sent: nothing may follow it
 
     def take(self, got: ChatEvent) -> list[bytes]:
         if isinstance(got, StreamError):
+            self.failed = True
             return [_error(got.message)]
         if isinstance(got, ReasoningDelta | TextDelta):
             kind = "text" if isinstance(got, TextDelta) else "thinking"
-            out = [] if self.open == kind else self._start(_EMPTY_BLOCKS[kind])
+            out = [] if self.text == kind else self._start(_EMPTY_BLOCKS[kind], close_calls=True)
+            self.text = kind
             return [*out, _block_delta(self.index, kind, got.text)]
         if isinstance(got, ToolCallStarted):
-            out = self._start(_tool_use(got))
-            self.tools[got.index] = self.index
+            out = self._start(_tool_use(got), close_calls=False)
+            self.tools[got.index], self.calls[self.index] = self.index, []
             return out
         if isinstance(got, ToolArgumentsDelta):
-            return [_block_delta(self.tools[got.index], "tool_use", got.arguments)]
+            block = self.tools[got.index]
+            if block not in self.calls:  # its block has stopped
+                self.failed = True
+                return [*self._stop_all(), _error(INTERLEAVED)]
+            self.calls[block].append(got.arguments)
+            return [_block_delta(block, "tool_use", got.arguments)]
         if isinstance(got, Finish):
-            return [*self._close(), _message_delta(got, self.input_tokens, has_tool_use=bool(self.tools)), _STOP]
-        return []  # a tool call's end: its block closes when the next one opens, or at the finish
+            return [*self._stop_all(), _message_delta(got, self.input_tokens, has_tool_use=bool(self.tools)), _STOP]
+        return []  # a tool call's end (the stream's): its block stops with the others at the finish
 
-    def _start(self, block: dict[str, Any]) -> list[bytes]:
-        out = self._close()
-        self.index, self.open = self.index + 1, block["type"]
+    def _start(self, block: dict[str, Any], *, close_calls: bool) -> list[bytes]:
+        """Open the next block: the open text block stops, and the open tool blocks (all of them before
+        text; before another call, those whose arguments are whole)."""
+        out = self._stop_text()
+        for index in list(self.calls):
+            if close_calls or _whole_json(self.calls[index]):
+                out.append(self._stop(index))
+        self.index = self.index + 1
         return [*out, _sent("content_block_start", index=self.index, content_block=block)]
 
-    def _close(self) -> list[bytes]:
-        if self.open is None:
+    def _stop_text(self) -> list[bytes]:
+        if self.text is None:
             return []
-        self.open = None
+        self.text = None
         return [_sent("content_block_stop", index=self.index)]
+
+    def _stop(self, index: int) -> bytes:
+        del self.calls[index]
+        return _sent("content_block_stop", index=index)
+
+    def _stop_all(self) -> list[bytes]:
+        return [*self._stop_text(), *(self._stop(index) for index in list(self.calls))]
+
+
+def _whole_json(pieces: list[str]) -> bool:
+    """Whether a call's argument pieces so far are a whole JSON value (nothing more can follow)."""
+    try:
+        json.loads("".join(pieces))  # none yet: not whole (its pieces may still come)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 async def stream_from_chat(
@@ -260,6 +299,8 @@ async def stream_from_chat(
     async for got in read_chat_stream(chunks):
         for step in message.take(got):
             yield step
+        if message.failed:
+            return
 
 
 # The Messages stream's words: what each event is called and carries (the rules above decide when).

@@ -53,7 +53,10 @@ class ModelRoute:
         if not isinstance(payload, dict):
             return body
         self.rewrite_json(payload)
-        return json.dumps(payload).encode()
+        try:
+            return json.dumps(payload, allow_nan=False).encode()
+        except ValueError:  # a number JSON cannot write back (1e400 parses to infinity): the body as it came
+            return body
 
     def stream_rewriter(self) -> StreamRewriter | None:
         """A rewriter for one SSE stream, or None when the stream passes through untouched."""

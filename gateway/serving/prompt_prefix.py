@@ -17,8 +17,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# the whole line and its newline, wherever it stands in a system text (first block, or inside a string)
-BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n|\Z)", re.MULTILINE)
+# the whole line and its line break, wherever it stands in a system text (first block, or inside a
+# string): a line ends at any break str.splitlines knows (a CR alone or U+2028 ended it only at the next
+# \n, and the rest of the system prompt went with it)
+_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+BILLING_LINE = re.compile(rf"(?:^|(?<=[{_BREAKS}]))x-anthropic-billing-header:[^{_BREAKS}]*(?:\r\n|[{_BREAKS}]|\Z)")
 _MARK = "x-anthropic-billing-header:"
 _SYSTEM_ROLES = ("system", "developer")
 
@@ -61,7 +64,7 @@ def _system_messages(messages: Any) -> bool:
         if not stripped:
             continue
         changed = True
-        if content:
+        if content or len(messages) == 1:  # the only message stays, empty: engines refuse ``messages: []``
             messages[index] = {**message, "content": content}
         else:
             del messages[index]

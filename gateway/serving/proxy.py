@@ -29,6 +29,7 @@ from gateway.serving.edge import request_id
 from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
 from gateway.serving.sse import chat_chunks
 from gateway.serving.stream_guard import checked_chunks
+from gateway.serving.usage_tally import UsageTap, report_body, reported_chunks
 from gateway.supervision.lifecycle import EngineTarget
 from gateway.supervision.liveness import Activity
 
@@ -285,7 +286,8 @@ class EngineClient:
         error_event: Callable[[ApiError], bytes] | None = None,
     ) -> Response:
         """Pass the request through; the response comes back as it came (filtered only if asked). A
-        stream that breaks or goes silent ends with an error event in ``errors``' dialect."""
+        stream that breaks or goes silent ends with an error event in ``errors``' dialect. The engine's
+        usage is reported to the request's tally (read from the answer's own ``usage``)."""
         deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
         try:
             upstream = await self.open(target, path, body, stream=stream, deadline=deadline)
@@ -294,7 +296,9 @@ class EngineClient:
             raise
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
-            chunks = self._chunks(upstream, deadline, chunk_filter, error_event or errors.sse_event, on_close)
+            # whole events first: the usage tap then parses no event twice nor holds one across reads
+            aligned = chained([*([chunk_filter] if chunk_filter else []), EventAligned(), UsageTap()])
+            chunks = self._chunks(upstream, deadline, aligned, error_event or errors.sse_event, on_close)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
                 on_close()
@@ -310,6 +314,8 @@ class EngineClient:
             return errors.response(overflow)  # every engine's "too long" in the one wording agents act on
         if broken := _broken_answer(upstream.status, content_type, data, stream):
             raise broken
+        if upstream.status == 200:
+            report_body(data)
         kept = {name: upstream.headers[name] for name in ("Retry-After", "retry-after-ms") if name in upstream.headers}
         return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
 
@@ -328,7 +334,7 @@ class EngineClient:
                 return (broken.status, broken.body()), _empty()
             return (upstream.status, _json_or_error(data)), _empty()
         chunks = self._chunks(upstream, deadline, chunk_filter, _error_chunk)
-        return None, checked_chunks(chat_chunks(chunks))
+        return None, reported_chunks(checked_chunks(chat_chunks(chunks)))
 
     async def _chunks(
         self,
@@ -345,16 +351,17 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         watchdog = _Watchdog(loop, upstream.content, first_deadline, self.timeouts.stream_idle_s)
         finished = False
+        whole = True  # what was sent ends at an event's end: a last error event is read as one
         try:
             while True:
                 try:
                     chunk = await upstream.content.readany()
                 except _Silence:
-                    yield error_event(self._stalled(watchdog.first))
+                    yield _after_whole(whole, error_event(self._stalled(watchdog.first)))
                     break
                 except aiohttp.ClientError as exc:
                     log.warning("backend stream broke: %s", type(exc).__name__)
-                    yield error_event(self._failure("stopped in the middle of this stream", exc))
+                    yield _after_whole(whole, error_event(self._failure("stopped in the middle of this stream", exc)))
                     break
                 if not chunk:
                     if chunk_filter:
@@ -365,9 +372,11 @@ class EngineClient:
                 self._chunks_read += 1
                 if watchdog.first:
                     watchdog.started()
-                yield chunk_filter.feed(chunk) if chunk_filter else chunk
+                if out := chunk_filter.feed(chunk) if chunk_filter else chunk:
+                    whole = out.endswith((b"\n\n", b"\r\n\r\n"))
+                    yield out
         except ApiError as error:  # a filter refused what the backend sent (an event over the size cap)
-            yield error_event(error)
+            yield _after_whole(whole, error_event(error))
         finally:
             watchdog.cancel()
             self._finish(upstream, finished)
@@ -392,6 +401,40 @@ class EngineClient:
             504, f"the backend sent nothing for {limit:g} s in this stream ({setting}); retry the request",
             code="backend_timeout",
         )  # fmt: skip
+
+
+def _after_whole(whole: bool, event: bytes) -> bytes:
+    """A last event after what was sent; after half an event, a blank line ends that one first (else
+    the two run together and the client reads neither)."""
+    return event if whole else b"\n\n" + event
+
+
+class EventAligned:
+    """Passes a stream on in whole events: the bytes after a read's last event end wait for the next
+    read (up to ``max_held``; a longer event passes on as it comes). Why: a passed-through stream cut by
+    a stop or a failure ends with an error event, and written after half an event (a read ends anywhere)
+    it ran into that event's line: a fast stream stopped with SIGHUP ended, 4 times of 4, in content with
+    no readable error. A read that ends an event, as engines write them, is passed on without a copy."""
+
+    def __init__(self, max_held: int = 1 << 20) -> None:
+        self.max_held = max_held
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._held:
+            chunk, self._held = self._held + chunk, b""
+        if chunk.endswith((b"\n\n", b"\r\n\r\n")):
+            return chunk
+        lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if len(chunk) - end > self.max_held:
+            return chunk  # an event too long to hold: on as it comes
+        self._held = chunk[end:]
+        return chunk[:end]
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
 
 
 def _after(seconds: float) -> float:

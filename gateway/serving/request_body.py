@@ -22,6 +22,8 @@ refused like the NaN/Infinity literals (the gateway could not write them back as
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -83,7 +85,26 @@ def parse_object(body: bytes, max_elements: int) -> dict[str, Any]:
         raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
     if not isinstance(payload, dict):
         raise ApiError(400, f"request body must be a JSON object, not a JSON {type(payload).__name__}")
+    if _SURROGATE_ESCAPE.search(text):
+        _refuse_lone_surrogates(payload)
     return payload
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")  # \ud800-\udfff: half of a pair, or alone
+
+
+def _refuse_lone_surrogates(payload: dict[str, Any]) -> None:
+    """A ``\\udXXX`` escape without its other half decodes to a string that is not text: it could not
+    be forwarded as UTF-8 nor echoed back (a Responses answer echoes ``instructions`` and ``metadata``),
+    and failed there as a 500. Pairs (an emoji escaped by an ASCII-only client) are text and pass."""
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400,
+            "request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair): send text",
+            code="invalid_json",
+        ) from None
 
 
 class BodyReader:

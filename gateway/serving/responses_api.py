@@ -73,6 +73,19 @@ def _tools(tools: list[Any], dropped: Counter[str] | None = None) -> list[dict[s
     return out
 
 
+def _one_tool_per_name(tools: list[dict[str, Any]]) -> None:
+    """A 400 for two tools of one name (a function and a custom tool, or a namespace's tool and another):
+    the engine's call names only the tool, so it could not say which was meant."""
+    seen: set[str] = set()
+    for tool in tools:
+        name = tool["function"].get("name")
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            raise ApiError(400, f"two tools are named {name[:64]!r}: give each tool its own name", param="tools")
+        seen.add(name)
+
+
 _KIND_SHOWN = 40  # characters of a dropped tool's type in the warning (the client chose it)
 _KINDS_SHOWN = 5  # distinct types named in the warning
 
@@ -108,8 +121,8 @@ def _tool_choice(choice: Any) -> Any:
 def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     """A chat-completions request carrying the same conversation, tools and limits."""
     messages: list[dict[str, Any]] = []
-    if body.get("instructions"):
-        messages.append({"role": "system", "content": str(body["instructions"])})
+    if body.get("instructions"):  # a string, or input-text parts (never a Python repr of them)
+        messages.append({"role": "system", "content": _text_of(body["instructions"])})
     items = body.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
@@ -153,6 +166,7 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     dropped: Counter[str] = Counter()
     tools = _tools(body.get("tools") or [], dropped)
     _warn_dropped(dropped)
+    _one_tool_per_name(tools)
     if tools:
         chat["tools"] = tools
         if (choice := _tool_choice(body.get("tool_choice"))) is not None:
@@ -262,17 +276,45 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], model: str) -> dict
     return _Shell(request, model).ended(output, Usage.read(chat.get("usage")), choice.get("finish_reason"))
 
 
+MAX_HELD_CHARS = 32 * 1024 * 1024  # a stream's text and arguments held for its done events (non-streamed: 32 MB)
+
+
+class _Pieces:
+    """An item's text or arguments so far, held compactly: a 1-character delta costs a character, not a
+    string object (~50 bytes) for as long as the stream lasts."""
+
+    GROUP = 4096  # pieces joined into one string at a time: each character is copied about twice
+
+    def __init__(self) -> None:
+        self.joined: list[str] = []
+        self.recent: list[str] = []
+
+    def add(self, piece: str) -> None:
+        self.recent.append(piece)
+        if len(self.recent) >= self.GROUP:
+            self.joined.append("".join(self.recent))
+            self.recent.clear()
+
+    def text(self) -> str:
+        return "".join(self.joined) + "".join(self.recent)
+
+
 class _Response:
     """A response as it streams, and the rules of which item is open: text opens a reasoning or message
     item (message text closes the reasoning first); a tool call closes both, and each call closes when
-    the stream ends (a chat stream never says sooner); then the response ends, or fails as it stands."""
+    the stream ends (a chat stream never says sooner); then the response ends, or fails as it stands.
 
-    def __init__(self, request: dict[str, Any], model: str) -> None:
+    The dialect repeats each item's whole text in its done events, so the text is held until the item
+    closes, up to ``max_held`` characters in all: past that the response fails (``over``) rather than
+    growing without bound (300 MB of deltas held 1.27 GB)."""
+
+    def __init__(self, request: dict[str, Any], model: str, max_held: int = MAX_HELD_CHARS) -> None:
         self.shell = _Shell(request, model)
         self.custom = custom_tools.names(request.get("tools"))  # their calls become custom_tool_call items
         self.items: dict[int, dict[str, Any]] = {}  # output index → the item as its last event showed it
-        self.pieces: dict[int, list[str]] = {}  # output index → its text or arguments so far
+        self.pieces: dict[int, _Pieces] = {}  # output index → its text or arguments so far (open items only)
         self.open: dict[str | int, int] = {}  # "reasoning" | "message" | chat tool-call index → output index
+        self.max_held, self.held, self.over = max_held, 0, False
 
     def take(self, got: ChatEvent) -> list[Event]:
         if isinstance(got, StreamError):
@@ -296,33 +338,43 @@ class _Response:
         """The open items named, closed in that order."""
         out: list[Event] = []
         for index in [self.open.pop(key) for key in keys if key in self.open]:
-            self.items[index], events = shapes.closed(index, self.items[index], "".join(self.pieces[index]))
+            self.items[index], events = shapes.closed(index, self.items[index], self.pieces.pop(index).text())
             out += events
         return out
 
     def _open(self, key: str | int, item: dict[str, Any]) -> list[Event]:
         index = self.open[key] = len(self.items)
-        self.items[index], self.pieces[index] = item, []
+        self.items[index], self.pieces[index] = item, _Pieces()
         return shapes.opened(index, item)
 
     def _grow(self, key: str | int, piece: str) -> list[Event]:
         index = self.open[key]
-        self.pieces[index].append(piece)
+        self.held += len(piece)
+        if self.held > self.max_held:
+            self.over = True
+            self.pieces.clear()  # the failed response shows the items as announced, without their text
+            why = f"the answer is longer than the {self.max_held} characters a streamed translation holds"
+            return [self.shell.failed(list(self.items.values()), why + "; ask for a shorter answer")]
+        self.pieces[index].add(piece)
         return shapes.grown(index, self.items[index], piece)
 
     def so_far(self) -> list[dict[str, Any]]:
         """The items as they stand (a failed response's output): calls with the arguments that came."""
-        calls = {i: {"arguments": "".join(self.pieces[i])} for i, item in self.items.items() if "arguments" in item}
+        held = {i: item for i, item in self.items.items() if "arguments" in item and i in self.pieces}
+        calls = {i: {"arguments": self.pieces[i].text()} for i in held}
         return [item | calls.get(i, {}) for i, item in self.items.items()]
 
 
 async def stream_from_chat(
-    chunks: AsyncIterator[dict[str, Any] | object], request: dict[str, Any], model: str
+    chunks: AsyncIterator[dict[str, Any] | object], request: dict[str, Any], model: str, max_held: int = 0
 ) -> AsyncIterator[bytes]:
-    """The Responses events for a streamed chat completion, numbered as sent (two before the engine answers)."""
-    response, number = _Response(request, model), itertools.count()
+    """The Responses events for a streamed chat completion, numbered as sent (two before the engine answers);
+    at most ``max_held`` characters of text held for the done events (default :data:`MAX_HELD_CHARS`)."""
+    response, number = _Response(request, model, max_held or MAX_HELD_CHARS), itertools.count()
     for step in response.shell.started():
         yield shapes.written(step, next(number))
     async for got in read_chat_stream(chunks):
         for step in response.take(got):
             yield shapes.written(step, next(number))
+        if response.over:  # the rest is not read: the upstream closes with this generator
+            return

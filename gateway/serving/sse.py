@@ -23,9 +23,13 @@ class EventTooLarge(Exception):
 class EventBuffer:
     """Splits bytes read in arbitrary pieces into complete SSE events (each with its blank line).
 
-    Only the new bytes are scanned for an event's end (a 300 MB line without a newline re-scanned
-    from its start on every read was quadratic: the CPU pegged and /health took seconds), held in
-    a bytearray (appending does not copy what is held), and at most ``max_event_bytes`` are held."""
+    Each byte is scanned a bounded number of times whatever the read size: only the new bytes are
+    searched for an event's end (a 300 MB line without a newline re-scanned from its start on every
+    read was quadratic), and the two ends (``\\n\\n``, ``\\r\\n\\r\\n``) are each searched forward
+    from where that search last stopped. Searching both from every event's start re-read the rest of
+    the read for the end that was absent: 15 MB in 256 KB reads cost 8.6 s of CPU, 35 times the same
+    stream in 4 KB reads. The bytes are held in a bytearray (appending does not copy what is held),
+    at most ``max_event_bytes`` of them."""
 
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.max_event_bytes = max_event_bytes
@@ -36,10 +40,14 @@ class EventBuffer:
         held = self._held
         held += block
         events: list[bytes] = []
-        start = 0
         scan = max(self._scanned - 3, 0)  # an end split across reads: look back 3 bytes
+        start = 0
+        lf = crlf = -2  # the next end of each kind at or after ``scan``; -2 not searched, -1 none left
         while True:
-            lf, crlf = held.find(b"\n\n", scan), held.find(b"\r\n\r\n", scan)
+            if lf == -2 or 0 <= lf < scan:
+                lf = held.find(b"\n\n", scan)
+            if crlf == -2 or 0 <= crlf < scan:
+                crlf = held.find(b"\r\n\r\n", scan)
             if lf < 0 and crlf < 0:
                 break
             end = lf + 2 if crlf < 0 or 0 <= lf < crlf else crlf + 4
@@ -53,6 +61,11 @@ class EventBuffer:
             self._scanned = 0
             raise EventTooLarge(self.max_event_bytes)
         return events
+
+    @property
+    def holding(self) -> int:
+        """Bytes held: the start of an event not ended yet."""
+        return len(self._held)
 
     def rest(self) -> bytes:
         """What is held (a last event without its blank line), emptied."""

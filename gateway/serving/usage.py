@@ -10,9 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+MAX_TOKENS = 100_000_000  # one figure of one request: far above any context window, far below a float's reach
+
+
+def count(value: Any) -> int | None:
+    """A token figure when it is one (an int in [0, MAX_TOKENS]); None for anything else (an engine's
+    ``1e400`` or 400-digit number is not relayed, summed or logged)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
+
 
 def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return count(value) or 0
 
 
 def prompt_tokens(usage: Any) -> int:
@@ -29,5 +39,4 @@ def cached_tokens(usage: Any) -> int:
         return 0
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    total = prompt_tokens(usage)
-    return min(cached, total) if total else cached
+    return min(cached, prompt_tokens(usage))  # a prompt the engine did not count has no cached part either

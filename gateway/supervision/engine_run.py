@@ -260,7 +260,12 @@ class EngineRun:
 
     async def _run(self) -> None:
         assert self._exited is not None
-        if await self._wait_ready(self._exited):
+        try:
+            ready = await self._wait_ready(self._exited)
+        except Exception as exc:  # unguarded, the start never settled and the supervisor waited on it for ever
+            log.exception("%s: waiting for the engine failed", self.label)
+            ready = self._fail(f"waiting for the engine failed ({type(exc).__name__}); see the gateway log")
+        if ready:
             self.state = RunState.READY
             self.ready_at = time.monotonic()
             log.info(
@@ -287,10 +292,17 @@ class EngineRun:
 
     async def _follow_speed(self) -> None:
         """Keep ``timings`` at the engine's own totals where it gives them on a metrics page (vLLM's
-        /metrics) rather than in its log."""
+        /metrics) rather than in its log. A read that raises is logged (its traceback once in a row)
+        and the poll goes on."""
+        failing = False
         while True:
             await asyncio.sleep(SPEED_POLL_S)
-            await self._read_speed()
+            try:
+                await self._read_speed()
+                failing = False
+            except Exception as exc:  # the figures are a nicety: never a reason to stop following
+                log.warning("reading the engine's speed failed (%s: %s)", type(exc).__name__, exc, exc_info=not failing)
+                failing = True
 
     async def _read_speed(self) -> None:
         reader = self.launch.speed_metrics

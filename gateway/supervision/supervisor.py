@@ -57,6 +57,7 @@ class NodeWatch(Protocol):
 
 
 NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are still there
+MAX_REPLANS_SHOWN = 50  # re-plans /status lists
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
 STOPPED_HUNG = -2  # ... and of one stopped because it made no progress (gateway.supervision.liveness)
 # Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
@@ -141,6 +142,7 @@ class Supervisor:
         self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._unexpected = 0  # unexpected errors in a row (the owner task's backoff)
 
     # -- public surface -------------------------------------------------------------------------
     @property
@@ -214,9 +216,41 @@ class Supervisor:
 
     # -- the owner task -------------------------------------------------------------------------
     async def _run(self) -> None:
-        if not await self._climb(self.options):
-            self._give_up()
-            return
+        """The owner task, guarded: an exception nobody foresaw (a bug, a worker's answer no parser
+        expected) is logged with its traceback and becomes a state /ready explains, then the start is
+        tried again (re-planned where the plan pools nodes) with backoff. Unguarded, a survey that raised
+        ``AttributeError`` during a re-plan ended this task silently: "starting" with no reason, for ever."""
+        resume = False
+        while not self._stopping:
+            try:
+                await self._own(resume)
+                return
+            except Exception as exc:  # whatever broke, the gateway says so and tries again
+                delay = self.restart_backoff_s[min(self._unexpected, len(self.restart_backoff_s) - 1)]
+                self._unexpected += 1
+                log.exception("supervisor: unexpected %s; trying again in %g s", type(exc).__name__, delay)
+                if self.live is not None and not self.live.ready:
+                    await self.live.stop()  # a start it was in the middle of
+                self.state = State.RESTARTING if self.ever_ready else State.STARTING
+                self.reason = (
+                    f"unexpected error in the supervisor ({type(exc).__name__}: {str(exc)[:200]}); "
+                    f"trying again in {delay:g} s (traceback in the gateway log)"
+                )
+                await self.sleep(delay)
+                resume = True
+
+    async def _own(self, resume: bool) -> None:
+        """Start (or, after an unexpected error, start again or go on serving), then serve and restart."""
+        if not (resume and self.live is not None and self.live.ready):
+            options = (
+                await self._replanned("trying again after an unexpected error")
+                if resume and self.replan
+                else self.options
+            )
+            if not await self._climb(options):
+                self._give_up()
+                return
+        self.state, self.reason, self._unexpected = State.READY, None, 0
         self._settled.set()
         while not self._stopping:
             assert self.live is not None
@@ -270,9 +304,19 @@ class Supervisor:
         await self.liveness.end_requests(f"the engine stopped making progress ({why}); it is being restarted: retry")
 
     async def _watch_nodes(self, nodes: NodeWatch) -> str:
+        """Until a node in use is gone. A check that raises is logged (its traceback once in a row) and
+        changes nothing: the engine serves on, and the next check asks again."""
+        failing = False
         while True:
             await self.sleep(self.node_check_s)
-            if lost := await asyncio.to_thread(nodes.check):
+            try:
+                lost = await asyncio.to_thread(nodes.check)
+            except Exception as exc:  # a bug in the check must not end serving, nor pass silently
+                log.error("checking the nodes failed (%s: %s)", type(exc).__name__, exc, exc_info=not failing)
+                failing = True
+                continue
+            failing = False
+            if lost:
                 return ", ".join(lost)
 
     async def _climb(self, options: list[Option]) -> bool:
@@ -375,12 +419,16 @@ class Supervisor:
         """The plan made again over the nodes that answer now; its options replace the old ones."""
         assert self.replan is not None
         log.warning("re-planning: %s", why)
+        del self.replans[: -MAX_REPLANS_SHOWN + 1]  # retried with backoff while a cause lasts: the last few
         try:
             options, summary = await asyncio.to_thread(self.replan)
         except GatewayError as exc:
             log.error("re-planning failed: %s", exc)
             self.replans.append({"at": time.strftime("%H:%M:%S"), "why": why, "error": str(exc)})
             return []
+        except Exception as exc:  # not a verdict on the plan: the owner task logs it and tries again
+            self.replans.append({"at": time.strftime("%H:%M:%S"), "why": why, "error": f"{type(exc).__name__}: {exc}"})
+            raise
         self.options, self.plan_summary = list(options), summary
         self.remember = None  # what starts now is not what the remembered key (the node set) describes
         self.replans.append(

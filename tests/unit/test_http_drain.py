@@ -7,17 +7,24 @@ The gateway runs under uvicorn (its shutdown is what is tested) in front of the 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
 from gateway.serving.app import create_app
 from gateway.serving.drain import DrainingServer
+from gateway.serving.model_names import ModelRoute
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events, wait_until
 
 GRACE_S = 0.5
@@ -85,3 +92,56 @@ def test_stopping_answers_the_queue_at_once_and_cuts_what_outlives_the_grace() -
     assert name == "error" and last["type"] == "error" and "shutting down" in last["error"]["message"]
     assert not serving.is_alive(), "the gateway did not finish stopping"
     assert engine.disconnected.is_set(), "the engine was not told to stop generating"
+
+
+def _misaligned_engine() -> Starlette:
+    """An engine whose endless stream is written in pieces that end mid-event, as reads can."""
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"y" * 3000 + b'"}}]}\n\n'
+
+    async def chat(_request: Request) -> StreamingResponse:
+        async def endless() -> AsyncIterator[bytes]:
+            stream = event * 4096  # written in 4 KiB pieces: a read ends in an event nearly always
+            while True:
+                for start in range(0, len(stream), 4096):
+                    yield stream[start : start + 4096]
+                    await asyncio.sleep(0)
+
+        return StreamingResponse(endless(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def _stopped_while_streaming(engine_url: str) -> str:
+    """A gateway (grace 0.2 s) stopped 0.2 s into a stream of ``engine_url``: the whole stream as read."""
+    runtime = make_runtime(engine_url)
+    runtime.route = ModelRoute(fronted=FRONTED, served=FRONTED)  # no renaming: the bytes pass as they are read
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = uvicorn.Config(create_app(runtime), log_level="warning", lifespan="on", ws="none")
+    server = DrainingServer(config, runtime, 0.2)
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    serving.start()
+    wait_until(lambda: server.started, what="the gateway to start")
+    body = {"model": FRONTED, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    threading.Timer(0.2, lambda: setattr(server, "should_exit", True)).start()
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=20) as answer:
+            return b"".join(answer.iter_raw()).decode()
+    finally:
+        serving.join(timeout=15)
+        sock.close()
+
+
+def test_a_stream_cut_by_a_stop_ends_with_a_readable_error_event_every_time() -> None:
+    """Issue 41: the error event written after half an event ran into it; the client read content, then the end."""
+    upstream_server = Served(_misaligned_engine(), lifespan="off")
+    try:
+        for _ in range(3):
+            text = _stopped_while_streaming(upstream_server.url)
+            events = [block for block in text.split("\n\n") if block.strip()]
+            assert all(block.startswith("data: {") and block.endswith("}") for block in events), events[-1][-200:]
+            last = json.loads(events[-1][6:])
+            assert "shutting down" in last["error"]["message"]
+    finally:
+        upstream_server.stop()

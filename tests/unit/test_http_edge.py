@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
+from gateway.serving import usage_tally
 from gateway.serving.edge import ApiKeys, Message, Receive, RequestMetrics, Scope, Send, request_id
 
 KEY = "sk-right"
@@ -25,10 +26,12 @@ ANTHROPIC_401 = {"type": "error", "error": {"type": "authentication_error", "mes
 
 
 async def _inner(scope: Scope, receive: Receive, send: Send) -> None:
-    """Answers 200 with a usage block (and the request id it saw), as a route behind the edge would."""
+    """Answers 200 with a usage block (and the request id it saw), reporting it as a route behind the
+    edge does (from the engine's parsed usage)."""
     if scope["type"] != "http":
         return
     body = {"usage": {"prompt_tokens": 3, "completion_tokens": 5}, "rid": request_id.get()}
+    usage_tally.report(body["usage"])
     start: Message = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
     await send(start)
     await send({"type": "http.response.body", "body": json.dumps(body).encode()})

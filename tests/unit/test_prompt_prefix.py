@@ -185,3 +185,23 @@ def test_the_turn_check_sees_a_reordered_tool_list_and_a_timestamp() -> None:
     stamped = copy.deepcopy(second)
     stamped["messages"][0]["content"] += "\nCurrent time: 23:01:07"
     assert diverges_at(first, stamped) == 3
+
+
+@pytest.mark.parametrize("brk", ["\r", "\u2028", "\r\n", "\x85"], ids=["cr", "u2028", "crlf", "nel"])
+def test_only_the_billing_line_goes_whatever_line_break_ends_it(brk: str) -> None:
+    """Issue 41: a line ended by a CR alone or U+2028 took the rest of the system prompt with it."""
+    payload = {"system": f"{BILLING[0]}{brk}You are Claude Code.{brk}Be brief."}
+    assert strip_billing_header(payload) and payload["system"] == f"You are Claude Code.{brk}Be brief."
+
+
+def test_a_billing_line_that_is_the_only_message_leaves_it_empty_not_the_list() -> None:
+    payload: dict[str, Any] = {"messages": [{"role": "system", "content": BILLING[0]}]}
+    assert strip_billing_header(payload) and payload["messages"] == [{"role": "system", "content": ""}]
+
+
+def test_list_valued_instructions_reach_the_engine_as_their_text_not_a_python_repr() -> None:
+    from gateway.serving.responses_api import to_chat
+
+    request = {"model": FRONTED, "input": "hi", "instructions": [{"type": "input_text", "text": "Be brief."}]}
+    chat = to_chat(request, "served")
+    assert chat["messages"][0] == {"role": "system", "content": "Be brief."}

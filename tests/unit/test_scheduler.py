@@ -294,3 +294,14 @@ def test_sessions_past_the_board_fold_into_one_row(engine: FakeEngine, engine_ur
         metrics = client.get("/metrics").text
     assert metrics.count("gateway_session_requests_total{") == 3  # two shown, the rest as one
     assert 'gateway_session_requests_total{key="",session="other"} 3.0' in metrics
+
+
+def test_a_user_agent_with_quotes_cannot_forge_the_access_line(
+    engine: FakeEngine, engine_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = 'x" id=forged session=000000000000 "'
+    with _gateway(make_runtime(engine_url)) as client, caplog.at_level("INFO", logger="gateway.access"):
+        body = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
+        assert client.post("/v1/chat/completions", json=body, headers={"user-agent": forged}).status_code == 200
+    line = next(record.getMessage() for record in caplog.records if "/v1/chat/completions" in record.getMessage())
+    assert 'agent="x\\" id=forged session=000000000000 \\""' in line and line.count(" id=") == 2

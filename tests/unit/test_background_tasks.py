@@ -1,0 +1,156 @@
+"""Every background task is supervised (issue 41, item 1): an exception nobody foresaw in the supervisor,
+a re-plan, a survey or a poll loop is logged with its traceback and becomes a state ``/ready`` explains,
+which recovers when the cause goes. Before, a survey raising ``AttributeError`` during a re-plan ended
+the supervisor task silently: "starting" with no reason, every request 503, for ever."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.base import Launch
+from gateway.nodes.survey import NodeReport, Nodes
+from gateway.serving.external import ExternalBackend
+from gateway.supervision.lifecycle import State
+from tests.unit.test_multinode import _answer_if, _cpu_head, serves_then_dies_lost
+from tests.unit.test_supervisor_transitions import Clock, Engines, _llama, _run, _supervisor, _until, serves
+
+
+def _flaky_replan(failures: int, exc: BaseException) -> tuple[Any, list[int]]:
+    """A re-plan that raises ``exc`` its first ``failures`` times (a worker's answer nobody checked),
+    then plans one llama.cpp option."""
+    calls: list[int] = []
+    left = _llama(rpc=("a:50052",), launcher="native")
+
+    def replan() -> tuple[list[Any], dict[str, Any]]:
+        calls.append(1)
+        if len(calls) <= failures:
+            raise exc
+        return [left], {"decision": "a alone"}
+
+    return replan, calls
+
+
+@pytest.mark.parametrize(
+    "exc", [AttributeError("'list' object has no attribute 'get'"), OverflowError("cannot convert float infinity"),
+            RecursionError("maximum recursion depth exceeded")],
+    ids=["attribute", "overflow", "recursion"],
+)  # fmt: skip
+def test_a_replan_that_raises_is_logged_explained_and_tried_again_until_it_works(
+    tmp_path: Path, exc: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    replan, calls = _flaky_replan(2, exc)
+    pooled = _llama(rpc=("a:50052", "b:50052"), launcher="native")
+    engines = Engines(serves_then_dies_lost(), serves())
+    supervisor = _supervisor([pooled], engines, tmp_path, replan=replan)
+    seen: list[tuple[State, str | None]] = []
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await _until(lambda: len(calls) >= 1 and supervisor.reason is not None and "unexpected" in supervisor.reason)
+        seen.append((supervisor.state, supervisor.reason))
+        await _until(lambda: len(engines.runs) == 2 and supervisor.state is State.READY)
+        await supervisor.stop()
+
+    with caplog.at_level(logging.ERROR, "gateway.supervisor"):
+        _run(scenario)
+    state, reason = seen[0]
+    assert state is State.RESTARTING and type(exc).__name__ in (reason or "")
+    assert len(calls) == 3 and supervisor.reason is None and supervisor.state is State.STOPPED
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is type(exc)]
+    assert len(logged) == 2, "each unexpected error is logged with its traceback"
+
+
+def test_an_unexpected_error_backs_off_and_the_backoff_resets_once_it_serves(tmp_path: Path) -> None:
+    replan, _calls = _flaky_replan(3, AttributeError("x"))
+    clock = Clock()
+    engines = Engines(serves_then_dies_lost(), serves())
+    supervisor = _supervisor([_llama(launcher="native")], engines, tmp_path, replan=replan, sleep=clock.sleep)
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await _until(lambda: len(engines.runs) == 2 and supervisor.state is State.READY)
+        await supervisor.stop()
+
+    _run(scenario)
+    # the restart's own backoff (1 s), then one per unexpected error, growing
+    assert clock.slept == [1.0, 1.0, 2.0, 5.0] and supervisor._unexpected == 0
+
+
+def test_a_node_check_that_raises_is_logged_and_serving_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nodes = Nodes(["a:1"], "key", fetcher=lambda address, key: _answer_if(True, address), prober=lambda a: True)
+    nodes.survey(_cpu_head())
+    checks: list[int] = []
+
+    def broken_check() -> list[str]:
+        checks.append(1)
+        raise TypeError("a bug in the check")
+
+    nodes.check = broken_check  # type: ignore[method-assign]
+    replan, _ = _flaky_replan(0, AttributeError())
+    engines = Engines(serves())
+    supervisor = _supervisor([_llama(launcher="native")], engines, tmp_path, replan=replan, nodes=nodes, node_check_s=0)
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await _until(lambda: len(checks) >= 3)
+        assert supervisor.state is State.READY and not engines.runs[0].stopped
+        await supervisor.stop()
+
+    with caplog.at_level(logging.ERROR, "gateway.supervisor"):
+        _run(scenario)
+    failed = [r for r in caplog.records if "checking the nodes failed" in r.getMessage()]
+    assert len(failed) >= 3 and sum(1 for r in failed if r.exc_info) == 1, "the traceback once in a row"
+
+
+def test_a_survey_whose_fetch_raises_plans_without_that_worker_and_names_it(caplog: pytest.LogCaptureFixture) -> None:
+    def fetcher(address: str, _key: str | None) -> NodeReport:
+        if address == "b:1":
+            raise RecursionError("maximum recursion depth exceeded")
+        return _answer_if(True, address)
+
+    nodes = Nodes(["a:1", "b:1"], "key", fetcher=fetcher)
+    with caplog.at_level(logging.WARNING, "gateway.nodes"):
+        inventory = nodes.survey(_cpu_head())
+    assert [d.node for d in inventory.remote] == ["a"]
+    assert any("b:1" in note and "RecursionError" in note for note in inventory.notes)
+    assert any(r.exc_info and "b:1" in r.getMessage() for r in caplog.records)
+
+
+def test_an_external_backends_poll_survives_an_unexpected_error_and_recovers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    launch = Launch(
+        engine="external", argv=[], port=0, api_key="", served_name="m", context_length=4096,
+        health_path="/v1/models", summary="a server the user runs", base="http://127.0.0.1:9",
+    )  # fmt: skip
+    answers: list[Any] = [ValueError("a bug"), ValueError("a bug"), 200]
+
+    async def get(self: httpx.AsyncClient, url: str, **kwargs: Any) -> httpx.Response:
+        answer = answers.pop(0) if answers else 200
+        if isinstance(answer, BaseException):
+            raise answer
+        return httpx.Response(answer)
+
+    monkeypatch.setattr(httpx.AsyncClient, "get", get)
+    monkeypatch.setattr("gateway.serving.external.POLL_S", 0.001)
+    backend = ExternalBackend(launch)
+    seen: list[tuple[State, str | None]] = []
+
+    async def scenario() -> None:
+        await backend.start()
+        await _until(lambda: "ValueError" in (backend.reason or ""))
+        seen.append((backend.state, backend.reason))
+        await _until(lambda: backend.state is State.READY)
+        await backend.stop()
+
+    with caplog.at_level(logging.ERROR, "gateway.external"):
+        _run(scenario)
+    assert seen[0][0] is State.STARTING and "ValueError" in (seen[0][1] or "")
+    assert any(r.exc_info for r in caplog.records)
