@@ -285,6 +285,7 @@ def rank_args(
     rank: int,
     master_addr: str,
     master_port: int,
+    port: int,
 ) -> tuple[str, ...]:
     """A follower's engine arguments (``--model`` form, without a command: the worker puts its own vLLM
     in front, vllm serve and the api_server module both read them), its rank and ``--headless``."""
@@ -294,7 +295,7 @@ def rank_args(
         served_name=served_name,
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
-        port=VLLM_PORT,  # a follower serves no API: the port is never opened
+        port=port,  # rank 0's, so the arguments are the head's exact ones (a follower opens no API port)
         command=[API_SERVER_MODULE],
         pipeline_parallel_size=stages,
     )[1:]

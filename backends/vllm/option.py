@@ -108,6 +108,7 @@ class VllmOption:
                         rank=rank,
                         master_addr=group.head_address,
                         master_port=master,
+                        port=port,
                     ),
                 )
                 for rank, node in enumerate(group.nodes, 1)

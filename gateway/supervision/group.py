@@ -157,7 +157,7 @@ class GroupRun:
     # -- the group's life -----------------------------------------------------------------------
     async def start(self) -> None:
         await self.inner.start()
-        if self.inner.state is not RunState.STARTING:  # rank 0 could not even run
+        if self.inner.state is RunState.FAILED:  # rank 0 could not even run
             return
         self.ranks[0] = "starting"
         for follower in self.followers:

@@ -81,7 +81,9 @@ class Pair:
             return None
 
         try:
-            return wait_until(matching, what=what, timeout_s=timeout_s, interval_s=1.0, abort=exited(self.procs["head"]))
+            return wait_until(
+                matching, what=what, timeout_s=timeout_s, interval_s=1.0, abort=exited(self.procs["head"])
+            )
         except AssertionError as failed:
             raise AssertionError(f"{failed}:\n{self.log('head')[-6000:]}") from None
 
