@@ -34,6 +34,18 @@ class Scheduling:
 
 
 @dataclass(frozen=True)
+class Follower:
+    """One rank of an engine group on another node, as the head asks that node's worker to start it:
+    the worker puts its own command for ``engine`` in front of ``args`` and refuses another version."""
+
+    node: str  # the node's name as its worker reports it
+    rank: int
+    engine: str
+    version: str  # the head's version of the engine; the worker runs only the same
+    args: tuple[str, ...]  # the engine's arguments after its command, the group's own included
+
+
+@dataclass(frozen=True)
 class Launch:
     """A fully decided engine start: the supervisor runs ``argv`` with ``env`` added and polls health."""
 
@@ -78,6 +90,9 @@ class Launch:
     # nothing usable). None: the engine reports nothing, only relayed chunks count.
     progress_path: str | None = None
     progress: Callable[[str], Progress | None] | None = None
+    # the ranks of one engine group that run on other nodes (vLLM across nodes): started there by their
+    # workers, stopped with this start; empty: this process is the whole engine
+    followers: tuple[Follower, ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -403,4 +418,22 @@ class DeviceLender(Protocol):
 
     def build(self) -> str:
         """The engine build this node runs, as the head and the workers compare it."""
+        ...
+
+
+class FollowerHost(Protocol):
+    """How a worker runs one rank of an engine group that a head leads (``gateway worker``): the
+    command comes from the worker's own installation of the engine, the arguments from the head."""
+
+    engine: str  # the backend's name, as in :class:`Follower`
+    title: str
+    inherit: tuple[str, ...]  # the engine's own variable families kept from the worker's environment
+
+    def argv(self, command: Sequence[str], args: Sequence[str]) -> list[str]:
+        """The follower's full command line: ``command`` (this node's engine) and the head's ``args``."""
+        ...
+
+    def env(self, host_ip: str, interface: str) -> dict[str, str]:
+        """What the follower needs to be reached by the other ranks: this node's address as they reach
+        it and the network interface it is on."""
         ...

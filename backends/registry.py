@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from backends import llamacpp, vllm
-from backends.base import Backend, ContextOverflow, DeviceLender, first_overflow
+from backends.base import Backend, ContextOverflow, DeviceLender, FollowerHost, first_overflow
 from backends.llamacpp.rpc import LENDER as _LLAMACPP_LENDER
+from backends.vllm.follower import HOST as _VLLM_FOLLOWER
 
 BACKENDS: tuple[Backend[Any, Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
@@ -25,6 +26,9 @@ def get(name: str) -> Backend[Any, Any, Any]:
 
 # the engine that lends devices to a head on another node (``gateway worker``): llama.cpp's RPC
 LENDER: DeviceLender = _LLAMACPP_LENDER
+
+# the engines whose ranks a worker runs for a head's group (vLLM across nodes, its own launcher)
+FOLLOWER_HOSTS: dict[str, FollowerHost] = {_VLLM_FOLLOWER.engine: _VLLM_FOLLOWER}
 
 
 def context_overflow(text: str) -> ContextOverflow | None:

@@ -113,13 +113,30 @@ class VllmBackend:
                         f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
                         f"{verdict.reason} [{verdict.source}]"
                     )
-        if inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
+        stages = VllmPins.of(policy).pipeline_parallel_size or 0
+        if inventory.peers:
+            for note in multinode.hosting(inventory, installation.version)[1]:
+                notes.add(note)
+        if stages > 1:  # pinned: one stage per node, if that many nodes run this vLLM
             across = self._across_nodes(
-                model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation
+                model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation, stages
+            )
+            if across:
+                found = across
+            else:
+                notes.add(
+                    f"vLLM: --pipeline-parallel-size {stages} needs {stages - 1} other node(s) running vLLM "
+                    f"{installation.version}; fewer answer: planned on this machine"
+                )
+        elif inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
+            across = self._across_nodes(
+                model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation, 0
             )
             found += across
-            if any(c.fits for c in across):
-                notes.add(f"vLLM fits across the nodes as TP×PP ({multinode.PLANNED_ONLY}): steps below")
+        if any(c.fits and c.planned_only for c in found):
+            startable = any(c.fits and c.group is not None for c in found)
+            why = multinode.STARTED if startable else multinode.PLANNED_ONLY
+            notes.add(f"vLLM fits across the nodes as TP×PP ({why}): steps below")
         for candidate in found:
             if not candidate.startable:  # this release or these GPUs cannot run it: no command to print
                 notes.add(f"{candidate.reason}; no vLLM command")
@@ -144,11 +161,27 @@ class VllmBackend:
         inventory: Inventory,
         policy: Policy,
         installation: Installation,
+        stages: int,
     ) -> list[VllmCandidate]:
-        """Planned-only TP×PP rungs for each checkpoint this release and these GPUs can run on one node."""
+        """TP×PP rungs for each checkpoint this release and these GPUs can run on one node (over every
+        node; with ``stages`` pinned, over that many); on vLLM's CPU build, one stage per node."""
         loadable = {c.checkpoint.name for c in single if c.startable}
         out: list[VllmCandidate] = []
         for checkpoint in (c for c in model.checkpoints if c.name in loadable):
+            if installation.build == "cpu" and not inventory.gpus:
+                out += multinode.cpu_candidates(
+                    checkpoint,
+                    inventory,
+                    installation.version,
+                    policy,
+                    stages or len(multinode.hosting(inventory, installation.version)[0]) + 1,
+                    served_name=model.name,
+                    tool_call_parser=parsers[0],
+                    reasoning_parser=parsers[1],
+                )
+                continue
+            if stages and stages != len(inventory.nodes):
+                continue  # on GPUs the stages are the nodes: every worker's GPUs, or none
             out += multinode.candidates(
                 checkpoint,
                 inventory,
@@ -202,6 +235,8 @@ class VllmBackend:
                 version=installation.version,
                 on_cpu=installation.build == "cpu",
                 estimated_tokens_per_s=c.tokens_per_s,
+                group=c.group,
+                pipeline_parallel_size=c.pipeline_parallel_size if c.group is not None else 1,
             )
             for c in chosen
         ]

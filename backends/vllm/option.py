@@ -5,13 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from backends.base import Failure, Launch
+from backends.base import Failure, Follower, Launch
 from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
+from backends.vllm.group import GroupPlan
 from backends.vllm.logs import adjust, classify
 from backends.vllm.memory import DEFAULT_VERSION, VllmFlags
+from backends.vllm.multinode import group_argv, group_env, rank_args
 from backends.vllm.progress import PROGRESS_PATH, metrics_progress
 from backends.vllm.scheduling import scheduling
 from backends.vllm.speed import METRICS_PATH, speed_totals
+from gateway.core.process import free_port
 
 ENGINE = "vllm"
 NATIVE_APIS = frozenset(
@@ -32,6 +35,9 @@ class VllmOption:
     on_cpu: bool = False
     estimated_tokens_per_s: float = 0.0  # the plan's decode estimate (backends/vllm/estimate.py)
     engine: str = ENGINE
+    # across nodes: one pipeline stage per node, rank 0 here and the others through the nodes' workers
+    group: GroupPlan | None = None
+    pipeline_parallel_size: int = 1
 
     @property
     def label(self) -> str:
@@ -41,6 +47,8 @@ class VllmOption:
             "CPU" if self.on_cpu else f"TP{f.tensor_parallel_size}",
             f"--max-model-len {f.max_model_len}",
         ]
+        if self.group is not None:
+            parts.insert(2, f"PP{self.pipeline_parallel_size} over this machine and {', '.join(self.group.nodes)}")
         parts.append(
             f"--kv-cache-memory-bytes {f.kv_cache_memory_bytes}"
             if f.kv_cache_memory_bytes
@@ -60,7 +68,12 @@ class VllmOption:
     @property
     def weights_key(self) -> tuple[object, ...]:
         """Options sharing this key load the same weights per GPU: one weights OOM rules them all out."""
-        return (self.checkpoint, self.flags.tensor_parallel_size, self.flags.cpu_offload_gb)
+        return (
+            self.checkpoint,
+            self.flags.tensor_parallel_size,
+            self.pipeline_parallel_size,
+            self.flags.cpu_offload_gb,
+        )
 
     def launch(self, port: int, api_key: str) -> Launch:
         argv = build_argv(
@@ -71,7 +84,35 @@ class VllmOption:
             reasoning_parser=self.reasoning_parser,
             port=port,
             command=list(self.command),
+            pipeline_parallel_size=self.pipeline_parallel_size if self.group is not None else 1,
         )
+        env = build_env(on_cpu=self.on_cpu, api_key=api_key)
+        followers: tuple[Follower, ...] = ()
+        if (group := self.group) is not None:
+            stages, master = self.pipeline_parallel_size, free_port()
+            argv = group_argv(argv, nnodes=stages, rank=0, master_addr=group.head_address, master_port=master)
+            env |= group_env(group.head_address, group.head_interface)
+            followers = tuple(
+                Follower(
+                    node,
+                    rank,
+                    ENGINE,
+                    self.version,
+                    rank_args(
+                        self.flags,
+                        self.checkpoint,
+                        served_name=self.served_name,
+                        tool_call_parser=self.tool_call_parser,
+                        reasoning_parser=self.reasoning_parser,
+                        stages=stages,
+                        rank=rank,
+                        master_addr=group.head_address,
+                        master_port=master,
+                        port=port,
+                    ),
+                )
+                for rank, node in enumerate(group.nodes, 1)
+            )
         return Launch(
             engine=ENGINE,
             argv=argv,
@@ -81,7 +122,7 @@ class VllmOption:
             context_length=self.flags.max_model_len,
             health_path=HEALTH_PATH,
             summary=self.label,
-            env=build_env(on_cpu=self.on_cpu, api_key=api_key),
+            env=env,
             inherit=("VLLM_",),  # vLLM's own knobs (VLLM_CPU_KVCACHE_SPACE...) reach it
             max_concurrency=self.flags.max_num_seqs,
             native=NATIVE_APIS,
@@ -94,6 +135,7 @@ class VllmOption:
             scheduling=scheduling(self.flags.max_num_batched_tokens, self.flags.max_model_len),
             progress_path=PROGRESS_PATH,
             progress=metrics_progress,
+            followers=followers,
         )
 
     def classify(self, line: str) -> Failure | None:

@@ -32,6 +32,12 @@ class VllmSettings(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM: pin the number of sequences.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM: pin the tokens per batch.")
     tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM: pin the TP size.")
+    pipeline_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM: pin the pipeline stages, one per node (this machine, then the workers that run vLLM, "
+        "in --workers order); with fewer such nodes answering, planned on one node.",
+    )
     enforce_eager: bool | None = Field(None, description="vLLM: pin eager mode on.")
     kv_cache_dtype: str | None = Field(
         None,
@@ -50,7 +56,7 @@ class VllmSettings(BaseModel):
 # the settings that pin a vLLM flag (allow_cpu_offload widens the ladder instead; it travels with them)
 PINS = (
     "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
-    "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload",
+    "kv_cache_memory_bytes", "enforce_eager", "cpu_offload_gb", "allow_cpu_offload", "pipeline_parallel_size",
 )  # fmt: skip
 
 
@@ -69,6 +75,7 @@ class VllmPins:
     enforce_eager: bool | None = None
     cpu_offload_gb: float | None = None
     allow_cpu_offload: bool = False
+    pipeline_parallel_size: int | None = None
 
     def __bool__(self) -> bool:
         """Any flag pinned (allow_cpu_offload widens the ladder; it pins nothing)."""

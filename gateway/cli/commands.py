@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from backends.registry import FOLLOWER_HOSTS
 from gateway.cli.flags import add_setting_flags, given
 from gateway.cli.full_settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
 from gateway.cli.log_setup import configure_logging, use_json_lines
@@ -34,7 +35,9 @@ PLAN_SETTINGS = (
     "model", "catalog_dir", "context_length", "min_context", "target_context", "max_context", "engine", "port",
     "workers", "worker_api_key", "state_dir", "gpus", "ram", "sessions", *ENGINE_SETTINGS,
 )  # fmt: skip
-WORKER_SETTINGS = ("api_keys", "api_key_file", "threads", "state_dir", "log_dir", "gpus")
+# ... and where each engine that runs ranks of a head's group is (vllm_command, vllm_version)
+_FOLLOWER_SETTINGS = tuple(n for n in ENGINE_SETTINGS if n.startswith(tuple(f"{e}_" for e in FOLLOWER_HOSTS)))
+WORKER_SETTINGS = ("api_keys", "api_key_file", "threads", "state_dir", "log_dir", "gpus", *_FOLLOWER_SETTINGS)
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -119,6 +122,7 @@ def worker_command(args: argparse.Namespace) -> int:
         api_keys=settings.read_api_keys(),
         server_command=tuple(shlex.split(args.server_command)) if args.server_command else None,
         log_dir=settings.backend_log_dir,
+        engine_settings=settings,
     )
     return run(config)
 

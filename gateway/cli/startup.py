@@ -28,6 +28,7 @@ from gateway.core.errors import BackendError, ConfigError, GatewayError
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import policy_for
 from gateway.core.settings import Settings
+from gateway.nodes.group import WorkerGroup
 from gateway.nodes.survey import Nodes
 from gateway.planning.catalog import DEFAULT_MODEL, Catalog, catalog_with
 from gateway.planning.planner import EnginePlan, Plan, evaluate_and_choose, read_engines
@@ -351,6 +352,7 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
         plan_summary=plan_summary(serve_plan.plan),
         replan=serve_plan.replan,
         nodes=serve_plan.nodes,
+        group=WorkerGroup(serve_plan.nodes) if serve_plan.nodes is not None else None,
         liveness=Liveness(
             Limits(stall_s=settings.stall_timeout_s, canary_s=settings.canary_interval_s),
             activity=client.activity,

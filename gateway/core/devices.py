@@ -113,6 +113,18 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Peer:
+    """Another node as an engine group sees it (its worker's report and the head's connection to it):
+    the engines it can run a rank of, with their versions, and the addresses the ranks use."""
+
+    node: str
+    engines: Mapping[str, str]  # engine name → version installed on that node ("vllm" → "0.32.0+cpu")
+    address: str  # the node's IP as this machine reaches it (its ranks' VLLM_HOST_IP-like address)
+    head_address: str  # this machine's IP on the way to it (the group's master address)
+    head_interface: str  # this machine's network interface with head_address ("" when unknown)
+
+
+@dataclass(frozen=True)
 class Inventory:
     gpus: tuple[Device, ...]
     ram_total_bytes: int
@@ -121,6 +133,7 @@ class Inventory:
     source: str = "nvml"  # "nvml" | "simulated" | "none"
     notes: tuple[str, ...] = field(default=())
     remote: tuple[Device, ...] = ()  # other nodes' devices (``Device.node`` set), lent by their workers
+    peers: tuple[Peer, ...] = ()  # the other nodes that can run a rank of an engine group, in workers' order
 
     @property
     def nodes(self) -> dict[str, tuple[Device, ...]]:

@@ -22,8 +22,9 @@ import httpx
 
 from backends.registry import LENDER
 from gateway.core.auth import bearer_header
-from gateway.core.devices import GIB, Device, Inventory
+from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import ConfigError
+from gateway.core.netif import interface_of, local_address_towards
 from gateway.core.tls import client_tls
 from gateway.nodes.inventory_check import Malformed, check
 
@@ -63,10 +64,22 @@ class NodeReport:
     build: str = ""
     rtt_ms: float | None = None
     error: str | None = None
+    # engine groups (vLLM across nodes): the engines it runs ranks of (name → version), its address as
+    # this machine reaches it, and this machine's address and interface on the way there
+    engines: Mapping[str, str] = field(default_factory=dict)
+    peer_address: str = ""
+    head_address: str = ""
+    head_interface: str = ""
 
     @property
     def reachable(self) -> bool:
         return self.error is None
+
+    def peer(self) -> Peer | None:
+        """This node as an engine group sees it, when it runs ranks of some engine."""
+        if not self.reachable or not self.engines or not self.head_address:
+            return None
+        return Peer(self.name, dict(self.engines), self.peer_address, self.head_address, self.head_interface)
 
 
 def _endpoint(endpoint: str, address: str) -> str:
@@ -90,8 +103,49 @@ def report_from(address: str, data: Any, rtt_ms: float | None) -> NodeReport:
     )
     error = None if devices else f"no running {LENDER.server_name}"
     return NodeReport(
-        address, name, devices, checked.ram_total_bytes, checked.ram_available_bytes, checked.build, rtt_ms, error
+        address,
+        name,
+        devices,
+        checked.ram_total_bytes,
+        checked.ram_available_bytes,
+        checked.build,
+        rtt_ms,
+        error,
+        engines=_engines(data.get("group_engines")),
     )
+
+
+def _engines(raw: Any) -> dict[str, str]:
+    """``{"vllm": {"version": "0.32.0"}}`` from /inventory as ``{"vllm": "0.32.0"}``; anything else: none."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {
+        name: entry["version"]
+        for name, entry in list(raw.items())[:MAX_GROUP_ENGINES]
+        if isinstance(name, str) and _printable(name) and isinstance(entry, Mapping)
+        and isinstance(entry.get("version"), str) and _printable(entry["version"])
+    }  # fmt: skip
+
+
+MAX_GROUP_ENGINES = 8
+
+
+def _printable(text: str) -> bool:
+    """A worker's engine name or version, shown in plans and logs: short and printable (it is untrusted)."""
+    return 0 < len(text) <= 64 and text.isprintable()
+
+
+def _group_addresses(report: NodeReport, address: str, timeout_s: float) -> NodeReport:
+    """The report with the addresses a group's ranks use: the node's as reached, this machine's on the
+    way there and its interface (I/O); unchanged when the node runs no ranks or cannot be reached."""
+    if not report.engines or not report.reachable:
+        return report
+    host, _, port = address.rpartition(":")
+    try:
+        head, peer = local_address_towards(host, int(port), timeout_s)
+    except OSError:
+        return report
+    return replace(report, peer_address=peer, head_address=head, head_interface=interface_of(head) or "")
 
 
 def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S) -> NodeReport:
@@ -121,7 +175,7 @@ def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
         return NodeReport(address, address, error=f"sent an inventory that is not JSON ({type(exc).__name__})")
-    return report_from(address, data, rtt_ms)
+    return _group_addresses(report_from(address, data, rtt_ms), address, timeout_s)
 
 
 class _TooSlowOrBig(Exception):
@@ -166,6 +220,7 @@ def merge(machine: Inventory, reports: Sequence[NodeReport]) -> Inventory:
     is llama.cpp's device order for ``--rpc``); the plan's notes name every worker left out."""
     notes = list(machine.notes)
     remote: list[Device] = []
+    peers = [peer for report in reports if (peer := report.peer()) is not None]
     for report in reports:
         if not report.reachable:
             notes.append(f"worker {report.name} ({report.address}) {report.error}: planning without it")
@@ -173,7 +228,7 @@ def merge(machine: Inventory, reports: Sequence[NodeReport]) -> Inventory:
         remote += report.devices
         sizes = ", ".join(f"{g.total_bytes / GIB:.1f} GiB" for g in report.devices)
         notes.append(f"worker {report.name} ({report.address}): {len(report.devices)} device(s) lent ({sizes})")
-    return replace(machine, remote=tuple(remote), notes=tuple(notes))
+    return replace(machine, remote=tuple(remote), notes=tuple(notes), peers=tuple(peers))
 
 
 @dataclass

@@ -32,10 +32,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from backends import registry
 from backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess
+from gateway.nodes.followers import Followers, Hosted, Refused, StartRequest, describe, hosted_engines
 from gateway.serving.edge import ApiKeys, ASGIApp
 from gateway.serving.error_shapes import OPENAI, as_api_error
 from gateway.serving.http_limits import bounded_protocol
@@ -63,6 +65,7 @@ class WorkerConfig:
     api_keys: tuple[str, ...] = ()
     server_command: tuple[str, ...] | None = None  # the device server to run; unset: the one installed
     log_dir: Path = Path(".")
+    engine_settings: Any = None  # the settings the engines' installations are read from (vllm_command…)
 
 
 @dataclass(frozen=True)
@@ -174,8 +177,11 @@ async def _accepts(host: str, port: int) -> bool:
 class Worker:
     """This node's servers and its inventory; one task watches the servers and restarts the dead."""
 
-    def __init__(self, config: WorkerConfig, machine: Inventory, command: list[str]) -> None:
+    def __init__(
+        self, config: WorkerConfig, machine: Inventory, command: list[str], hosted: dict[str, Hosted] | None = None
+    ) -> None:
         self.config = config
+        self.followers = Followers(hosted or {}, config.log_dir)
         self.machine = machine
         self.name = config.name or socket.gethostname()
         self.servers = [
@@ -190,6 +196,7 @@ class Worker:
         ]
         self.build = LENDER.build()
         self._watch: asyncio.Task[None] | None = None
+        self._lease: asyncio.Task[None] | None = None
         self._stopping = False
 
     async def start(self) -> None:
@@ -202,6 +209,7 @@ class Worker:
             await self.stop()
             raise
         self._watch = asyncio.create_task(self._keep_running(), name="device servers")
+        self._lease = asyncio.create_task(self.followers.keep_lease(), name="follower lease")
 
     async def _keep_running(self) -> None:
         while not self._stopping:
@@ -220,10 +228,12 @@ class Worker:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        for task in (self._watch, self._lease):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.followers.close()
         for server in self.servers:
             await server.stop()
 
@@ -240,6 +250,10 @@ class Worker:
             "source": self.machine.source,
             "ram_total_bytes": ram_total,
             "ram_available_bytes": ram_available,
+            # engine groups (vLLM across nodes): the engines this node runs ranks of, with their versions,
+            # and the address it serves on (the head sends the one it reached, which may be a name)
+            "group_engines": self.followers.engines(),
+            "address": self.config.host,
             "devices": [
                 server.device.gpu.to_json()
                 | {
@@ -274,11 +288,48 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
     async def inventory_route(_request: Request) -> Response:
         return JSONResponse(worker.inventory())
 
+    async def group_state(_request: Request) -> Response:
+        return JSONResponse(worker.followers.state())
+
+    async def group_start(request: Request) -> Response:
+        try:
+            started = await worker.followers.start(StartRequest.from_json(await _json(request)))
+        except Refused as refused:
+            return JSONResponse({"error": {"message": str(refused), "type": "refused"}}, status_code=refused.status)
+        return JSONResponse(started)
+
+    async def group_lease(_request: Request) -> Response:
+        return JSONResponse(worker.followers.renew())
+
+    async def group_stop(_request: Request) -> Response:
+        return JSONResponse(await worker.followers.stop())
+
     app = Starlette(
-        routes=[Route("/health", health), Route("/inventory", inventory_route)],
+        routes=[
+            Route("/health", health),
+            Route("/inventory", inventory_route),
+            Route("/group", group_state),
+            Route("/group/start", group_start, methods=["POST"]),
+            Route("/group/lease", group_lease, methods=["POST"]),
+            Route("/group/stop", group_stop, methods=["POST"]),
+        ],
         exception_handlers={HTTPException: _error, Exception: _error},
     )
     return ApiKeys(app, keys)
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise Refused(400, f"the body is not JSON ({exc})") from exc
+
+
+def hosted_here(settings: Any) -> dict[str, Hosted]:
+    """The engines whose ranks this node runs, each with its installation as ``settings`` find it (I/O:
+    the engine's command is asked for its version, as ``serve`` asks it)."""
+    installations = {name: registry.get(name).installation(settings, probe=True) for name in registry.FOLLOWER_HOSTS}
+    return hosted_engines(installations, registry.FOLLOWER_HOSTS)
 
 
 def run(config: WorkerConfig) -> int:
@@ -307,7 +358,10 @@ def run(config: WorkerConfig) -> int:
         machine = replace(
             machine, gpus=tuple(replace(g, name=f"simulated {g.total_bytes / MIB:.0f} MiB (CPU)") for g in machine.gpus)
         )
-    worker = Worker(config, machine, command)
+    hosted = hosted_here(config.engine_settings) if config.engine_settings is not None else {}
+    for line in describe(hosted):
+        log.info("%s", line)
+    worker = Worker(config, machine, command, hosted)
     for device_server in worker.servers:
         gpu = device_server.device.gpu
         log.info(

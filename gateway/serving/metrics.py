@@ -88,6 +88,12 @@ def _node_metrics(snapshot: dict[str, Any]) -> Iterator[Any]:
     yield GaugeMetricFamily(
         "gateway_replans", "Plans made again over the nodes", value=len(snapshot.get("replans") or [])
     )
+    if "group_stops" in snapshot:
+        yield GaugeMetricFamily(
+            "gateway_group_stops",
+            "Engine groups over nodes stopped on every rank because one rank, its node or the engine was gone",
+            value=len(snapshot.get("group_stops") or []),
+        )
 
 
 def live_gpu_memory(labels: frozenset[str]) -> GpuMemoryNow:

@@ -34,6 +34,7 @@ from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
 from gateway.supervision.after_failure import GiveUp, Replan, Stop, next_move, restart_move
 from gateway.supervision.engine_run import EngineRun, Run, RunFactory, RunState
+from gateway.supervision.group import RANK_LOST, GroupControl, GroupRun
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
 from gateway.supervision.liveness import Liveness
@@ -112,11 +113,15 @@ class Supervisor:
         nodes: NodeWatch | None = None,
         node_check_s: float = NODE_CHECK_S,
         liveness: Liveness | None = None,
+        group: GroupControl | None = None,
+        group_run: Callable[[Run, GroupControl], Run] = GroupRun,
     ) -> None:
         """``run_factory`` makes each attempt's run and ``sleep`` waits out the restart backoff: the
         real engine and clock by default, stand-ins in tests. ``replan`` makes the plan again when a
         device on another node is gone; ``nodes`` are those nodes, shown in /status. ``liveness``
-        watches a serving engine's progress: one that hangs is stopped and restarted as if it died."""
+        watches a serving engine's progress: one that hangs is stopped and restarted as if it died.
+        ``group`` starts an engine's ranks on other nodes (through their workers): an option whose launch
+        has followers runs as one group (``group_run``, gateway/supervision/group.py), one fate for all."""
         self.options = list(options)
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
@@ -130,6 +135,9 @@ class Supervisor:
         self.nodes = nodes
         self.node_check_s = node_check_s
         self.liveness = liveness
+        self.group = group
+        self.group_run = group_run
+        self.group_stops: list[dict[str, Any]] = []  # each group stopped because one of its ranks was gone
         self.hangs: list[dict[str, Any]] = []  # each hang detected: when, why, which engine
         self.replans: list[dict[str, Any]] = []
         self.state = State.STARTING
@@ -205,6 +213,8 @@ class Supervisor:
             data["nodes"] = self.nodes.snapshot(live.get("memory_mib"))
         if self.replan is not None:
             data["replans"] = self.replans
+        if self.group is not None:
+            data["group_stops"] = self.group_stops
         return data
 
     def report(self) -> str:
@@ -364,6 +374,10 @@ class Supervisor:
             shutdown_grace_s=self.shutdown_grace_s,
             label=f"attempt {number} of {of} ({option.engine})",
         )
+        if launch.followers:
+            if self.group is None:  # a plan over nodes always comes with its workers (gateway.cli.startup)
+                raise GatewayError(f"{option.label} runs ranks on other nodes, and no workers were given")
+            run = self.group_run(run, self.group)
         attempt = Attempt(
             number=number,
             engine=option.engine,
@@ -393,6 +407,10 @@ class Supervisor:
         what = {STOPPED_FOR_NODES: "a node it used is gone", STOPPED_HUNG: hung}.get(
             code, f"engine exited with status {code}"
         )
+        if code == RANK_LOST:
+            what = self.live.reason or "a rank of the engine's group is gone"
+        if self.live.launch.followers:  # one fate: every rank was stopped, on every node
+            self.group_stops.append({"at": time.strftime("%H:%M:%S"), "why": what})
         log.error("%s while serving; restarting", what)
         self.state = State.RESTARTING
         self.reason = f"{what}; restarting"

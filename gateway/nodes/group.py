@@ -1,0 +1,98 @@
+"""The head's side of an engine group: the ranks on other nodes, through each node's ``gateway worker``.
+
+:class:`WorkerGroup` is the supervisor's ``GroupControl`` (gateway/supervision/group.py): it finds each
+rank's worker by the node name the last survey reported, and asks it, with the worker key, to start
+the rank (the worker's own engine, the head's arguments), to keep it (the lease), and to stop it.
+Blocking calls: the supervisor runs them off the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+
+from backends.base import Follower
+from gateway.core.auth import bearer_header
+from gateway.core.errors import GatewayError
+from gateway.core.tls import client_tls
+from gateway.nodes.survey import Nodes, NodeState
+from gateway.supervision.group import RankRefused
+
+CALL_TIMEOUT_S = 10.0
+
+
+class WorkerGroup:
+    """Starts, keeps and stops a group's ranks on the workers that ``nodes`` surveyed."""
+
+    def __init__(
+        self,
+        nodes: Nodes,
+        *,
+        timeout_s: float = CALL_TIMEOUT_S,
+        client: Callable[[float], httpx.Client] | None = None,
+    ) -> None:
+        self.nodes = nodes
+        self.timeout_s = timeout_s
+        self.client = client or (lambda timeout: httpx.Client(timeout=timeout, trust_env=False, verify=client_tls()))
+
+    def _state(self, node: str) -> NodeState:
+        for state in self.nodes.states:
+            if state.report is not None and state.report.name == node:
+                return state
+        raise GatewayError(f"no worker reported node {node!r} at the last survey")
+
+    def _post(self, node: str, path: str, body: dict[str, object] | None = None) -> httpx.Response:
+        state = self._state(node)
+        with self.client(self.timeout_s) as client:
+            return client.post(
+                f"http://{state.address}{path}", json=body or {}, headers=bearer_header(self.nodes.api_key)
+            )
+
+    def start(self, follower: Follower, lease_s: float) -> None:
+        """Ask the node's worker to start the rank; raises RankRefused with the worker's words, or
+        GatewayError when it cannot be reached."""
+        report = self._state(follower.node).report
+        host_ip = report.peer_address if report is not None else ""
+        body: dict[str, object] = {
+            "engine": follower.engine,
+            "version": follower.version,
+            "rank": follower.rank,
+            "args": list(follower.args),
+            "host_ip": host_ip,
+            "lease_s": lease_s,
+        }
+        try:
+            answer = self._post(follower.node, "/group/start", body)
+        except httpx.HTTPError as exc:
+            raise GatewayError(f"worker {follower.node} cannot be reached ({type(exc).__name__}: {exc})") from exc
+        if answer.status_code == 200:
+            return
+        try:
+            message = str(answer.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            message = answer.text[:300]
+        raise RankRefused(f"worker {follower.node} refused rank {follower.rank}: {message}")
+
+    def renew(self, node: str) -> str | None:
+        """Renew the rank's lease: None while it runs; why not, when it exited or has none (its worker
+        answered). Raises GatewayError when the worker does not answer (the caller counts the misses)."""
+        try:
+            answer = self._post(node, "/group/lease")
+            data = answer.json() if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            raise GatewayError(f"worker {node} does not answer ({type(exc).__name__})") from exc
+        if not isinstance(data, dict):
+            raise GatewayError(f"worker {node} answered {answer.status_code} to /group/lease")
+        if data.get("state") == "running":
+            return None
+        why = str(data.get("reason") or "it has no rank running")
+        lines = data.get("last_lines") or []
+        return f"the rank on {node} {why}" + (f": {' | '.join(map(str, lines[-3:]))}" if lines else "")
+
+    def stop(self, node: str) -> None:
+        """Ask the node's worker to stop the rank; a worker that does not answer is left to its lease."""
+        try:
+            self._post(node, "/group/stop")
+        except (httpx.HTTPError, GatewayError):
+            return
