@@ -581,7 +581,8 @@ def main() -> int:
         print(table(results["runs"]))
     if "fairness" in results:
         print(fairness_table(results["fairness"]))
-    print(f"{results['wall_s']:.0f} s in all; load average before {results['load_before']}, after {results['load_after']}")
+    load = f"load average before {results['load_before']}, after {results['load_after']}"
+    print(f"{results['wall_s']:.0f} s in all; {load}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
