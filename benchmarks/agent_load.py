@@ -21,7 +21,11 @@ process running subagents sends). Qwen Code, Cline and aider send no session id.
 Per run (each on a freshly started engine, so no run inherits another's cache): the later turns within
 agent_sessions' prefill goal (new tokens + max(1 % of the prompt, 64)), the later turns' new tokens
 against what the engine prefilled, time to first token of the later (warm) turns and of the first
-(cold) turns separately, output tokens/s over the run, errors, and 429s. A 429 with Retry-After is
+(cold) turns separately, output tokens/s over the run, errors, and 429s. TTFT is the time to the first
+event carrying generated output, else to the answer's end: with tools in the prompt llama-server's
+tool-call parser holds the tiny model's output (newlines) until the end, so for most turns it is the
+time to the whole answer, at most ``--max-tokens`` (8) decode steps more than the first token
+(``streamed_token`` in each row says which). A 429 with Retry-After is
 not an error: the turn sleeps as long as it says (``retry-after-ms``, else ``Retry-After``) and
 tries again, as the OpenAI and Anthropic SDKs do; its TTFT counts from the first try, as the agent
 sees it. A 429 without Retry-After, any other status, or a broken stream is an error.
@@ -72,6 +76,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.agent_sessions import (
     CONTEXT,
+    MAX_TOKENS,
     RECORDED,
     SESSIONS,
     VLLM_PYTHON,
@@ -261,6 +266,7 @@ def send(
             "prefilled": usage["prompt"] - usage["cached"],
             "output": output or 0,
             "ttft_ms": round(1000 * (first or total)),
+            "streamed_token": first is not None,
             "total_ms": round(1000 * total),
             "limited": limited,
         }
@@ -280,7 +286,9 @@ def play(
     """The conversation's turns in ``turns`` (0-based), in order; a failed turn is recorded and the
     next one sent all the same (its prompt does not depend on the answer)."""
     rows: list[dict[str, Any]] = []
-    with httpx.Client(base_url=target.url, timeout=timeout) as client:
+    # a new connection per request: llama-server may close a kept-alive one as the next request is sent
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(base_url=target.url, timeout=timeout, limits=limits) as client:
         for index in turns:
             row: dict[str, Any] = {"session": conv.label, "agent": conv.agent, "key": conv.key, "turn": index + 1}
             row["sent_s"] = round(time.perf_counter() - origin, 2)
@@ -510,7 +518,7 @@ def main() -> int:
         action="store_true",
         help="Claude Code's second and later conversations send the first one's session id",
     )
-    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per turn")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="output tokens per turn")
     parser.add_argument("--max-retries", type=int, default=10, help="429s with Retry-After waited out per turn")
     parser.add_argument("--threads", type=int, default=2, help="llama-server's --threads")
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags (e.g. '--sessions 8')")
