@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
+
 from benchmarks.agent_load import (
     SESSION_HEADERS,
     Target,
+    _retry_after,
     conversations,
     engine_argv,
     engine_request,
@@ -92,3 +95,9 @@ def test_direct_requests_are_what_the_gateway_sends_the_engine() -> None:
 def test_engine_argv_moves_the_port_and_drops_the_redacted_key() -> None:
     argv = ["llama-server", "--host", "127.0.0.1", "--port", "9", "--api-key", "***", "-np", "4"]
     assert engine_argv(argv, 1234) == ["llama-server", "--host", "127.0.0.1", "--port", "1234", "-np", "4"]
+
+
+def test_retry_after_is_read_as_the_sdks_read_it() -> None:
+    assert _retry_after(httpx.Response(429, headers={"retry-after-ms": "1500", "retry-after": "2"})) == 1.5
+    assert _retry_after(httpx.Response(429, headers={"retry-after": "2"})) == 2.0
+    assert _retry_after(httpx.Response(429)) is None  # a 429 without it is an error, not waited out
