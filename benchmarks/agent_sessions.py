@@ -156,15 +156,21 @@ def _usage(event: dict[str, Any]) -> dict[str, int] | None:
     return None
 
 
-def ask(client: httpx.Client, route: str, body: dict[str, Any], model: str) -> dict[str, Any]:
+def streamed(route: str, body: dict[str, Any], model: str, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+    """The recorded request as the benchmark sends it: streamed, greedy, a few tokens, usage asked for."""
     payload = {**body, "model": model, "stream": True, "temperature": 0}
     if route == "/v1/responses":
-        payload["max_output_tokens"] = MAX_TOKENS
+        payload["max_output_tokens"] = max_tokens
     else:
-        payload["max_tokens"] = MAX_TOKENS
+        payload["max_tokens"] = max_tokens
     if route == "/v1/chat/completions":
         payload["stream_options"] = {"include_usage": True}
         payload.pop("max_completion_tokens", None)
+    return payload
+
+
+def ask(client: httpx.Client, route: str, body: dict[str, Any], model: str) -> dict[str, Any]:
+    payload = streamed(route, body, model)
     started = time.perf_counter()
     first: float | None = None
     usage: dict[str, int] | None = None
