@@ -20,7 +20,7 @@ from backends.llamacpp.logs import memory_line, speed_line
 from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from backends.llamacpp.progress import SLOTS_PATH, slots_progress
 from backends.llamacpp.rpc import rpc_arguments
-from backends.llamacpp.scheduling import scheduling
+from backends.llamacpp.scheduling import batch_argv, scheduling
 from backends.llamacpp.warm_sessions import WarmSessions
 from gateway.core.errors import BackendError
 
@@ -126,6 +126,7 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += ["-ctk", config.kv_type, "-ctv", config.kv_type]
     if config.threads:
         argv += ["-t", str(config.threads)]
+    argv += batch_argv(len(config.tensor_split))  # one device: -b 512 (backends/llamacpp/scheduling.py)
     # the GGUF's own Jinja template (tool calls parsed from it); a catalog's chat_format names one of
     # llama.cpp's built-in templates instead, which only applies with Jinja off
     argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]
