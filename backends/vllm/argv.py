@@ -41,7 +41,7 @@ def build_argv(
     argv += ["--scheduling-policy", "priority"]
     argv += [
         "--long-prefill-token-threshold",
-        str(long_prefill_threshold(flags.max_num_batched_tokens, flags.max_model_len)),
+        str(long_prefill_threshold(flags)),
     ]
     if flags.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", flags.kv_cache_dtype]

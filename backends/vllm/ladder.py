@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import backends.vllm.releases as releases
+import backends.vllm.scheduling as scheduling
 from backends import objective
 from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.estimate import decode_tokens_per_s
@@ -600,7 +601,7 @@ def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, poli
         gpu_memory_utilization=pins.gpu_memory_utilization or DEFAULT_UTILIZATION,
         max_model_len=length,
         max_num_seqs=pins.max_num_seqs or CPU_DEFAULT_SEQS,
-        max_num_batched_tokens=pins.max_num_batched_tokens or 2048,
+        max_num_batched_tokens=pins.max_num_batched_tokens or scheduling.CPU_BATCHED_TOKENS,
         kv_cache_dtype=kv_dtype,
         enforce_eager=True if pins.enforce_eager is None else pins.enforce_eager,
         kv_cache_memory_bytes=kv_bytes,

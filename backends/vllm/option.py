@@ -132,7 +132,7 @@ class VllmOption:
             tokenize_chat=True,
             speed_metrics=speed_totals,
             metrics_path=METRICS_PATH,
-            scheduling=scheduling(self.flags.max_num_batched_tokens, self.flags.max_model_len),
+            scheduling=scheduling(self.flags, on_cpu=self.on_cpu),
             progress_path=PROGRESS_PATH,
             progress=metrics_progress,
             followers=followers,

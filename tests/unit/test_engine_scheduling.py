@@ -13,7 +13,7 @@ from backends.llamacpp.scheduling import scheduling as llama_scheduling
 from backends.vllm.argv import build_argv
 from backends.vllm.checkpoint_facts import checkpoint_facts
 from backends.vllm.ladder import cpu_candidate
-from backends.vllm.memory import Checkpoint
+from backends.vllm.memory import Checkpoint, VllmFlags
 from backends.vllm.scheduling import long_prefill_threshold
 from backends.vllm.scheduling import scheduling as vllm_scheduling
 from gateway.cli.commands import main
@@ -34,14 +34,16 @@ def test_vllm_runs_warm_turns_first_and_caps_what_a_long_prompt_takes_of_a_step(
     argv = build_argv(facts.name, flags, served_name="m", tool_call_parser=None, reasoning_parser=None)
     assert _flag(argv, "--scheduling-policy") == "priority"
     budget = int(_flag(argv, "--max-num-batched-tokens"))
-    assert int(_flag(argv, "--long-prefill-token-threshold")) == budget // 4
-    plan = vllm_scheduling(budget, flags.max_model_len)
-    assert plan.long_fields == {"priority": 1} and plan.long_lane * budget // 4 <= budget // 2
+    assert budget == 512 and int(_flag(argv, "--long-prefill-token-threshold")) == budget // 4
+    on_cpu = vllm_scheduling(flags, on_cpu=True)
+    assert on_cpu.long_fields == {"priority": 1} and on_cpu.long_lane == 1
+    gpu = VllmFlags(1, 0.9, 32768, 256, 8192)
+    assert long_prefill_threshold(gpu) == 2048 and vllm_scheduling(gpu, on_cpu=False).long_lane * 2048 <= 8192 // 2
 
 
 def test_vllm_never_caps_a_prompt_past_the_context() -> None:
-    assert long_prefill_threshold(8192, 1024) == 1024  # vLLM refuses a threshold above max_model_len
-    assert long_prefill_threshold(32, 4096) == 16
+    assert long_prefill_threshold(VllmFlags(1, 0.9, 1024, 4, 8192)) == 1024  # vLLM refuses one above the context
+    assert long_prefill_threshold(VllmFlags(1, 0.9, 4096, 4, 32)) == 16
 
 
 def test_llama_server_pins_the_long_prefill_to_its_last_slot() -> None:
