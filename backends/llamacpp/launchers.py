@@ -126,7 +126,7 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += ["-ctk", config.kv_type, "-ctv", config.kv_type]
     if config.threads:
         argv += ["-t", str(config.threads)]
-    argv += batch_argv(len(config.tensor_split))  # one device: -b 512 (backends/llamacpp/scheduling.py)
+    argv += batch_argv(len(config.tensor_split), given=command)  # one device: -b 512 (scheduling.py)
     # the GGUF's own Jinja template (tool calls parsed from it); a catalog's chat_format names one of
     # llama.cpp's built-in templates instead, which only applies with Jinja off
     argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]

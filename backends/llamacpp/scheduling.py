@@ -32,9 +32,15 @@ from backends.base import Scheduling
 INTERACTIVE_BATCH = 512  # llama-server's -b on one device: the ubatch (b11434's default -ub)
 
 
-def batch_argv(devices: int) -> list[str]:
-    """``-b`` for many sessions: one ubatch per step on one device (CPU or one GPU), the default across several."""
-    return ["-b", str(INTERACTIVE_BATCH)] if devices <= 1 else []
+BATCH_FLAGS = frozenset({"-b", "--batch-size", "-ub", "--ubatch-size"})
+
+
+def batch_argv(devices: int, given: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """``-b`` for many sessions: one ubatch per step on one device (CPU or one GPU), the default across
+    several; none when the user's own llama-server command (``given``) sets a batch or ubatch size."""
+    if devices > 1 or any(word.split("=")[0] in BATCH_FLAGS for word in given):
+        return []
+    return ["-b", str(INTERACTIVE_BATCH)]
 
 
 def scheduling(slots: int) -> Scheduling:

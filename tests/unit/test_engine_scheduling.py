@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from backends.llamacpp.scheduling import batch_argv
 from backends.llamacpp.scheduling import scheduling as llama_scheduling
 from backends.vllm.argv import build_argv
 from backends.vllm.checkpoint_facts import checkpoint_facts
@@ -51,6 +52,13 @@ def test_llama_server_pins_the_long_prefill_to_its_last_slot() -> None:
     assert (four.long_lane, dict(four.long_fields)) == (1, {"id_slot": 3})
     one = llama_scheduling(1)  # llama-cpp-python's one slot: nothing runs beside a long prefill
     assert (one.long_lane, dict(one.long_fields)) == (0, {})
+
+
+def test_llama_server_takes_one_ubatch_a_step_on_one_device_unless_told_otherwise() -> None:
+    assert batch_argv(0) == batch_argv(1) == ["-b", "512"]  # CPU, one GPU
+    assert batch_argv(2) == []  # several: the ubatches of a step are pipelined from device to device
+    assert batch_argv(1, given=["llama-server", "-b", "16", "-ub", "16"]) == []  # the user's own batch stands
+    assert batch_argv(1, given=["llama-server", "--ubatch-size=64"]) == []
 
 
 def test_the_plan_says_how_many_sessions_it_keeps_warm() -> None:
