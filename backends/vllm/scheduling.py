@@ -10,8 +10,9 @@
   step's time grows with every token it holds, the plan's budget is 256 (vLLM's API-server default is
   2048): a warm turn's first token beside eight cold 20k-token first turns took 1.7-2.6x its time alone
   with 256, 3.2-3.7x with 512, 5x with 2048, the cold turns ~10 % longer than with 512
-  (benchmarks/agent_load.py --engine vllm --fairness). On GPUs vLLM's own budget stays (a GPU step's time grows slowly with its tokens),
-  with two long prefills at once: half of every step stays for warm turns (not measured on a GPU).
+  (benchmarks/agent_load.py --engine vllm --fairness). On GPUs vLLM's own budget stays (a GPU step's
+  time grows slowly with its tokens), with two long prefills at once: half of every step stays for warm
+  turns (not measured on a GPU).
 - **Priority scheduling.** ``--scheduling-policy priority`` orders the waiting queue by each request's
   ``priority`` (lower first; 0 by default) and preempts the lowest first when KV runs short
   (scheduler.py:795-800). The gateway sends a long prefill with priority 1, so warm turns (0) go first.
