@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from backends.checked import integer
 from backends.llamacpp.gguf_reader import GgufHeader
-from gateway.core.checked import integer
+from backends.model_facts import ModelFacts, estimate_weight_bytes, recurrent_layout, text_config
 from gateway.core.errors import ModelError
-from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, recurrent_layout, text_config
 
 # llama.cpp's sliding-window pattern per architecture, for GGUFs that carry a window but no per-layer
 # pattern: layer il slides unless il % n == n - 1 (the one table; placement reads it too)

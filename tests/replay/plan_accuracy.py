@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from backends import llamacpp, vllm
+from backends.model_facts import facts_from_config
 from backends.vllm.checkpoint_facts import checkpoint_facts
 from backends.vllm.memory import cuda_total
 from gateway.core.devices import GIB, MIB, Device
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]

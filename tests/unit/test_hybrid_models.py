@@ -17,10 +17,10 @@ import pytest
 from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
 from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
 from backends.llamacpp.placement import kv_layer_bytes, place
+from backends.model_facts import facts_from_config
 from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
 from gateway.core.devices import GIB, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
