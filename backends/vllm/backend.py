@@ -14,6 +14,7 @@ import backends.vllm.report as report
 import backends.vllm.source as source
 from backends.base import Evaluation, Installation, NewNotes, Option
 from backends.vllm.argv import build_argv, build_env
+from backends.vllm.follower import HOST as FOLLOWER_HOST
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
 from backends.vllm.option import VllmOption
@@ -52,6 +53,8 @@ class VllmBackend:
     pins = PINS
     file_pins: tuple[str, ...] = ()  # a checkpoint is chosen by fit, never pinned
     overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
+    lender = None  # its devices are reached by a group's ranks, not lent one by one
+    follower_host = FOLLOWER_HOST  # a worker runs a headless rank of the head's group
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
         return source.section_for(spec)
