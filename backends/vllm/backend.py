@@ -116,7 +116,7 @@ class VllmBackend:
                         f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
                         f"{verdict.reason} [{verdict.source}]"
                     )
-        stages = VllmPins.of(policy).pipeline_parallel_size or 0
+        stages = VllmPins.from_policy(policy).pipeline_parallel_size or 0
         if inventory.peers:
             for note in multinode.hosting(inventory, installation.version)[1]:
                 notes.add(note)
@@ -219,7 +219,7 @@ class VllmBackend:
         if not candidates or installation.command is None:
             return []
         chosen = ranked(candidates)[:OPTIONS_TRIED]
-        if not chosen and VllmPins.of(policy):
+        if not chosen and VllmPins.from_policy(policy):
             log.warning(
                 "the plan says the pinned vLLM flags do not fit (%s); trying them as asked", candidates[0].reason
             )

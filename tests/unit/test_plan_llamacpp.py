@@ -132,7 +132,7 @@ def _gqa_facts(layers: int, kv_heads: int, head: int) -> GgufFacts:
         "num_key_value_heads": kv_heads,
     }
     config["head_dim"] = head
-    return GgufFacts.of(facts_from_config(config, "gqa"), config)
+    return GgufFacts.from_config(facts_from_config(config, "gqa"), config)
 
 
 @pytest.mark.parametrize(
