@@ -343,6 +343,18 @@ class Backend(Protocol[C, M, E]):
         """How its servers refuse a prompt longer than the context (``backends/<engine>/overflow.py``)."""
         ...
 
+    @property
+    def lender(self) -> DeviceLender | None:
+        """How it serves this node's devices to a head on another node (``gateway worker``); None:
+        it lends none."""
+        ...
+
+    @property
+    def follower_host(self) -> FollowerHost | None:
+        """How a worker runs one rank of its engine group for a head on another node; None: it runs
+        no ranks for others."""
+        ...
+
     def section_for(self, spec: str) -> dict[str, Any] | None:
         """A catalog table for a model the user named by path or hub id, if this engine can serve it."""
         ...

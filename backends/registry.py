@@ -7,8 +7,6 @@ from typing import Any
 
 from backends import llamacpp, vllm
 from backends.base import Backend, ContextOverflow, DeviceLender, FollowerHost, first_overflow
-from backends.llamacpp.rpc import LENDER as _LLAMACPP_LENDER
-from backends.vllm.follower import HOST as _VLLM_FOLLOWER
 
 BACKENDS: tuple[Backend[Any, Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
@@ -24,11 +22,14 @@ def get(name: str) -> Backend[Any, Any, Any]:
     raise KeyError(f"no engine named {name!r}: known engines are {', '.join(names())}")
 
 
-# the engine that lends devices to a head on another node (``gateway worker``): llama.cpp's RPC
-LENDER: DeviceLender = _LLAMACPP_LENDER
+# how a worker lends this node's devices to a head on another node (``gateway worker``): the first
+# engine that lends any (llama.cpp's RPC servers)
+LENDER: DeviceLender = next(backend.lender for backend in BACKENDS if backend.lender is not None)
 
 # the engines whose ranks a worker runs for a head's group (vLLM across nodes, its own launcher)
-FOLLOWER_HOSTS: dict[str, FollowerHost] = {_VLLM_FOLLOWER.engine: _VLLM_FOLLOWER}
+FOLLOWER_HOSTS: dict[str, FollowerHost] = {
+    backend.name: backend.follower_host for backend in BACKENDS if backend.follower_host is not None
+}
 
 
 def context_overflow(text: str) -> ContextOverflow | None:

@@ -26,6 +26,7 @@ from backends.llamacpp.launchers import (
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from backends.llamacpp.quants import alternative, choose
+from backends.llamacpp.rpc import LENDER as RPC_LENDER
 from backends.llamacpp.settings import FILE_PINS, PINS, LlamaCppSettings, draft_setting, pinned_quant
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from backends.llamacpp.speed import host_calibration
@@ -158,6 +159,8 @@ class LlamaCppBackend:
     pins = PINS
     file_pins = FILE_PINS
     overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
+    lender = RPC_LENDER  # a worker's ggml-rpc-server per device, which the head adds with --rpc
+    follower_host = None  # one llama-server on the head runs every layer: no ranks elsewhere
     # what planning needs, said when the model has none (the planner's "not planned" note)
     needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"
 

@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from backends.checked import integer
 from backends.llamacpp.gguf_reader import GgufHeader
-from gateway.core.checked import integer
+from backends.model_facts import ModelFacts, estimate_weight_bytes, recurrent_layout, text_config
 from gateway.core.errors import ModelError
-from gateway.core.model_facts import ModelFacts, estimate_weight_bytes, recurrent_layout, text_config
 
 # llama.cpp's sliding-window pattern per architecture, for GGUFs that carry a window but no per-layer
 # pattern: layer il slides unless il % n == n - 1 (the one table; placement reads it too)
@@ -64,7 +64,7 @@ class GgufFacts(ModelFacts):
         return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
 
     @classmethod
-    def of(cls, facts: ModelFacts, config: dict[str, Any]) -> GgufFacts:
+    def from_config(cls, facts: ModelFacts, config: dict[str, Any]) -> GgufFacts:
         """config.json's facts, before the GGUF layout is filled in: which layers are recurrent, as the
         config says."""
         pattern = recurrent_layout(text_config(config), facts.num_layers)[0] if facts.recurrent_layers else ()
@@ -273,7 +273,7 @@ def estimate_gguf_facts(facts: ModelFacts, config: dict[str, Any], bits: float) 
     # convert_hf_to_gguf.py writes the MTP (nextn) blocks as the last blocks: block_count counts them
     blocks = facts.num_layers + facts.mtp_layers
     experts = int(experts_per_block * per_weight)
-    attention = _per_layer_attention(GgufFacts.of(facts, config), cfg)
+    attention = _per_layer_attention(GgufFacts.from_config(facts, config), cfg)
     return replace(
         attention,
         num_layers=blocks,

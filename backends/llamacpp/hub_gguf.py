@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from backends.hub_formats import is_gguf
 from gateway.hub.search import DECLARED, Repository, files, named_after, search, trust
 
 # GGUF publishers in trusted order; the model's own organisation is placed second at search time
@@ -93,10 +94,6 @@ def group_gguf_files(listing: Iterable[tuple[str, int | None]]) -> list[tuple[tu
         if len(parts) == counts[stem]:
             out.append((tuple(name for _, name, _ in parts), sum(size for *_, size in parts)))
     return out
-
-
-def is_gguf(repo: str, tags: Iterable[str]) -> bool:
-    return "gguf" in {t.lower() for t in tags} or repo.lower().endswith("gguf")
 
 
 def gguf_variants(model: str, api: Any = None) -> GgufFound:

@@ -9,16 +9,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from backends.checked import integer
 from backends.llamacpp.gguf_facts import GGUF_BITS_PER_WEIGHT, GgufFacts, estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_reader import GgufHeader
 from backends.llamacpp.hub_gguf import GgufVariant
 from backends.llamacpp.remote_gguf import read_header, read_local
-from gateway.core.checked import integer
+from backends.model_facts import facts_from_config
 from gateway.core.errors import ModelError
-from gateway.core.hub_errors import hub_error
-from gateway.core.hub_guard import MAX_DECLARED, guard_hub
-from gateway.core.model_facts import facts_from_config
+from gateway.hub.errors import hub_error
 from gateway.hub.fetch import cached
+from gateway.hub.guard import MAX_DECLARED, guard_hub
 
 # llama.cpp's ``llama_ftype`` (general.file_type) → the type name files are named after
 FILE_TYPES = {

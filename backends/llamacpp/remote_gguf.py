@@ -16,8 +16,8 @@ from typing import Any
 
 from backends.llamacpp.gguf_reader import GgufHeader, HeaderIncomplete, parse_gguf_header, read_gguf_header
 from gateway.core.errors import ModelError
-from gateway.core.hub_errors import hub_error
-from gateway.core.hub_guard import guard_hub
+from gateway.hub.errors import hub_error
+from gateway.hub.guard import guard_hub
 
 FIRST_READ = 4 << 20  # a 150k-token vocabulary makes a header of about 3-4 MB
 MAX_READ = 256 << 20  # a header larger than this is not a header

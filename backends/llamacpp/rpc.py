@@ -75,11 +75,6 @@ def rpc_arguments(endpoints: Sequence[str]) -> list[str]:
     return ["--rpc", ",".join(endpoints)] if endpoints else []
 
 
-def device_key(endpoint: str) -> str:
-    """How :func:`backends.llamacpp.logs.memory_line` names an RPC device in the engine's buffer lines."""
-    return f"RPC[{endpoint}]"
-
-
 class RpcLender:
     """llama.cpp's side of ``gateway worker``: one ``ggml-rpc-server`` per device."""
 

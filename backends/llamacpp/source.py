@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from backends.checked import json_object
 from backends.llamacpp.artifacts import from_hub, from_package, from_wheel
 from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf, gguf_bits_from_name
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.hub_gguf import GgufVariant, gguf_variants
 from backends.llamacpp.hub_variants import ReadVariant, read_variant
-from gateway.core.checked import json_object
+from backends.model_facts import facts_from_config
 from gateway.core.errors import ModelError
-from gateway.core.hub_guard import guard_hub
-from gateway.core.model_facts import facts_from_config
 from gateway.hub.fetch import cached
+from gateway.hub.guard import guard_hub
 
 if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry

@@ -7,7 +7,7 @@ What a device reads per token: its blocks' weights (MoE: the shared part plus th
 share, ``experts_per_token / num_experts``), the output matrix where it sits, and its layers' KV for
 :data:`ESTIMATE_CONTEXT` cached tokens (sliding layers: at most their window). The token embedding is
 a row lookup, not a read of the matrix. Bandwidths are datasheet peaks, found by the GPU's name, else
-by its compute capability (simulated GPUs), else a default (:mod:`gateway.core.bandwidth`); layers
+by its compute capability (simulated GPUs), else a default (:mod:`backends.bandwidth`); layers
 in RAM run at the host's bandwidth. :data:`EFFICIENCY` is the share of the peak that decode reaches.
 The figure ranks placements and tells people what to expect; it is not a benchmark.
 """
@@ -17,16 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from backends.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth
 from backends.llamacpp.drafting import mtp_blocks
 from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
-from gateway.core.bandwidth import (  # noqa: F401  (re-exported: the estimate's figures, in one place)
-    CAPABILITY_BANDWIDTH_GBPS,
-    DEFAULT_GPU_BANDWIDTH_GBPS,
-    GPU_BANDWIDTH_GBPS,
-    HOST_BANDWIDTH_GBPS,
-    gpu_bandwidth,
-)
 from gateway.core.devices import Device
 
 EFFICIENCY = 0.7  # share of the peak bandwidth that llama.cpp's decode reaches

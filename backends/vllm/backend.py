@@ -14,6 +14,7 @@ import backends.vllm.report as report
 import backends.vllm.source as source
 from backends.base import Evaluation, Installation, NewNotes, Option
 from backends.vllm.argv import build_argv, build_env
+from backends.vllm.follower import HOST as FOLLOWER_HOST
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from backends.vllm.memory import DEFAULT_VERSION
 from backends.vllm.option import VllmOption
@@ -52,6 +53,8 @@ class VllmBackend:
     pins = PINS
     file_pins: tuple[str, ...] = ()  # a checkpoint is chosen by fit, never pinned
     overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
+    lender = None  # its devices are reached by a group's ranks, not lent one by one
+    follower_host = FOLLOWER_HOST  # a worker runs a headless rank of the head's group
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
         return source.section_for(spec)
@@ -113,7 +116,7 @@ class VllmBackend:
                         f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
                         f"{verdict.reason} [{verdict.source}]"
                     )
-        stages = VllmPins.of(policy).pipeline_parallel_size or 0
+        stages = VllmPins.from_policy(policy).pipeline_parallel_size or 0
         if inventory.peers:
             for note in multinode.hosting(inventory, installation.version)[1]:
                 notes.add(note)
@@ -216,7 +219,7 @@ class VllmBackend:
         if not candidates or installation.command is None:
             return []
         chosen = ranked(candidates)[:OPTIONS_TRIED]
-        if not chosen and VllmPins.of(policy):
+        if not chosen and VllmPins.from_policy(policy):
             log.warning(
                 "the plan says the pinned vLLM flags do not fit (%s); trying them as asked", candidates[0].reason
             )

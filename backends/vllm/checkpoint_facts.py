@@ -1,4 +1,4 @@
-"""The model facts vLLM plans from: every engine's (``gateway.core.model_facts``) with what vLLM alone
+"""The model facts vLLM plans from: every engine's (``backends.model_facts``) with what vLLM alone
 reads of a Hugging Face checkpoint (its architecture class, the vision tower, MLA's and Gemma 4's head
 sizes, which parts a quantized checkpoint keeps in 16 bits), read from config.json and, where there is
 one, the checkpoint's directory or the hub's safetensors index (never the weights)."""
@@ -10,9 +10,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from gateway.core.checked import integer, json_object
-from gateway.core.errors import ModelError
-from gateway.core.model_facts import (
+from backends.checked import integer, json_object
+from backends.model_facts import (
     ModelFacts,
     estimate_vision_bytes,
     estimate_weight_bytes,
@@ -21,6 +20,7 @@ from gateway.core.model_facts import (
     quant_exclusions,
     text_config,
 )
+from gateway.core.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -217,8 +217,8 @@ def facts_from_hub(repo: str) -> CheckpointFacts:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
 
-    from gateway.core.hub_errors import hub_error
-    from gateway.core.hub_guard import UntrustedAnswer, guard_hub
+    from gateway.hub.errors import hub_error
+    from gateway.hub.guard import UntrustedAnswer, guard_hub
 
     guard_hub()
     try:

@@ -12,9 +12,9 @@ The figure ranks rungs and tells people what to expect; it is not a benchmark.
 
 from __future__ import annotations
 
+from backends.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth
 from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.memory import VllmFlags, VllmMemory
-from gateway.core.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth
 from gateway.core.devices import GIB, Device
 
 EFFICIENCY = 0.7  # share of the peak bandwidth decode reaches (as llama.cpp's estimate assumes)

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from backends.hub_formats import is_gguf
 from gateway.hub.search import DECLARED, Repository, named_after, search, trust
 
 # quantized-checkpoint publishers after the model's own organisation
@@ -63,7 +64,7 @@ def checkpoint_variants(model: str, api: Any = None) -> list[CheckpointVariant]:
 
 
 def _ours(repo: Repository, name: str) -> bool:
-    if "gguf" in {t.lower() for t in repo.tags} or repo.id.lower().endswith("gguf"):
+    if is_gguf(repo.id, repo.tags):
         return False  # llama.cpp's files, not a checkpoint
     declared = DECLARED in repo.via
     return repo.found_by(TRUSTED_CHECKPOINTS) and (declared or named_after(repo.id, name, NAME_SUFFIX))

@@ -411,7 +411,7 @@ def ladder(
     checkpoints: list[Checkpoint], gpus: tuple[Device, ...], version: str, policy: Policy
 ) -> list[VllmCandidate]:
     """Every rung for every checkpoint and TP size, each sized to the longest context it allows."""
-    pins = VllmPins.of(policy)
+    pins = VllmPins.from_policy(policy)
     out: list[VllmCandidate] = []
     for ck_index, checkpoint in enumerate(checkpoints):
         if why := supported(checkpoint, gpus, version) or releases.cannot_load(checkpoint.facts, version):
@@ -588,7 +588,7 @@ def cpu_block_size(facts: CheckpointFacts) -> int | None:
 def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, policy: Policy) -> VllmCandidate:
     """vLLM's CPU backend: eager, KV given in bytes (two max-length requests' worth by default)."""
     facts = checkpoint.facts
-    pins = VllmPins.of(policy)
+    pins = VllmPins.from_policy(policy)
     model_max = min(facts.max_position or CPU_DEFAULT_CONTEXT, policy.max_context or CPU_DEFAULT_CONTEXT)
     length = pins.context_length or model_max
     kv_dtype = pins.kv_cache_dtype or "auto"

@@ -22,8 +22,6 @@ from packaging.version import InvalidVersion, Version
 from backends.vllm.checkpoint_facts import CheckpointFacts
 
 DATA = Path(__file__).resolve().parent / "release_data"
-# releases PyPI holds as wheels only: no source to read
-WHEEL_ONLY = ("0.15.0", "0.15.1")
 
 
 @cache

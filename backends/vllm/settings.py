@@ -82,6 +82,7 @@ class VllmPins:
         return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "allow_cpu_offload")
 
     @classmethod
-    def of(cls, policy: Policy) -> VllmPins:
+    def from_policy(cls, policy: Policy) -> VllmPins:
+        """vLLM's pins among the policy's: the shared context and the flags vLLM declares (``PINS``)."""
         engine = {name: value for name, value in policy.pins.engine.items() if name in PINS and value is not None}
         return cls(context_length=policy.pins.context_length, context_auto=policy.pins.context_auto, **engine)

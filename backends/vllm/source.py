@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 import backends.vllm.parsers as parsers
+from backends.checked import json_object
 from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts, facts_from_dir, facts_from_hub
 from backends.vllm.hub_checkpoints import checkpoint_variants, method_of
 from backends.vllm.memory import Checkpoint
 from backends.vllm.parsers import Parsers
-from gateway.core.checked import json_object
 from gateway.core.errors import ModelError
-from gateway.core.hub_guard import guard_hub
+from gateway.hub.guard import guard_hub
 
 if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry

@@ -23,3 +23,10 @@ class ModelError(GatewayError):
 
 class BackendError(GatewayError):
     pass
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``value`` (a name or number from a user, a file or the hub) short enough for one line of an error:
+    its repr, cut at ``limit`` characters with its full length when longer."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

@@ -55,13 +55,9 @@ class Pins:
         }
         return cls(context, auto, engine)
 
-    def given(self) -> dict[str, Any]:
-        """Only the pinned flags, by name (for warnings and JSON)."""
-        shared = {"context_length": self.context_length, "context_auto": self.context_auto}
-        return {name: value for name, value in shared.items() if value is not None} | dict(self.engine)
-
     def __bool__(self) -> bool:
-        return bool(self.given())
+        """Whether any flag is pinned."""
+        return self.context_length is not None or self.context_auto is not None or bool(self.engine)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ renamed to ``blobs/<etag>`` when whole; ``hf_hub_download`` then finds the blob 
 the snapshot, as it does for any blob already present. Before it starts, one line says what and how
 big; afterwards, where it is. Offline (``HF_HUB_OFFLINE=1``) only the cache is looked at.
 
-The hub's answers are not trusted (:mod:`gateway.core.hub_guard`): the blob's name (the ETag) must stay
+The hub's answers are not trusted (:mod:`gateway.hub.guard`): the blob's name (the ETag) must stay
 inside the cache, the token is not sent where the file is served from another origin, and the file
 never grows past the size the hub declared: an answer that tries is refused and its partial deleted.
 """
@@ -23,8 +23,8 @@ from typing import Any, BinaryIO, cast
 
 from gateway.core.errors import ModelError
 from gateway.core.files import inside
-from gateway.core.hub_errors import hub_error
-from gateway.core.hub_guard import DEFAULT_BYTES, UntrustedAnswer, budget, guard_hub, origin, trusted_origins
+from gateway.hub.errors import hub_error
+from gateway.hub.guard import DEFAULT_BYTES, UntrustedAnswer, budget, guard_hub, origin, trusted_origins
 
 log = logging.getLogger("gateway.hub")
 

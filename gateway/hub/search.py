@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.files import inside, replace_atomically
-from gateway.core.hub_errors import hub_error
-from gateway.core.hub_guard import MAX_DECLARED, guard_hub
-from gateway.core.hub_names import check_repo_id, file_name_ok, repo_id_problem
+from gateway.hub.errors import hub_error
+from gateway.hub.guard import MAX_DECLARED, guard_hub
+from gateway.hub.names import check_repo_id, file_name_ok, repo_id_problem
 
 DECLARED = "declared"  # found by the base_model:quantized filter
 ORGANISATION = "organisation"  # found by searching the model's own organisation

@@ -50,7 +50,6 @@ SERVER_START_S = 15.0  # after this a server that is still alive is waited for, 
 SERVER_START_CEILING_S = 180.0  # ... but not beyond this: a server that never listens is a failure
 RESTART_DELAY_S = 2.0
 STOP_GRACE_S = 3.0
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from backends import registry
-from gateway.core.errors import ModelError
-from gateway.core.hub_names import check_repo_id, shown
+from gateway.core.errors import ModelError, shown
 from gateway.core.model_entry import ModelEntry, builtin_catalog_dir
+from gateway.hub.names import check_repo_id
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -14,8 +14,8 @@ from backends.llamacpp import facts_from_gguf, place
 from backends.llamacpp.gguf_reader import GgufHeader, GgufTensor
 from backends.llamacpp.logs import memory_line
 from backends.llamacpp.placement import Placement
+from backends.model_facts import ModelFacts
 from gateway.core.devices import MIB, Device, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts
 
 TOLERANCE = 0.05
 TOLERANCE_BYTES = 16 * MIB

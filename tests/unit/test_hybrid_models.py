@@ -17,10 +17,10 @@ import pytest
 from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
 from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
 from backends.llamacpp.placement import kv_layer_bytes, place
+from backends.model_facts import facts_from_config
 from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
 from gateway.core.devices import GIB, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
@@ -35,7 +35,7 @@ def _facts(name: str) -> CheckpointFacts:
 
 def _gguf(name: str) -> GgufFacts:
     """config.json's facts as llama.cpp reads them, before a GGUF's layout: which layers are recurrent."""
-    return GgufFacts.of(_facts(name), _config(name))
+    return GgufFacts.from_config(_facts(name), _config(name))
 
 
 def test_the_recurrent_layers_are_read_from_the_config() -> None:
@@ -45,7 +45,7 @@ def test_the_recurrent_layers_are_read_from_the_config() -> None:
     granite = _gguf("granite-4.0-h-small")
     assert (granite.recurrent_kind, granite.recurrent_layers) == ("mamba2", 36)
     assert [i for i in range(40) if not granite.is_recurrent(i)] == [5, 15, 25, 35]
-    plain = GgufFacts.of(facts_from_config(_config("Qwen2.5-3B"), "q"), _config("Qwen2.5-3B"))
+    plain = GgufFacts.from_config(facts_from_config(_config("Qwen2.5-3B"), "q"), _config("Qwen2.5-3B"))
     assert plain.recurrent_layers == 0 and not plain.is_recurrent(0)
 
 

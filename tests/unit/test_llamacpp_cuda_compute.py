@@ -13,8 +13,8 @@ import pytest
 from backends.llamacpp import facts_from_gguf
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.placement import GPU_MARGIN_BYTES, best_placement, place
+from backends.model_facts import ModelFacts
 from gateway.core.devices import MIB, Device, parse_gpu_spec
-from gateway.core.model_facts import ModelFacts
 from tests.synthetic_gguf import LLAMA_8B, make_llama_shapes
 
 # (model, context, KV type of K and V, -ngl) -> CUDA0 compute buffer size, MiB, as llama-server logged it

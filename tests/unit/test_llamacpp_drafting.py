@@ -21,8 +21,8 @@ from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_f
 from backends.llamacpp.gguf_reader import parse_gguf_header
 from backends.llamacpp.ladder import best, candidates
 from backends.llamacpp.placement import best_placement, kv_layer_bytes, place
+from backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Pins, Policy
 from gateway.planning.planner import evaluate_and_choose
 from tests.integration.tools import gguf_shapes

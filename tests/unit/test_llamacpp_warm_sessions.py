@@ -15,8 +15,8 @@ from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.ladder import LlamaCppCandidate, candidates
 from backends.llamacpp.launchers import LlamaCppConfig, build_launch, plan_argv
 from backends.llamacpp.placement import GPU_MARGIN_BYTES, HOST_MARGIN_BYTES, best_placement, place
+from backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 from gateway.planning.planner import evaluate_and_choose
 from tests.synthetic_gguf import PHI3_MINI, make_llama_shapes

@@ -17,10 +17,10 @@ from backends.base import Launch
 from backends.llamacpp.gguf_facts import estimate_gguf_facts
 from backends.llamacpp.logs import speed_line
 from backends.llamacpp.speed import host_calibration
+from backends.model_facts import facts_from_config
 from backends.vllm.speed import speed_totals as vllm_speed_totals
 from gateway.cli.startup import measured_note
 from gateway.core.devices import GIB, Inventory
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 from gateway.core.process import free_port
 from gateway.planning.planner import evaluate_and_choose

@@ -12,8 +12,8 @@ from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.placement import is_sliding, kv_bytes_per_token_layer
+from backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
-from gateway.core.model_facts import facts_from_config
 from gateway.core.policy import Policy
 from gateway.planning.planner import EnginePlan, evaluate_and_choose
 from tests.extras import needs_embedded_model
@@ -132,7 +132,7 @@ def _gqa_facts(layers: int, kv_heads: int, head: int) -> GgufFacts:
         "num_key_value_heads": kv_heads,
     }
     config["head_dim"] = head
-    return GgufFacts.of(facts_from_config(config, "gqa"), config)
+    return GgufFacts.from_config(facts_from_config(config, "gqa"), config)
 
 
 @pytest.mark.parametrize(
@@ -269,14 +269,15 @@ def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str,
 
 
 def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggufs: dict[str, GgufFacts]) -> None:
+    from backends import bandwidth
     from backends.llamacpp import speed
     from gateway.core.devices import Device
 
     h100 = Device(0, "NVIDIA H100 80GB HBM3", 80 * GIB, 80 * GIB, (9, 0))
-    assert speed.gpu_bandwidth(h100) == 3350e9
-    assert speed.gpu_bandwidth(Device(0, "NVIDIA GeForce RTX 4070 Ti SUPER", GIB, GIB, (8, 9))) == 504e9
-    assert speed.gpu_bandwidth(parse_gpu_spec("1x32GiB@12.0")[0]) == 1792e9  # simulated: by capability
-    assert speed.gpu_bandwidth(parse_gpu_spec("1x32GiB@6.1")[0]) == speed.DEFAULT_GPU_BANDWIDTH_GBPS * 1e9
+    assert bandwidth.gpu_bandwidth(h100) == 3350e9
+    assert bandwidth.gpu_bandwidth(Device(0, "NVIDIA GeForce RTX 4070 Ti SUPER", GIB, GIB, (8, 9))) == 504e9
+    assert bandwidth.gpu_bandwidth(parse_gpu_spec("1x32GiB@12.0")[0]) == 1792e9  # simulated: by capability
+    assert bandwidth.gpu_bandwidth(parse_gpu_spec("1x32GiB@6.1")[0]) == bandwidth.DEFAULT_GPU_BANDWIDTH_GBPS * 1e9
     facts = shape_ggufs["llama70b"]
     on_h100 = llamacpp.place(facts, (h100,), 32768, "f16", "native", 81)
     gpu_bytes, host_bytes = speed.bytes_read_per_token(facts, on_h100, "f16", 32768, 1)

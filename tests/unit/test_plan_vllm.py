@@ -177,8 +177,8 @@ def test_allowing_cpu_offload_pins_no_flag() -> None:
     """allow_cpu_offload widens the ladder; only real pins make vLLM try a plan that does not fit."""
     from backends.vllm.settings import VllmPins
 
-    assert not VllmPins.of(Policy(pins=Pins(engine={"allow_cpu_offload": True})))
-    assert VllmPins.of(Policy(pins=Pins(engine={"allow_cpu_offload": True}))).allow_cpu_offload
-    assert VllmPins.of(Policy(pins=Pins(engine={"max_num_seqs": 8}))) and VllmPins.of(
+    assert not VllmPins.from_policy(Policy(pins=Pins(engine={"allow_cpu_offload": True})))
+    assert VllmPins.from_policy(Policy(pins=Pins(engine={"allow_cpu_offload": True}))).allow_cpu_offload
+    assert VllmPins.from_policy(Policy(pins=Pins(engine={"max_num_seqs": 8}))) and VllmPins.from_policy(
         Policy(pins=Pins(context_length=4096))
     )

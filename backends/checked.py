@@ -9,15 +9,10 @@ import json
 import math
 from typing import Any
 
-from gateway.core.errors import ModelError
+from gateway.core.errors import ModelError, shown
 
 MAX_JSON_BYTES = 64 << 20  # a config.json or an index is kilobytes to a few megabytes
 MAX_DEPTH = 64  # configs nest a handful of levels (text_config, quantization_config.config_groups...)
-
-
-def shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def integer(value: Any, where: str, field: str, low: int, high: int) -> int:

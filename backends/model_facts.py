@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.checked import integer
+from backends.checked import integer
 from gateway.core.errors import ModelError
 
 # bytes per weight for linear layers by checkpoint quantization (scales and zero points included)

@@ -37,8 +37,8 @@ def hub_error(repo: str, exc: Exception, what: str = "") -> ModelError:
 
 
 def _refusal(exc: BaseException | None) -> ModelError | None:
-    """The guard's refusal (hub_guard.UntrustedAnswer) behind ``exc``, however the library wrapped it."""
-    from gateway.core.hub_guard import UntrustedAnswer
+    """The guard's refusal (guard.UntrustedAnswer) behind ``exc``, however the library wrapped it."""
+    from gateway.hub.guard import UntrustedAnswer
 
     seen = 0
     while exc is not None and seen < 10:

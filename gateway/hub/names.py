@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import re
 
-from gateway.core.errors import ModelError
+from gateway.core.errors import ModelError, shown
 
 # huggingface_hub.utils._validators.REPO_ID_REGEX, with the namespace required (models are org/name)
 _REPO_PART = r"[\w\-.]{1,96}"
 REPO_ID = re.compile(rf"\b{_REPO_PART}\b/\b{_REPO_PART}\b", re.ASCII)
 MAX_FILE_NAME = 1024
 _FILE_PART = re.compile(r"[^\x00-\x1f\x7f/\\]+")
-
-
-def shown(text: str, limit: int = 60) -> str:
-    """A name short enough for one line: its start, and its length when cut."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
 def repo_id_problem(repo: str) -> str | None:
