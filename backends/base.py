@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Scheduling:
     """What the engine can do for many sessions at once, as the gateway's admission uses it
-    (gateway.serving.admission): how many long prefills it runs at once without starving the short
+    (gateway.serving.scheduling.admission): how many long prefills it runs at once without starving the short
     turns beside them, and what a long prefill's request carries to be served after short ones."""
 
     long_lane: int = 0  # long prefills in the engine at once; 0: no limit (the engine interleaves them itself)

@@ -89,8 +89,8 @@ from benchmarks.agent_sessions import (
     streamed,
 )
 from benchmarks.rpc_vs_local import free_port, process, wait_ok
-from gateway.serving import messages_api, responses_api
-from gateway.serving.prompt_prefix import strip_billing_header
+from gateway.serving.dialects import messages_api, responses_api
+from gateway.serving.dialects.prompt_prefix import strip_billing_header
 from tests.integration.tools import session_models
 
 # the conversations of a run, in order: issue 39's eight, then more of each (Claude Code's subagents first)

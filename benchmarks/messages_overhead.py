@@ -53,12 +53,12 @@ from backends.llamacpp.warm_sessions import WarmSessions
 from benchmarks.agent_sessions import MAX_TOKENS, SESSIONS, _usage, session
 from benchmarks.rpc_vs_local import free_port
 from gateway.core.devices import MIB
-from gateway.serving import messages_api
 from gateway.serving.app import create_app
-from gateway.serving.model_names import ModelRoute
-from gateway.serving.prompt_prefix import strip_billing_header
-from gateway.serving.proxy import EngineClient, Timeouts
+from gateway.serving.dialects import messages_api
+from gateway.serving.dialects.model_names import ModelRoute
+from gateway.serving.dialects.prompt_prefix import strip_billing_header
 from gateway.serving.runtime import Runtime
+from gateway.serving.transport.proxy import EngineClient, Timeouts
 from tests.integration.tools import session_models
 from tests.unit.http_harness import FakeBackend, Served
 

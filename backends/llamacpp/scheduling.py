@@ -21,7 +21,7 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   changes: compute buffers are sized for the ubatch (src/llama-context.cpp reserves n_ubatch).
   Across several devices the default stays: there a call's ubatches are pipelined from device to
   device (llama-context.cpp:432-459), which one ubatch per call would give up (not measured here).
-A request's place in the queue is the gateway's (gateway/serving/admission.py); llama-server itself
+A request's place in the queue is the gateway's (gateway/serving/scheduling/admission.py); llama-server itself
 takes them in arrival order and defers one whose slot is busy (server-context.cpp:2603-2620).
 """
 

@@ -179,7 +179,7 @@ def _claude_env(s: Served, token: str) -> dict[str, str]:
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(s.max_output),
         # no x-anthropic-billing-header line at the top of the system prompt: it changes between
         # conversations and side requests (and per request in 2.1.36-2.1.177), so the engine's prefix
-        # cache would end at the first line (the gateway also strips it: gateway/serving/prompt_prefix.py)
+        # cache would end at the first line (the gateway also strips it: gateway/serving/dialects/prompt_prefix.py)
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
     }
 

@@ -25,7 +25,7 @@ from gateway.cli.flags import add_setting_flags, given
 from gateway.cli.full_settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
 from gateway.cli.log_setup import configure_logging, use_json_lines
 from gateway.core.errors import GatewayError
-from gateway.serving.listen import bind_listener
+from gateway.serving.edge.listen import bind_listener
 
 log = logging.getLogger("gateway")
 
@@ -167,7 +167,7 @@ def serve(args: argparse.Namespace) -> int:
     from gateway.cli.startup import assemble
     from gateway.serving.app import create_app
     from gateway.serving.drain import DrainingServer
-    from gateway.serving.http_limits import bounded_protocol, connection_cap
+    from gateway.serving.edge.http_limits import bounded_protocol, connection_cap
     from gateway.supervision.lifecycle import State
 
     settings = load_settings(given(args, SERVE_SETTINGS), args.config)

@@ -59,7 +59,7 @@ class JsonFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__()
-        from gateway.serving.edge import request_id  # here, not at import: `plan` and `gpus` never serve
+        from gateway.serving.wire.request_id import request_id  # here, not at import: `plan` and `gpus` never serve
 
         self.request_id = request_id
 

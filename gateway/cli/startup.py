@@ -32,11 +32,11 @@ from gateway.nodes.group import WorkerGroup
 from gateway.nodes.survey import Nodes
 from gateway.planning.catalog import DEFAULT_MODEL, Catalog, catalog_with
 from gateway.planning.planner import EnginePlan, Plan, evaluate_and_choose, read_engines
-from gateway.serving.external import ExternalBackend, describe_server
+from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.metrics import live_gpu_memory
-from gateway.serving.model_names import ModelRoute
-from gateway.serving.proxy import EngineClient, Timeouts
 from gateway.serving.runtime import PlanFigures, PlannedDevice, Runtime
+from gateway.serving.transport.proxy import EngineClient, Timeouts
+from gateway.supervision.external import ExternalBackend, describe_server
 from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import ServedBackend
 from gateway.supervision.liveness import Limits, Liveness

@@ -38,9 +38,9 @@ from gateway.core.devices import GIB, MIB, Device, Inventory, host_ram, inventor
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess
 from gateway.nodes.followers import Followers, Hosted, Refused, StartRequest, describe, hosted_engines
-from gateway.serving.edge import ApiKeys, ASGIApp
-from gateway.serving.error_shapes import OPENAI, as_api_error
-from gateway.serving.http_limits import bounded_protocol
+from gateway.serving.edge.http_limits import bounded_protocol
+from gateway.serving.edge.middleware import ApiKeys, ASGIApp
+from gateway.serving.wire.error_shapes import OPENAI, as_api_error
 
 log = logging.getLogger("gateway.worker")
 CLIENT_TIMEOUT_S = 10.0  # a request's head or body, whole (the gateway's default is 60 s)
@@ -278,7 +278,7 @@ async def _error(request: Request, exc: Exception) -> Response:
 
 def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
     """The head's side: /health open, everything else behind the keys, checked as ``serve`` checks them
-    (:class:`gateway.serving.edge.ApiKeys`: either header may carry a key). The servers are started by
+    (:class:`gateway.serving.edge.middleware.ApiKeys`: either header may carry a key). The servers are started by
     :func:`run` before this serves, so that a failed start is one line, not a lifespan traceback."""
 
     async def health(_request: Request) -> Response:

@@ -1,5 +1,5 @@
 """The HTTP surface agents talk to: the API routes, health, readiness, status, metrics; every error
-written in the route's dialect (:mod:`gateway.serving.error_shapes`).
+written in the route's dialect (:mod:`gateway.serving.wire.error_shapes`).
 
 Request bodies are parsed once, only to validate them and to map the model name; when no rename is
 needed the original bytes are forwarded as they came.
@@ -20,17 +20,17 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.serving import status_page
-from gateway.serving.browser_guard import BrowserGuard
-from gateway.serving.disconnect import CancelOnDisconnect
-from gateway.serving.edge import ApiKeys, ASGIApp, RequestMetrics, may_see_detail
-from gateway.serving.error_shapes import RETRY_AFTER_S, ApiError, as_api_error, shape_for
+from gateway.serving.edge import status_page
+from gateway.serving.edge.browser_guard import BrowserGuard
+from gateway.serving.edge.disconnect import CancelOnDisconnect
+from gateway.serving.edge.middleware import ApiKeys, ASGIApp, RequestMetrics, may_see_detail
+from gateway.serving.edge.readiness import EngineProbe, public
 from gateway.serving.handlers import Inference
 from gateway.serving.metrics import StateCollector
 from gateway.serving.metrics import endpoint as metrics_endpoint
-from gateway.serving.readiness import EngineProbe, public
 from gateway.serving.runtime import Runtime
-from gateway.serving.usage_board import BoardCollector
+from gateway.serving.scheduling.usage_board import BoardCollector
+from gateway.serving.wire.error_shapes import RETRY_AFTER_S, ApiError, as_api_error, shape_for
 from gateway.supervision.lifecycle import State
 
 log = logging.getLogger("gateway.app")

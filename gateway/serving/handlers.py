@@ -11,69 +11,35 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.serving import custom_tools, messages_api, responses_api, usage_tally
-from gateway.serving import request_shapes as shapes
-from gateway.serving.admission import Claim, Ticket
-from gateway.serving.chat_fixups import (
+from gateway.serving.dialects import messages_api
+from gateway.serving.dialects import request_shapes as shapes
+from gateway.serving.dialects.chat_fixups import (
     ChatStreamFixer,
     clamp_output,
     complete_chat_shape,
     map_max_completion_tokens,
 )
-from gateway.serving.edge import presented_key, record_of
-from gateway.serving.error_shapes import ANTHROPIC, OPENAI, ApiError, ErrorShape, unavailable
-from gateway.serving.prompt_prefix import strip_billing_header
-from gateway.serving.proxy import ChunkFilter, chained, translated_stream
-from gateway.serving.readiness import public
-from gateway.serving.request_body import BodyReader
+from gateway.serving.dialects.dialect import MESSAGES, RESPONSES, Dialect
+from gateway.serving.dialects.prompt_prefix import strip_billing_header
+from gateway.serving.edge.middleware import presented_key, record_of
+from gateway.serving.edge.readiness import public
+from gateway.serving.edge.request_body import BodyReader
 from gateway.serving.runtime import Runtime
-from gateway.serving.sessions import LONG_PREFILL_TOKENS, identify, prompt_units
-from gateway.serving.stream_guard import response_failed_event
+from gateway.serving.scheduling.admission import Claim, Ticket
+from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, identify, prompt_units
+from gateway.serving.transport.prompt_count import PromptCount
+from gateway.serving.transport.proxy import ChunkFilter, chained, translated_stream
+from gateway.serving.wire import usage_tally
+from gateway.serving.wire.error_shapes import ApiError, unavailable
 from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 
 log = logging.getLogger("gateway.handlers")
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """An agent API served by translation to chat completions when the engine does not speak it."""
-
-    native: str  # the engine's capability (EngineTarget.native) and its route, /v1/<native>
-    shape: type[BaseModel]  # the request fields the gateway reads (gateway.serving.request_shapes)
-    to_chat: Callable[[dict[str, Any], str], dict[str, Any]]  # (request, served name) → chat request
-    reply: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]  # (chat answer, request, fronted name)
-    events: Callable[[AsyncIterator[Any], dict[str, Any], str, int], AsyncIterator[bytes]]  # + prompt tokens
-    errors: ErrorShape
-
-    @property
-    def path(self) -> str:
-        return f"/v1/{self.native}"
-
-
-RESPONSES = Dialect(
-    "responses",
-    shapes.ResponsesRequest,
-    responses_api.to_chat,
-    responses_api.from_chat,
-    lambda chunks, request, model, _prompt: responses_api.stream_from_chat(chunks, request, model),
-    OPENAI,
-)
-MESSAGES = Dialect(
-    "messages",
-    shapes.MessagesRequest,
-    messages_api.to_chat,
-    lambda answer, _request, model: messages_api.from_chat(answer, model),
-    lambda chunks, _request, model, prompt: messages_api.stream_from_chat(chunks, model, prompt),
-    ANTHROPIC,
-)
 
 
 def _is_chat_completion(answer: Any) -> bool:
@@ -170,7 +136,8 @@ class Inference:
 
     def _claim(self, request: Request, payload: Mapping[str, Any]) -> Claim:
         """Name the request's session and key, and estimate what the engine must prefill of it (what the
-        scheduler orders by: gateway.serving.sessions); the estimate counts this prompt as sent from now on."""
+        scheduler orders by: gateway.serving.scheduling.sessions); the estimate counts this prompt as sent
+        from now on."""
         units = prompt_units(payload)
         identity = identify(request.headers, payload, units, presented_key(request.scope))
         new_tokens = self.rt.prefixes.new_tokens(units)
@@ -190,7 +157,7 @@ class Inference:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, request: Request, claim: Claim) -> AsyncIterator[Ticket]:
-        """An engine slot for the block (gateway.serving.admission), with the wait and the first output
+        """An engine slot for the block (gateway.serving.scheduling.admission), with the wait and the first output
         noted on the request's record: the long-prefill lane frees when the answer starts."""
         async with self.rt.admission.slot(claim) as ticket:
             record = record_of(request.scope)
@@ -198,11 +165,12 @@ class Inference:
             record.on_first_output.append(ticket.prefilled)
             yield ticket
 
-    async def _prompt_tokens(self, target: EngineTarget, payload: dict[str, Any]) -> int | None:
-        counted = await self.rt.engine_client.count_prompt(target, payload)
-        return None if counted is None else counted[0]
+    def _prompt(self, target: EngineTarget, request: dict[str, Any]) -> PromptCount:
+        """The request's prompt tokens, asked of the engine once however many steps need them."""
+        return PromptCount(self.rt.engine_client, target, request)
 
-    def _count_beside(self, target: EngineTarget, chat: dict[str, Any]) -> asyncio.Task[int | None]:
+    @staticmethod
+    def _count_beside(prompt: PromptCount) -> asyncio.Task[int | None]:
         """The prompt's tokens, counted beside the request rather than before it: the count renders and
         tokenizes the whole prompt again (two engine round trips, ~110 ms of llama-server's CPU for a
         20k-token Claude Code turn: benchmarks/messages_overhead.py), and only message_start's figure
@@ -210,15 +178,15 @@ class Inference:
 
         async def count() -> int | None:
             try:
-                return await self._prompt_tokens(target, chat)
+                return await prompt.tokens()
             except ApiError as exc:
                 log.debug("prompt not counted for message_start: %s", exc.message)
                 return None
 
         return asyncio.create_task(count())
 
-    async def _fit_chat(self, target: EngineTarget, payload: dict[str, Any]) -> tuple[bool, int | None]:
-        """Engine-specific fixes to a chat request: (payload changed, prompt tokens if counted).
+    async def _fit_chat(self, target: EngineTarget, payload: dict[str, Any], prompt: PromptCount) -> bool:
+        """Engine-specific fixes to a chat request; True when the payload changed.
 
         A requested output longer than a quarter of the window (Claude Code asks for 32,000) is fitted
         beside the prompt when the engine counts it exactly; an estimate changes nothing, and whether the
@@ -228,14 +196,11 @@ class Inference:
             changed |= map_max_completion_tokens(payload)
         requested = payload.get("max_tokens")
         if not (isinstance(requested, int) and requested > target.context_length // 4):
-            return changed, None
-        counted = await self.rt.engine_client.count_prompt(target, payload)
-        if counted is None:
-            return changed, None
-        prompt, exact = counted
-        if exact:
-            changed |= clamp_output(payload, prompt, target.context_length)
-        return changed, prompt
+            return changed
+        counted = await prompt.counted()
+        if counted is not None and counted[1]:  # exact
+            changed |= clamp_output(payload, counted[0], target.context_length)
+        return changed
 
     # -- chat and text completions -----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -252,18 +217,16 @@ class Inference:
         target = self._target()
         claim = self._claim(request, payload)
         changed |= self._mark_long(target, claim, payload)
-        fixed, prompt = await self._fit_chat(target, payload)
+        prompt = self._prompt(target, payload)
+        fixed = await self._fit_chat(target, payload, prompt)
         stream = payload.get("stream") is True
         filters: list[ChunkFilter] = []
         if stream:
             wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
             synth = wants_usage and "include_usage" not in target.native
-            if synth and prompt is None:
-                prompt = await self._prompt_tokens(target, payload) or 0
+            usage_prompt = (await prompt.tokens() or 0) if synth else None
             if synth or target.reasoning_field:
-                filters.append(
-                    ChatStreamFixer(mirror=target.reasoning_field, usage_prompt_tokens=prompt if synth else None)
-                )
+                filters.append(ChatStreamFixer(mirror=target.reasoning_field, usage_prompt_tokens=usage_prompt))
             if rewriter := self.rt.route.stream_rewriter():
                 filters.append(rewriter)
         if changed or fixed:
@@ -301,7 +264,7 @@ class Inference:
                 rewrite_body=self.rt.route.rewrite_body,
                 on_close=ticket.hand_over(),
                 errors=dialect.errors,
-                error_event=response_failed_event if dialect is RESPONSES else None,
+                error_event=dialect.failed_event,
             )
 
     # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
@@ -317,10 +280,7 @@ class Inference:
         changed |= strip_billing_header(payload)  # before passing through or translating: one prefix for both
         target = self._target()
         if dialect.native in target.native:
-            if dialect is RESPONSES and (described := custom_tools.grammars_described(payload.get("tools"))):
-                shown = ", ".join(repr(name)[:40] for name in described[:5])  # the client's names, bounded
-                log.info("custom tool(s) %s: grammar put in the description (free-form input)", shown)
-                changed = True
+            changed |= dialect.for_native(payload)
             return await self._passthrough(request, dialect, target, payload, body if not changed else None)
         return await self._translate(request, dialect, target, payload)
 
@@ -334,7 +294,8 @@ class Inference:
         chat = dialect.to_chat(payload, self.rt.route.served)
         claim = self._claim(request, payload)  # the client's own request: its session fields, as it sent them
         self._mark_long(target, claim, chat)
-        _, prompt = await self._fit_chat(target, chat)
+        prompt = self._prompt(target, chat)
+        await self._fit_chat(target, chat, prompt)
         async with self._admitted(request, claim) as ticket:
             if not chat["stream"]:
                 status, answer = await self.rt.engine_client.post_json(target, "/v1/chat/completions", chat)
@@ -344,26 +305,23 @@ class Inference:
                     return dialect.errors.engine_error(status, answer, target.context_length)
                 usage_tally.report(answer.get("usage"))
                 return _translated_reply(dialect, answer, payload, fronted)
-            synthesize = "include_usage" not in target.native
-            if prompt is None and synthesize:  # the usage chunk the engine will not send is written from it
-                prompt = await self._prompt_tokens(target, chat)
-            usage: ChunkFilter | None = (
-                ChatStreamFixer(mirror=None, usage_prompt_tokens=prompt or 0) if synthesize else None
-            )
-            # message_start says the prompt's size: counted while the engine already works on the request
-            counting = self._count_beside(target, chat) if prompt is None and dialect is MESSAGES else None
+            usage: ChunkFilter | None = None
+            if "include_usage" not in target.native:  # the usage chunk the engine will not send is written from it
+                usage = ChatStreamFixer(mirror=None, usage_prompt_tokens=await prompt.tokens() or 0)
+            # the stream's start says the prompt's size: counted while the engine already works on the request
+            counting = self._count_beside(prompt) if dialect.prompt_at_start else None
+            tokens = None
             try:
                 failed, chunks = await self.rt.engine_client.chat_stream(target, json.dumps(chat).encode(), usage)
                 if counting is not None:
-                    prompt = await counting
+                    tokens = await counting
             finally:
                 if counting is not None:
                     counting.cancel()
             if failed is not None:
                 return dialect.errors.engine_error(*failed, target.context_length)
-            events = dialect.events(chunks, payload, fronted, prompt or 0)
-            failed_event = response_failed_event if dialect is RESPONSES else None
-            return translated_stream(events, ticket.hand_over(), dialect.errors, failed_event)
+            events = dialect.events(chunks, payload, fronted, tokens or 0)
+            return translated_stream(events, ticket.hand_over(), dialect.errors, dialect.failed_event)
 
     async def count_tokens(self, request: Request) -> Response:
         body, payload = await self.bodies.read(request, shapes.CountTokensRequest)
@@ -376,6 +334,6 @@ class Inference:
                 target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
             )
         chat = messages_api.to_chat({**payload, "stream": False}, self.rt.route.served)
-        counted = await self.rt.engine_client.count_prompt(target, chat)
-        tokens = counted[0] if counted else len(messages_api.prompt_text(payload)) // 4
+        counted = await self._prompt(target, chat).tokens()
+        tokens = counted if counted is not None else len(messages_api.prompt_text(payload)) // 4
         return JSONResponse({"input_tokens": tokens})

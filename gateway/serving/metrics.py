@@ -1,4 +1,4 @@
-"""`/metrics`: the request metrics of gateway.serving.edge plus gauges read from live state at scrape time
+"""`/metrics`: the request metrics of gateway.serving.edge.middleware plus gauges read from live state at scrape time
 (queue, backend state and restarts, the plan's figures, GPU memory from NVML when there are GPUs)."""
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.serving.admission import Admission
-from gateway.serving.model_names import ModelRoute
-from gateway.serving.proxy import EngineClient
-from gateway.serving.sessions import KnownPrefixes
-from gateway.serving.usage_board import UsageBoard
+from gateway.serving.dialects.model_names import ModelRoute
+from gateway.serving.scheduling.admission import Admission
+from gateway.serving.scheduling.sessions import KnownPrefixes
+from gateway.serving.scheduling.usage_board import UsageBoard
+from gateway.serving.transport.proxy import EngineClient
 from gateway.supervision.lifecycle import ServedBackend
 
 # Every ``gpu`` below is a device's label (gateway.core.devices.Device.label): its index on its own node as
@@ -50,7 +50,7 @@ class Runtime:
 
     route: ModelRoute
     backend: ServedBackend
-    engine_client: EngineClient  # the pooled HTTP client to the backend; it also counts prompt tokens
+    engine_client: EngineClient  # the pooled HTTP client to the backend (prompts are counted through it)
     max_body_bytes: int
     max_body_elements: int = 100_000
     queue_limit: int = 64

@@ -2,7 +2,7 @@
 the engine its requests go to.
 
 Two kinds implement it: the :class:`~gateway.supervision.supervisor.Supervisor` (engines the gateway starts) and
-:class:`~gateway.serving.external.ExternalBackend` (a server the user runs, ``--backend-url``). The app,
+:class:`~gateway.supervision.external.ExternalBackend` (a server the user runs, ``--backend-url``). The app,
 the handlers and ``/metrics`` speak only this protocol.
 """
 

@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from backends.base import Launch, Scheduling
-from gateway.serving.edge import ASGIApp
-from gateway.serving.model_names import ModelRoute
-from gateway.serving.proxy import EngineClient, Timeouts
+from gateway.serving.dialects.model_names import ModelRoute
+from gateway.serving.edge.middleware import ASGIApp
 from gateway.serving.runtime import Runtime
+from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.lifecycle import State
 from tests.waiting import wait_until
 

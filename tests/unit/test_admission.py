@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.serving.admission import RETRY_AFTER_FULL_S, Admission, Ticket
-from gateway.serving.error_shapes import ApiError
+from gateway.serving.scheduling.admission import RETRY_AFTER_FULL_S, Admission, Ticket
+from gateway.serving.wire.error_shapes import ApiError
 
 
 def _run(scenario: Callable[[], Awaitable[Any]]) -> Any:

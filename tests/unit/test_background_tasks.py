@@ -14,7 +14,7 @@ import pytest
 
 from backends.base import Launch
 from gateway.nodes.survey import NodeReport, Nodes
-from gateway.serving.external import ExternalBackend
+from gateway.supervision.external import ExternalBackend
 from gateway.supervision.lifecycle import State
 from tests.unit.test_multinode import _answer_if, _cpu_head, serves_then_dies_lost
 from tests.unit.test_supervisor_transitions import Clock, Engines, _llama, _run, _supervisor, _until, serves
@@ -139,7 +139,7 @@ def test_an_external_backends_poll_survives_an_unexpected_error_and_recovers(
         return httpx.Response(answer)
 
     monkeypatch.setattr(httpx.AsyncClient, "get", get)
-    monkeypatch.setattr("gateway.serving.external.POLL_S", 0.001)
+    monkeypatch.setattr("gateway.supervision.external.POLL_S", 0.001)
     backend = ExternalBackend(launch)
     seen: list[tuple[State, str | None]] = []
 

@@ -1,5 +1,5 @@
 """The one reader of streamed chat completions: the engine's SSE bytes, split at odd places, become typed
-events every translator shares (gateway/serving/chat_stream.py); and what the translators make of them
+events every translator shares (gateway/serving/dialects/chat_stream.py); and what the translators make of them
 where the old walks differed from the reader's."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.serving import messages_api, responses_api
-from gateway.serving.chat_stream import (
+from gateway.serving.dialects import messages_api, responses_api
+from gateway.serving.dialects.chat_stream import (
     ChatEvent,
     Finish,
     ReasoningDelta,
@@ -22,7 +22,7 @@ from gateway.serving.chat_stream import (
     Usage,
     read_chat_stream,
 )
-from gateway.serving.sse import DONE, chat_chunks
+from gateway.serving.wire.sse import DONE, chat_chunks
 
 
 def _sse(*payloads: Any) -> bytes:

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.serving import responses_api
 from gateway.serving.app import create_app
-from gateway.serving.sse import chat_chunks
+from gateway.serving.dialects import responses_api
+from gateway.serving.wire.sse import chat_chunks
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 
 GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF'
@@ -167,8 +167,8 @@ def test_passed_to_vllms_own_responses_api_a_custom_tools_grammar_goes_into_its_
 
 def test_a_function_and_a_custom_tool_of_one_name_are_refused_by_name() -> None:
     """Issue 41: the engine's call names only the tool; which of the two it meant could not be told."""
-    from gateway.serving.error_shapes import ApiError
-    from gateway.serving.responses_api import to_chat
+    from gateway.serving.dialects.responses_api import to_chat
+    from gateway.serving.wire.error_shapes import ApiError
 
     tools = [
         {"type": "function", "name": "apply_patch", "parameters": {"type": "object"}},

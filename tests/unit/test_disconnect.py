@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.serving.app import create_app
-from gateway.serving.disconnect import CancelOnDisconnect
+from gateway.serving.edge.disconnect import CancelOnDisconnect
 from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime
 from tests.waiting import wait_until
@@ -126,7 +126,7 @@ def test_a_stream_whose_client_left_before_its_first_chunk_still_frees_its_slot(
     response's own cleanup can free the slot and close the upstream."""
     from starlette.requests import ClientDisconnect
 
-    from gateway.serving.proxy import ClosingStream
+    from gateway.serving.transport.proxy import ClosingStream
 
     cleaned: list[str] = []
     started: list[bool] = []

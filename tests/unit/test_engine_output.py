@@ -15,7 +15,7 @@ from backends.base import Launch
 from gateway.core.process import ChildProcess, free_port
 from gateway.serving import app as app_module
 from gateway.serving.app import create_app
-from gateway.serving.readiness import EngineProbe
+from gateway.serving.edge.readiness import EngineProbe
 from gateway.supervision.engine_run import EngineRun, RunState
 from tests.unit.http_harness import make_runtime
 

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.cli.full_settings import Settings
-from gateway.serving.external import UNLIMITED, describe_server
+from gateway.supervision.external import UNLIMITED, describe_server
 from tests.unit.http_harness import Served
 
 

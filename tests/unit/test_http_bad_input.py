@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from gateway.serving import handlers
 from gateway.serving.app import create_app
+from gateway.serving.dialects.dialect import MESSAGES
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime
 
 LONG = 3000  # above a quarter of the engine's context: the prompt is flattened and counted
@@ -190,8 +190,9 @@ def test_a_500_on_the_messages_routes_is_anthropic_shaped(client: TestClient, mo
     def broken(*_args: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("gateway.serving.messages_api.to_chat", broken)  # count_tokens reaches it through prompt_text
-    monkeypatch.setattr("gateway.serving.handlers.MESSAGES", dataclasses.replace(handlers.MESSAGES, to_chat=broken))
+    # count_tokens reaches it through prompt_text
+    monkeypatch.setattr("gateway.serving.dialects.messages_api.to_chat", broken)
+    monkeypatch.setattr("gateway.serving.handlers.MESSAGES", dataclasses.replace(MESSAGES, to_chat=broken))
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         answer = _post(client, path, BASES[path])
         assert answer.status_code == 500
@@ -233,7 +234,7 @@ def test_a_bug_in_a_stream_translator_ends_the_stream_with_an_error_event_in_the
         yield b"event: message_start\ndata: {}\n\n"
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("gateway.serving.handlers.MESSAGES", dataclasses.replace(handlers.MESSAGES, events=broken))
+    monkeypatch.setattr("gateway.serving.handlers.MESSAGES", dataclasses.replace(MESSAGES, events=broken))
     answer = _post(client, "/v1/messages", {**BASES["/v1/messages"], "stream": True})
     assert answer.status_code == 200
     assert answer.text.endswith("\n\n") and "event: error" in answer.text and '"api_error"' in answer.text

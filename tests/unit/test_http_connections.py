@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.serving.app import create_app
-from gateway.serving.http_limits import bounded_protocol
+from gateway.serving.edge.http_limits import bounded_protocol
 from tests.trickle import trickle
 from tests.unit.http_harness import FakeEngine, Served, make_runtime, wait_until
 
@@ -205,7 +205,7 @@ def test_a_stream_its_client_stops_reading_is_cut_and_its_slot_freed() -> None:
 def test_the_connection_cap_fits_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     import resource
 
-    from gateway.serving.http_limits import connection_cap
+    from gateway.serving.edge.http_limits import connection_cap
 
     limits = {"now": (1024, 1024)}  # systemd's default, and no room to raise it
     monkeypatch.setattr(resource, "getrlimit", lambda _which: limits["now"])

@@ -23,8 +23,8 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from gateway.serving.app import create_app
+from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.drain import DrainingServer
-from gateway.serving.model_names import ModelRoute
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events, wait_until
 
 GRACE_S = 0.5

@@ -10,8 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
-from gateway.serving import usage_tally
-from gateway.serving.edge import ApiKeys, Message, Receive, RequestMetrics, Scope, Send, request_id
+from gateway.serving.edge.middleware import ApiKeys, Message, Receive, RequestMetrics, Scope, Send
+from gateway.serving.wire import usage_tally
+from gateway.serving.wire.request_id import request_id
 
 KEY = "sk-right"
 OPENAI_401 = {

@@ -17,9 +17,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.serving.app import create_app
-from gateway.serving.external import ExternalBackend
 from gateway.serving.handlers import Inference
 from gateway.serving.runtime import Runtime
+from gateway.supervision.external import ExternalBackend
 from tests.unit.http_harness import (
     ENGINE_CONTEXT,
     ENGINE_REFUSAL,

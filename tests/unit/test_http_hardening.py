@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.serving import request_body
-from gateway.serving import request_shapes as shapes
 from gateway.serving.app import create_app
+from gateway.serving.dialects import request_shapes as shapes
+from gateway.serving.edge import request_body
 from gateway.serving.runtime import Runtime
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime, sse_events
 

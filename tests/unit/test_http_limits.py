@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.serving.edge import ApiKeys
-from gateway.serving.http_limits import bounded_protocol
+from gateway.serving.edge.http_limits import bounded_protocol
+from gateway.serving.edge.middleware import ApiKeys
 from tests.waiting import wait_until
 
 MAX_BYTES = 8192

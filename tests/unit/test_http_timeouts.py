@@ -26,8 +26,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from gateway.serving.app import create_app
-from gateway.serving.proxy import EngineClient, Timeouts
 from gateway.serving.runtime import Runtime
+from gateway.serving.transport.proxy import EngineClient, Timeouts
 from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
 
 CLOCK_S = 0.3

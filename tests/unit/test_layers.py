@@ -10,6 +10,11 @@ engine never imports the other. Imports under ``if TYPE_CHECKING:`` count too (a
 relative imports are resolved, and ``from package import name`` is an arrow to the package's
 ``__init__``: a circle through an ``__init__`` is a circle.
 
+Inside ``gateway.serving`` the rooms are floors too (SERVING_ROOMS): ``wire`` (errors, SSE, usage
+figures, the request id) < ``dialects``, ``transport`` and ``scheduling`` (which do not import each
+other: a translator knows no client, the client no dialect) < ``edge`` (the ASGI layers) < serving's top
+(runtime, handlers, app, metrics, drain: what ties the rooms together).
+
 Each rule is a function over an import graph, so that a small seeded tree can prove the rule catches
 what it is meant to catch.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -37,12 +43,21 @@ LAYERS = {
     "gateway": 7,
 }
 
+SERVING_ROOMS = {
+    "gateway.serving.wire": 0,
+    "gateway.serving.dialects": 1,
+    "gateway.serving.transport": 1,
+    "gateway.serving.scheduling": 1,
+    "gateway.serving.edge": 2,
+    "gateway.serving": 3,
+}
+
 Graph = dict[str, set[str]]
 
 
-def _package(module: str) -> str:
-    """The layer a module belongs to: the longest LAYERS key it starts with."""
-    return max((name for name in LAYERS if module == name or module.startswith(name + ".")), key=len)
+def _package(module: str, ranks: Mapping[str, float] = LAYERS) -> str | None:
+    """The layer (or room) a module belongs to: the longest key of ``ranks`` it starts with; None outside all."""
+    return max((name for name in ranks if module == name or module.startswith(name + ".")), key=len, default=None)
 
 
 def _engines(graph: Graph) -> set[str]:
@@ -99,15 +114,29 @@ def import_graph(root: Path) -> Graph:
     return {module: imports(module, path, set(found)) for module, path in found.items()}
 
 
+def _arrows_up(graph: Graph, ranks: Mapping[str, float]) -> list[str]:
+    """Arrows between two of ``ranks``' packages that point to a higher one or across to another of the
+    same rank. A package's own modules importing each other, or its ``__init__`` re-exporting them, are
+    inside one package; a module outside every package of ``ranks`` is not judged here."""
+    arrows = []
+    for module, targets in graph.items():
+        home = _package(module, ranks)
+        for target in targets:
+            there = _package(target, ranks)
+            if home is not None and there is not None and there != home and ranks[there] >= ranks[home]:
+                arrows.append(f"{module} -> {target}")
+    return sorted(arrows)
+
+
 def upward_imports(graph: Graph) -> list[str]:
-    """Arrows to a higher layer, or across to another package of the same level. A package's own
-    modules importing each other, or its ``__init__`` re-exporting them, are inside one layer."""
-    return sorted(
-        f"{module} -> {target}"
-        for module, targets in graph.items()
-        for target in targets
-        if _package(target) != _package(module) and LAYERS[_package(target)] >= LAYERS[_package(module)]
-    )
+    """Arrows to a higher layer, or across to another package of the same level."""
+    return _arrows_up(graph, LAYERS)
+
+
+def serving_room_arrows(graph: Graph) -> list[str]:
+    """Inside serving: arrows to a higher room, or across between the dialects, the transport and the
+    scheduler."""
+    return _arrows_up(graph, SERVING_ROOMS)
 
 
 def engine_reach(graph: Graph) -> list[str]:
@@ -148,6 +177,11 @@ def test_every_import_points_down_a_layer() -> None:
     assert not upward, "imports that do not point down:\n" + "\n".join(upward)
 
 
+def test_serving_rooms_import_only_the_rooms_below() -> None:
+    arrows = serving_room_arrows(GRAPH)
+    assert not arrows, "imports between serving's rooms that do not point down:\n" + "\n".join(arrows)
+
+
 def test_engines_are_reached_only_through_the_contract_and_the_registry() -> None:
     """The registry is the one module that names every engine, by its package (whose ``BACKEND`` says
     the rest through the contract: its lender included); everything else asks it."""
@@ -184,6 +218,30 @@ SEEDED_VIOLATIONS = {
         {"backends/llamacpp/ladder.py": "import backends.vllm.memory\n", "backends/vllm/memory.py": ""},
         engine_reach,
         "backends.llamacpp.ladder -> backends.vllm.memory",
+    ),
+    "a dialect importing the transport": (
+        {
+            "gateway/serving/dialects/messages_api.py": "from gateway.serving.transport.proxy import EngineClient\n",
+            "gateway/serving/transport/proxy.py": "",
+        },
+        serving_room_arrows,
+        "gateway.serving.dialects.messages_api -> gateway.serving.transport.proxy",
+    ),
+    "the transport calling back into the edge": (
+        {
+            "gateway/serving/transport/proxy.py": "from ..edge import middleware\n",
+            "gateway/serving/edge/middleware.py": "",
+        },
+        serving_room_arrows,
+        "gateway.serving.transport.proxy -> gateway.serving.edge.middleware",
+    ),
+    "a room importing serving's top": (
+        {
+            "gateway/serving/edge/metrics.py": "from gateway.serving.runtime import Runtime\n",
+            "gateway/serving/runtime.py": "",
+        },
+        serving_room_arrows,
+        "gateway.serving.edge.metrics -> gateway.serving.runtime",
     ),
     "a circle through a package __init__": (
         {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from gateway.serving.listen import bind_listener as _bind
+from gateway.serving.edge.listen import bind_listener as _bind
 
 
 def test_accepted_connections_have_nagle_off() -> None:

@@ -28,7 +28,7 @@ from backends.base import Launch, Progress
 from backends.llamacpp.progress import slots_progress
 from backends.vllm.progress import metrics_progress
 from gateway.serving.app import create_app
-from gateway.serving.proxy import EngineClient, Timeouts
+from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.lifecycle import State
 from gateway.supervision.liveness import Activity, Limits, Liveness, ProgressWatch
 from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events

@@ -232,7 +232,7 @@ def test_the_engines_draft_acceptance_is_read_from_its_log() -> None:
 
 
 def test_the_measured_figures_carry_the_acceptance_and_status_shows_it() -> None:
-    from gateway.serving.status_page import render
+    from gateway.serving.edge.status_page import render
     from gateway.supervision.engine_run import EngineRun
 
     run = EngineRun.__new__(EngineRun)  # only its timings are read here

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
 from gateway.cli.log_setup import TEXT_FORMAT, JsonFormatter, TextFormatter, escape_controls
-from gateway.serving import responses_api
-from gateway.serving.edge import ApiKeys, Receive, RequestMetrics, Scope, Send
+from gateway.serving.dialects import responses_api
+from gateway.serving.edge.middleware import ApiKeys, Receive, RequestMetrics, Scope, Send
 
 FORGED = "gateway.access INFO GET /v1/models 200 1 ms in=? out=? client=admin id=forged"
 # what a client can put in a path: LF, CR, an ANSI colour, NUL, a right-to-left override, NEL, LS

@@ -24,7 +24,7 @@ from gateway.core.devices import GIB, Inventory
 from gateway.core.policy import Policy
 from gateway.core.process import free_port
 from gateway.planning.planner import evaluate_and_choose
-from gateway.serving.status_page import render
+from gateway.serving.edge.status_page import render
 from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun
 from gateway.supervision.known_good import KnownGood

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.serving.model_names import ModelRoute
+from gateway.serving.dialects.model_names import ModelRoute
 
 
 def test_accepts_fronted_name_aliases_and_served_name_in_any_case() -> None:

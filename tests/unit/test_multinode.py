@@ -356,7 +356,7 @@ def test_the_supervisor_stops_an_engine_whose_node_is_gone_and_re_plans_without_
 
 
 def test_the_status_page_shows_each_node_its_devices_and_what_was_placed_there() -> None:
-    from gateway.serving.status_page import render
+    from gateway.serving.edge.status_page import render
 
     nodes = Nodes(["a:1", "b:1"], "key", fetcher=lambda address, key: _answer_if(address == "a:1", address))
     nodes.survey(_cpu_head())

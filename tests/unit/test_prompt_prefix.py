@@ -13,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.serving.app import create_app
-from gateway.serving.prompt_prefix import strip_billing_header
+from gateway.serving.dialects.prompt_prefix import strip_billing_header
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "agent-requests"
@@ -200,7 +200,7 @@ def test_a_billing_line_that_is_the_only_message_leaves_it_empty_not_the_list() 
 
 
 def test_list_valued_instructions_reach_the_engine_as_their_text_not_a_python_repr() -> None:
-    from gateway.serving.responses_api import to_chat
+    from gateway.serving.dialects.responses_api import to_chat
 
     request = {"model": FRONTED, "input": "hi", "instructions": [{"type": "input_text", "text": "Be brief."}]}
     chat = to_chat(request, "served")

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from backends.base import Scheduling
-from gateway.serving.admission import Admission, Claim, Ticket
-from gateway.serving.sessions import KnownPrefixes, identify, key_id, prompt_units
+from gateway.serving.scheduling.admission import Admission, Claim, Ticket
+from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 from tests.unit.test_http_gateway import BODIES, _gateway, _with_cue
 

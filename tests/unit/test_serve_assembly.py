@@ -13,7 +13,7 @@ from gateway.core import settings as settings_module
 from gateway.core.devices import GIB, Inventory, inventory
 from gateway.planning.catalog import builtin_catalog
 from gateway.serving.app import Gateway
-from gateway.serving.model_names import ModelRoute
+from gateway.serving.dialects.model_names import ModelRoute
 from gateway.supervision.known_good import KnownGood
 from tests.extras import needs_embedded_model
 

@@ -14,10 +14,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.serving import responses_api
-from gateway.serving.proxy import EventAligned
-from gateway.serving.responses_api import _Pieces
-from gateway.serving.sse import EventBuffer, chat_chunks
+from gateway.serving.dialects import responses_api
+from gateway.serving.dialects.responses_api import _Pieces
+from gateway.serving.transport.proxy import EventAligned
+from gateway.serving.wire.sse import EventBuffer, chat_chunks
 
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":""}}]}\n\n'
 

@@ -9,10 +9,15 @@ from typing import Any
 
 import pytest
 
-from gateway.serving import messages_api, responses_api
-from gateway.serving.chat_fixups import ChatStreamFixer, clamp_output, complete_chat_shape, map_max_completion_tokens
-from gateway.serving.error_shapes import ApiError
-from gateway.serving.sse import DONE, chat_chunks
+from gateway.serving.dialects import messages_api, responses_api
+from gateway.serving.dialects.chat_fixups import (
+    ChatStreamFixer,
+    clamp_output,
+    complete_chat_shape,
+    map_max_completion_tokens,
+)
+from gateway.serving.wire.error_shapes import ApiError, anthropic_message
+from gateway.serving.wire.sse import DONE, chat_chunks
 
 
 def test_responses_input_becomes_chat_messages_with_tools_flattened() -> None:
@@ -70,7 +75,7 @@ def test_messages_become_chat_with_tool_results() -> None:
 
 def test_context_overflow_is_worded_for_claude_code() -> None:
     message = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9010 tokens."
-    assert messages_api.anthropic_message(message) == "prompt is too long: 9010 tokens > 8192 maximum"
+    assert anthropic_message(message) == "prompt is too long: 9010 tokens > 8192 maximum"
 
 
 def _sse(*payloads: Any) -> bytes:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.serving import usage_tally
 from gateway.serving.app import create_app
+from gateway.serving.wire import usage_tally
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 
 NATIVE = frozenset({"include_usage"})  # llama-server: Responses translated by the gateway
@@ -99,7 +99,7 @@ def test_an_engine_usage_of_ten_to_the_400_is_answered_and_not_counted(
 
 
 def test_a_cached_count_above_the_prompt_is_never_reported() -> None:
-    from gateway.serving.usage import cached_tokens
+    from gateway.serving.wire.usage import cached_tokens
 
     assert cached_tokens({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 50}}) == 10
     assert cached_tokens({"prompt_tokens_details": {"cached_tokens": 50}}) == 0  # no prompt said: no cached part

@@ -15,8 +15,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from gateway.serving.app import create_app
-from gateway.serving.chat_fixups import ChatStreamFixer
-from gateway.serving.error_shapes import ApiError
+from gateway.serving.dialects.chat_fixups import ChatStreamFixer
+from gateway.serving.wire.error_shapes import ApiError
 from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
 
 NATIVE = frozenset({"include_usage"})  # Responses and Messages translated by the gateway

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.serving.error_shapes import ApiError
-from gateway.serving.sse import MAX_EVENT_BYTES, EventTooLarge
+from gateway.serving.wire.error_shapes import ApiError
+from gateway.serving.wire.sse import MAX_EVENT_BYTES, EventTooLarge
 
 
 @dataclass(frozen=True)

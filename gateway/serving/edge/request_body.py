@@ -30,8 +30,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from gateway.core import exact_json
-from gateway.serving import request_shapes
-from gateway.serving.error_shapes import ApiError
+from gateway.serving.dialects import request_shapes
+from gateway.serving.wire.error_shapes import ApiError
 
 LARGE_BODY_BYTES = 1 << 20  # agents' everyday requests stay below; a long conversation or an image does not
 # before each large parse: a waiting request needs several turns of the loop (accept, read, answer);

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
+from gateway.serving.wire.usage import cached_tokens, completion_tokens, prompt_tokens
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from typing import Any
 
-from gateway.serving.sse import EventBuffer, EventTooLarge
-from gateway.serving.usage import count
+from gateway.serving.wire.sse import EventBuffer, EventTooLarge
+from gateway.serving.wire.usage import count
 
 # the request's figures: {"in", "out", "cached", "usage"} (usage: 1 once any figure came); None outside a request
 current: ContextVar[dict[str, int] | None] = ContextVar("request_tokens", default=None)

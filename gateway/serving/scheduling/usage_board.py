@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.serving.sessions import Identity
+from gateway.serving.scheduling.sessions import Identity
 
 SESSIONS_KEPT = 1024
 SESSIONS_SHOWN = 20
@@ -33,7 +33,7 @@ class RequestRecord:
     started: float = field(default_factory=time.perf_counter)
     identity: Identity | None = None
     queued_s: float | None = None
-    prefill_estimate: int | None = None  # the gateway's estimate (gateway.serving.sessions)
+    prefill_estimate: int | None = None  # the gateway's estimate (gateway.serving.scheduling.sessions)
     long: bool = False
     ttft_s: float | None = None
     on_first_output: list[Callable[[], None]] = field(default_factory=list)

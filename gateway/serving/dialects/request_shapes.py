@@ -18,7 +18,7 @@ from typing import Any, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import TypedDict  # pydantic reads only this TypedDict before Python 3.12
 
-from gateway.serving.error_shapes import ApiError
+from gateway.serving.wire.error_shapes import ApiError
 
 
 class _Shape(BaseModel):

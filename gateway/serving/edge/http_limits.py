@@ -30,7 +30,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from gateway.serving.error_shapes import ApiError, shape_for
+from gateway.serving.wire.error_shapes import ApiError, shape_for
 
 log = logging.getLogger("gateway.http")
 

@@ -11,7 +11,7 @@ prefills. When a slot frees, the next request is, in order:
 1. from the key with the fewest requests in flight (one key's burst of 20 subagents cannot hold every
    slot while another key waits), then the session with the fewest;
 2. a short prefill before a long one (:class:`Claim`: the gateway's estimate of what the engine must
-   prefill, :mod:`gateway.serving.sessions`); a request that has waited ``aging_s`` counts as short, so a
+   prefill, :mod:`gateway.serving.scheduling.sessions`); a request that has waited ``aging_s`` counts as short, so a
    long one is never starved;
 3. the oldest.
 
@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from gateway.serving.error_shapes import ApiError, unavailable
+from gateway.serving.wire.error_shapes import ApiError, unavailable
 
 RETRY_AFTER_FULL_S = 2
 AGING_S = 30.0  # a long request waiting this long goes as if it were short
@@ -46,7 +46,7 @@ AGING_S = 30.0  # a long request waiting this long goes as if it were short
 class Claim:
     """What a request asks of the engine, as the scheduler orders it."""
 
-    key: str = "open"  # the API key's id (gateway.serving.sessions.key_id)
+    key: str = "open"  # the API key's id (gateway.serving.scheduling.sessions.key_id)
     session: str = ""
     prefill_tokens: int = 0  # the gateway's estimate of what the engine must prefill
     long: bool = False  # a long prefill: it takes the long-prefill lane

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.serving import custom_tools
-from gateway.serving import responses_events as shapes
-from gateway.serving.chat_stream import (
+from gateway.serving.dialects import custom_tools
+from gateway.serving.dialects import responses_events as shapes
+from gateway.serving.dialects.chat_stream import (
     ChatEvent,
     ReasoningDelta,
     StreamError,
@@ -37,8 +37,8 @@ from gateway.serving.chat_stream import (
     Usage,
     read_chat_stream,
 )
-from gateway.serving.error_shapes import ApiError
-from gateway.serving.responses_events import Event
+from gateway.serving.dialects.responses_events import Event
+from gateway.serving.wire.error_shapes import ApiError
 
 log = logging.getLogger("gateway.responses")
 

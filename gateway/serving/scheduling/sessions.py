@@ -1,8 +1,8 @@
 """Who a request belongs to, and how much of its prompt the engine likely holds already.
 
 Many agents share one engine: Claude Code's subagents, a developer's two or three agents, a team. To
-schedule them (:mod:`gateway.serving.admission`) and to show who uses the node
-(:mod:`gateway.serving.usage_board`), each request gets:
+schedule them (:mod:`gateway.serving.scheduling.admission`) and to show who uses the node
+(:mod:`gateway.serving.scheduling.usage_board`), each request gets:
 
 - a **session**: what the agent says names its conversation (Claude Code's ``x-claude-code-session-id``,
   Codex's ``session-id`` header or ``prompt_cache_key``, opencode's ``x-session-affinity``), else a hash

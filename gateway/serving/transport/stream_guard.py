@@ -9,11 +9,8 @@ into an ``{"error": …}`` chunk, which each translator words as its dialect's e
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
-
-from gateway.serving.error_shapes import ApiError
 
 
 def _error(message: str) -> dict[str, Any]:
@@ -37,16 +34,3 @@ async def checked_chunks(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield chunk
     if not finished:
         yield _error("the backend's stream ended without a finish reason (it stopped or was cut short)")
-
-
-def response_failed_event(error: ApiError) -> bytes:
-    """A Responses stream's own failure event (``response.failed``), for a stream that cannot go on:
-    Codex reads an unnamed ``data: {"error": …}`` as a broken stream, not as the request's failure."""
-    response = {
-        "object": "response",
-        "status": "failed",
-        "output": [],
-        "error": {"code": "server_error", "message": error.message},
-    }
-    data = {"type": "response.failed", "response": response}
-    return b"event: response.failed\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

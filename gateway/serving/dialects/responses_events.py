@@ -10,11 +10,13 @@ and payload; the stream adds ``type`` and ``sequence_number`` when it writes it.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
-from gateway.serving import custom_tools
-from gateway.serving.sse import event
+from gateway.serving.dialects import custom_tools
+from gateway.serving.wire.error_shapes import ApiError
+from gateway.serving.wire.sse import event
 
 Event = tuple[str, dict[str, Any]]
 
@@ -104,3 +106,16 @@ def _where(index: int, item: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def response_failed_event(error: ApiError) -> bytes:
+    """A Responses stream's own failure event (``response.failed``), for a stream that cannot go on:
+    Codex reads an unnamed ``data: {"error": …}`` as a broken stream, not as the request's failure."""
+    response = {
+        "object": "response",
+        "status": "failed",
+        "output": [],
+        "error": {"code": "server_error", "message": error.message},
+    }
+    data = {"type": "response.failed", "response": response}
+    return b"event: response.failed\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

@@ -16,28 +16,8 @@ import json
 import time
 from typing import Any
 
-from gateway.serving.error_shapes import ApiError, overflow_error
-from gateway.serving.sse import EventBuffer, EventTooLarge
-
-PER_MESSAGE_OVERHEAD = 8  # chat-template tokens around each message, roughly
-
-
-def flatten_prompt(payload: dict[str, Any]) -> tuple[str, int]:
-    """(text of every message and tool schema, number of messages) for counting prompt tokens."""
-    parts: list[str] = []
-    messages = payload.get("messages") or []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += [str(p.get("text", "")) for p in content if isinstance(p, dict)]
-        for call in (message.get("tool_calls") or []) if isinstance(message, dict) else []:
-            parts.append(json.dumps(call))
-    parts += [json.dumps(tool) for tool in payload.get("tools") or []]
-    if isinstance(payload.get("prompt"), str):
-        parts.append(payload["prompt"])
-    return "\n".join(parts), len(messages)
+from gateway.serving.wire.error_shapes import ApiError, overflow_error
+from gateway.serving.wire.sse import EventBuffer, EventTooLarge
 
 
 def clamp_output(payload: dict[str, Any], prompt_tokens: int, context: int) -> bool:

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.core import auth
-from gateway.serving import usage_tally
-from gateway.serving.error_shapes import shape_for
-from gateway.serving.usage_board import RequestRecord, UsageBoard
+from gateway.serving.scheduling.usage_board import RequestRecord, UsageBoard
+from gateway.serving.wire import usage_tally
+from gateway.serving.wire.error_shapes import shape_for
+from gateway.serving.wire.request_id import request_id, usable_request_id
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -35,8 +34,6 @@ access_log = logging.getLogger("gateway.access")
 # open to anyone: liveness, bare readiness (its detail needs the key), and the root that clients probe
 # (Claude Code sends an unkeyed HEAD / before it starts)
 OPEN_PATHS = frozenset({"/health", "/ready", "/"})
-# the current request's id: forwarded to the engine and written into JSON log lines
-request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -44,15 +41,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key.lower() == name:
             return str(value.decode("latin-1"))
     return None
-
-
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
-
-
-def _usable_request_id(offered: str | None) -> str | None:
-    """A client's X-Request-Id when it is a plain token (it goes back out and on to the engine as a
-    header and into log lines); anything else is replaced by a fresh id rather than mangled."""
-    return offered if offered and _REQUEST_ID.fullmatch(offered) else None
 
 
 class ApiKeys:
@@ -79,7 +67,7 @@ class ApiKeys:
 
 
 KEY_STATE = "key_accepted"
-RECORD_STATE = "record"  # the request's RequestRecord (gateway.serving.usage_board), for the handlers
+RECORD_STATE = "record"  # the request's RequestRecord (gateway.serving.scheduling.usage_board), for the handlers
 
 
 def record_of(scope: Scope) -> RequestRecord:
@@ -137,7 +125,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         route = scope["path"] if scope["path"] in self.routes else "other"
-        rid = _usable_request_id(_header(scope, b"x-request-id")) or uuid.uuid4().hex
+        rid = usable_request_id(_header(scope, b"x-request-id")) or uuid.uuid4().hex
         token = request_id.set(rid)
         record = scope.setdefault("state", {})[RECORD_STATE] = RequestRecord()
         started = record.started
@@ -211,7 +199,7 @@ def _log_access(scope: Scope, rid: str, status: dict[str, Any], tokens: dict[str
         "client": f"{client[0]}:{client[1]}" if client else None,
         "user_agent": _header(scope, b"user-agent"),
         "request_id": rid,
-        "session": identity.session if identity else None,  # gateway.serving.sessions: never the key itself
+        "session": identity.session if identity else None,  # gateway.serving.scheduling.sessions: never the key itself
         "key": identity.key if identity else None,
         "queued_ms": None if queued_s is None else round(queued_s * 1000, 1),
     }

@@ -1,7 +1,7 @@
 """Anthropic Messages API (what Claude Code speaks) translated to and from chat completions.
 
 Used when the live backend has no `/v1/messages` of its own (llama-cpp-python). Errors on these
-routes are Anthropic-shaped (written by ``gateway.serving.error_shapes.ANTHROPIC``).
+routes are Anthropic-shaped (written by ``gateway.serving.wire.error_shapes.ANTHROPIC``).
 
 A stream is translated in three parts: ``chat_stream`` reads the chat chunks as typed events;
 ``_Message`` holds the only stream state and the dialect's rules (which block is open, its number,
@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.serving.chat_stream import (
+from gateway.serving.dialects.chat_stream import (
     ChatEvent,
     Finish,
     ReasoningDelta,
@@ -26,10 +26,9 @@ from gateway.serving.chat_stream import (
     ToolCallStarted,
     read_chat_stream,
 )
-from gateway.serving.error_shapes import ApiError
-from gateway.serving.error_shapes import anthropic_message as anthropic_message  # the overflow wording, re-exported
-from gateway.serving.sse import event
-from gateway.serving.usage import cached_tokens, completion_tokens, prompt_tokens
+from gateway.serving.wire.error_shapes import ApiError, anthropic_message
+from gateway.serving.wire.sse import event
+from gateway.serving.wire.usage import cached_tokens, completion_tokens, prompt_tokens
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 

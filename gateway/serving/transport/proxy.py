@@ -24,12 +24,11 @@ import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from gateway.core.auth import bearer_header
-from gateway.serving.chat_fixups import PER_MESSAGE_OVERHEAD, flatten_prompt
-from gateway.serving.edge import request_id
-from gateway.serving.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
-from gateway.serving.sse import chat_chunks
-from gateway.serving.stream_guard import checked_chunks
-from gateway.serving.usage_tally import UsageTap, report_body, reported_chunks
+from gateway.serving.transport.stream_guard import checked_chunks
+from gateway.serving.wire.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
+from gateway.serving.wire.request_id import request_id
+from gateway.serving.wire.sse import chat_chunks
+from gateway.serving.wire.usage_tally import UsageTap, report_body, reported_chunks
 from gateway.supervision.lifecycle import EngineTarget
 from gateway.supervision.liveness import Activity
 
@@ -85,7 +84,7 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 class EngineClient:
     """One pooled HTTP client for whichever backend is live (its URL and key change on restarts): it
-    relays requests and streams, and asks the engine to count a prompt's tokens.
+    relays requests and streams, and posts what the gateway asks the engine itself (:meth:`post_json`).
 
     aiohttp's client rather than httpx on this path: measured in benchmarks/proxy_overhead.py, the
     same passthrough costs 3-10x less CPU per request with it (httpx's pool dominates the profile)."""
@@ -235,42 +234,6 @@ class EngineClient:
         deadline = _after(self.timeouts.answer_s)
         upstream = await self.open(target, path, json.dumps(payload).encode(), deadline=deadline)
         return upstream.status, _json_or_error(await self.read(upstream, deadline))
-
-    async def count_tokens(self, target: EngineTarget, text: str) -> int | None:
-        """The engine's own token count for ``text`` (None when it has no tokenizer endpoint)."""
-        if not target.tokenize_path:
-            return None
-        payload = {target.tokenize_key: text, "model": target.served_name}
-        status, body = await self.post_json(target, target.tokenize_path, payload)
-        if status != 200 or not isinstance(body, dict):
-            return None
-        count = body.get("count")
-        return int(count) if isinstance(count, int) else len(body.get("tokens") or [])
-
-    async def count_prompt(self, target: EngineTarget, request: dict[str, Any]) -> tuple[int, bool] | None:
-        """(prompt tokens, exact) of a chat or completion request, or None when the engine cannot count.
-
-        Exact when the engine renders the chat with its own template (tools included, as the template
-        renders them) and tokenizes that; otherwise the flattened text through its tokenizer plus a
-        per-message allowance, an estimate that must never decide a refusal."""
-        messages = request.get("messages")
-        if isinstance(messages, list) and messages and (target.tokenize_chat or target.template_path):
-            chat = {key: request[key] for key in ("messages", "tools") if request.get(key)}
-            if target.tokenize_chat and target.tokenize_path:
-                status, body = await self.post_json(
-                    target, target.tokenize_path, {"model": target.served_name, **chat, "add_generation_prompt": True}
-                )
-                if status == 200 and isinstance(body, dict) and isinstance(body.get("count"), int):
-                    return int(body["count"]), True
-            elif target.template_path:
-                status, body = await self.post_json(target, target.template_path, chat)
-                if status == 200 and isinstance(body, dict) and isinstance(body.get("prompt"), str):
-                    counted = await self.count_tokens(target, body["prompt"])
-                    if counted is not None:
-                        return counted, True
-        text, count = flatten_prompt(request)
-        estimated = await self.count_tokens(target, text)
-        return None if estimated is None else (estimated + PER_MESSAGE_OVERHEAD * count, False)
 
     async def relay(
         self,

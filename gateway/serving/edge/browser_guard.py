@@ -19,8 +19,8 @@ import ipaddress
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from gateway.serving.edge import ASGIApp, Message, Receive, Scope, Send
-from gateway.serving.error_shapes import ApiError, shape_for
+from gateway.serving.edge.middleware import ASGIApp, Message, Receive, Scope, Send
+from gateway.serving.wire.error_shapes import ApiError, shape_for
 
 JSON_ROUTES = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
