@@ -54,7 +54,7 @@ class LlamaCppOption:
     def classify(self, line: str) -> Failure | None:
         return classify(line)
 
-    def after(self, failure: Failure) -> LlamaCppOption | None:
+    def step_down(self, failure: Failure) -> LlamaCppOption | None:
         """Drafting is an extra: whatever stopped a drafting engine (its MTP weights, cache and
         context, a GGUF without the nextn block), the same placement is tried without it first.
         Out of memory: a q8_0 KV cache needs about half the memory of f16; try that once."""

@@ -141,7 +141,7 @@ class VllmOption:
     def classify(self, line: str) -> Failure | None:
         return classify(line)
 
-    def after(self, failure: Failure) -> VllmOption | None:
+    def step_down(self, failure: Failure) -> VllmOption | None:
         adjusted = adjust(self.flags, failure, min_context=self.min_context)
         return replace(self, flags=adjusted) if adjusted else None
 

@@ -37,10 +37,11 @@ from gateway.serving.metrics import live_gpu_memory
 from gateway.serving.model_names import ModelRoute
 from gateway.serving.proxy import EngineClient, Timeouts
 from gateway.serving.runtime import PlanFigures, PlannedDevice, Runtime
-from gateway.supervision.known_good import KnownGood
+from gateway.remembered.known_good import KnownGood
 from gateway.supervision.lifecycle import ServedBackend
 from gateway.supervision.liveness import Limits, Liveness
-from gateway.supervision.supervisor import Remember, Supervisor, remembered_first
+from gateway.remembered.known_good import KnownGoodSlot
+from gateway.supervision.supervisor import Supervisor, remembered_first
 
 log = logging.getLogger("gateway.startup")
 
@@ -58,7 +59,7 @@ class ServePlan:
     route: ModelRoute
     options: list[Option]
     plan: Plan
-    remember: Remember
+    remember: KnownGoodSlot
     nodes: Nodes | None = None  # the workers (--workers), when there are any
     # the plan made again over the workers that answer now: its options and summary (for the supervisor)
     replan: Callable[[], tuple[list[Option], dict[str, Any]]] | None = field(default=None, compare=False)
@@ -223,7 +224,7 @@ def plan_serving(
     options = options_of(plan, settings)
     if not options:
         raise nothing_to_start(entry, plan)
-    remember = Remember(
+    remember = KnownGoodSlot(
         store=store,
         model=entry.name,
         fingerprint=machine.fingerprint,

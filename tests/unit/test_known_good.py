@@ -16,7 +16,7 @@ from gateway.cli.full_settings import Settings
 from gateway.cli.startup import plan_for, plan_serving
 from gateway.core.devices import GIB, Inventory
 from gateway.planning.catalog import builtin_catalog
-from gateway.supervision.known_good import FILE_NAME, SET_ASIDE_NAME, KnownGood
+from gateway.remembered.known_good import FILE_NAME, SET_ASIDE_NAME, KnownGood
 from tests.extras import needs_embedded_model
 from tests.integration.tools.local_hub import LocalHub
 

@@ -27,7 +27,7 @@ from gateway.planning.planner import evaluate_and_choose
 from gateway.serving.status_page import render
 from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun
-from gateway.supervision.known_good import KnownGood
+from gateway.remembered.known_good import KnownGood
 from tests.unit.plan_helpers import engine_plans
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -14,7 +14,7 @@ from gateway.core.devices import GIB, Inventory, inventory
 from gateway.planning.catalog import builtin_catalog
 from gateway.serving.app import Gateway
 from gateway.serving.model_names import ModelRoute
-from gateway.supervision.known_good import KnownGood
+from gateway.remembered.known_good import KnownGood
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
