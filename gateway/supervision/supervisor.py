@@ -483,21 +483,3 @@ class Supervisor:
         self.reason = reason or self.reason or "no option started"
         self._settled.set()
         log.error("%s", self.report())
-
-
-def remembered_first(
-    options: list[Option],
-    remember: KnownGoodSlot | None,
-    entry: dict[str, Any] | None,
-    rebuild: Callable[[dict[str, Any]], Option | None],
-) -> list[Option]:
-    """Put the remembered configuration (``entry``, read by the caller once) first when the engine
-    version still matches; an option of the plan that is the same configuration is not tried a second
-    time after it."""
-    if remember is None or not entry or remember.versions.get(entry.get("engine", "")) != entry.get("version"):
-        return options
-    option = rebuild(entry)
-    if option is None:
-        return options
-    log.info("using the configuration remembered on %s: %s", entry.get("when"), option.label)
-    return [option, *(o for o in options if (o.engine, o.memo()) != (option.engine, option.memo()))]

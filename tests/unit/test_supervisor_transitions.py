@@ -18,9 +18,9 @@ import pytest
 
 from backends import llamacpp, vllm
 from backends.base import Failure, Launch, Option, most_telling
+from gateway.remembered.known_good import KnownGood, KnownGoodSlot
 from gateway.supervision.after_failure import MAX_RESTARTS
 from gateway.supervision.engine_run import RunState
-from gateway.remembered.known_good import KnownGood, KnownGoodSlot
 from gateway.supervision.lifecycle import State
 from gateway.supervision.supervisor import MAX_ATTEMPTS, Supervisor
 
@@ -368,7 +368,7 @@ def test_what_started_is_remembered_with_the_engine_version(tmp_path: Path) -> N
 
 
 def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: Path) -> None:
-    from gateway.supervision.supervisor import remembered_first
+    from gateway.planning.remembered_repair import remembered_first
 
     store = KnownGood(tmp_path / "state")
     remember = KnownGoodSlot(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
