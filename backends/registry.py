@@ -8,9 +8,16 @@ from typing import Any
 from backends import llamacpp, vllm
 from backends.base import Backend, ContextOverflow, DeviceLender, FollowerHost, first_overflow
 from backends.llamacpp.rpc import LENDER as _LLAMACPP_LENDER
+from backends.llamacpp.settings import LlamaCppSettings
 from backends.vllm.follower import HOST as _VLLM_FOLLOWER
+from backends.vllm.settings import VllmSettings
 
 BACKENDS: tuple[Backend[Any, Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
+
+
+class EngineSettings(VllmSettings, LlamaCppSettings):
+    """Every engine's own settings (``Backend.settings_model``) in one class, for the gateway's full
+    settings to mix in (gateway.cli.full_settings); bases in the order of ``BACKENDS``."""
 
 
 def names() -> tuple[str, ...]:
