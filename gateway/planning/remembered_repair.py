@@ -64,13 +64,12 @@ def rebuilt(
 ) -> Option | None:
     """The remembered configuration, on top of the current option of the same engine; one with a
     malformed field (a hand-edited or old file) is set aside (or, without ``set_aside``, ignored) with a
-    warning, found by building its command line now rather than when the engine is launched."""
+    warning, found by the engine's reading of it (``Option.from_memo`` checks every field it takes), not
+    by a launch: the command line is built once, when the option is started."""
     for option in options:
         if option.engine == entry.get("engine"):
             try:
-                remembered = option.from_memo(entry["memo"])
-                remembered.launch(0, "check")
-                _ = remembered.label
+                return option.from_memo(entry["memo"])
             except MALFORMED as exc:
                 why = f"{type(exc).__name__}: {exc}"
                 if set_aside is not None:
@@ -78,7 +77,6 @@ def rebuilt(
                 else:
                     log.warning("ignoring the remembered configuration (%s): planning afresh, as --replan would", why)
                 return None
-            return remembered
     return None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +377,31 @@ def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: 
     entry = store.get("org/tiny", "gpu-fingerprint")
     options = remembered_first([planned, other], remember, entry, lambda entry: planned.from_memo(entry["memo"]))
     assert [o.memo() for o in options] == [planned.memo(), other.memo()]
+
+
+@pytest.mark.parametrize(
+    ("option", "bad"),
+    [
+        (_llama(), {"tensor_split": "ab"}),
+        (_llama(), {"kv_type": None}),
+        (_vllm(), {"flags": {**asdict(_vllm().flags), "max_model_len": "2048"}}),
+        (_vllm(), {"flags": {**asdict(_vllm().flags), "swap_space": 4}}),
+        (_vllm(), {"checkpoint": 5}),
+    ],
+)
+def test_a_remembered_configuration_is_checked_as_it_is_read_not_by_a_launch(
+    option: Option, bad: dict[str, Any]
+) -> None:
+    """The command line is built once per start: rebuilding the remembered configuration reads and checks
+    every field of its memo, and never launches the option to find a bad one."""
+    from unittest.mock import patch
+
+    from gateway.planning.remembered_repair import rebuilt
+
+    with patch.object(type(option), "launch", side_effect=AssertionError("launched to check")):
+        again = rebuilt([option], {"engine": option.engine, "memo": option.memo()})
+        assert again is not None and again.memo() == option.memo()
+        assert rebuilt([option], {"engine": option.engine, "memo": {**option.memo(), **bad}}) is None
 
 
 def test_nothing_is_remembered_when_nothing_starts(tmp_path: Path) -> None:
