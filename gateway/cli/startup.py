@@ -8,12 +8,13 @@ workers, the supervisor, the HTTP side).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
-from gateway.core.devices import Inventory, inventory, parse_remote_gpus
+from gateway.core.devices import Inventory, inventory
 from gateway.core.settings import Settings
 from gateway.nodes.group import WorkerGroup
+from gateway.nodes.pooled import with_other_nodes, worker_key
 from gateway.nodes.survey import Nodes
 from gateway.planning.serve_plan import plan_serving, plan_summary
 from gateway.serving.external import ExternalBackend, describe_server
@@ -30,25 +31,6 @@ log = logging.getLogger("gateway.startup")
 # After the drain (shutdown_grace_s) the engine gets SIGTERM and this long before SIGKILL: a busy
 # engine waits for its generation on SIGTERM, and the drain already gave requests their time.
 ENGINE_TERM_WAIT_S = 5.0
-
-
-def worker_key(settings: Settings, keys: tuple[str, ...]) -> str | None:
-    """What the head sends its workers: worker_api_key, else its own first key (``keys``: as read once)."""
-    return settings.worker_api_key or (keys[0] if keys else None)
-
-
-def with_other_nodes(
-    machine: Inventory, settings: Settings, remote_spec: str | None = None, nodes: Nodes | None = None
-) -> Inventory:
-    """This machine plus the other nodes' devices: simulated (``--remote-gpus``), else what the workers
-    report now (``--workers``; one that does not answer is left out, and the notes say so)."""
-    if remote_spec:
-        remote = parse_remote_gpus(remote_spec)
-        names = sorted({g.node for g in remote})
-        return replace(machine, remote=remote, notes=(*machine.notes, f"simulated devices on {', '.join(names)}"))
-    if nodes is None and settings.workers:
-        nodes = Nodes(settings.workers, worker_key(settings, settings.read_api_keys()))
-    return nodes.survey(machine) if nodes is not None else machine
 
 
 @dataclass(frozen=True)

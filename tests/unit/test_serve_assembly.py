@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import assemble, with_other_nodes
+from gateway.cli.startup import assemble
 from gateway.core import settings as settings_module
 from gateway.core.devices import GIB, Inventory, inventory
+from gateway.nodes.pooled import with_other_nodes
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.from_settings import plan_for
 from gateway.planning.serve_plan import plan_serving
