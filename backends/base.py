@@ -222,9 +222,11 @@ class Option(Protocol):
     def estimated_tokens_per_s(self) -> float: ...  # the plan's decode estimate (0: none), beside the measured
     def launch(self, port: int, api_key: str) -> Launch: ...
     def classify(self, line: str) -> Failure | None: ...
-    def after(self, failure: Failure) -> Option | None: ...  # the same option adjusted to the engine's numbers
+    def step_down(self, failure: Failure) -> Option | None: ...  # the same option adjusted to the engine's numbers
     def memo(self) -> dict[str, Any]: ...  # what to remember when it worked
     def prepare(self) -> Option: ...  # blocking work before a start (e.g. fetching a file)
+    # a remembered configuration on this option; every field it takes is checked here (KeyError, TypeError or
+    # ValueError on a memo of the wrong shape), so that a bad one is found before the engine is launched
     def from_memo(self, memo: dict[str, Any]) -> Option: ...
 
 

@@ -11,6 +11,11 @@ from backends.base import Backend, ContextOverflow, DeviceLender, FollowerHost, 
 BACKENDS: tuple[Backend[Any, Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
 
+class EngineSettings(vllm.VllmSettings, llamacpp.LlamaCppSettings):
+    """Every engine's own settings (``Backend.settings_model``) in one class, for the gateway's full
+    settings to mix in (gateway.cli.full_settings); bases in the order of ``BACKENDS``."""
+
+
 def names() -> tuple[str, ...]:
     return tuple(backend.name for backend in BACKENDS)
 

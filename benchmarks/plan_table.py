@@ -51,9 +51,9 @@ RAM = "64GiB"
 def plan_json(model: str, machine: str, **settings: Any) -> dict[str, Any]:
     """`gateway plan --json` for the model on the simulated machine (the local hub answers)."""
     from gateway.cli.full_settings import Settings
-    from gateway.cli.startup import plan_for
     from gateway.core.devices import Inventory, inventory, parse_size
     from gateway.planning.catalog import builtin_catalog
+    from gateway.planning.from_settings import plan_for
     from gateway.planning.plan_report import to_json
 
     spec = MACHINES[machine]

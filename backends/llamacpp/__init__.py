@@ -29,6 +29,7 @@ from backends.llamacpp.placement import (
     kv_layer_bytes,
     place,
 )
+from backends.llamacpp.settings import LlamaCppSettings
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 
 BACKEND = LlamaCppBackend()
@@ -47,6 +48,7 @@ __all__ = [
     "LlamaCppConfig",
     "LlamaCppModel",
     "LlamaCppOption",
+    "LlamaCppSettings",
     "LlamaCppSource",
     "Placement",
     "best",

@@ -11,6 +11,7 @@ from backends.base import Failure, FailureKind, Launch
 from backends.llamacpp.drafting import ARGV as DRAFT_ARGV
 from backends.llamacpp.launchers import ENGINE, LlamaCppConfig, build_launch, split_phrase
 from backends.llamacpp.logs import classify
+from backends.llamacpp.placement import KV_TYPES
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class LlamaCppOption:
     def classify(self, line: str) -> Failure | None:
         return classify(line)
 
-    def after(self, failure: Failure) -> LlamaCppOption | None:
+    def step_down(self, failure: Failure) -> LlamaCppOption | None:
         """Drafting is an extra: whatever stopped a drafting engine (its MTP weights, cache and
         context, a GGUF without the nextn block), the same placement is tried without it first.
         Out of memory: a q8_0 KV cache needs about half the memory of f16; try that once."""
@@ -84,12 +85,26 @@ class LlamaCppOption:
             gguf=Path(memo["gguf"]),
             context_length=int(memo["context_length"]),
             gpu_layers=int(memo["gpu_layers"]),
-            tensor_split=tuple(memo["tensor_split"]),
-            kv_type=str(memo["kv_type"]),
+            tensor_split=_shares(memo["tensor_split"]),
+            kv_type=_kv_type(memo["kv_type"]),
             # what worked, where the plan still drafts (not after --llama-draft off)
             draft=_draft(memo.get("draft")) if self.config.draft else None,
         )
         return replace(self, config=config, variant=memo.get("hub_variant", self.variant))
+
+
+def _shares(value: object) -> tuple[float, ...]:
+    """A remembered split: one number per device, checked as it is read rather than at the launch."""
+    if not isinstance(value, list) or not all(isinstance(s, int | float) and not isinstance(s, bool) for s in value):
+        raise ValueError(f"tensor_split is not a list of numbers: {value!r}")
+    return tuple(value)
+
+
+def _kv_type(value: object) -> str:
+    """A remembered KV cache type: one llama.cpp knows."""
+    if not isinstance(value, str) or value not in KV_TYPES:
+        raise ValueError(f"unknown KV type {value!r}")
+    return value
 
 
 def _draft(value: object) -> str | None:

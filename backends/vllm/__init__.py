@@ -28,6 +28,7 @@ from backends.vllm.memory import (
     memory,
 )
 from backends.vllm.option import VllmOption
+from backends.vllm.settings import VllmSettings
 from backends.vllm.source import VllmModel, VllmSource
 
 BACKEND = VllmBackend()
@@ -45,6 +46,7 @@ __all__ = [
     "VllmMemory",
     "VllmModel",
     "VllmOption",
+    "VllmSettings",
     "VllmSource",
     "adjust",
     "batch_defaults",

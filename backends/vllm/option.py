@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, get_type_hints
+
+from pydantic import TypeAdapter
 
 from backends.base import Failure, Follower, Launch
 from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
@@ -20,6 +22,9 @@ ENGINE = "vllm"
 NATIVE_APIS = frozenset(
     {"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes", "stream_keepalive"}
 )
+
+# each flag's declared type, to read remembered flags back with (a hand-edited or older file may say otherwise)
+_FLAG_TYPES = {name: TypeAdapter(kind) for name, kind in get_type_hints(VllmFlags).items()}
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ class VllmOption:
     def classify(self, line: str) -> Failure | None:
         return classify(line)
 
-    def after(self, failure: Failure) -> VllmOption | None:
+    def step_down(self, failure: Failure) -> VllmOption | None:
         adjusted = adjust(self.flags, failure, min_context=self.min_context)
         return replace(self, flags=adjusted) if adjusted else None
 
@@ -152,6 +157,16 @@ class VllmOption:
         return self  # vLLM fetches its own weights
 
     def from_memo(self, memo: dict[str, Any]) -> VllmOption:
-        return replace(
-            self, checkpoint=memo["checkpoint"], flags=VllmFlags(**memo["flags"]), on_cpu=memo.get("on_cpu", False)
-        )
+        checkpoint, on_cpu = memo["checkpoint"], memo.get("on_cpu", False)
+        if not isinstance(checkpoint, str) or not isinstance(on_cpu, bool):
+            raise TypeError(f"checkpoint {checkpoint!r} or on_cpu {on_cpu!r} of the wrong type")
+        return replace(self, checkpoint=checkpoint, flags=_remembered_flags(memo["flags"]), on_cpu=on_cpu)
+
+
+def _remembered_flags(remembered: dict[str, Any]) -> VllmFlags:
+    """Remembered flags, each checked against its declared type as it is read (a field unknown or missing:
+    TypeError; of another type: ValueError), not found wrong when the engine is launched."""
+    flags = VllmFlags(**remembered)
+    for name, kind in _FLAG_TYPES.items():
+        kind.validate_python(getattr(flags, name), strict=True)
+    return flags

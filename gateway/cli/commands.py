@@ -247,9 +247,10 @@ def gpus_command(args: argparse.Namespace) -> int:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from gateway.cli.startup import plan_for, with_other_nodes
     from gateway.core.devices import inventory
+    from gateway.nodes.pooled import with_other_nodes
     from gateway.planning.catalog import DEFAULT_MODEL, catalog_with
+    from gateway.planning.from_settings import plan_for
     from gateway.planning.plan_report import render, to_json
 
     settings = load_settings(given(args, PLAN_SETTINGS), args.config)

@@ -91,7 +91,7 @@ def next_move(option: Option, failure: Failure | None, queue: Sequence[Option], 
     if kind.is_configuration:
         return Stop(reason=f"{option.label}: {kind.value}; fix: {failure.fix}", fix=failure.fix)
     if kind.is_memory:
-        if adjusted := option.after(failure):
+        if adjusted := option.step_down(failure):
             return Retry(adjusted, rest)
         if kind is FailureKind.WEIGHTS_OOM:  # every option loading the same weights per device fails alike
             return _without(rest, lambda other: other.weights_key == option.weights_key)

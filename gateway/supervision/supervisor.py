@@ -32,10 +32,10 @@ from typing import Any, Protocol
 from backends.base import Launch, Option
 from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
+from gateway.remembered.known_good import KnownGoodSlot
 from gateway.supervision.after_failure import GiveUp, Replan, Stop, next_move, restart_move
 from gateway.supervision.engine_run import EngineRun, Run, RunFactory, RunState
 from gateway.supervision.group import RANK_LOST, GroupControl, GroupRun
-from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
 from gateway.supervision.liveness import Liveness
 
@@ -86,16 +86,6 @@ class Attempt:
         return what + (f"; {self.action}" if self.action else "")
 
 
-@dataclass(frozen=True)
-class Remember:
-    """Where and under which key to remember what worked."""
-
-    store: KnownGood
-    model: str
-    fingerprint: str
-    versions: dict[str, str]  # engine → version string
-
-
 class Supervisor:
     def __init__(
         self,
@@ -104,7 +94,7 @@ class Supervisor:
         log_dir: Path,
         startup_timeout_s: float,
         shutdown_grace_s: float,
-        remember: Remember | None = None,
+        remember: KnownGoodSlot | None = None,
         plan_summary: dict[str, Any] | None = None,
         restart_backoff_s: Sequence[float] = RESTART_BACKOFF_S,
         run_factory: RunFactory = EngineRun,
@@ -493,21 +483,3 @@ class Supervisor:
         self.reason = reason or self.reason or "no option started"
         self._settled.set()
         log.error("%s", self.report())
-
-
-def remembered_first(
-    options: list[Option],
-    remember: Remember | None,
-    entry: dict[str, Any] | None,
-    rebuild: Callable[[dict[str, Any]], Option | None],
-) -> list[Option]:
-    """Put the remembered configuration (``entry``, read by the caller once) first when the engine
-    version still matches; an option of the plan that is the same configuration is not tried a second
-    time after it."""
-    if remember is None or not entry or remember.versions.get(entry.get("engine", "")) != entry.get("version"):
-        return options
-    option = rebuild(entry)
-    if option is None:
-        return options
-    log.info("using the configuration remembered on %s: %s", entry.get("when"), option.label)
-    return [option, *(o for o in options if (o.engine, o.memo()) != (option.engine, option.memo()))]

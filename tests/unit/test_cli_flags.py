@@ -23,6 +23,19 @@ def test_every_setting_is_a_serve_flag_and_plan_uses_the_same_names() -> None:
     assert given(serve, SERVE_SETTINGS) == given(plan, PLAN_SETTINGS) == {"context_length": 8192, "engine": "llamacpp"}
 
 
+def test_the_full_settings_are_the_gateways_and_every_registered_engines() -> None:
+    """One declared class a reader and mypy can follow; the registry's mix of the engines' own
+    settings must hold every backend's, in the registry's order."""
+    from backends import registry
+
+    assert registry.EngineSettings.__bases__ == tuple(backend.settings_model for backend in registry.BACKENDS)
+    assert set(Settings.model_fields) == set(SERVE_SETTINGS)
+    assert Settings.engine_pins == tuple(name for backend in registry.BACKENDS for name in backend.pins)
+    assert Settings.model_fields["engine"].json_schema_extra == {
+        "flags": ["--engine", "--backend"], "choices": list(registry.names())
+    }  # fmt: skip
+
+
 def test_an_alias_lands_on_the_same_setting() -> None:
     args = _parse("plan", "--max-model-len", "4096", "--backend", "vllm", "--launcher", "native")
     assert given(args, PLAN_SETTINGS) == {"context_length": 4096, "engine": "vllm", "llama_launcher": "native"}

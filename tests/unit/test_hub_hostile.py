@@ -295,8 +295,8 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 def test_a_file_in_the_current_directory_named_like_the_hub_gguf_is_not_served(elsewhere: Path) -> None:
     from backends import llamacpp
     from gateway.cli.full_settings import Settings
-    from gateway.cli.startup import plan_serving
     from gateway.core.devices import GIB, Inventory, parse_gpu_spec
+    from gateway.planning.serve_plan import plan_serving
 
     source = llamacpp.LlamaCppSource(gguf_repo="unsloth/GLM-4.7-Flash-GGUF", gguf_file="GLM-4.7-Flash-Q4_K_M.gguf")
     planted = elsewhere / source.gguf_repo / source.gguf_file  # type: ignore[operator]

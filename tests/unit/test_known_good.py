@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import plan_for, plan_serving
 from gateway.core.devices import GIB, Inventory
 from gateway.planning.catalog import builtin_catalog
-from gateway.supervision.known_good import FILE_NAME, SET_ASIDE_NAME, KnownGood
+from gateway.planning.from_settings import plan_for
+from gateway.planning.serve_plan import plan_serving
+from gateway.remembered.known_good import FILE_NAME, SET_ASIDE_NAME, KnownGood
 from tests.extras import needs_embedded_model
 from tests.integration.tools.local_hub import LocalHub
 

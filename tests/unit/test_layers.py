@@ -1,7 +1,8 @@
 """The folder tree is the architecture: every import points down a layer, and no module circle exists.
 
 Layers, bottom first (README "Layout"): ``gateway.core`` < ``gateway.hub`` < ``backends`` < ``gateway.agents`` <
-``gateway.planning`` and ``gateway.supervision`` < ``gateway.serving`` < ``gateway.nodes`` (the
+``gateway.remembered`` (what started here, which both of the next read) < ``gateway.planning`` and
+``gateway.supervision`` < ``gateway.serving`` < ``gateway.nodes`` (the
 worker serves HTTP with the serving layer's parts) < ``gateway.cli`` < ``gateway`` itself (``__main__``).
 Packages on one level do not import each other. Inside ``backends`` each engine is a sealed room: the
 gateway reaches engines only through the modules at the top of ``backends`` (the contract, the registry,
@@ -35,6 +36,7 @@ LAYERS = {
     "gateway.hub": 0.5,
     "backends": 1,
     "gateway.agents": 2,
+    "gateway.remembered": 2.5,
     "gateway.planning": 3,
     "gateway.supervision": 3,
     "gateway.serving": 4,

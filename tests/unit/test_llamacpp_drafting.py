@@ -195,14 +195,14 @@ def _option(draft: str | None) -> llamacpp.LlamaCppOption:
 
 def test_a_drafting_engine_that_fails_is_retried_without_drafting_first() -> None:
     oom = Failure(FailureKind.OUT_OF_MEMORY, "cudaMalloc failed: out of memory", "")
-    stepped = _option("mtp").after(oom)
+    stepped = _option("mtp").step_down(oom)
     assert stepped is not None and stepped.config.draft is None and stepped.config.kv_type == "f16"
-    then = stepped.after(oom)
+    then = stepped.step_down(oom)
     assert then is not None and then.config.kv_type == "q8_0"
     no_block = Failure(FailureKind.ENGINE_FAILED, "failed to create MTP context", "")
-    assert _option("mtp").after(no_block).config.draft is None  # type: ignore[union-attr]
+    assert _option("mtp").step_down(no_block).config.draft is None  # type: ignore[union-attr]
     port = Failure(FailureKind.PORT_IN_USE, "couldn't bind HTTP server socket", "")
-    assert _option("mtp").after(port) is None  # not drafting's fault
+    assert _option("mtp").step_down(port) is None  # not drafting's fault
 
 
 def test_drafting_is_on_argv_in_the_launch_and_remembered() -> None:

@@ -19,15 +19,15 @@ from backends.llamacpp.logs import speed_line
 from backends.llamacpp.speed import host_calibration
 from backends.model_facts import facts_from_config
 from backends.vllm.speed import speed_totals as vllm_speed_totals
-from gateway.cli.startup import measured_note
 from gateway.core.devices import GIB, Inventory
 from gateway.core.policy import Policy
 from gateway.core.process import free_port
+from gateway.planning.from_settings import measured_note
 from gateway.planning.planner import evaluate_and_choose
+from gateway.remembered.known_good import KnownGood
 from gateway.serving.edge.status_page import render
 from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun
-from gateway.supervision.known_good import KnownGood
 from tests.unit.plan_helpers import engine_plans
 
 DATA = Path(__file__).resolve().parents[1] / "data"

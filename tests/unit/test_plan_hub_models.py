@@ -20,10 +20,10 @@ import pytest
 from backends.vllm import releases
 from gateway.cli.commands import main
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory
 from gateway.hub import search
 from gateway.planning.catalog import builtin_catalog
+from gateway.planning.from_settings import plan_for
 from gateway.planning.plan_report import to_json
 from tests.integration.tools.local_hub import LocalHub
 from tests.unit.plan_helpers import objective_broken

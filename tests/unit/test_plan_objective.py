@@ -13,10 +13,10 @@ from backends import llamacpp, objective, vllm
 from backends.vllm import releases
 from backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import plan_for
 from gateway.core.devices import GIB, Inventory, inventory, parse_gpu_spec
 from gateway.core.policy import DEFAULT_MIN_CONTEXT, Goal, Policy, policy_for
 from gateway.planning.catalog import builtin_catalog
+from gateway.planning.from_settings import plan_for
 from gateway.planning.plan_report import render, to_json
 from gateway.planning.planner import Plan, evaluate_and_choose
 from tests.integration.tools.local_hub import LocalHub
@@ -140,11 +140,13 @@ def test_no_third_party_progress_bar_while_the_model_is_read(monkeypatch: pytest
     off while the engines read the model's facts, and as they were afterwards."""
     from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars  # type: ignore[attr-defined]
 
-    from gateway.cli import startup
+    from gateway.planning import from_settings
 
     seen: list[bool] = []
-    real = startup.read_engines
-    monkeypatch.setattr(startup, "read_engines", lambda *args: seen.append(are_progress_bars_disabled()) or real(*args))
+    real = from_settings.read_engines
+    monkeypatch.setattr(
+        from_settings, "read_engines", lambda *args: seen.append(are_progress_bars_disabled()) or real(*args)
+    )
     enable_progress_bars()
     _glm("2x32GiB@12.0")
     assert seen == [True] and not are_progress_bars_disabled()

@@ -8,13 +8,17 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import assemble, plan_figures, plan_for, plan_serving, with_other_nodes
+from gateway.cli.startup import assemble
 from gateway.core import settings as settings_module
 from gateway.core.devices import GIB, Inventory, inventory
+from gateway.nodes.pooled import with_other_nodes
 from gateway.planning.catalog import builtin_catalog
+from gateway.planning.from_settings import plan_for
+from gateway.planning.serve_plan import plan_serving
+from gateway.remembered.known_good import KnownGood
 from gateway.serving.app import Gateway
 from gateway.serving.dialects.model_names import ModelRoute
-from gateway.supervision.known_good import KnownGood
+from gateway.serving.plan_figures import plan_figures
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")

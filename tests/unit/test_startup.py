@@ -8,12 +8,14 @@ import pytest
 
 from backends import llamacpp, vllm
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import assemble, choose_model, model_limit, plan_serving
+from gateway.cli.startup import assemble
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.errors import BackendError, ConfigError, ModelError
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import Pins, policy_for
 from gateway.planning.catalog import builtin_catalog
+from gateway.planning.from_settings import model_limit
+from gateway.planning.serve_plan import choose_model, plan_serving
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
@@ -193,9 +195,9 @@ def test_an_engine_not_installed_offers_no_options_and_serve_names_its_fix(tmp_p
 
     from backends.base import Installation
     from backends.llamacpp.backend import MISSING
-    from gateway.cli.startup import nothing_to_start, options_of
     from gateway.core.policy import Policy
     from gateway.planning.planner import EnginePlan, evaluate_and_choose
+    from gateway.planning.serve_plan import nothing_to_start, options_of
     from tests.replay.llamacpp_placement import header_from_table, table_name
 
     logs = Path(__file__).resolve().parents[1] / "data" / "logs"

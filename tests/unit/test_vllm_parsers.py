@@ -90,9 +90,9 @@ def test_a_parser_the_release_does_not_register_is_dropped_with_a_note() -> None
 
 def test_a_local_checkpoint_directory_gets_its_parsers_from_its_own_template(tmp_path: Path) -> None:
     from gateway.cli.full_settings import Settings
-    from gateway.cli.startup import plan_for
     from gateway.core.devices import inventory
     from gateway.planning.catalog import builtin_catalog
+    from gateway.planning.from_settings import plan_for
 
     (tmp_path / "config.json").write_text((DATA / "configs" / "Qwen3-8B.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": _template("qwen3.jinja")}))

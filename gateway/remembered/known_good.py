@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,3 +163,14 @@ class KnownGood:
         entry["measured"] = {**measured, "when": _now()}
         replace_atomically(self.path, json.dumps(data, indent=2))
         return True
+
+
+@dataclass(frozen=True)
+class KnownGoodSlot:
+    """One model on one machine's place in the store (``model``, the machine's ``fingerprint``), and the
+    version of each engine that a configuration which starts now is remembered for."""
+
+    store: KnownGood
+    model: str
+    fingerprint: str
+    versions: dict[str, str]  # engine → version string
