@@ -19,7 +19,8 @@ from typing import Any
 
 from backends.llamacpp.drafting import mtp_blocks
 from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
+from backends.llamacpp.kv_cache import is_sliding, kv_bytes_per_token_layer
+from backends.llamacpp.placement import Placement
 from gateway.core.bandwidth import (  # noqa: F401  (re-exported: the estimate's figures, in one place)
     CAPABILITY_BANDWIDTH_GBPS,
     DEFAULT_GPU_BANDWIDTH_GBPS,
