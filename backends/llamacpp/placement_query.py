@@ -13,6 +13,8 @@ from gateway.core.devices import Device
 
 @dataclass(frozen=True)
 class PlacementQuery:
+    """The arguments every placement of one rung shares, passed as one value through the search."""
+
     facts: GgufFacts
     gpus: tuple[Device, ...]  # in llama.cpp's order (-ts follows it); () for CPU only
     n_ctx: int  # the unified cache's cells
