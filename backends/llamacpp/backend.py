@@ -12,17 +12,12 @@ from typing import TYPE_CHECKING, Any
 import backends.llamacpp.drafting as drafting
 import backends.llamacpp.source as source
 from backends.base import Evaluation, Installation, NewNotes, Option
+from backends.llamacpp.argv import LlamaCppConfig, installed_version, plan_argv, python_command
 from backends.llamacpp.chat import has_tools, reasoning_format
 from backends.llamacpp.hub_variants import ReadVariant
 from backends.llamacpp.install import packaged_binary
 from backends.llamacpp.ladder import LlamaCppCandidate, best, candidates
-from backends.llamacpp.launchers import (
-    KEY_VARIABLE,
-    LlamaCppConfig,
-    installed_version,
-    plan_argv,
-    python_command,
-)
+from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher, launcher_named
 from backends.llamacpp.option import LlamaCppOption
 from backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from backends.llamacpp.quants import alternative, choose
@@ -40,8 +35,6 @@ if TYPE_CHECKING:
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
     from gateway.core.settings import Settings
-
-LAUNCHERS = ("python", "native")  # llama-cpp-python's server | the native llama-server
 
 
 def native_command(settings: LlamaCppSettings) -> list[str] | None:
@@ -66,11 +59,11 @@ def _native_version(command: list[str]) -> str | None:
     return None
 
 
-def ordered_devices(inventory: Inventory, launcher: str) -> tuple[Device, ...]:
+def ordered_devices(inventory: Inventory, launcher: Launcher) -> tuple[Device, ...]:
     """The devices in llama.cpp's order, which ``-ts`` follows: other nodes' RPC devices first (in
     ``--rpc`` order), then the local GPUs (see :mod:`backends.llamacpp.rpc`). llama-cpp-python is
     planned on the local GPUs alone (the gateway starts RPC only with llama-server)."""
-    if launcher != "native" or not inventory.remote:
+    if not launcher.over_rpc or not inventory.remote:
         return inventory.gpus
     return (*inventory.remote, *inventory.gpus)
 
@@ -112,7 +105,7 @@ def native_would_change(
             inventory.ram_available_bytes,
             min_context=policy.min_context,
             max_context=policy.max_context,
-            launcher="native",
+            launcher=NATIVE,
             pinned_context_length=policy.pins.context_length,
         )
     )
@@ -142,15 +135,6 @@ class LlamaCppEvaluation(Evaluation[LlamaCppCandidate]):
     variant: ReadVariant | None = None
 
 
-# what `serve` says when the launcher chosen is not installed
-MISSING = {
-    "native": "llama-server was chosen (llama_launcher = native) but is not installed: set llama_server_command "
-    "or pip install 'gateway[llamacpp-native]'",
-    "python": "llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
-    "(or set llama_cpp_python_command to a Python that has it)",
-}
-
-
 class LlamaCppBackend:
     name = "llamacpp"
     title = "llama.cpp"
@@ -173,16 +157,11 @@ class LlamaCppBackend:
     def installation(self, settings: LlamaCppSettings, *, probe: bool) -> Installation:
         """The native server when configured, chosen or found (it is preferred); else llama-cpp-python."""
         native = native_command(settings)
-        launcher = settings.llama_launcher or ("native" if native else "python")
-        if launcher == "native":
-            command = native or None
-            version = (_native_version(command) if probe and command else None) or "unknown"
-            return Installation(
-                tuple(command) if command else None, version, "llama-server", "native", MISSING["native"]
-            )
-        python = settings.llama_cpp_python_command or python_command()
-        version = installed_version() or "unknown"
-        return Installation(tuple(python) if python else None, version, "llama-cpp-python", "python", MISSING["python"])
+        launcher = launcher_named(settings.llama_launcher) if settings.llama_launcher else NATIVE if native else PYTHON
+        command, version = _FOUND[launcher](settings, native, probe)
+        return Installation(
+            tuple(command) if command else None, version, launcher.server, launcher.name, launcher.missing
+        )
 
     def read(self, entry: ModelEntry) -> LlamaCppModel:
         return source.read(entry)
@@ -201,7 +180,7 @@ class LlamaCppBackend:
                 model, model.facts, model.gguf or model.name, inventory, policy, installation, None, notes
             )
         facts = chosen.facts if chosen else model.facts
-        if installation.build == "python" and facts is not None:
+        if launcher_named(installation.build) is not NATIVE and facts is not None:
             notes.add(native_would_change(facts, best(found), inventory, policy))
         return LlamaCppEvaluation(found, notes.lines, chosen)
 
@@ -217,8 +196,9 @@ class LlamaCppBackend:
         notes: NewNotes,
     ) -> list[LlamaCppCandidate]:
         """One GGUF's ladder on this machine, each rung with its argv."""
-        devices = ordered_devices(inventory, installation.build)
-        drafts = drafting.modes(facts, draft_setting(policy), installation.build)
+        launcher = launcher_named(installation.build)  # the launcher `installation` chose
+        devices = ordered_devices(inventory, launcher)
+        drafts = drafting.modes(facts, draft_setting(policy), launcher)
         notes.add(drafts.note)
         found = candidates(
             facts,
@@ -227,7 +207,7 @@ class LlamaCppBackend:
             inventory.ram_available_bytes,
             min_context=policy.min_context,
             max_context=policy.max_context,
-            launcher=installation.build,
+            launcher=launcher,
             pinned_context_length=policy.pins.context_length,
             host_scale=host_calibration(policy.remembered),
             draft=drafts.base,
@@ -237,7 +217,7 @@ class LlamaCppBackend:
         if (scale := host_calibration(policy.remembered)) != 1.0:
             notes.add(f"llama.cpp: the host's decode term scaled by {scale:.2f}, measured/estimated on this machine")
         endpoints = rpc_endpoints(devices)
-        thinking = reasoning_format(template) if installation.build == "native" else None
+        thinking = reasoning_format(template) if launcher.splits_reasoning else None
         for candidate in found:
             candidate.rpc = endpoints
             candidate.reasoning_format = thinking
@@ -249,7 +229,7 @@ class LlamaCppBackend:
                 rpc=endpoints,
                 reasoning_format=thinking,
             )
-            candidate.env = {KEY_VARIABLE[candidate.launcher]: "KEY"}  # the placeholder `plan` prints
+            candidate.env = {launcher.key_variable: "KEY"}  # the placeholder `plan` prints
             if devices != inventory.gpus:
                 candidate.reason += remote_phrase(devices, candidate.placement.tensor_split)
         return found
@@ -330,7 +310,7 @@ class LlamaCppBackend:
             split = ",".join(f"{s:g}" for s in p.tensor_split) or "-"
             draft = f" draft {c.draft}" if c.draft else ""
             lines.append(
-                f"  {mark:3}{c.launcher} -ngl {p.n_gpu_layers} -ts {split} ctx {c.n_ctx:,} KV {c.kv_type}{draft}"
+                f"  {mark:3}{c.launcher.name} -ngl {p.n_gpu_layers} -ts {split} ctx {c.n_ctx:,} KV {c.kv_type}{draft}"
             )
             lines.append(f"      {c.reason}")
         return lines
@@ -371,8 +351,8 @@ class LlamaCppBackend:
             n_cpu_moe=chosen.placement.n_cpu_moe,
             rpc=chosen.rpc,
             reasoning_format=chosen.reasoning_format,
-            draft=chosen.draft if chosen.launcher == "native" else None,
-            warm=chosen.warm if chosen.launcher == "native" else None,
+            draft=chosen.draft if chosen.launcher.drafts else None,
+            warm=chosen.warm if chosen.launcher.keeps_warm else None,
         )
         on_disk = local is not None and local.is_file()
         fetch = None if on_disk else (lambda: ensure_gguf(gguf_source))
@@ -398,6 +378,19 @@ class LlamaCppBackend:
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
+
+
+def _native_found(settings: LlamaCppSettings, native: list[str] | None, probe: bool) -> tuple[list[str] | None, str]:
+    """llama-server's command (found by :func:`native_command`) and its version, asked only when probing."""
+    return native, (_native_version(native) if probe and native else None) or "unknown"
+
+
+def _python_found(settings: LlamaCppSettings, native: list[str] | None, probe: bool) -> tuple[list[str] | None, str]:
+    """llama-cpp-python's server command (configured, else this Python's) and the installed package's version."""
+    return settings.llama_cpp_python_command or python_command(), installed_version() or "unknown"
+
+
+_FOUND = {NATIVE: _native_found, PYTHON: _python_found}  # how each launcher is found on this machine
 
 
 def _pinned(variant: ReadVariant, pin: str) -> bool:

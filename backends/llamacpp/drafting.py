@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.llamacpp.gguf_facts import GgufFacts
+from backends.llamacpp.launcher import Launcher
 
 MODES = ("auto", "mtp", "ngram", "off")
 # GGUF architectures whose src/models/<arch>.cpp builds an MTP draft graph (LLM_GRAPH_TYPE_DECODER_MTP)
@@ -69,7 +70,7 @@ class DraftPlan:
     note: str | None = None
 
 
-def modes(facts: GgufFacts, setting: str, launcher: str) -> DraftPlan:
+def modes(facts: GgufFacts, setting: str, launcher: Launcher) -> DraftPlan:
     """What to evaluate for this model, setting and server.
 
     ``auto`` (native llama-server): n-gram drafting on every rung (measured: no cost on free text, 2.7x
@@ -81,7 +82,7 @@ def modes(facts: GgufFacts, setting: str, launcher: str) -> DraftPlan:
     supported = facts.model_type in MTP_ARCHITECTURES | MTP_MODEL_TYPES
     if setting == "off":
         return DraftPlan()
-    if launcher != "native":
+    if not launcher.drafts:
         if setting in ("mtp", "ngram"):
             return DraftPlan(note=f"llama.cpp: --llama-draft {setting} needs the native llama-server; not drafting")
         return DraftPlan()

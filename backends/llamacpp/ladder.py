@@ -18,7 +18,10 @@ import backends.llamacpp.warm_sessions as warm_sessions
 import backends.llamacpp.warm_turns as warm_turns
 from backends import objective
 from backends.llamacpp.gguf_facts import GgufFacts, gguf_bits_from_name
-from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, best_placement
+from backends.llamacpp.launcher import Launcher
+from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement
+from backends.llamacpp.placement_query import PlacementQuery
+from backends.llamacpp.placement_search import best_placement
 from backends.llamacpp.speed import tokens_per_second
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.policy import DEFAULT_TARGET_CONTEXT, FALLBACK_CONTEXT, Goal
@@ -37,7 +40,7 @@ def _rate(tokens_per_s: float) -> str:
 @dataclass
 class LlamaCppCandidate:
     checkpoint: str
-    launcher: str
+    launcher: Launcher
     n_ctx: int
     kv_type: str
     placement: Placement
@@ -85,7 +88,7 @@ class LlamaCppCandidate:
     @property
     def at_once(self) -> int:
         """Requests the engine runs at once: llama-server's slots, llama-cpp-python's one."""
-        return warm_sessions.SLOTS if self.launcher == "native" else 1
+        return self.launcher.slots
 
     @property
     def warm_tokens(self) -> int:
@@ -179,7 +182,7 @@ class LlamaCppCandidate:
         memory["host"] |= {"prompt_cache": _mib(self.warm.host_bytes)}
         data = {
             "backend": ENGINE,
-            "launcher": self.launcher,
+            "launcher": self.launcher.name,
             "checkpoint": self.checkpoint,
             "fits": self.fits,
             "reason": self.reason,
@@ -231,7 +234,7 @@ def candidates(
     *,
     min_context: int,
     max_context: int | None,
-    launcher: str,
+    launcher: Launcher,
     pinned_context_length: int | None = None,
     host_scale: float = 1.0,
     draft: str | None = None,
@@ -295,7 +298,7 @@ def _rungs(
     ram_available: int,
     contexts: list[int],
     goal: Goal,
-    launcher: str,
+    launcher: Launcher,
     host_scale: float,
     draft: str | None,
     optional_draft: str | None,
@@ -306,7 +309,8 @@ def _rungs(
     modes = [(draft, False)] + ([(optional_draft, True)] if optional_draft else [])
     rungs = [(n, k, m) for n in contexts for k in enumerate(("f16", "q8_0")) for m in modes]
     for n_ctx, (kv_index, kv_type), (mode, optional) in rungs:
-        placement, how = best_placement(facts, gpus, n_ctx, kv_type, launcher, mode)
+        query = PlacementQuery(facts, gpus, n_ctx, kv_type, launcher, mode)
+        placement, how = best_placement(query)
         host_need = placement.host_total + HOST_MARGIN_BYTES
         problems = []
         if host_need > ram_available:
@@ -315,9 +319,9 @@ def _rungs(
         if short := goal.too_short(n_ctx):
             problems.append(short)
         warm = warm_sessions.WarmSessions()
-        if launcher == "native":  # the placement with the room for sessions kept warm (same layers, more cells)
+        if launcher.keeps_warm:  # the placement with the room for sessions kept warm (same layers, more cells)
             warm, placement = warm_sessions.keep_warm(
-                facts, gpus, placement, n_ctx, kv_type, mode, ram_available, fits=not problems, sessions=goal.sessions
+                query, placement, ram_available, fits=not problems, sessions=goal.sessions
             )
         gpu_part = ", ".join(
             f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
@@ -344,9 +348,9 @@ def _rungs(
         summary += f", ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
         if not problems and n_ctx < goal.floor:
             summary += f"; below the {goal.floor:,} floor: a last resort"
-        summary += warm.phrase(n_ctx) if launcher == "native" else ""
+        summary += warm.phrase(n_ctx) if launcher.keeps_warm else ""
         warm_turn = None
-        if launcher == "native":
+        if launcher.keeps_warm:
             needs = warm_sessions.checkpoint_bytes(facts, kv_type) > 0
             if warm_turn := warm_turns.turn(needs, warm.checkpoints, n_ctx):
                 summary += f"; {warm_turn.phrase}"

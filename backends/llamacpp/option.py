@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Failure, FailureKind, Launch
+from backends.llamacpp.argv import ENGINE, LlamaCppConfig, build_launch, split_phrase
 from backends.llamacpp.drafting import ARGV as DRAFT_ARGV
-from backends.llamacpp.launchers import ENGINE, LlamaCppConfig, build_launch, split_phrase
+from backends.llamacpp.kv_cache import KV_TYPES
 from backends.llamacpp.logs import classify
-from backends.llamacpp.placement import KV_TYPES
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,9 @@ class LlamaCppOption:
     def label(self) -> str:
         c = self.config
         split = split_phrase(c.tensor_split, c.rpc)
-        server = "llama-server" if c.launcher == "native" else "llama-cpp-python"
         draft = f", drafting {c.draft}" if c.draft else ""
         return (
-            f"llama.cpp ({server}) {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, "
+            f"llama.cpp ({c.launcher.server}) {c.gguf.name}, context {c.context_length}, KV {c.kv_type}, "
             f"{c.gpu_layers} GPU layers{split}{draft}"
         )
 

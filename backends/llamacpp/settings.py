@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from backends.llamacpp.drafting import MODES as DRAFT_MODES
+from backends.llamacpp.launcher import LAUNCHERS
 from gateway.core.policy import Policy
 
 
@@ -37,12 +38,12 @@ class LlamaCppSettings(BaseModel):
         "the GGUF has one and it costs nothing else; mtp or ngram force one; off: none.",
         json_schema_extra={"choices": list(DRAFT_MODES)},
     )
-    llama_launcher: str | None = Field(
+    llama_launcher: str | None = Field(  # a launcher's name (backends.llamacpp.launcher), read by the backend
         None,
-        pattern="^(python|native)$",
+        pattern=f"^({'|'.join(LAUNCHERS)})$",
         description="llama.cpp's server: native (llama-server) or python (llama-cpp-python); unset: native "
         "when llama-server is found, else python.",
-        json_schema_extra={"flags": ["--llama-launcher", "--launcher"], "choices": ["python", "native"]},
+        json_schema_extra={"flags": ["--llama-launcher", "--launcher"], "choices": list(LAUNCHERS)},
     )
 
 

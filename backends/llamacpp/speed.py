@@ -20,7 +20,8 @@ from typing import Any
 from backends.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth
 from backends.llamacpp.drafting import mtp_blocks
 from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.placement import Placement, is_sliding, kv_bytes_per_token_layer
+from backends.llamacpp.kv_cache import is_sliding, kv_bytes_per_token_layer
+from backends.llamacpp.placement import Placement
 from gateway.core.devices import Device
 
 EFFICIENCY = 0.7  # share of the peak bandwidth that llama.cpp's decode reaches

@@ -46,18 +46,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.placement import (
-    HOST_MARGIN_BYTES,
-    KV_PAD,
-    NATIVE_PARALLEL,
-    UBATCH,
-    Placement,
-    is_sliding,
-    kv_bytes_per_token_layer,
-    place,
-    recurrent_state_bytes,
-)
-from gateway.core.devices import GIB, MIB, Device
+from backends.llamacpp.kv_cache import KV_PAD, is_sliding, kv_bytes_per_token_layer, recurrent_state_bytes
+from backends.llamacpp.launcher import NATIVE_PARALLEL, UBATCH
+from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement, place
+from backends.llamacpp.placement_query import PlacementQuery
+from gateway.core.devices import GIB, MIB
 from gateway.core.policy import AGENT_PROMPT_TOKENS
 
 SLOTS = NATIVE_PARALLEL  # llama-server's -np
@@ -126,26 +119,17 @@ def size(
     return WarmSessions(cache, checkpoints, checkpoint_bytes if checkpoints else 0, *room)
 
 
-def widen(
-    facts: GgufFacts,
-    gpus: tuple[Device, ...],
-    base: Placement,
-    n_ctx: int,
-    kv_type: str,
-    draft: str | None,
-    host_spare: int,
-) -> tuple[int, Placement]:
-    """Room in the unified cache beyond one request's ``n_ctx``: the most cells (up to ``SLOTS - 1`` more
-    contexts, in steps of an eighth of one, whole 256-cell pages) that the GPUs hold with ``base``'s layers,
-    experts and split, costing at most ``host_spare`` more bytes of RAM; with the placement at that size
-    (its KV and masks larger). (0, ``base``) when there is no room: the context was chosen first and
-    keeps its place. Bisection: at most 6 placements per rung (the plan's search stays quick)."""
+def widen(query: PlacementQuery, base: Placement, host_spare: int) -> tuple[int, Placement]:
+    """Room in the unified cache beyond one request's context (``query.n_ctx``): the most cells (up to
+    ``SLOTS - 1`` more contexts, in steps of an eighth of one, whole 256-cell pages) that the GPUs hold
+    with ``base``'s layers, experts and split, costing at most ``host_spare`` more bytes of RAM; with the
+    placement at that size (its KV and masks larger). (0, ``base``) when there is no room: the context
+    was chosen first and keeps its place. Bisection: at most 6 placements per rung (the plan's search stays quick)."""
+    facts, n_ctx = query.facts, query.n_ctx
 
     def placed(extra: int) -> Placement:
         split = base.tensor_split or None
-        return place(
-            facts, gpus, n_ctx + extra, kv_type, "native", base.n_gpu_layers, base.n_cpu_moe, split, draft=draft
-        )
+        return place(query.with_context(n_ctx + extra), base.n_gpu_layers, base.n_cpu_moe, split)
 
     def holds(placement: Placement) -> bool:
         return not placement.overflow() and placement.host_total - base.host_total <= host_spare
@@ -181,26 +165,18 @@ def long_rope_room(facts: GgufFacts, n_ctx: int) -> int:
 
 
 def keep_warm(
-    facts: GgufFacts,
-    gpus: tuple[Device, ...],
-    placement: Placement,
-    n_ctx: int,
-    kv_type: str,
-    draft: str | None,
-    ram_available: int,
-    *,
-    fits: bool,
-    sessions: int = SLOTS,
+    query: PlacementQuery, placement: Placement, ram_available: int, *, fits: bool, sessions: int = SLOTS
 ) -> tuple[WarmSessions, Placement]:
-    """What keeps sessions warm for a placement of ``n_ctx`` that the plan chose: where it ``fits``, room
-    in the unified cache from what the devices and half the spare RAM leave (:func:`widen`); then the
-    checkpoints and the prompt cache from the RAM left after that (:func:`size`). With the placement the
-    engine will then take (its KV with the room)."""
+    """What keeps sessions warm for a placement of ``query`` (llama-server's) that the plan chose: where
+    it ``fits``, room in the unified cache from what the devices and half the spare RAM leave
+    (:func:`widen`); then the checkpoints and the prompt cache from the RAM left after that
+    (:func:`size`). With the placement the engine will then take (its KV with the room)."""
+    facts, n_ctx, kv_type = query.facts, query.n_ctx, query.kv_type
     context_kv = kv_total(placement)
     room, roomy = 0, placement
     if fits:
         spare = (ram_available - placement.host_total - HOST_MARGIN_BYTES) // 2
-        room, roomy = widen(facts, gpus, placement, n_ctx, kv_type, draft, spare)
+        room, roomy = widen(query, placement, spare)
     spare = ram_available - roomy.host_total - HOST_MARGIN_BYTES
     # the prompt cache is wanted for four contexts (one per slot), or for the sessions asked for (--sessions) at
     # an agent's typical prompt, whichever is more
@@ -223,7 +199,7 @@ def checkpoint_bytes(facts: GgufFacts, kv_type: str) -> int:
     total = 0
     for layer in range(facts.num_layers):
         if facts.is_recurrent(layer):
-            total += recurrent_state_bytes(facts, "python")  # "python": the states of one sequence
+            total += recurrent_state_bytes(facts, 1)  # the states of one sequence
         elif is_sliding(facts, layer):
             assert facts.sliding_window
             total += int(min(facts.sliding_window + UBATCH, facts.max_position or 1 << 30)

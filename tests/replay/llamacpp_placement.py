@@ -12,8 +12,10 @@ from typing import Any
 
 from backends.llamacpp import facts_from_gguf, place
 from backends.llamacpp.gguf_reader import GgufHeader, GgufTensor
+from backends.llamacpp.launcher import NATIVE
 from backends.llamacpp.logs import memory_line
 from backends.llamacpp.placement import Placement
+from backends.llamacpp.placement_query import PlacementQuery
 from backends.model_facts import ModelFacts
 from gateway.core.devices import MIB, Device, parse_gpu_spec
 
@@ -119,7 +121,13 @@ def case_placement(case: Case, facts: ModelFacts, gpus: tuple[Device, ...] | Non
     # the logged devices are ggml-rpc-server processes (CPU backends): remote devices, which neither run
     # host-resident weights' products (op_offload=False) nor take a local CUDA GPU's attention copies
     gpus = gpus or tuple(replace(gpu, node="rpc") for gpu in parse_gpu_spec(HOST_MEMORY))
-    return place(facts, gpus, case.n_ctx, case.kv_type, "native", layers, case.n_cpu_moe, case.split, op_offload=False)
+    return place(
+        PlacementQuery(facts, gpus, case.n_ctx, case.kv_type, NATIVE),
+        layers,
+        case.n_cpu_moe,
+        case.split,
+        op_offload=False,
+    )
 
 
 def misses(planned: int, logged: int) -> bool:

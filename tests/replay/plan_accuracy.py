@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from backends import llamacpp, vllm
+from backends.llamacpp.launcher import NATIVE
 from backends.model_facts import facts_from_config
 from backends.vllm.checkpoint_facts import checkpoint_facts
 from backends.vllm.memory import cuda_total
@@ -159,11 +160,13 @@ def replay_llamacpp() -> list[Row]:
         config = {"hidden_size": 4096, "num_hidden_layers": layers, "num_attention_heads": 32}
         config |= {"num_key_value_heads": kv_heads, "head_dim": 128}
         facts = llamacpp.GgufFacts.from_config(facts_from_config(config, case_id), config)
-        kv = sum(llamacpp.kv_layer_bytes(facts, i, "f16", n_ctx, "native") for i in range(layers))
+        kv = sum(llamacpp.kv_layer_bytes(facts, i, "f16", n_ctx, NATIVE) for i in range(layers))
         rows.append(Row(case_id, "KV cache MiB", kv / MIB, reported_mib))
     qwen3_config = {"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16, "vocab_size": 151936}
     qwen3_17b = llamacpp.GgufFacts.from_config(facts_from_config(qwen3_config, "qwen3-1.7b"), qwen3_config)
-    compute = llamacpp.compute_buffer_bytes(qwen3_17b, 40960, flash_attention=True, holds_output=True)
+    compute = llamacpp.compute_buffer_bytes(
+        qwen3_17b, 40960, flash_attention=True, holds_output=True, launcher=llamacpp.PYTHON
+    )
     rows.append(Row("llama-03", "compute buffer MiB (output GPU)", compute / MIB, 300))
     return rows
 

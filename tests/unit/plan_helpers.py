@@ -7,6 +7,7 @@ from typing import Any
 from backends import llamacpp, vllm
 from backends.base import Installation
 from backends.llamacpp.gguf_facts import GgufFacts
+from backends.llamacpp.launcher import PYTHON, Launcher
 from gateway.planning.planner import EnginePlan
 
 
@@ -18,7 +19,7 @@ def engine_plans(
     gguf: str = "model.gguf",
     chat_format: str | None = None,
     vllm_version: str = vllm.DEFAULT_VERSION,
-    launcher: str = "python",
+    launcher: Launcher = PYTHON,
     parsers: tuple[str | None, str | None] = (None, None),
 ) -> list[EnginePlan]:
     """Both engines, as the registry orders them; an engine without facts has no model (not planned)."""
@@ -27,7 +28,9 @@ def engine_plans(
     llama_model = llamacpp.LlamaCppModel(name, source, gguf_facts, gguf) if gguf_facts else None
     return [
         EnginePlan(vllm.BACKEND, Installation(None, vllm_version, "given"), vllm_model),
-        EnginePlan(llamacpp.BACKEND, Installation(("python",), "0.3.36", "llama-cpp-python", launcher), llama_model),
+        EnginePlan(
+            llamacpp.BACKEND, Installation(("python",), "0.3.36", "llama-cpp-python", launcher.name), llama_model
+        ),
     ]
 
 

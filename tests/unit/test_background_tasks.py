@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from backends.base import Launch
+from backends.llamacpp.launcher import NATIVE
 from gateway.nodes.survey import NodeReport, Nodes
 from gateway.supervision.external import ExternalBackend
 from gateway.supervision.lifecycle import State
@@ -24,7 +25,7 @@ def _flaky_replan(failures: int, exc: BaseException) -> tuple[Any, list[int]]:
     """A re-plan that raises ``exc`` its first ``failures`` times (a worker's answer nobody checked),
     then plans one llama.cpp option."""
     calls: list[int] = []
-    left = _llama(rpc=("a:50052",), launcher="native")
+    left = _llama(rpc=("a:50052",), launcher=NATIVE)
 
     def replan() -> tuple[list[Any], dict[str, Any]]:
         calls.append(1)
@@ -44,7 +45,7 @@ def test_a_replan_that_raises_is_logged_explained_and_tried_again_until_it_works
     tmp_path: Path, exc: BaseException, caplog: pytest.LogCaptureFixture
 ) -> None:
     replan, calls = _flaky_replan(2, exc)
-    pooled = _llama(rpc=("a:50052", "b:50052"), launcher="native")
+    pooled = _llama(rpc=("a:50052", "b:50052"), launcher=NATIVE)
     engines = Engines(serves_then_dies_lost(), serves())
     supervisor = _supervisor([pooled], engines, tmp_path, replan=replan)
     seen: list[tuple[State, str | None]] = []
@@ -69,7 +70,7 @@ def test_an_unexpected_error_backs_off_and_the_backoff_resets_once_it_serves(tmp
     replan, _calls = _flaky_replan(3, AttributeError("x"))
     clock = Clock()
     engines = Engines(serves_then_dies_lost(), serves())
-    supervisor = _supervisor([_llama(launcher="native")], engines, tmp_path, replan=replan, sleep=clock.sleep)
+    supervisor = _supervisor([_llama(launcher=NATIVE)], engines, tmp_path, replan=replan, sleep=clock.sleep)
 
     async def scenario() -> None:
         await supervisor.start()
@@ -95,7 +96,7 @@ def test_a_node_check_that_raises_is_logged_and_serving_goes_on(
     nodes.check = broken_check  # type: ignore[method-assign]
     replan, _ = _flaky_replan(0, AttributeError())
     engines = Engines(serves())
-    supervisor = _supervisor([_llama(launcher="native")], engines, tmp_path, replan=replan, nodes=nodes, node_check_s=0)
+    supervisor = _supervisor([_llama(launcher=NATIVE)], engines, tmp_path, replan=replan, nodes=nodes, node_check_s=0)
 
     async def scenario() -> None:
         await supervisor.start()

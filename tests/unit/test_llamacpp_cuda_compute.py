@@ -12,7 +12,10 @@ import pytest
 
 from backends.llamacpp import facts_from_gguf
 from backends.llamacpp.gguf_reader import read_gguf_header
-from backends.llamacpp.placement import GPU_MARGIN_BYTES, best_placement, place
+from backends.llamacpp.launcher import NATIVE
+from backends.llamacpp.placement import GPU_MARGIN_BYTES, place
+from backends.llamacpp.placement_query import PlacementQuery
+from backends.llamacpp.placement_search import best_placement
 from backends.model_facts import ModelFacts
 from gateway.core.devices import MIB, Device, parse_gpu_spec
 from tests.synthetic_gguf import LLAMA_8B, make_llama_shapes
@@ -60,7 +63,7 @@ def test_the_cuda_compute_buffer_is_what_an_h100_logged(
 ) -> None:
     """Within 4 % (or 16 MiB) of the engine's own figure."""
     model, n_ctx, kv_type, ngl = case
-    placement = place(llamas[model], h100(), n_ctx, kv_type, "native", ngl)
+    placement = place(PlacementQuery(llamas[model], h100(), n_ctx, kv_type, NATIVE), ngl)
     planned_mib = placement.device_compute[0] / MIB
     assert abs(planned_mib - logged_mib) <= max(16.0, 0.04 * logged_mib), (planned_mib, logged_mib)
 
@@ -68,18 +71,20 @@ def test_the_cuda_compute_buffer_is_what_an_h100_logged(
 def test_a_remote_device_keeps_the_rpc_measured_buffer(llamas: dict[str, ModelFacts]) -> None:
     """The CUDA copies are a local GPU's: an RPC device's buffer (measured on ggml-rpc-server's CPU
     backend, test_llamacpp_placement) is left as it was."""
-    local = place(llamas["8b"], h100(), 131072, "q8_0", "native", 33).device_compute[0]
+    local = place(PlacementQuery(llamas["8b"], h100(), 131072, "q8_0", NATIVE), 33).device_compute[0]
     gpu = h100()[0]
     remote = Device(gpu.index, gpu.name, gpu.total_bytes, gpu.free_bytes, gpu.compute_capability, node="node2")
-    over_rpc = place(llamas["8b"], (remote,), 131072, "q8_0", "native", 33, op_offload=False).device_compute[0]
+    over_rpc = place(
+        PlacementQuery(llamas["8b"], (remote,), 131072, "q8_0", NATIVE), 33, op_offload=False
+    ).device_compute[0]
     assert local - over_rpc > 400 * MIB
 
 
 def test_the_planned_kv_and_weights_are_the_logged_ones(llamas: dict[str, ModelFacts], tmp_path: Path) -> None:
     """The same run's other terms, from the gateway's /metrics on the H100: 8B f16 at 131,072 (model
     4403.5, KV 16384.0 MiB) and 70B q8_0 at 131,072 (39939.5, 21760.0)."""
-    eight = place(llamas["8b"], h100(), 131072, "f16", "native", 33)
-    seventy = place(llamas["70b"], h100(), 131072, "q8_0", "native", 81)
+    eight = place(PlacementQuery(llamas["8b"], h100(), 131072, "f16", NATIVE), 33)
+    seventy = place(PlacementQuery(llamas["70b"], h100(), 131072, "q8_0", NATIVE), 81)
     assert round(eight.device_model[0] / MIB, 1) == 4403.5 and eight.device_kv[0] / MIB == 16384.0
     assert round(seventy.device_model[0] / MIB, 1) == 39939.5 and seventy.device_kv[0] / MIB == 21760.0
 
@@ -96,7 +101,7 @@ def test_the_split_is_aimed_with_the_cuda_copies_of_each_local_gpu(llamas: dict[
     19,525.6 MiB of its 19,456 usable, so the search gave up a layer (73 slots, 1,314 MiB left idle
     on the 40 GiB card)."""
     gpus = two_local_cards()
-    placement, how = best_placement(llamas["70b"], gpus, 131072, "q8_0", "native")
+    placement, how = best_placement(PlacementQuery(llamas["70b"], gpus, 131072, "q8_0", NATIVE))
     assert how == "74 of 81 layers on GPU" and placement.n_gpu_layers == 74
     assert [compute / MIB for compute in placement.device_compute] == [992.0, 992.0]
     totals = [
@@ -104,7 +109,9 @@ def test_the_split_is_aimed_with_the_cuda_copies_of_each_local_gpu(llamas: dict[
     ]
     assert all(total <= usable for total, usable in zip(totals, placement.device_usable, strict=True))
     assert placement.slot_devices.count(0) == 51 and placement.slot_devices.count(1) == 23
-    proportional = place(llamas["70b"], gpus, 131072, "q8_0", "native", 74)  # the first split tried fits already
+    proportional = place(
+        PlacementQuery(llamas["70b"], gpus, 131072, "q8_0", NATIVE), 74
+    )  # the first split tried fits already
     assert proportional.tensor_split == (0.6784, 0.3216) and not proportional.overflow()
 
 
@@ -114,7 +121,7 @@ def test_the_split_leaves_the_copies_out_of_a_remote_device(llamas: dict[str, Mo
     on ggml-rpc-server (328 MiB), as place() counts both. Before, both were sized at 328 (an even split)."""
     local = two_local_cards()[0]
     remote = Device(1, local.name, local.total_bytes, local.free_bytes, local.compute_capability, node="node2")
-    placement = place(llamas["70b"], (local, remote), 131072, "q8_0", "native", 74)
+    placement = place(PlacementQuery(llamas["70b"], (local, remote), 131072, "q8_0", NATIVE), 74)
     assert [compute / MIB for compute in placement.device_compute] == [992.0, 328.0]
     usable = local.free_bytes - GPU_MARGIN_BYTES
     room = [usable - 992 * MIB, usable - 328 * MIB]

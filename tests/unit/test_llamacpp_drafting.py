@@ -19,8 +19,12 @@ from backends.base import Failure, FailureKind
 from backends.llamacpp import drafting
 from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_reader import parse_gguf_header
+from backends.llamacpp.kv_cache import kv_layer_bytes
 from backends.llamacpp.ladder import best, candidates
-from backends.llamacpp.placement import best_placement, kv_layer_bytes, place
+from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
+from backends.llamacpp.placement import place
+from backends.llamacpp.placement_query import PlacementQuery
+from backends.llamacpp.placement_search import best_placement
 from backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
 from gateway.core.policy import Pins, Policy
@@ -58,11 +62,11 @@ def test_without_drafting_llama_cpp_skips_the_nextn_block_and_its_cache() -> Non
     counts the block as a slot (n_layer_all + 1)."""
     facts, _ = _air_q4()
     gpus = _gpus("2x80GiB@9.0")
-    plain = place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1)
-    drafting_ = place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1, draft="mtp")
+    plain = place(PlacementQuery(facts, gpus, 32768, "f16", NATIVE), facts.num_layers + 1)
+    drafting_ = place(PlacementQuery(facts, gpus, 32768, "f16", NATIVE, draft="mtp"), facts.num_layers + 1)
     on_gpus = sum(plain.device_model) + plain.host_model - facts.embedding_bytes
     assert on_gpus == facts.weight_bytes - facts.embedding_bytes - drafting.mtp_block_bytes(facts)
-    one_layer = kv_layer_bytes(facts, 0, "f16", 32768, "native")
+    one_layer = kv_layer_bytes(facts, 0, "f16", 32768, NATIVE)
     assert sum(plain.device_kv) == one_layer * 46
     # drafting: + the block's weights, + one layer of cache in the draft context, + its compute buffer
     assert sum(drafting_.device_model) - sum(plain.device_model) == drafting.mtp_block_bytes(facts)
@@ -78,7 +82,7 @@ def test_the_trunk_decode_estimate_does_not_read_the_nextn_block() -> None:
 
     facts, _ = _air_q4()
     gpus = _gpus("2x80GiB@9.0")
-    placed = place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1)
+    placed = place(PlacementQuery(facts, gpus, 32768, "f16", NATIVE), facts.num_layers + 1)
     without = replace(facts, layer_bytes=(*facts.layer_bytes[:-1], 10 * GIB))  # a huge nextn block
     assert bytes_read_per_token(facts, placed, "f16", 32768, 2) == bytes_read_per_token(
         without, placed, "f16", 32768, 2
@@ -88,7 +92,7 @@ def test_the_trunk_decode_estimate_does_not_read_the_nextn_block() -> None:
 def test_mtp_drafting_is_chosen_where_it_costs_nothing_else() -> None:
     facts, _ = _air_q4()
     gpus = _gpus("2x80GiB@9.0")
-    found = candidates(facts, "air.gguf", gpus, 256 * GIB, min_context=32768, max_context=None, launcher="native",
+    found = candidates(facts, "air.gguf", gpus, 256 * GIB, min_context=32768, max_context=None, launcher=NATIVE,
                        optional_draft="mtp")  # fmt: skip
     chosen = best(found)
     without = best([c for c in found if not c.optional])
@@ -107,13 +111,13 @@ def test_mtp_drafting_is_not_bought_with_a_shorter_context_or_a_smaller_kv() -> 
     facts, _ = _air_q4()
     n_ctx = 32768
     probe = _gpus("1x200GiB@9.0")
-    plain, _ = best_placement(facts, probe, n_ctx, "q8_0", "native")
-    drafted, _ = best_placement(facts, probe, n_ctx, "q8_0", "native", "mtp")
+    plain, _ = best_placement(PlacementQuery(facts, probe, n_ctx, "q8_0", NATIVE))
+    drafted, _ = best_placement(PlacementQuery(facts, probe, n_ctx, "q8_0", NATIVE, "mtp"))
     need = plain.device_model[0] + plain.device_kv[0] + plain.device_compute[0]
     extra = sum(drafted.draft_bytes[:3])
     free = need + extra // 2 + 1024 * MIB  # the 1 GiB llama.cpp keeps free
     gpu = (Device(0, "tight", free, free, (9, 0)),)
-    found = candidates(facts, "air.gguf", gpu, 256 * GIB, min_context=n_ctx, max_context=None, launcher="native",
+    found = candidates(facts, "air.gguf", gpu, 256 * GIB, min_context=n_ctx, max_context=None, launcher=NATIVE,
                        pinned_context_length=n_ctx, optional_draft="mtp")  # fmt: skip
     by = {(c.kv_type, c.draft): c for c in found}
     assert by[("q8_0", None)].fits and by[("q8_0", None)].all_on_gpus
@@ -126,16 +130,16 @@ def test_mtp_drafting_is_not_bought_with_a_shorter_context_or_a_smaller_kv() -> 
 @pytest.mark.parametrize(
     ("setting", "launcher", "base", "optional", "noted"),
     [
-        ("auto", "native", "ngram", "mtp", False),
-        ("off", "native", None, None, False),
-        ("mtp", "native", "mtp", None, False),
-        ("ngram", "native", "ngram", None, False),
-        ("auto", "python", None, None, False),  # llama-cpp-python's server is not drafted for
-        ("mtp", "python", None, None, True),
+        ("auto", NATIVE, "ngram", "mtp", False),
+        ("off", NATIVE, None, None, False),
+        ("mtp", NATIVE, "mtp", None, False),
+        ("ngram", NATIVE, "ngram", None, False),
+        ("auto", PYTHON, None, None, False),  # llama-cpp-python's server is not drafted for
+        ("mtp", PYTHON, None, None, True),
     ],
 )
 def test_the_setting_decides_which_modes_are_planned(
-    setting: str, launcher: str, base: str | None, optional: str | None, noted: bool
+    setting: str, launcher: Launcher, base: str | None, optional: str | None, noted: bool
 ) -> None:
     facts, _ = _air_q4()
     found = drafting.modes(facts, setting, launcher)
@@ -145,27 +149,27 @@ def test_the_setting_decides_which_modes_are_planned(
 def test_mtp_is_not_offered_where_the_file_or_the_architecture_has_no_block() -> None:
     facts, _ = _air_q4()
     stripped = replace(facts, layer_bytes=(*facts.layer_bytes[:-1], 0))  # converted with --no-mtp
-    assert drafting.modes(stripped, "auto", "native") == drafting.DraftPlan(base="ngram")
-    found = drafting.modes(stripped, "mtp", "native")
+    assert drafting.modes(stripped, "auto", NATIVE) == drafting.DraftPlan(base="ngram")
+    found = drafting.modes(stripped, "mtp", NATIVE)
     assert found.base is None and found.note and "no MTP (nextn) block" in found.note
-    found = drafting.modes(replace(facts, model_type="llama"), "mtp", "native")
+    found = drafting.modes(replace(facts, model_type="llama"), "mtp", NATIVE)
     assert found.base is None and found.note and "llama" in found.note
 
 
 def test_the_plan_starts_llama_server_with_the_draft_flags_and_says_so() -> None:
     facts, _ = _air_q4()
     inventory = Inventory(_gpus("2x80GiB@9.0"), 256 * GIB, 256 * GIB, source="simulated")
-    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, Policy())
+    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher=NATIVE), inventory, Policy())
     chosen = plan.chosen
     assert chosen is not None and chosen.draft == "mtp"
     argv = chosen.argv
     assert argv[argv.index("--spec-type") + 1] == "draft-mtp"
     off = Policy(pins=Pins(engine={"llama_draft": "off"}))
-    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, off)
+    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher=NATIVE), inventory, off)
     assert plan.chosen is not None and plan.chosen.draft is None and "--spec-type" not in plan.chosen.argv
     assert not any(c.draft for c in plan.candidates)
     ngram = Policy(pins=Pins(engine={"llama_draft": "ngram"}))
-    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher="native"), inventory, ngram)
+    plan = evaluate_and_choose("air", engine_plans("air", gguf_facts=facts, launcher=NATIVE), inventory, ngram)
     assert plan.chosen is not None and plan.chosen.draft == "ngram"
     assert plan.chosen.argv[plan.chosen.argv.index("--spec-type") + 1] == "ngram-mod"
     assert plan.chosen.placement.draft_bytes == (0, 0, 0, drafting.NGRAM_TABLE_BYTES)  # its table, in RAM
@@ -180,7 +184,7 @@ def test_a_plan_from_the_config_counts_the_nextn_block_as_convert_hf_to_gguf_wri
         and drafting.mtp_block_bytes(facts) == facts.layer_bytes[-1] > 0
     )
     inventory = Inventory(_gpus("2x32GiB@12.0"), 64 * GIB, 64 * GIB, source="simulated")
-    plan = evaluate_and_choose("glm", engine_plans("glm", gguf_facts=facts, launcher="native"), inventory, Policy())
+    plan = evaluate_and_choose("glm", engine_plans("glm", gguf_facts=facts, launcher=NATIVE), inventory, Policy())
     assert plan.chosen is not None and plan.chosen.draft == "mtp" and plan.chosen.placement.n_gpu_layers == 49
     assert any("if the GGUF keeps the nextn block" in note for note in plan.notes)
 
@@ -188,7 +192,7 @@ def test_a_plan_from_the_config_counts_the_nextn_block_as_convert_hf_to_gguf_wri
 # -- the supervisor's side: drafting goes first, and is remembered only where planned ------------------------
 def _option(draft: str | None) -> llamacpp.LlamaCppOption:
     config = llamacpp.LlamaCppConfig(
-        gguf=Path("/m.gguf"), served_name="m", context_length=8192, launcher="native", draft=draft
+        gguf=Path("/m.gguf"), served_name="m", context_length=8192, launcher=NATIVE, draft=draft
     )
     return llamacpp.LlamaCppOption(config=config, command=("llama-server",))
 
@@ -249,7 +253,7 @@ def test_by_default_a_model_without_an_mtp_block_drafts_from_the_context() -> No
     facts, _ = _air_q4()
     plain = replace(facts, model_type="qwen3moe", mtp_layers=0)
     inventory = Inventory(_gpus("2x80GiB@9.0"), 256 * GIB, 256 * GIB, source="simulated")
-    plan = evaluate_and_choose("m", engine_plans("m", gguf_facts=plain, launcher="native"), inventory, Policy())
+    plan = evaluate_and_choose("m", engine_plans("m", gguf_facts=plain, launcher=NATIVE), inventory, Policy())
     assert plan.chosen is not None and plan.chosen.draft == "ngram" and not any(c.optional for c in plan.candidates)
-    python = evaluate_and_choose("m", engine_plans("m", gguf_facts=plain, launcher="python"), inventory, Policy())
+    python = evaluate_and_choose("m", engine_plans("m", gguf_facts=plain, launcher=PYTHON), inventory, Policy())
     assert python.chosen is not None and python.chosen.draft is None and "--spec-type" not in python.chosen.argv

@@ -10,6 +10,7 @@ import pytest
 
 from backends import llamacpp
 from backends.base import Failure, FailureKind
+from backends.llamacpp.launcher import NATIVE
 from gateway.supervision.after_failure import NextOption, Retry, Stop, next_move
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -23,7 +24,7 @@ def _first(name: str) -> Failure:
 
 
 def _native_option(kv_type: str = "f16") -> llamacpp.LlamaCppOption:
-    config = llamacpp.LlamaCppConfig(Path("/m.gguf"), "m", 8192, kv_type=kv_type, launcher="native")
+    config = llamacpp.LlamaCppConfig(Path("/m.gguf"), "m", 8192, kv_type=kv_type, launcher=NATIVE)
     return llamacpp.LlamaCppOption(config=config, command=("llama-server",))
 
 

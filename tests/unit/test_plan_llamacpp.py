@@ -11,7 +11,8 @@ from backends import llamacpp
 from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
 from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.gguf_reader import read_gguf_header
-from backends.llamacpp.placement import is_sliding, kv_bytes_per_token_layer
+from backends.llamacpp.kv_cache import is_sliding, kv_bytes_per_token_layer
+from backends.llamacpp.launcher import NATIVE, PYTHON
 from backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Policy
@@ -81,7 +82,7 @@ def test_70b_bf16_with_too_little_ram_fits_nowhere_and_says_so() -> None:
 def test_unequal_gpus_split_by_usable_memory_not_evenly() -> None:
     facts = estimate_gguf_facts(facts_from_config(LLAMA_70B, "70b"), LLAMA_70B, 4.85)
     gpus = parse_gpu_spec("1x12GiB,1x24GiB")
-    placement, _ = llamacpp.best_placement(facts, gpus, 32768, "f16", "python")
+    placement, _ = llamacpp.best_placement(llamacpp.PlacementQuery(facts, gpus, 32768, "f16", PYTHON))
     weight = [u - c for u, c in zip(placement.device_usable, placement.device_compute, strict=True)]
     expected = weight[0] / sum(weight)
     assert placement.tensor_split[0] / sum(placement.tensor_split) == pytest.approx(expected, abs=0.02)  # to a layer
@@ -93,9 +94,9 @@ def test_moe_experts_go_to_ram_first_with_the_native_server() -> None:
     config.setdefault("vocab_size", 151936)
     facts = estimate_gguf_facts(facts_from_config(config, "qwen3-30b-a3b"), config, 16.0)  # F16: ~57 GiB
     gpus = parse_gpu_spec("1x24GiB")
-    native, how = llamacpp.best_placement(facts, gpus, 32768, "f16", "native")
+    native, how = llamacpp.best_placement(llamacpp.PlacementQuery(facts, gpus, 32768, "f16", NATIVE))
     assert native.n_cpu_moe > 0 and native.n_gpu_layers == facts.num_layers + 1, how
-    python, how = llamacpp.best_placement(facts, gpus, 32768, "f16", "python")
+    python, how = llamacpp.best_placement(llamacpp.PlacementQuery(facts, gpus, 32768, "f16", PYTHON))
     assert python.n_cpu_moe == 0 and python.n_gpu_layers < facts.num_layers, how
 
 
@@ -110,11 +111,13 @@ def test_experts_moved_to_ram_move_their_routed_share_of_the_reads_there() -> No
     facts = estimate_gguf_facts(facts_from_config(config, "qwen3-30b-a3b"), config, 16.0)
     gpus = parse_gpu_spec("1x80GiB@9.0")
     routed = facts.experts_per_token / facts.num_experts
-    whole = llamacpp.place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1)
+    whole = llamacpp.place(llamacpp.PlacementQuery(facts, gpus, 32768, "f16", NATIVE), facts.num_layers + 1)
     base_gpu, base_host = speed.bytes_read_per_token(facts, whole, "f16", 32768, 1)
     previous = speed.tokens_per_second(facts, whole, gpus, "f16", 32768)
     for n_cpu_moe in (8, 24, facts.num_layers):
-        moved = llamacpp.place(facts, gpus, 32768, "f16", "native", facts.num_layers + 1, n_cpu_moe)
+        moved = llamacpp.place(
+            llamacpp.PlacementQuery(facts, gpus, 32768, "f16", NATIVE), facts.num_layers + 1, n_cpu_moe
+        )
         gpu_bytes, host_bytes = speed.bytes_read_per_token(facts, moved, "f16", 32768, 1)
         share = sum(facts.expert_layer_bytes[:n_cpu_moe]) * routed
         assert host_bytes - base_host == pytest.approx(share)
@@ -144,13 +147,13 @@ def _gqa_facts(layers: int, kv_heads: int, head: int) -> GgufFacts:
 )
 def test_kv_cache_matches_llamacpp_logs_exactly(layers: int, kv_heads: int, n_ctx: int, reported_mib: int) -> None:
     facts = _gqa_facts(layers, kv_heads, 128)
-    total = sum(llamacpp.kv_layer_bytes(facts, i, "f16", n_ctx, "native") for i in range(layers))
+    total = sum(llamacpp.kv_layer_bytes(facts, i, "f16", n_ctx, NATIVE) for i in range(layers))
     assert total == reported_mib * MIB
 
 
 def test_q8_0_kv_is_34_bytes_per_32_elements() -> None:
     facts = _gqa_facts(1, 8, 128)
-    assert llamacpp.kv_layer_bytes(facts, 0, "q8_0", 32, "python") == 32 * 2 * 8 * 128 * 34 // 32
+    assert llamacpp.kv_layer_bytes(facts, 0, "q8_0", 32, PYTHON) == 32 * 2 * 8 * 128 * 34 // 32
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +174,9 @@ def test_gguf_facts_of_the_real_gemma_file(gemma_facts: GgufFacts) -> None:
 
 @needs_embedded_model
 def test_compute_buffer_matches_the_logged_514_mib_for_gemma_at_32k(gemma_facts: GgufFacts) -> None:
-    estimate = llamacpp.compute_buffer_bytes(gemma_facts, 32768, flash_attention=False, holds_output=True)
+    estimate = llamacpp.compute_buffer_bytes(
+        gemma_facts, 32768, flash_attention=False, holds_output=True, launcher=llamacpp.PYTHON
+    )
     assert abs(estimate / MIB - 514.5) / 514.5 < 0.05
 
 
@@ -217,9 +222,7 @@ def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, Gg
 
     facts = shape_ggufs["gemma4"]
     gpus = parse_gpu_spec("2x16GiB")
-    found = llamacpp.candidates(
-        facts, "g4.gguf", gpus, 64 * GIB, min_context=32768, max_context=None, launcher="native"
-    )
+    found = llamacpp.candidates(facts, "g4.gguf", gpus, 64 * GIB, min_context=32768, max_context=None, launcher=NATIVE)
     chosen = llamacpp.best(found)
     assert chosen is not None and chosen.placement.n_gpu_layers == 61 and not chosen.placement.overflow()
     assert chosen.n_ctx == 131072 and chosen.kv_type == "q8_0"
@@ -227,8 +230,10 @@ def test_gemma4_on_two_16gb_cards_places_all_61_layers(shape_ggufs: dict[str, Gg
         facts, kv_heads_per_layer=(), sliding_per_layer=(), sliding_layers=60, num_kv_heads=32, cache_key_dim_sliding=0
     )  # the old reading
     layers = {
-        (launcher, name): llamacpp.best_placement(f, gpus, 32768, kv, launcher)[0].n_gpu_layers
-        for launcher, kv in (("native", "f16"), ("python", "q8_0"))
+        (launcher.name, name): llamacpp.best_placement(llamacpp.PlacementQuery(f, gpus, 32768, kv, launcher))[
+            0
+        ].n_gpu_layers
+        for launcher, kv in ((NATIVE, "f16"), (PYTHON, "q8_0"))
         for name, f in (("old", uniform), ("new", facts))
     }
     assert layers == {("native", "old"): 51, ("native", "new"): 61, ("python", "old"): 16, ("python", "new"): 53}
@@ -242,7 +247,7 @@ def test_70b_q4_k_m_on_two_24gb_cards_keeps_every_layer_on_the_gpus(shape_ggufs:
     in RAM (~1.7 tokens/s) over every layer on the GPUs at 32k with q8_0 KV (~15 tokens/s)."""
     facts = shape_ggufs["llama70b"]
     found = llamacpp.candidates(
-        facts, "l70.gguf", parse_gpu_spec("2x24GiB"), 128 * GIB, min_context=32768, max_context=None, launcher="native"
+        facts, "l70.gguf", parse_gpu_spec("2x24GiB"), 128 * GIB, min_context=32768, max_context=None, launcher=NATIVE
     )
     longest = found[0]
     # 45 layers, not 46, with CUDA's f16 copies of a layer's K and V (test_llamacpp_cuda_compute)
@@ -261,7 +266,7 @@ def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str,
     facts = shape_ggufs["llama70b"]
     found = llamacpp.candidates(
         facts, "l70.gguf", parse_gpu_spec("2x24GiB"), 128 * GIB, min_context=131072, max_context=None,
-        launcher="native", pinned_context_length=131072,
+        launcher=NATIVE, pinned_context_length=131072,
     )  # fmt: skip
     chosen = llamacpp.best(found)
     assert chosen is not None and chosen.n_ctx == 131072 and chosen.placement.n_gpu_layers < 81
@@ -279,12 +284,12 @@ def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggu
     assert bandwidth.gpu_bandwidth(parse_gpu_spec("1x32GiB@12.0")[0]) == 1792e9  # simulated: by capability
     assert bandwidth.gpu_bandwidth(parse_gpu_spec("1x32GiB@6.1")[0]) == bandwidth.DEFAULT_GPU_BANDWIDTH_GBPS * 1e9
     facts = shape_ggufs["llama70b"]
-    on_h100 = llamacpp.place(facts, (h100,), 32768, "f16", "native", 81)
+    on_h100 = llamacpp.place(llamacpp.PlacementQuery(facts, (h100,), 32768, "f16", NATIVE), 81)
     gpu_bytes, host_bytes = speed.bytes_read_per_token(facts, on_h100, "f16", 32768, 1)
     assert host_bytes == 0 and gpu_bytes[0] == pytest.approx(sum(facts.layer_bytes) + facts.output_bytes, rel=0.3)
     fast = speed.tokens_per_second(facts, on_h100, (h100,), "f16", 32768)
     half = speed.tokens_per_second(
-        facts, llamacpp.place(facts, (h100,), 32768, "f16", "native", 41), (h100,), "f16", 32768
+        facts, llamacpp.place(llamacpp.PlacementQuery(facts, (h100,), 32768, "f16", NATIVE), 41), (h100,), "f16", 32768
     )
     assert fast > 35 and half < fast / 10  # 40 of 80 blocks from RAM at 60 GB/s dominate
 
@@ -315,12 +320,15 @@ def test_moe_split_search_keeps_the_fewest_experts_in_ram_that_any_split_fits(n_
     facts = estimate_gguf_facts(facts_from_config(config, "qwen3-coder"), config, 16.0)
     gpus = parse_gpu_spec("2x24GiB")
     slots = facts.num_layers + 1
-    placement, how = llamacpp.best_placement(facts, gpus, n_ctx, kv_type, "native")
+    placement, how = llamacpp.best_placement(llamacpp.PlacementQuery(facts, gpus, n_ctx, kv_type, NATIVE))
     assert not placement.overflow() and placement.n_gpu_layers == slots, how
 
     def any_split_fits(moe: int) -> bool:
         splits = [(float(k), float(slots - k)) for k in range(slots + 1)]
-        return any(not llamacpp.place(facts, gpus, n_ctx, kv_type, "native", slots, moe, s).overflow() for s in splits)
+        return any(
+            not llamacpp.place(llamacpp.PlacementQuery(facts, gpus, n_ctx, kv_type, NATIVE), slots, moe, s).overflow()
+            for s in splits
+        )
 
     assert placement.n_cpu_moe > 0 and not any_split_fits(placement.n_cpu_moe - 1), how
     terms = zip(placement.device_model, placement.device_kv, placement.device_compute, strict=True)
@@ -337,14 +345,14 @@ def test_a_python_plan_says_when_the_native_server_would_plan_more() -> None:
     machine = _machine("2x16GiB@8.9", 64)
     python = evaluate_and_choose("gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts), machine, Policy())
     chosen = python.chosen
-    assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.launcher == "python"
+    assert isinstance(chosen, llamacpp.LlamaCppCandidate) and chosen.launcher is PYTHON
     notes = [n for n in python.notes if "the native llama-server would plan this GGUF" in n]
     assert len(notes) == 1, python.notes
     native = evaluate_and_choose(
-        "gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher="native"), machine, Policy()
+        "gemma-4-31b", engine_plans("gemma-4-31b", gguf_facts=facts, launcher=NATIVE), machine, Policy()
     )
     best = native.chosen
-    assert isinstance(best, llamacpp.LlamaCppCandidate) and best.launcher == "native"
+    assert isinstance(best, llamacpp.LlamaCppCandidate) and best.launcher is NATIVE
     assert best.n_ctx > chosen.n_ctx or best.tokens_per_s > 1.25 * chosen.tokens_per_s
     assert f"context {best.n_ctx:,} KV {best.kv_type}, ~{best.tokens_per_s:,.0f} tokens/s" in notes[0]
     assert "sliding-window caches" in notes[0]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from backends import llamacpp, objective, vllm
+from backends.llamacpp.launcher import NATIVE
 from backends.vllm import releases
 from backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.cli.full_settings import Settings
@@ -116,7 +117,7 @@ def test_below_the_floor_is_a_last_resort_and_said_loudly() -> None:
     facts = checkpoint_facts(config, "meta-llama/Llama-3.1-8B-Instruct")
     gguf = llamacpp.estimate_gguf_facts(facts, config, 16.0)
     engines = engine_plans("llama", checkpoints=[vllm.Checkpoint("meta-llama/Llama-3.1-8B-Instruct", facts)],
-                           gguf_facts=gguf, launcher="native")  # fmt: skip
+                           gguf_facts=gguf, launcher=NATIVE)  # fmt: skip
     machine = Inventory(parse_gpu_spec("1x20GiB@8.9"), 3 * GIB, 3 * GIB, source="simulated")
     plan = evaluate_and_choose("llama", engines, machine, Policy(max_context=131072))
     chosen = plan.chosen

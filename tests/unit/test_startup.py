@@ -135,7 +135,7 @@ def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(t
     )
     serve_plan = plan_serving(settings, machine=machine)
     option = serve_plan.options[-1]
-    assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
+    assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher is llamacpp.NATIVE
     launch = option.launch(5555, "k")
     argv = launch.argv
     assert argv[0] == "/opt/llama/llama-server" and launch.health_path == "/health"
@@ -153,10 +153,10 @@ def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, mon
     monkeypatch.setattr(backend.shutil, "which", lambda name: None)
     serve_plan = plan_serving(_settings(tmp_path, model="gemma-3-270m", llama_launcher=None), machine=CPU)
     option = serve_plan.options[0]
-    assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher == "native"
+    assert isinstance(option, llamacpp.LlamaCppOption) and option.config.launcher is llamacpp.NATIVE
     assert option.command == ("/pkg/bin/llama-server",)
     forced = plan_serving(_settings(tmp_path, model="gemma-3-270m", llama_launcher="python"), machine=CPU).options[0]
-    assert isinstance(forced, llamacpp.LlamaCppOption) and forced.config.launcher == "python"
+    assert isinstance(forced, llamacpp.LlamaCppOption) and forced.config.launcher is llamacpp.PYTHON
 
 
 @needs_embedded_model
@@ -194,7 +194,6 @@ def test_an_engine_not_installed_offers_no_options_and_serve_names_its_fix(tmp_p
     import json
 
     from backends.base import Installation
-    from backends.llamacpp.backend import MISSING
     from gateway.core.policy import Policy
     from gateway.planning.planner import EnginePlan, evaluate_and_choose
     from gateway.planning.serve_plan import nothing_to_start, options_of
@@ -205,7 +204,7 @@ def test_an_engine_not_installed_offers_no_options_and_serve_names_its_fix(tmp_p
     model = llamacpp.LlamaCppModel(
         "smol", llamacpp.LlamaCppSource(gguf_path="m.gguf"), llamacpp.facts_from_gguf(header, "smol"), "m.gguf"
     )
-    missing = Installation(None, "unknown", "llama-cpp-python", "python", MISSING["python"])
+    missing = Installation(None, "unknown", "llama-cpp-python", "python", llamacpp.PYTHON.missing)
     engines = [EnginePlan(llamacpp.BACKEND, missing, model)]
     plan = evaluate_and_choose("smol", engines, CPU, Policy(min_context=4096))
     assert plan.chosen is not None and plan.not_installed("llamacpp")

@@ -15,6 +15,7 @@ import pytest
 
 from backends import objective, vllm
 from backends.llamacpp.gguf_facts import estimate_gguf_facts
+from backends.llamacpp.launcher import NATIVE
 from backends.llamacpp.warm_turns import turn as llama_turn
 from backends.vllm.argv import build_argv
 from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
@@ -107,7 +108,7 @@ def _qwen35_plan(version: str) -> Any:
         checkpoints=checkpoints,
         gguf_facts=estimate_gguf_facts(bf16, cfg, 4.85),
         gguf="Qwen3.5-27B-Q4_K_M.gguf",
-        launcher="native",
+        launcher=NATIVE,
         vllm_version=version,
     )
     machine = Inventory(parse_gpu_spec("2x24GiB@8.9"), 64 * GIB, 64 * GIB, source="simulated")
@@ -161,7 +162,7 @@ def test_the_engine_rule_takes_the_warm_engine_over_a_cold_one_that_comes_first(
         checkpoints=[vllm.Checkpoint("Qwen/Qwen3-Next-80B-A3B-Instruct", facts)],
         gguf_facts=estimate_gguf_facts(facts, cfg, 4.85),
         gguf="Qwen3-Next-80B-A3B-Instruct-Q4_K_M.gguf",
-        launcher="native",
+        launcher=NATIVE,
         vllm_version="0.18.0",
     )
     machine = Inventory(parse_gpu_spec("1x80GiB@9.0"), 128 * GIB, 128 * GIB, source="simulated")

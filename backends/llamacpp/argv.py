@@ -1,8 +1,9 @@
-"""llama.cpp's two launchers and their argv: llama-cpp-python's server and the native llama-server.
+"""How llama.cpp's two launchers are started: the configuration, each one's argv and its ``Launch``.
 
-Both serve one GGUF on 127.0.0.1 with a key; they differ in flag names, health path and what they
-do natively (llama-server speaks Responses and Messages and parses tool calls from the GGUF's Jinja
-template). The one place their flag names live.
+Both serve one GGUF on 127.0.0.1 with a key; they differ in flag names and in what the server does
+itself (llama-server parses tool calls from the GGUF's Jinja template, reports its slots' progress,
+drafts, keeps sessions warm). The one place their flag names live; what else differs between them is
+a field of the launcher (:mod:`backends.llamacpp.launcher`).
 """
 
 from __future__ import annotations
@@ -15,31 +16,20 @@ from pathlib import Path
 
 from backends.base import Launch
 from backends.llamacpp.drafting import ARGV as DRAFT_ARGV
+from backends.llamacpp.kv_cache import KV_TYPES
 from backends.llamacpp.ladder import LlamaCppCandidate
+from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
 from backends.llamacpp.logs import memory_line, speed_line
-from backends.llamacpp.placement import KV_TYPES, NATIVE_PARALLEL
 from backends.llamacpp.progress import SLOTS_PATH, slots_progress
 from backends.llamacpp.rpc import rpc_arguments
 from backends.llamacpp.scheduling import batch_argv, scheduling
 from backends.llamacpp.warm_sessions import WarmSessions
-from gateway.core.errors import BackendError
 
 # ggml's own variables (GGML_CUDA_*, GGML_SCHED_*...) reach the engine; LLAMA_ARG_* do not: the plan sets its flags
 INHERITED_ENV = ("GGML_",)
 
 ENGINE = "llamacpp"
 DISTRIBUTION = "llama-cpp-python"
-# /v1/models answers once the model is loaded (the server loads it before it binds the port).
-HEALTH_PATH = "/v1/models"
-NATIVE_HEALTH_PATH = "/health"  # llama-server answers 200 once the model is loaded
-# The engine's key travels in its environment, never on argv (any local user can read /proc/PID/cmdline):
-# llama-server reads LLAMA_API_KEY; llama-cpp-python's server settings (pydantic, no prefix) API_KEY.
-KEY_VARIABLE = {"native": "LLAMA_API_KEY", "python": "API_KEY"}
-# What llama-server does itself. Not its /v1/responses and /v1/messages: measured with llm-comply
-# against build 11434 they miss required fields (Responses 3/13 passed, Messages 3/9), so the gateway
-# translates those to its chat completions (tool calls still parsed by llama-server from the GGUF's
-# template) and completes the chat shapes (logprobs, refusal) there too.
-NATIVE_APIS = frozenset({"include_usage", "max_completion_tokens"})
 
 
 @dataclass(frozen=True)
@@ -54,7 +44,7 @@ class LlamaCppConfig:
     tensor_split: tuple[float, ...] = ()
     kv_type: str = "f16"
     threads: int | None = None
-    launcher: str = "python"  # "python": llama-cpp-python's server; "native": llama-server
+    launcher: Launcher = PYTHON
     n_cpu_moe: int = 0  # native only: blocks whose MoE experts stay in RAM
     rpc: tuple[str, ...] = ()  # native only: other nodes' ggml-rpc-servers ("host:port"), first in -ts order
     reasoning_format: str | None = None  # native only: how thinking is split out of content (deepseek)
@@ -72,16 +62,6 @@ def installed_version() -> str | None:
 def python_command() -> list[str] | None:
     """This interpreter running llama-cpp-python's server module, if the package is installed here."""
     return [sys.executable, "-m", "llama_cpp.server"] if importlib.util.find_spec("llama_cpp") else None
-
-
-def default_command() -> list[str]:
-    """This interpreter running the server module, after checking (without importing) that it exists."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise BackendError(
-            "llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
-            "(or set llama_cpp_python_command to a Python that has it)"
-        )
-    return [sys.executable, "-m", "llama_cpp.server"]
 
 
 def server_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> list[str]:
@@ -138,7 +118,7 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += config.warm.argv()
     # slots share one unified KV cache (with -np alone each slot would get only -c / slots); -lv 4
     # logs each device's model/KV/compute buffers (read back into /status), hidden by default
-    argv += ["-np", str(NATIVE_PARALLEL), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
+    argv += ["-np", str(NATIVE.slots), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
     return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
 
 
@@ -150,38 +130,48 @@ def split_phrase(tensor_split: tuple[float, ...], rpc: tuple[str, ...] = ()) -> 
 
 
 def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: list[str]) -> Launch:
-    if config.launcher == "native":
-        argv = native_argv(config, command=command, port=str(port))
-        split = split_phrase(config.tensor_split, config.rpc)
-        experts = f", experts of {config.n_cpu_moe} layers in RAM" if config.n_cpu_moe else ""
-        draft = f", drafting {config.draft}" if config.draft else ""
-        summary = (
-            f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
-            f"{config.gpu_layers} GPU layers{split}{experts}{draft}"
-        )
-        return Launch(
-            ENGINE,
-            argv,
-            port,
-            api_key,
-            config.served_name,
-            config.context_length,
-            NATIVE_HEALTH_PATH,
-            summary,
-            native=NATIVE_APIS,
-            reasoning_field="reasoning_content",
-            tokenize_path="/tokenize",
-            tokenize_key="content",
-            template_path="/apply-template",
-            memory_line=memory_line,
-            speed_line=speed_line,
-            max_concurrency=NATIVE_PARALLEL,
-            scheduling=scheduling(NATIVE_PARALLEL),
-            progress_path=SLOTS_PATH,
-            progress=slots_progress,
-            env={KEY_VARIABLE["native"]: api_key},
-            inherit=INHERITED_ENV,
-        )
+    """The start of ``config``'s launcher, its key in the environment (never on argv: any local user
+    can read /proc/PID/cmdline)."""
+    return _LAUNCH[config.launcher](config, port, api_key, command)
+
+
+def _native_launch(config: LlamaCppConfig, port: int, api_key: str, command: list[str]) -> Launch:
+    launcher = config.launcher
+    argv = native_argv(config, command=command, port=str(port))
+    split = split_phrase(config.tensor_split, config.rpc)
+    experts = f", experts of {config.n_cpu_moe} layers in RAM" if config.n_cpu_moe else ""
+    draft = f", drafting {config.draft}" if config.draft else ""
+    summary = (
+        f"llama.cpp (llama-server), {config.gguf.name}, context {config.context_length}, KV {config.kv_type}, "
+        f"{config.gpu_layers} GPU layers{split}{experts}{draft}"
+    )
+    return Launch(
+        ENGINE,
+        argv,
+        port,
+        api_key,
+        config.served_name,
+        config.context_length,
+        launcher.health_path,
+        summary,
+        native=launcher.native_apis,
+        reasoning_field="reasoning_content",
+        tokenize_path="/tokenize",
+        tokenize_key="content",
+        template_path="/apply-template",
+        memory_line=memory_line,
+        speed_line=speed_line,
+        max_concurrency=launcher.slots,
+        scheduling=scheduling(launcher.slots),
+        progress_path=SLOTS_PATH,
+        progress=slots_progress,
+        env={launcher.key_variable: api_key},
+        inherit=INHERITED_ENV,
+    )
+
+
+def _python_launch(config: LlamaCppConfig, port: int, api_key: str, command: list[str]) -> Launch:
+    launcher = config.launcher
     argv = server_argv(config, command=command, port=str(port))
     version = installed_version()
     split = split_phrase(config.tensor_split)
@@ -196,14 +186,20 @@ def build_launch(config: LlamaCppConfig, *, port: int, api_key: str, command: li
         api_key=api_key,
         served_name=config.served_name,
         context_length=config.context_length,
-        health_path=HEALTH_PATH,
+        health_path=launcher.health_path,
         summary=summary,
-        tokenize_path="/extras/tokenize/count",  # llama-cpp-python serves no Responses/Messages, no usage chunk
+        native=launcher.native_apis,
+        tokenize_path="/extras/tokenize/count",
         memory_line=memory_line,
         speed_line=speed_line,
-        env={KEY_VARIABLE["python"]: api_key},
+        env={launcher.key_variable: api_key},
         inherit=INHERITED_ENV,
     )
+
+
+# each launcher's argv and start (the one thing its value cannot hold: they are built from the config)
+_ARGV = {NATIVE: native_argv, PYTHON: server_argv}
+_LAUNCH = {NATIVE: _native_launch, PYTHON: _python_launch}
 
 
 def plan_argv(
@@ -217,7 +213,7 @@ def plan_argv(
     reasoning_format: str | None = None,
 ) -> list[str]:
     """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
-    p = candidate.placement
+    p, launcher = candidate.placement, candidate.launcher
     config = LlamaCppConfig(
         gguf=Path(gguf),
         served_name=served_name,
@@ -226,13 +222,11 @@ def plan_argv(
         gpu_layers=p.n_gpu_layers,
         tensor_split=p.tensor_split,
         kv_type=candidate.kv_type,
-        launcher=candidate.launcher,
+        launcher=launcher,
         n_cpu_moe=p.n_cpu_moe,
-        rpc=rpc if candidate.launcher == "native" else (),
+        rpc=rpc if launcher.over_rpc else (),
         reasoning_format=reasoning_format,
-        draft=candidate.draft if candidate.launcher == "native" else None,
-        warm=candidate.warm if candidate.launcher == "native" else None,
+        draft=candidate.draft if launcher.drafts else None,
+        warm=candidate.warm if launcher.keeps_warm else None,
     )
-    if candidate.launcher == "native":
-        return native_argv(config, command=command or ["llama-server"], port="PORT")
-    return server_argv(config, command=command or ["python", "-m", "llama_cpp.server"], port="PORT")
+    return _ARGV[launcher](config, command=command or list(launcher.shown_command), port="PORT")
