@@ -3,6 +3,7 @@ is not local: per-block, per-expert, embedding and output bytes, the way llama.c
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -59,6 +60,15 @@ class GgufFacts(ModelFacts):
     # LongRoPE (Phi-3/3.5/4-mini, MiniCPM3): llama.cpp takes the long RoPE factors for every token once its
     # context (-c with --kv-unified) passes this, the original training context; 0: no such switch
     long_rope_context: int = 0
+    # the tensor table's weights (elements) and the GGML type holding most of its bytes: the file's real
+    # precision, whatever its name says (0 and "": sizes estimated, no table read)
+    weight_count: int = 0
+    main_weight_type: str = ""
+
+    @property
+    def bits_per_weight(self) -> float:
+        """The file's bytes over its weights (norms and embeddings included): 0 when no table was read."""
+        return round(8 * self.weight_bytes / self.weight_count, 2) if self.weight_count else 0.0
 
     def is_recurrent(self, layer: int) -> bool:
         return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
@@ -149,7 +159,28 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         recurrent_dims=dims,
         recurrent_pattern=recurrent,
         long_rope_context=original if long_rope else 0,
+        weight_count=sum(math.prod(t.shape) for t in header.tensors),
+        main_weight_type=_main_type(header),
     )
+
+
+# ggml.h's ggml_type ids of the types a published GGUF's weights are stored in (the rest are named by id)
+GGML_TYPE_NAMES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
+    12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL",
+    21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
+}  # fmt: skip
+
+
+def _main_type(header: GgufHeader) -> str:
+    """The GGML type holding the most bytes of the tensor table (gpt-oss's MXFP4 file: MXFP4, its experts)."""
+    by_type: dict[int, int] = {}
+    for tensor in header.tensors:
+        by_type[tensor.type_id] = by_type.get(tensor.type_id, 0) + tensor.nbytes
+    if not by_type:
+        return ""
+    main = max(by_type, key=lambda type_id: by_type[type_id])
+    return GGML_TYPE_NAMES.get(main, f"type {main}")
 
 
 def long_rope_context(config: dict[str, Any]) -> int:

@@ -285,10 +285,21 @@ NATIVE_GGUF_TYPES = {"gpt-oss": "MXFP4"}
 
 
 def native_bits(facts: GgufFacts, file_name: str) -> float:
-    """16 (full precision) for a GGUF in the format the model itself was released in; 0 otherwise."""
+    """16 (full precision) for a GGUF in the format the model itself was released in, by the type holding
+    most of its tensor table's bytes (by its name when no table was read); 0 otherwise."""
     native = NATIVE_GGUF_TYPES.get(facts.model_type.replace("_", "-"))
-    name = file_name.upper().rsplit("/", 1)[-1]
-    return 16.0 if native and native in name else 0.0
+    if not native:
+        return 0.0
+    if facts.main_weight_type:
+        return 16.0 if facts.main_weight_type == native else 0.0
+    return 16.0 if native in file_name.upper().rsplit("/", 1)[-1] else 0.0
+
+
+def precision_bits(facts: GgufFacts, file_name: str) -> float:
+    """What the objective ranks a GGUF's precision by: full (16) in the model's own released format; else
+    the file's real bits per weight (its bytes over its weights), else its type's name (sizes estimated)."""
+    by_name = _bits_per_weight(facts.quantization or "") or _bits_per_weight(file_name)
+    return native_bits(facts, file_name) or facts.bits_per_weight or by_name
 
 
 def _rungs(
@@ -304,7 +315,7 @@ def _rungs(
     optional_draft: str | None,
 ) -> list[LlamaCppCandidate]:
     """Each context with f16 and q8_0 KV, with ``draft`` and the ``optional_draft`` twin."""
-    bits = native_bits(facts, checkpoint) or _bits_per_weight(facts.quantization or checkpoint)
+    bits = precision_bits(facts, checkpoint)
     out: list[LlamaCppCandidate] = []
     modes = [(draft, False)] + ([(optional_draft, True)] if optional_draft else [])
     rungs = [(n, k, m) for n in contexts for k in enumerate(("f16", "q8_0")) for m in modes]

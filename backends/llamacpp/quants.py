@@ -55,6 +55,9 @@ class Alternative:
             "n_ctx": c.n_ctx if c else None,
             "kv_type": c.kv_type if c else None,
             "tokens_per_s_estimate": round(c.tokens_per_s, 1) if c else None,
+            # what the objective ranks its precision by: 16 in the model's own format, else the file's
+            # bytes over its weights (its name's figure when no tensor table was read)
+            "bits_per_weight": c.weight_bits if c else None,
             "chosen": chosen,
             **turn,  # a model whose cache cannot roll back: what a later turn prefills again (issue 42)
         }

@@ -78,7 +78,9 @@ def vllm_standing(c: dict[str, Any], policy: dict[str, Any], default_util: float
 def gguf_standing(row: dict[str, Any], policy: dict[str, Any], has_gpus: bool) -> tuple[Any, ...]:
     """A fitting GGUF quantization's place (its best placement, from the alternatives table)."""
     speed = row["tokens_per_s_estimate"] or 0.0
-    bits = GGUF_BITS.get(row["quant"], 4.25)
+    # the file's real bits per weight (issue 42): its tensor table's bytes over its weights, as the plan read
+    # them; the name's figure where the plan has none (a header not read)
+    bits = row.get("bits_per_weight") or GGUF_BITS.get(row["quant"], 4.25)
     return (
         row["n_ctx"] < policy["min_context"],
         has_gpus and row["layers_on_gpu"] < row["layers"],

@@ -189,14 +189,11 @@ TABLE = [
     (DEVSTRAL, "2x32@12.0", "vllm", DEVSTRAL, 2, 131072),
     (DEVSTRAL, "1x80@9.0", "vllm", DEVSTRAL, 1, 131072),
     (DEVSTRAL, "cpu", "llamacpp", "Q4_K_M", 0, 32768),
-    (
-        GLM,
-        "2x16@8.9",
-        "llamacpp",
-        "Q4_K_M",
-        2,
-        131072,
-    ),  # 106B MoE: nothing fits whole at the floor; 4 bits and up with experts in RAM
+    # 106B MoE: nothing fits whole at the floor. The hub's "Q2_K" file is 4.5 bits per weight by its tensor table
+    # (its experts' down projections, rows of 1,408, are not K-quantizable: the stand-in stores them as Q8_0,
+    # llama-quantize would pick IQ4_NL): a 4-bit file,
+    # and at ~10.6 tokens/s with experts in RAM an acceptable speed where Q4_K_M's ~9.7 is not
+    (GLM, "2x16@8.9", "llamacpp", "Q2_K", 2, 131072),
     (GLM, "2x24@8.6", "llamacpp", "Q4_K_M", 2, 131072),
     (GLM, "2x24@8.9", "llamacpp", "Q4_K_M", 2, 131072),
     (
@@ -207,8 +204,8 @@ TABLE = [
         2,
         131072,
     ),  # Q2_K whole reaches only 32k (below the floor): Q4_K_M with experts in RAM
-    (GLM, "1x80@9.0", "llamacpp", "Q4_K_M", 1, 65536),  # Q4_K_M whole at 65,536 before 131,072 with experts in RAM
-    (GLM, "cpu", "llamacpp", "Q2_K", 0, 32768),  # nothing of 4 bits fits 64 GiB of RAM: the low-bit one does
+    (GLM, "1x80@9.0", "llamacpp", "Q2_K", 1, 131072),  # the 4.5-bit "Q2_K" whole at 131,072 (Q4_K_M: 65,536)
+    (GLM, "cpu", "llamacpp", "Q2_K", 0, 32768),  # the smallest file is the one that fits 64 GiB of RAM
     (GEMMA, "2x16@8.9", "llamacpp", "Q6_K", 2, 131072),
     (GEMMA, "2x24@8.6", "llamacpp", "Q8_0", 2, 131072),
     (GEMMA, "2x24@8.9", "llamacpp", "Q8_0", 2, 131072),
@@ -538,4 +535,6 @@ def test_gpt_oss_on_a_cpu_plans_its_native_mxfp4(hub: LocalHub) -> None:
     data = plan_json(OSS, "cpu")
     chosen = data["candidates"][data["decision"]["candidate"]]
     assert chosen["gguf_variant"]["quant"] == "MXFP4"
-    assert "Q4_K_M: less precise (4.85 bits per weight" in chosen["gguf_choice"]
+    # ranked by the file's real bits, not its name's 4.85: the hub's stand-in Q4_K_M of gpt-oss stores its
+    # matrices (rows of 2,880, not K-quantizable) as Q8_0, 8.45 bits per weight over the tensor table
+    assert "Q4_K_M: less precise (8.45 bits per weight" in chosen["gguf_choice"]
