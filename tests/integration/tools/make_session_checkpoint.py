@@ -25,47 +25,24 @@ def main(gguf_path: Path, out: Path, shape: dict[str, int], context: int, arch: 
     tokenizer.model_max_length = context
     tokenizer.save_pretrained(out)
     torch.manual_seed(0)
+    common = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": shape["embedding_length"],
+        "intermediate_size": shape["feed_forward_length"],
+        "num_attention_heads": shape["head_count"],
+        "num_key_value_heads": shape["head_count_kv"],
+        "max_position_embeddings": context,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    }
     if arch == "qwen3_next":
-        hybrid = Qwen3NextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=shape["embedding_length"],
-            intermediate_size=shape["feed_forward_length"],
-            num_attention_heads=shape["head_count"],
-            num_key_value_heads=shape["head_count_kv"],
-            max_position_embeddings=context,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            tie_word_embeddings=True,
-            torch_dtype="bfloat16",
-            num_hidden_layers=4,
-            head_dim=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=64,
-            shared_expert_intermediate_size=64,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            linear_key_head_dim=64,  # the CPU gated delta-net kernel takes 64 or 128
-            linear_value_head_dim=64,
-            linear_conv_kernel_dim=4,
-            full_attention_interval=4,
-        )
-        Qwen3NextForCausalLM(hybrid).to(torch.bfloat16).save_pretrained(out)
+        from make_tiny_model import HYBRID  # this script's folder is on the path when run
+
+        Qwen3NextForCausalLM(Qwen3NextConfig(**common, **HYBRID)).to(torch.bfloat16).save_pretrained(out)
         return
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=shape["embedding_length"],
-        intermediate_size=shape["feed_forward_length"],
-        num_hidden_layers=shape["block_count"],
-        num_attention_heads=shape["head_count"],
-        num_key_value_heads=shape["head_count_kv"],
-        max_position_embeddings=context,
-        rope_theta=100000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-        torch_dtype="bfloat16",
-    )
+    config = LlamaConfig(**common, num_hidden_layers=shape["block_count"], rope_theta=100000.0)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
 
 

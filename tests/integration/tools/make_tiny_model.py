@@ -24,6 +24,21 @@ TEXT = [
     "Write one short sentence about the sea. Say hello. What is the weather like?",
     "def add(a, b): return a + b  # a function that adds two numbers",
 ] * 50
+# the tiny hybrid's own shape beside the shared body (make_session_checkpoint.py builds it on SmolLM2's tokenizer)
+HYBRID = {
+    "num_hidden_layers": 4,
+    "head_dim": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,  # the CPU gated delta-net kernel takes 64 or 128
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+}
 
 
 def main(out: Path, arch: str = "llama") -> None:
@@ -64,21 +79,7 @@ def main(out: Path, arch: str = "llama") -> None:
         "torch_dtype": "bfloat16",
     }
     if arch == "qwen3_next":
-        hybrid = Qwen3NextConfig(
-            **common,
-            num_hidden_layers=4,
-            head_dim=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=64,
-            shared_expert_intermediate_size=64,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            linear_key_head_dim=64,  # the CPU gated delta-net kernel takes 64 or 128
-            linear_value_head_dim=64,
-            linear_conv_kernel_dim=4,
-            full_attention_interval=4,
-        )
+        hybrid = Qwen3NextConfig(**common, **HYBRID)
         Qwen3NextForCausalLM(hybrid).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
         return
     config = LlamaConfig(**common, num_hidden_layers=2)

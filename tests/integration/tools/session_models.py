@@ -61,10 +61,7 @@ def tiny_gguf(cache: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     reader = gguf.GGUFReader(build_tool_model(cache), "r")
     writer = gguf.GGUFWriter(str(target) + ".partial", arch="llama")
-    for field in reader.fields.values():
-        if field.name.startswith(("general.name", "general.type", "tokenizer.")):
-            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    _copy_fields(reader, writer, ("general.name", "general.type", "tokenizer."))
     tokens = reader.get_field("tokenizer.ggml.tokens")
     assert tokens is not None
     vocab, width, ffn = len(tokens.data), TINY["embedding_length"], TINY["feed_forward_length"]
@@ -97,12 +94,27 @@ def tiny_gguf(cache: Path) -> Path:
         for name, shape in shapes.items():
             data = np.ones(shape, dtype=np.float32) if name.endswith("norm") else weight(*shape)
             writer.add_tensor(f"blk.{block}.{name}.weight", data)
+    _write(writer, target)
+    return target
+
+
+def _copy_fields(reader: Any, writer: Any, prefixes: tuple[str, ...]) -> None:
+    """The source GGUF's keys under ``prefixes`` (SmolLM2's tokenizer and tool template), as they are."""
+    import gguf
+
+    for field in reader.fields.values():
+        if field.name.startswith(prefixes):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+
+
+def _write(writer: Any, target: Path) -> None:
+    """The GGUF written to ``target``.partial, then moved into place: a build cut short leaves no file."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     os.replace(str(target) + ".partial", target)
-    return target
 
 
 def tiny_checkpoint(cache: Path, vllm_python: Path, arch: str = "llama") -> Path:
@@ -158,19 +170,12 @@ def tiny_hybrid_gguf(cache: Path) -> Path:
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_uint32(f"{arch}.rope.dimension_count", 8)  # partial_rotary_factor 0.25 of head_dim 32
     writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    for field in reader.fields.values():
-        if field.name.startswith("tokenizer."):
-            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    _copy_fields(reader, writer, ("tokenizer.",))
     rng = np.random.default_rng(0)
     for name, shape, kind in gguf_shapes.tensors(config, "F16"):
         dtype = np.float16 if kind == gguf.GGMLQuantizationType.F16 else np.float32
         dims = tuple(shape)  # gguf_shapes gives numpy's order, as GGUFWriter takes it
         data = np.ones(dims, dtype=dtype) if "norm" in name else (rng.standard_normal(dims) * 0.02).astype(dtype)
         writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(str(target) + ".partial", target)
+    _write(writer, target)
     return target
