@@ -1,5 +1,6 @@
-"""One real gateway with the real llama-cpp-python backend and Gemma 270M, shared by the session (the
-native llama-server, preferred when installed, has its own in test_serve_native.py)."""
+"""One real gateway with the real llama-cpp-python backend and Gemma 270M, shared by the session: one per
+worker of the suite that runs a module needing it (the native llama-server, preferred when installed, has
+its own in test_serve_native.py)."""
 
 from __future__ import annotations
 
