@@ -18,6 +18,15 @@ import psutil
 from tests.waiting import exited, wait_until
 
 
+def engine_threads() -> int:
+    """Threads for one engine: the machine's cores shared among the suite's workers (scripts/test runs two,
+    and each may run an engine at the same time). Two llama-servers of two threads each on two cores ran
+    many times slower than one thread each: ggml's threads busy-wait at every barrier for a thread that the
+    other engine holds off its core (a 2,300-token answer took over 10 minutes instead of 80 s)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -31,7 +40,7 @@ class GatewayProcess:
         self.log_path = workdir / f"gateway-{self.port}.log"
         self.argv = [
             sys.executable, "-m", "gateway", "serve",
-            "--port", str(self.port), "--state-dir", str(workdir / "state"), "--threads", "2", *args,
+            "--port", str(self.port), "--state-dir", str(workdir / "state"), "--threads", str(engine_threads()), *args,
         ]  # fmt: skip
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None

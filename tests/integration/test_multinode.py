@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.integration.gatewayproc import engine_threads
 from tests.integration.netns import Inside, Namespaces, unavailable
 from tests.waiting import answers, exited, wait_until
 
@@ -125,7 +126,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Ite
         cluster.start(
             "head", head_ns,
             "serve", "--port", str(HEAD_PORT), "--workers", workers, "--worker-api-key", KEY,
-            "--context-length", str(CONTEXT), "--threads", "2", "--state-dir", str(cluster.workdir / "state-head"),
+            "--context-length", str(CONTEXT), "--threads", str(engine_threads()),
+            "--state-dir", str(cluster.workdir / "state-head"),
         )  # fmt: skip
         cluster.wait_serving()
         yield cluster

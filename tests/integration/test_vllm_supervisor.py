@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gatewayproc import GatewayProcess
+from tests.integration.gatewayproc import GatewayProcess, engine_threads
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -229,7 +229,7 @@ def test_a_gpu_weights_oom_replayed_by_a_stand_in_moves_on_to_llamacpp(tmp_path:
         "org/model-NVFP4", vllm.VllmFlags(2, 0.98, 32768, 1, 2048, enforce_eager=True), "m", stand_in
     )
     config = llamacpp.LlamaCppConfig(
-        gguf=gemma_gguf, served_name="m", context_length=2048, chat_format="gemma", threads=2
+        gguf=gemma_gguf, served_name="m", context_length=2048, chat_format="gemma", threads=engine_threads()
     )
     fallback = llamacpp.LlamaCppOption(config=config, command=(sys.executable, "-m", "llama_cpp.server"))
 
@@ -261,7 +261,7 @@ def test_a_memory_failure_at_run_time_moves_down_the_options(tmp_path: Path, gem
     stand_in = (sys.executable, str(TOOLS / "flaky_engine.py"))
     flaky = vllm.VllmOption("org/model", vllm.VllmFlags(1, 0.92, 4096, 8, 2048), "m", stand_in, min_context=2048)
     config = llamacpp.LlamaCppConfig(
-        gguf=gemma_gguf, served_name="m", context_length=2048, chat_format="gemma", threads=2
+        gguf=gemma_gguf, served_name="m", context_length=2048, chat_format="gemma", threads=engine_threads()
     )
     fallback = llamacpp.LlamaCppOption(config=config, command=(sys.executable, "-m", "llama_cpp.server"))
 
