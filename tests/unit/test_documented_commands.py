@@ -103,6 +103,6 @@ def test_a_renamed_flag_is_caught() -> None:
 def test_the_extractor_reads_chains_continuations_and_inline_code() -> None:
     text = (
         "Run `gateway plan --json` first.\n\n```bash\nGATEWAY_PORT=9 .venv/bin/gateway serve \\\n  --port 8001"
-        " && curl x | gateway models  # list\n```\n\n```json\n{\"a\": \"gateway serve --nope\"}\n```\n"
+        ' && curl x | gateway models  # list\n```\n\n```json\n{"a": "gateway serve --nope"}\n```\n'
     )
     assert documented_commands(text) == ["gateway serve --port 8001", "gateway models", "gateway plan --json"]
