@@ -18,6 +18,7 @@ from gateway.serving.runtime import Runtime
 from gateway.serving.scheduling.sessions import Identity
 from gateway.serving.scheduling.usage_board import BoardCollector, RequestRecord, UsageBoard
 from tests.unit.http_harness import FakeEngine, Served, make_runtime
+from tests.unit.test_http_gateway import _gateway
 
 TOKENS = {"in": 10, "out": 2, "cached": 4}
 
@@ -108,3 +109,18 @@ def test_scrapes_at_once_share_one_exposition(gateway: tuple[Runtime, Served], m
         results = list(pool.map(_get, [served.url + "/metrics"] * 3))
     assert len(written) < 3, "every scrape wrote its own exposition"
     assert all(b"gateway_backend_state" in body for _, body in results)
+
+
+def test_status_lists_the_latest_engine_events_only(engine: FakeEngine, engine_url: str) -> None:
+    """A gateway up for months may restart its engine thousands of times: /status stays a page."""
+    runtime = make_runtime(engine_url)
+    attempts = [{"number": n, "engine": "fake", "label": "x", "outcome": "died"} for n in range(1, 2001)]
+    hangs = [{"at": "00:00:00", "engine": "fake", "why": "no progress"}] * 300
+    snapshot = runtime.backend.snapshot()
+    runtime.backend.snapshot = lambda: {**snapshot, "attempts": attempts, "hangs": hangs}  # type: ignore[method-assign]
+    with _gateway(runtime) as client:
+        status = client.get("/status").json()
+        page = client.get("/status?format=html").text
+    assert [a["number"] for a in status["attempts"]] == list(range(1951, 2001)) and status["attempts_not_shown"] == 1950
+    assert len(status["hangs"]) == 50 and status["hangs_not_shown"] == 250
+    assert page.count("<td>died</td>") == 50 and len(attempts) == 2000  # the supervisor's own list is untouched
