@@ -551,6 +551,22 @@ def test_the_only_replica_failing_is_answered_with_its_failure() -> None:
     assert "ClientConnectorError" in failed.value.message and call.sent == ["r0"]  # type: ignore[attr-defined]
 
 
+def test_replicas_join_and_leave_a_pool() -> None:
+    pool = pool_of(1)
+    turn = recorded("claude", 2)
+    assert pool.route(*session_of(turn)).why is Why.ONLY
+    pool.add(Replica("r1", "upstream 1"))
+    first = place(pool, turn)
+    assert first.why is Why.LEAST_LOADED and pool.single is None
+    pool.remove(first.replica.name)
+    assert pool.single is not None
+    pool.add(Replica("r2", "upstream 2"))
+    moved = place(pool, recorded("claude", 3))  # its replica is gone: a move, counted
+    assert moved.why is Why.MOVED_DOWN and moved.replica.name != first.replica.name
+    with pytest.raises(ValueError, match="repeat"):
+        pool.add(Replica("r2", "again"))
+
+
 def test_a_pool_needs_replicas_with_distinct_names() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Pool([])

@@ -219,18 +219,31 @@ class Pool(Generic[U]):
         prefix_share: float = PREFIX_SHARE,
         suspect_s: float = SUSPECT_S,
     ) -> None:
-        self.replicas = list(replicas)
-        if not self.replicas:
-            raise ValueError("a pool needs at least one replica")
-        names = [replica.name for replica in self.replicas]
-        if len(set(names)) != len(names):
-            raise ValueError(f"replica names repeat: {names}")
-        self._by_name = {replica.name: replica for replica in self.replicas}
         self.balance = balance or Balance()
         self.clock = clock
         self.bindings = bindings if bindings is not None else Bindings(clock=clock)
         self.prefix_share = prefix_share
         self.suspect_s = suspect_s
+        self._set(list(replicas))
+
+    def _set(self, replicas: list[Replica[U]]) -> None:
+        if not replicas:
+            raise ValueError("a pool needs at least one replica")
+        names = [replica.name for replica in replicas]
+        if len(set(names)) != len(names):
+            raise ValueError(f"replica names repeat: {names}")
+        self.replicas: tuple[Replica[U], ...] = tuple(replicas)
+        self._by_name = {replica.name: replica for replica in replicas}
+        # the one placement on the only replica: it counts nothing, so every request can share it
+        self._only = Placement(replicas[0], Why.ONLY, counted=False) if len(replicas) == 1 else None
+
+    def add(self, replica: Replica[U]) -> None:
+        """A replica joins (a node came back, a plan made again): it takes new conversations."""
+        self._set([*self.replicas, replica])
+
+    def remove(self, name: str) -> None:
+        """A replica leaves for good: its conversations move at their next turn (counted)."""
+        self._set([replica for replica in self.replicas if replica.name != name])
 
     @property
     def single(self) -> Replica[U] | None:
@@ -243,8 +256,8 @@ class Pool(Generic[U]):
     def route(self, headers: Mapping[str, str], session: str, units: PromptUnits | None = None) -> Placement[U]:
         """The replica for a request (``session``: the scheduler's session id for it). With one replica
         it returns at once: no headers read, nothing bound, nothing counted."""
-        if len(self.replicas) == 1:
-            return Placement(self.replicas[0], Why.ONLY, counted=False)
+        if self._only is not None:
+            return self._only
         return self.place(affinity_of(headers, session), units)
 
     def place(
