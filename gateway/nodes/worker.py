@@ -37,10 +37,13 @@ from backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess
-from gateway.nodes.followers import Followers, Hosted, Refused, StartRequest, describe, hosted_engines
+from gateway.nodes import start_request
+from gateway.nodes.followers import Followers, Hosted, describe, hosted_engines
+from gateway.nodes.start_request import Refused, StartRequest
 from gateway.serving.edge.http_limits import bounded_protocol
 from gateway.serving.edge.middleware import ApiKeys, ASGIApp
-from gateway.serving.wire.error_shapes import OPENAI, as_api_error
+from gateway.serving.edge.request_body import parse_object, read_body
+from gateway.serving.wire.error_shapes import OPENAI, ApiError, as_api_error
 
 log = logging.getLogger("gateway.worker")
 CLIENT_TIMEOUT_S = 10.0  # a request's head or body, whole (the gateway's default is 60 s)
@@ -272,7 +275,7 @@ def _host_for_url(host: str) -> str:
 
 
 async def _error(request: Request, exc: Exception) -> Response:
-    """404/405 (and anything else) as JSON, like the gateway's own routes."""
+    """404/405, a body refused by its caps (413, 400) and anything else as JSON, like the gateway's own routes."""
     return OPENAI.response(as_api_error(exc, request.method, request.url.path))
 
 
@@ -291,8 +294,11 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
         return JSONResponse(worker.followers.state())
 
     async def group_start(request: Request) -> Response:
+        body = await read_body(request, start_request.MAX_BODY_BYTES)  # a 413 past it, the body never held
         try:
-            started = await worker.followers.start(StartRequest.from_json(await _json(request)))
+            started = await worker.followers.start(
+                StartRequest.from_json(parse_object(body, start_request.MAX_BODY_ELEMENTS))
+            )
         except Refused as refused:
             return JSONResponse({"error": {"message": str(refused), "type": "refused"}}, status_code=refused.status)
         return JSONResponse(started)
@@ -312,16 +318,9 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
             Route("/group/lease", group_lease, methods=["POST"]),
             Route("/group/stop", group_stop, methods=["POST"]),
         ],
-        exception_handlers={HTTPException: _error, Exception: _error},
+        exception_handlers={ApiError: _error, HTTPException: _error, Exception: _error},
     )
     return ApiKeys(app, keys)
-
-
-async def _json(request: Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError as exc:
-        raise Refused(400, f"the body is not JSON ({exc})") from exc
 
 
 def hosted_here(settings: Any) -> dict[str, Hosted]:
