@@ -275,7 +275,7 @@ def _host_for_url(host: str) -> str:
 
 
 async def _error(request: Request, exc: Exception) -> Response:
-    """404/405, a body refused by its caps (413, 400) and anything else as JSON, like the gateway's own routes."""
+    """404/405 (and anything else) as JSON, like the gateway's own routes."""
     return OPENAI.response(as_api_error(exc, request.method, request.url.path))
 
 
@@ -294,11 +294,8 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
         return JSONResponse(worker.followers.state())
 
     async def group_start(request: Request) -> Response:
-        body = await read_body(request, start_request.MAX_BODY_BYTES)  # a 413 past it, the body never held
         try:
-            started = await worker.followers.start(
-                StartRequest.from_json(parse_object(body, start_request.MAX_BODY_ELEMENTS))
-            )
+            started = await worker.followers.start(StartRequest.from_json(await _start_body(request)))
         except Refused as refused:
             return JSONResponse({"error": {"message": str(refused), "type": "refused"}}, status_code=refused.status)
         return JSONResponse(started)
@@ -318,9 +315,25 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
             Route("/group/lease", group_lease, methods=["POST"]),
             Route("/group/stop", group_stop, methods=["POST"]),
         ],
-        exception_handlers={ApiError: _error, HTTPException: _error, Exception: _error},
+        exception_handlers={HTTPException: _error, Exception: _error},
     )
     return ApiKeys(app, keys)
+
+
+async def _start_body(request: Request) -> Any:
+    """The start request's JSON, read within its caps (a 413 past the byte cap, the body never held whole;
+    deep nesting and too many arrays refused before they are parsed)."""
+    limit, elements = start_request.MAX_BODY_BYTES, start_request.MAX_BODY_ELEMENTS
+    try:
+        body = await read_body(request, limit)
+    except ApiError:
+        raise Refused(413, f"a start request is at most {limit} bytes (a head's is a few kB)") from None
+    try:
+        return parse_object(body, elements)
+    except ApiError as refused:
+        if refused.status == 413:
+            raise Refused(413, f"a start request holds at most {elements} JSON objects and arrays") from None
+        raise Refused(400, refused.message.replace("request body", "the start request")) from None
 
 
 def hosted_here(settings: Any) -> dict[str, Hosted]:
