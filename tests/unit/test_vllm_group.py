@@ -12,6 +12,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest.mock import ANY
 
@@ -29,12 +30,14 @@ from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import GatewayError
 from gateway.core.policy import Policy
 from gateway.nodes.followers import Followers, Hosted
+from gateway.nodes.group import WorkerGroup
 from gateway.nodes.start_request import Refused, StartRequest
 from gateway.nodes.survey import report_from
 from gateway.nodes.worker import Worker, WorkerConfig, create_app
 from gateway.supervision.engine_run import RunState
 from gateway.supervision.group import RANK_LOST, GroupRun, RankRefused
 from gateway.supervision.lifecycle import State
+from tests.unit.http_harness import Served
 from tests.unit.test_supervisor_transitions import TIMEOUT_S, Engines, ReplayRun, _supervisor, _until, serves
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -441,3 +444,27 @@ def test_the_supervisor_replans_over_the_nodes_left_when_a_rank_is_lost(tmp_path
         await supervisor.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), TIMEOUT_S * 2))
+
+
+def test_the_heads_start_request_is_the_one_the_worker_reads(tmp_path: Path) -> None:
+    """One StartRequest: the head writes it (WorkerGroup.start), the worker reads it back; a refusal comes
+    back in the worker's words and leaves its running rank as it was."""
+    machine = Inventory((), 8 * GIB, 8 * GIB, source="none")
+    hosted = {"vllm": Hosted(FakeHost(), Installation(SLEEPER, VERSION, "installed", "cpu"))}
+    worker = Worker(WorkerConfig(log_dir=tmp_path, cpu_memory="1GiB"), machine, ["rpc"], hosted)
+    served = Served(create_app(worker, ("k",)), lifespan="off")  # a real server: the rank outlives each request
+    report = SimpleNamespace(name="node-b", peer_address="127.0.0.1")
+    address = f"127.0.0.1:{served.address[1]}"
+    group = WorkerGroup(SimpleNamespace(states=[SimpleNamespace(report=report, address=address)], api_key="k"))  # type: ignore[arg-type]
+    try:
+        group.start(replace(FOLLOWER, args=("60",)), lease_s=20.0)
+        running = worker.followers.state()
+        assert running["state"] == "running", running
+        assert worker.followers.request == StartRequest("vllm", VERSION, 1, ("60",), "127.0.0.1", 20.0)
+        with pytest.raises(RankRefused, match="worker node-b refused rank 99999: rank: an integer from 1 to 4095"):
+            group.start(replace(FOLLOWER, rank=99_999), lease_s=20.0)
+        assert worker.followers.state()["pid"] == running["pid"] and worker.followers.running
+        group.stop("node-b")
+        assert not worker.followers.running
+    finally:
+        served.stop()
