@@ -1,4 +1,5 @@
-"""The hardening figures of issues 11, 23, 30 and 41, measured on a real gateway process in front of a fake upstream.
+"""The hardening figures of issues 11, 23, 30, 41 and 47, measured on a real gateway process in front of a fake
+upstream.
 
     python benchmarks/hardening.py all                 # every figure below, this checkout
     python benchmarks/hardening.py headers huge        # some of them
@@ -33,6 +34,7 @@
 - readsize, responses, metadata, stop, replan (issue 41): see benchmarks/hardening_41.py.
 - bearers, scrapes, keycap (issue 47: who a request is, bounded observability): see
   benchmarks/hardening_47_identity.py.
+- engine500, nodone, counts, worker, records (issue 47, items 6 and 7): see benchmarks/hardening_47_edge.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -62,6 +64,7 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import benchmarks.hardening_47_edge as hardening_47_edge  # noqa: E402
 import benchmarks.hardening_47_identity as hardening_47_identity  # noqa: E402
 from benchmarks import hardening_41  # noqa: E402 (after the path it needs)
 
@@ -610,7 +613,7 @@ def main() -> int:
         "what", nargs="+",
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
                  "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop",
-                 *hardening_47_identity.CASES],
+                 *hardening_47_identity.CASES, *hardening_47_edge.CASES],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -634,6 +637,7 @@ def main() -> int:
         "replan",
         "stop",
         *hardening_47_identity.CASES,
+        *hardening_47_edge.CASES,
     }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
@@ -641,6 +645,7 @@ def main() -> int:
     results.update(issue_30(args.source, wanted))
     results.update(hardening_41.issue_41(args.source.resolve(), wanted, servers, HealthWatch, PeakRss))
     results.update(hardening_47_identity.issue_47_identity(args.source.resolve(), wanted, servers, HealthWatch))
+    results.update(hardening_47_edge.issue_47_edge(args.source.resolve(), wanted, PeakRss))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

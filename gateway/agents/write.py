@@ -13,14 +13,11 @@ any is written: one that fails leaves them all as they were.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import fcntl
 import json
-import os
 import sys
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]  # PyYAML comes with u
 from gateway.agents.configs import LIST_KEY, AgentConfig, Doc, Target, WrongType
 from gateway.core import exact_json
 from gateway.core.errors import ConfigError
-from gateway.core.files import read_regular_file, replace_atomically
+from gateway.core.files import exclusive, lock_for, read_regular_file, replace_atomically
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # agents' settings files are kilobytes
 MAX_DEPTH = 64  # levels of nesting; agents' files use a handful
@@ -188,7 +185,7 @@ def write_atomically(path: Path, text: str, expected: str | None = None) -> None
         path = path.resolve()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path.parent):
+        with exclusive(lock_for(path.parent)):  # its lock file in the gateway's cache, not among the user's
             current = _read_text(path)
             if current != expected:
                 raise ConfigError(f"{path} changed since the diff was shown: nothing written; run again")
@@ -201,17 +198,6 @@ def write_atomically(path: Path, text: str, expected: str | None = None) -> None
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
         raise ConfigError(f"cannot write {path} ({why}): nothing changed") from exc
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """An exclusive lock on ``directory`` itself (flock on its descriptor): no lock file is left behind."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def _ask_on_tty(question: str) -> bool:

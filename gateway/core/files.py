@@ -3,15 +3,78 @@
 Writing: a crash or a full disk never leaves a file half-written (the text goes to a temporary file
 beside it, is flushed to disk, and replaces the file in one ``os.replace``). Reading a small file the
 user or another program controls (an agent's settings, a key file, the remembered configurations):
-only a regular file, and only up to a cap."""
+only a regular file, and only up to a cap.
+
+Several processes of one machine share some files (every gateway the remembered configurations and
+the model caches, two ``gateway agent --write`` an agent's settings): whoever reads a file, changes it
+and writes it back holds :func:`exclusive` for the whole of it, or two at once each write what they
+read and one change is lost. One lock for every such writer (hub downloads, packaged models, agents'
+files, the remembered store): ``filelock``'s, an ``flock`` on a lock file, which the kernel releases
+when its process dies, so a crash leaves no lock held."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
+import logging
 import os
 import stat
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import BaseFileLock, FileLock, SoftFileLock, Timeout
+
+log = logging.getLogger("gateway.files")
+
+LOCK_LOG_EVERY_S = 10.0  # a wait for another process is said this often
+
+
+def cache_dir() -> Path:
+    """Where the gateway keeps what it fetches and builds: ``$XDG_CACHE_HOME/gateway`` (``~/.cache/gateway``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gateway"
+
+
+def lock_for(path: Path) -> Path:
+    """The lock file for a file or folder that is not the gateway's own (an agent's settings): in the
+    gateway's cache, named after the path's resolved name, so nothing is left beside the user's files."""
+    resolved = str(path.resolve())
+    digest = hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return cache_dir() / "locks" / f"{path.name[:40] or 'root'}-{digest}.lock"
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path, *, wait_s: float | None = None) -> Iterator[None]:
+    """The block runs while no other process of this machine runs a block of its own on ``lock`` (a
+    lock file, created if needed and kept: removing it would let a third process lock a new file of the
+    same name while a second still holds the old one). ``wait_s``: how long to wait for the holder
+    (None: as long as it holds it, said in the log every ``LOCK_LOG_EVERY_S``); past it an OSError
+    (ETIMEDOUT). Not reentrant: a block must not take the same lock again."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    held = _acquire(lock, wait_s)
+    try:
+        yield
+    finally:
+        held.release()
+
+
+def _acquire(lock: Path, wait_s: float | None) -> BaseFileLock:
+    held: BaseFileLock = FileLock(lock)
+    started = time.monotonic()
+    while True:
+        left = None if wait_s is None else wait_s - (time.monotonic() - started)
+        try:
+            held.acquire(timeout=LOCK_LOG_EVERY_S if left is None else max(0.0, min(left, LOCK_LOG_EVERY_S)))
+            return held
+        except Timeout:
+            if left is not None and left <= LOCK_LOG_EVERY_S:
+                raise OSError(errno.ETIMEDOUT, f"held by another process for over {wait_s:g} s", str(lock)) from None
+            log.info("waiting for another process that holds %s (%.0f s so far)", lock, time.monotonic() - started)
+        except NotImplementedError:  # a file system without flock (some network mounts)
+            log.warning("%s: the file system has no flock; locking by the file's existence instead", lock)
+            held = SoftFileLock(lock)
 
 
 def replace_atomically(path: Path, text: str, mode: int = 0o600) -> None:

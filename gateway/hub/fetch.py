@@ -5,7 +5,8 @@ huggingface_hub 2.x resumes a dropped connection within one process (``http_get`
 that is deleted when it fails (huggingface_hub PR 4228), so a 30 GB GGUF interrupted by Ctrl-C or a
 killed container started over. Here each file's bytes go first to ``blobs/<etag>.gateway-partial``
 beside the cache's own blobs (same content address, a name the library never uses), continued with
-the library's ``http_get`` from where the last process stopped, under the library's file lock, and
+the library's ``http_get`` from where the last process stopped, under the gateway's cross-process lock
+(:func:`gateway.core.files.exclusive`), and
 renamed to ``blobs/<etag>`` when whole; ``hf_hub_download`` then finds the blob and only links it into
 the snapshot, as it does for any blob already present. Before it starts, one line says what and how
 big; afterwards, where it is. Offline (``HF_HUB_OFFLINE=1``) only the cache is looked at.
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from gateway.core.errors import ModelError
-from gateway.core.files import inside
+from gateway.core.files import exclusive, inside
 from gateway.hub.errors import hub_error
 from gateway.hub.guard import DEFAULT_BYTES, UntrustedAnswer, budget, guard_hub, origin, trusted_origins
 
@@ -65,7 +66,7 @@ def _fetch_blob(repo: str, name: str) -> int | None:
     token goes with the request only when the file is served from the hub's own origin."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get, repo_folder_name
-    from huggingface_hub.utils import WeakFileLock, build_hf_headers  # type: ignore[attr-defined]  # lazy exports
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # a lazy export
 
     guard_hub()
     url = hf_hub_url(repo, name)
@@ -82,7 +83,8 @@ def _fetch_blob(repo: str, name: str) -> int | None:
     headers = build_hf_headers()
     if origin(meta.location) not in {origin(url), *trusted_origins()}:  # huggingface_hub's rule on redirects
         headers.pop("authorization", None)
-    with WeakFileLock(f"{partial}.lock"):  # two gateways fetching one file: the second waits, then finds it
+    # two gateways fetching one file: the second waits, then finds it
+    with exclusive(partial.with_name(f"{partial.name}.lock")):
         if blob.exists():
             return meta.size
         try:

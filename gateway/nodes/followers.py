@@ -1,12 +1,13 @@
 """The worker's side of an engine group: one rank that a head leads, started and stopped on its word.
 
 The head (``gateway serve`` with a plan over nodes, gateway/nodes/group.py) asks, with the worker's key:
-- ``POST /group/start`` ``{engine, version, rank, args, host_ip, lease_s}``: run that engine's follower
-  with this node's own installation of it (``FollowerHost.argv``: the worker's command, the head's
-  arguments) and the environment the ranks need (``host_ip``: this node's address as the head reaches
-  it; the interface that has it). Refused (409) naming both versions when this node's differs, or when
-  this node does not run the engine; a start while a follower runs replaces it (the head restarted
-  its group).
+- ``POST /group/start`` ``{engine, version, rank, args, host_ip, lease_s}``
+  (:class:`gateway.nodes.start_request.StartRequest`): run that engine's follower with this node's own
+  installation of it (``FollowerHost.argv``: the worker's command, the head's arguments) and the
+  environment the ranks need (``host_ip``: this node's address as the head reaches it; the interface
+  that has it). Refused (409) naming both versions when this node's differs, or when this node does not
+  run the engine; a start while a follower runs replaces it (the head restarted its group). Whatever
+  refuses a start does so before the running follower is stopped: a refused start leaves it running.
 - ``POST /group/lease``: the head is still there; without a renewal for ``lease_s`` the follower is
   stopped (a dead head leaves vLLM's followers retrying for ever, vllm#32136).
 - ``POST /group/stop``: stop it now. ``GET /group``: its state (running, exited with its status, none).
@@ -29,12 +30,12 @@ from typing import Any
 from backends.base import FollowerHost, Installation
 from gateway.core.netif import interface_of
 from gateway.core.process import ChildProcess
+from gateway.nodes.start_request import Refused, StartRequest
 
 log = logging.getLogger("gateway.worker")
 
 STOP_GRACE_S = 10.0
 LEASE_CHECK_S = 1.0
-MAX_LEASE_S = 600.0
 TAIL_LINES = 8
 
 
@@ -44,42 +45,6 @@ class Hosted:
 
     host: FollowerHost
     installation: Installation
-
-
-class Refused(Exception):
-    """A start the worker will not do; ``status`` is the HTTP status the head gets."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class StartRequest:
-    engine: str
-    version: str
-    rank: int
-    args: tuple[str, ...]
-    host_ip: str
-    lease_s: float
-
-    @classmethod
-    def from_json(cls, data: Any) -> StartRequest:
-        """The head's request, checked field by field (Refused 400 with the field's name)."""
-        if not isinstance(data, dict):
-            raise Refused(400, "the body must be a JSON object")
-        args = data.get("args")
-        if not isinstance(args, list) or not all(isinstance(a, str) and "\x00" not in a for a in args):
-            raise Refused(400, "args: a list of strings")
-        for name in ("engine", "version", "host_ip"):
-            if not isinstance(data.get(name), str) or not data[name]:
-                raise Refused(400, f"{name}: a non-empty string")
-        rank, lease = data.get("rank"), data.get("lease_s")
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise Refused(400, "rank: an integer from 1 (rank 0 is the head)")
-        if not isinstance(lease, int | float) or isinstance(lease, bool) or not 1 <= lease <= MAX_LEASE_S:
-            raise Refused(400, f"lease_s: seconds from 1 to {MAX_LEASE_S:g}")
-        return cls(data["engine"], data["version"], rank, tuple(args), data["host_ip"], float(lease))
 
 
 class Followers:
@@ -130,13 +95,17 @@ class Followers:
             interface = self.interface(request.host_ip)
             if interface is None:
                 raise Refused(409, f"{request.host_ip} is not an address of this node: the head reached another")
-            await self._stop("replaced by a new start from the head")
             argv = hosted.host.argv(hosted.installation.command, request.args)
             env = hosted.host.env(request.host_ip, interface)
+            path = self.log_dir / f"{request.engine}-rank{request.rank}-{self.starts + 1}.log"
+            await self._stop("replaced by a new start from the head")
             self.starts += 1
-            path = self.log_dir / f"{request.engine}-rank{request.rank}-{self.starts}.log"
             child = ChildProcess(argv, path, env=env, inherit=hosted.host.inherit)
-            await child.start()
+            try:
+                await child.start()
+            except OSError as exc:  # the command, its log or its arguments refused by the system
+                self.ended = f"the new start failed: {exc}"
+                raise Refused(500, f"this node could not start the {hosted.host.title} rank: {exc}") from exc
             self.child, self.request, self.ended = child, request, None
             self.exited = asyncio.create_task(child.wait(), name=f"{request.engine} rank {request.rank}")
             self.deadline = self.clock() + request.lease_s

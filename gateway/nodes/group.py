@@ -9,6 +9,7 @@ Blocking calls: the supervisor runs them off the loop.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -16,6 +17,7 @@ from backends.base import Follower
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import client_tls
+from gateway.nodes.start_request import StartRequest
 from gateway.nodes.survey import Nodes, NodeState
 from gateway.supervision.group import RankRefused
 
@@ -42,7 +44,7 @@ class WorkerGroup:
                 return state
         raise GatewayError(f"no worker reported node {node!r} at the last survey")
 
-    def _post(self, node: str, path: str, body: dict[str, object] | None = None) -> httpx.Response:
+    def _post(self, node: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         state = self._state(node)
         with self.client(self.timeout_s) as client:
             return client.post(
@@ -54,16 +56,9 @@ class WorkerGroup:
         GatewayError when it cannot be reached."""
         report = self._state(follower.node).report
         host_ip = report.peer_address if report is not None else ""
-        body: dict[str, object] = {
-            "engine": follower.engine,
-            "version": follower.version,
-            "rank": follower.rank,
-            "args": list(follower.args),
-            "host_ip": host_ip,
-            "lease_s": lease_s,
-        }
+        request = StartRequest(follower.engine, follower.version, follower.rank, follower.args, host_ip, lease_s)
         try:
-            answer = self._post(follower.node, "/group/start", body)
+            answer = self._post(follower.node, "/group/start", request.to_json())
         except httpx.HTTPError as exc:
             raise GatewayError(f"worker {follower.node} cannot be reached ({type(exc).__name__}: {exc})") from exc
         if answer.status_code == 200:

@@ -37,10 +37,13 @@ from backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess
-from gateway.nodes.followers import Followers, Hosted, Refused, StartRequest, describe, hosted_engines
+from gateway.nodes import start_request
+from gateway.nodes.followers import Followers, Hosted, describe, hosted_engines
+from gateway.nodes.start_request import Refused, StartRequest
 from gateway.serving.edge.http_limits import bounded_protocol
 from gateway.serving.edge.middleware import ApiKeys, ASGIApp
-from gateway.serving.wire.error_shapes import OPENAI, as_api_error
+from gateway.serving.edge.request_body import parse_object, read_body
+from gateway.serving.wire.error_shapes import OPENAI, ApiError, as_api_error
 
 log = logging.getLogger("gateway.worker")
 CLIENT_TIMEOUT_S = 10.0  # a request's head or body, whole (the gateway's default is 60 s)
@@ -292,7 +295,7 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
 
     async def group_start(request: Request) -> Response:
         try:
-            started = await worker.followers.start(StartRequest.from_json(await _json(request)))
+            started = await worker.followers.start(StartRequest.from_json(await _start_body(request)))
         except Refused as refused:
             return JSONResponse({"error": {"message": str(refused), "type": "refused"}}, status_code=refused.status)
         return JSONResponse(started)
@@ -317,11 +320,20 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
     return ApiKeys(app, keys)
 
 
-async def _json(request: Request) -> Any:
+async def _start_body(request: Request) -> Any:
+    """The start request's JSON, read within its caps (a 413 past the byte cap, the body never held whole;
+    deep nesting and too many arrays refused before they are parsed)."""
+    limit, elements = start_request.MAX_BODY_BYTES, start_request.MAX_BODY_ELEMENTS
     try:
-        return await request.json()
-    except ValueError as exc:
-        raise Refused(400, f"the body is not JSON ({exc})") from exc
+        body = await read_body(request, limit)
+    except ApiError:
+        raise Refused(413, f"a start request is at most {limit} bytes (a head's is a few kB)") from None
+    try:
+        return parse_object(body, elements)
+    except ApiError as refused:
+        if refused.status == 413:
+            raise Refused(413, f"a start request holds at most {elements} JSON objects and arrays") from None
+        raise Refused(400, refused.message.replace("request body", "the start request")) from None
 
 
 def hosted_here(settings: Any) -> dict[str, Hosted]:

@@ -2,6 +2,9 @@
 
 One JSON file in the state directory, replaced atomically (write a temp file, then rename) so a
 crash never leaves it half-written. An entry is used only when the engine version still matches.
+Every gateway of the machine with that state directory shares the file: each reading and rewriting of
+it holds the store's lock (:func:`gateway.core.files.exclusive`), else two gateways recording at once
+each wrote back what they had read and one record was lost.
 
 The file is read as input that may have gone bad (hand-edited, written by another version, a disk
 error): a file that is not a JSON object is renamed aside (``known-good.json.bad-<time>``), and an entry
@@ -22,13 +25,15 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from gateway.core.files import read_regular_file, replace_atomically
+from gateway.core.files import exclusive, read_regular_file, replace_atomically
 
 log = logging.getLogger("gateway.state")
 
 FILE_NAME = "known-good.json"
 SET_ASIDE_NAME = "known-good.set-aside.json"
+LOCK_NAME = "known-good.json.lock"
 MAX_FILE_BYTES = 16 * 1024 * 1024  # an entry is a few hundred bytes
+LOCK_WAIT_S = 10.0  # another gateway holds the store for milliseconds; past this it is stuck (an OSError)
 
 _Figure = Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
 
@@ -69,6 +74,11 @@ class KnownGood:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / FILE_NAME
         self.set_aside_path = state_dir / SET_ASIDE_NAME
+        self.lock_path = state_dir / LOCK_NAME
+
+    def _held(self) -> contextlib.AbstractContextManager[None]:
+        """The store to this process alone, for one read, or one read and its rewrite."""
+        return exclusive(self.lock_path, wait_s=LOCK_WAIT_S)
 
     def _load(self) -> dict[str, Any]:
         try:
@@ -100,19 +110,33 @@ class KnownGood:
         return f"{model}|{fingerprint}"
 
     def get(self, model: str, fingerprint: str) -> dict[str, Any] | None:
-        """The remembered entry, checked: one of the wrong shape is set aside (None)."""
-        entry = self._load().get(self.key(model, fingerprint))
-        if entry is None:
-            return None
+        """The remembered entry, checked: one of the wrong shape is set aside (None); so is nothing when
+        another process holds the store past ``LOCK_WAIT_S`` (with a warning: planned afresh)."""
         try:
-            checked = _Entry.model_validate(entry)
-        except ValidationError as exc:
-            self.set_aside(model, fingerprint, f"malformed ({_first_error(exc)})")
+            with self._held():
+                entry = self._load().get(self.key(model, fingerprint))
+                if entry is None:
+                    return None
+                try:
+                    checked = _Entry.model_validate(entry)
+                except ValidationError as exc:
+                    self._set_aside(model, fingerprint, f"malformed ({_first_error(exc)})")
+                    return None
+                return checked.model_dump(exclude_unset=True)
+        except OSError as exc:
+            log.warning("cannot read the remembered configurations (%s): planning afresh", exc)
             return None
-        return checked.model_dump(exclude_unset=True)
 
     def set_aside(self, model: str, fingerprint: str, why: str) -> None:
         """Move the entry out of the file into the set-aside file, with why and when, and say so."""
+        try:
+            with self._held():
+                self._set_aside(model, fingerprint, why)
+        except OSError as exc:  # the lock: the entry stays, and this plan does not use it
+            log.warning("ignoring the remembered configuration for %s (%s; cannot set it aside: %s): planning "
+                        "afresh, as --replan would", model, why, exc)  # fmt: skip
+
+    def _set_aside(self, model: str, fingerprint: str, why: str) -> None:
         key = self.key(model, fingerprint)
         data = self._load()
         if key not in data:
@@ -145,24 +169,27 @@ class KnownGood:
         return {}
 
     def put(self, model: str, fingerprint: str, engine: str, version: str, memo: dict[str, Any]) -> None:
-        data = self._load()
-        data[self.key(model, fingerprint)] = {"engine": engine, "version": version, "memo": memo, "when": _now()}
-        replace_atomically(self.path, json.dumps(data, indent=2))
+        """Remember a configuration that started (an OSError when the file cannot be written)."""
+        with self._held():
+            data = self._load()
+            data[self.key(model, fingerprint)] = {"engine": engine, "version": version, "memo": memo, "when": _now()}
+            replace_atomically(self.path, json.dumps(data, indent=2))
 
     def record_measured(
         self, model: str, fingerprint: str, engine: str, memo: dict[str, Any], measured: dict[str, float]
     ) -> bool:
         """Store the engine's own timings with the remembered configuration they were measured on
         (only if it still is the remembered one); True when written."""
-        data = self._load()
-        entry = data.get(self.key(model, fingerprint))
-        if not isinstance(entry, dict) or entry.get("engine") != engine or entry.get("memo") != memo:
-            return False
-        if entry.get("measured") == measured:
-            return False
-        entry["measured"] = {**measured, "when": _now()}
-        replace_atomically(self.path, json.dumps(data, indent=2))
-        return True
+        with self._held():
+            data = self._load()
+            entry = data.get(self.key(model, fingerprint))
+            if not isinstance(entry, dict) or entry.get("engine") != engine or entry.get("memo") != memo:
+                return False
+            if entry.get("measured") == measured:
+                return False
+            entry["measured"] = {**measured, "when": _now()}
+            replace_atomically(self.path, json.dumps(data, indent=2))
+            return True
 
 
 @dataclass(frozen=True)

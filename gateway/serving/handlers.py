@@ -134,14 +134,16 @@ class Inference:
             raise unavailable(f"the backend for '{self.rt.route.fronted}' {_not_ready(backend)}; retry shortly")
         return target
 
-    def _claim(self, request: Request, payload: Mapping[str, Any]) -> Claim:
+    def _claim(self, request: Request, payload: Mapping[str, Any], *, generates: bool = True) -> Claim:
         """Name the request's session and key, and estimate what the engine must prefill of it (what the
         scheduler orders by: gateway.serving.scheduling.sessions); the estimate counts this prompt as sent
-        from now on."""
+        from now on. A request that ``generates`` nothing (a token count) prefills nothing and is not
+        remembered as sent."""
         units = prompt_units(payload)
         identity = identify(request.headers, payload, units, authenticated_key(request.scope))
-        new_tokens = self.rt.prefixes.new_tokens(units)
-        self.rt.prefixes.remember(units)
+        new_tokens = self.rt.prefixes.new_tokens(units) if generates else 0
+        if generates:
+            self.rt.prefixes.remember(units)
         record = record_of(request.scope)
         record.identity, record.prefill_estimate = identity, new_tokens
         record.long = new_tokens > LONG_PREFILL_TOKENS
@@ -246,6 +248,7 @@ class Inference:
                 rewrite_body=rewrite,
                 chunk_filter=chained(filters),
                 on_close=ticket.hand_over(),
+                last_event=b"[DONE]",  # both APIs end a stream with it: one without it was cut short
             )
 
     async def _passthrough(
@@ -324,16 +327,21 @@ class Inference:
             return translated_stream(events, ticket.hand_over(), dialect.errors, dialect.failed_event)
 
     async def count_tokens(self, request: Request) -> Response:
+        """The prompt's tokens, asked of the engine in a slot like any request (a count renders and
+        tokenizes the whole prompt: two engine calls on llama-server, /apply-template then /tokenize), so
+        that counts cannot reach the engine past a full queue; under its session and key, prefilling nothing."""
         body, payload = await self.bodies.read(request, shapes.CountTokensRequest)
         changed = self._route_model(payload)
         changed |= strip_billing_header(payload)  # counted as the engine will see the prompt
         target = self._target()
-        if "messages" in target.native:
-            body = json.dumps(payload).encode() if changed else body
-            return await self.rt.engine_client.relay(
-                target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
-            )
-        chat = messages_api.to_chat({**payload, "stream": False}, self.rt.route.served)
-        counted = await self._prompt(target, chat).tokens()
+        claim = self._claim(request, payload, generates=False)
+        async with self._admitted(request, claim):
+            if "messages" in target.native:
+                body = json.dumps(payload).encode() if changed else body
+                return await self.rt.engine_client.relay(
+                    target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
+                )
+            chat = messages_api.to_chat({**payload, "stream": False}, self.rt.route.served)
+            counted = await self._prompt(target, chat).tokens()
         tokens = counted if counted is not None else len(messages_api.prompt_text(payload)) // 4
         return JSONResponse({"input_tokens": tokens})

@@ -126,8 +126,8 @@ class FakeEngine:
     "HANG" → a stream that sends a chunk and then nothing until the client leaves (``disconnected``);
     "SLOW" → a plain answer after 30 s, unless the gateway hangs up first (``disconnected`` either way);
     "OVERFLOW-<engine>" → 400 with that engine's own context-overflow answer (``ENGINE_OVERFLOWS``);
-    "HTML500" / "REDIRECT" / "CHOICESNULL" / "CHOICESABC" / "STREAMJSON200" / "NOFINISH" / "NULLCHOICE" /
-    "LONGLINE" → the upstream faults their names say;
+    "HTML500" / "REDIRECT" / "CHOICESNULL" / "CHOICESABC" / "STREAMJSON200" / "NOFINISH" / "NODONE" /
+    "NULLCHOICE" / "LONGLINE" → the upstream faults their names say;
     "ENDLESS" → a stream of 64 KiB chunks that never ends (``disconnected`` once the gateway hangs up);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
     passthrough tests, when the launch says so) and records every request it gets. Like llama-server it
@@ -296,6 +296,8 @@ class FakeEngine:
         for word in ("Hello ", "world"):
             yield chunk({"content": word})
         yield chunk({}, "stop")
+        if "NODONE" in cue:  # finished, then the end of the stream without its usage chunk or [DONE]
+            return
         if self.sends_usage and (payload.get("stream_options") or {}).get("include_usage"):
             yield chunk({}, usage=self._usage(11, 2))
         yield b"data: [DONE]\n\n"

@@ -273,6 +273,7 @@ def test_write_merges_into_the_agents_files(
     check({name: _read(home / name) for name in before}, gateway)
     temporary = [p for n in before for p in (home / n).parent.iterdir() if p.name.startswith(f".{Path(n).name}.")]
     assert temporary == []  # the temp file became the file
+    assert not [p for n in before for p in (home / n).parent.iterdir() if p.suffix == ".lock"]  # nor a lock file
 
     assert main(["agent", agent, "--url", gateway, "--write"]) == 0  # no --yes needed: nothing to write
     assert "already up to date" in capsys.readouterr().out

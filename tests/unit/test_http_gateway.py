@@ -451,7 +451,7 @@ def test_a_200_that_is_not_a_chat_completion_is_502_in_the_dialect(engine: FakeE
         answers = {p: client.post(p, json=_with_cue(p, "GARBAGE200")) for p in ("/v1/responses", "/v1/messages")}
     assert all(answer.status_code == 502 for answer in answers.values()), answers
     assert answers["/v1/messages"].json()["type"] == "error"
-    assert "without a chat completion" in answers["/v1/responses"].json()["error"]["message"]
+    assert "200 with a body that is not JSON" in answers["/v1/responses"].json()["error"]["message"]
 
 
 def test_an_engines_retry_after_reaches_the_client(engine: FakeEngine, engine_url: str) -> None:

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +18,11 @@ import pytest
 
 from gateway.cli.full_settings import Settings
 from gateway.core.devices import GIB, Inventory
+from gateway.core.files import exclusive
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.from_settings import plan_for
 from gateway.planning.serve_plan import plan_serving
+from gateway.remembered import known_good
 from gateway.remembered.known_good import FILE_NAME, SET_ASIDE_NAME, KnownGood
 from tests.extras import needs_embedded_model
 from tests.integration.tools.local_hub import LocalHub
@@ -139,3 +145,63 @@ def test_a_set_aside_file_that_went_bad_is_renamed_aside_too(tmp_path: Path) -> 
     assert KnownGood(tmp_path).get("m", "fp") is None
     (old,) = tmp_path.glob(f"{SET_ASIDE_NAME}.bad-*")
     assert old.read_text() == "not json" and len(json.loads((tmp_path / SET_ASIDE_NAME).read_text())) == 1
+
+
+# -- issue 47, item 7: every gateway of the machine shares the file ----------------------------------------
+RECORDER = """
+import sys, time
+from pathlib import Path
+from gateway.remembered import known_good
+state, name, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+start_at, write_s = float(sys.argv[4]), float(sys.argv[5])
+written = known_good.replace_atomically
+def slow_disk(*args, **kwargs):  # a write that takes write_s (a busy disk's fsync)
+    time.sleep(write_s)
+    written(*args, **kwargs)
+known_good.replace_atomically = slow_disk
+store = known_good.KnownGood(state)
+time.sleep(max(0.0, start_at - time.time()))  # both start recording at once, imports done
+for n in range(count):
+    store.put(f"{name}-{n}", "fp", "llamacpp", "1", {"gguf": f"/{name}-{n}.gguf"})
+"""
+
+
+def record_at_once(state_dir: Path, processes: int, each: int, write_s: float = 0.0, root: Path | None = None) -> int:
+    """``processes`` real processes (the gateway code of ``root``, default this tree's) record ``each``
+    configurations into one store at once, each write taking at least ``write_s``: how many the file
+    holds after (benchmarks/hardening_47_edge.py reports it too)."""
+    root = root or Path(__file__).resolve().parents[2]
+    start_at = time.time() + 2.0
+    recorders = [
+        subprocess.Popen(
+            [sys.executable, "-c", RECORDER, str(state_dir), f"gateway{n}", str(each), str(start_at), str(write_s)],
+            env={**os.environ, "PYTHONPATH": str(root)},
+            cwd=root,  # ``-c`` puts the working folder first on the path: its gateway would be the one run
+        )
+        for n in range(processes)
+    ]
+    assert [recorder.wait(timeout=120) for recorder in recorders] == [0] * processes
+    return len(json.loads((state_dir / FILE_NAME).read_text()))
+
+
+@pytest.mark.timeout(120)
+def test_two_processes_recording_at_once_keep_every_record(tmp_path: Path) -> None:
+    """Two gateways recording at once each read the file, added theirs and wrote it back: one record was
+    lost. Unlocked, 30 + 30 records at once kept 30 to 36 of the 60 here; with each write taking 20 ms,
+    as on a busy disk (how the writes fall no longer decides it), 30 of 60 every time."""
+    assert record_at_once(tmp_path, processes=2, each=30, write_s=0.02) == 60
+
+
+def test_a_store_held_too_long_by_another_is_an_error_for_a_write_and_nothing_for_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stuck holder costs a warning (and the plan made afresh), not a start-up that waits for ever."""
+    monkeypatch.setattr(known_good, "LOCK_WAIT_S", 0.2)
+    store = KnownGood(tmp_path)
+    store.put("m", "fp", "llamacpp", "1", {"gguf": "/m.gguf"})
+    with exclusive(store.lock_path):  # another holder (a lock of its own on the file, as another process's)
+        with pytest.raises(OSError, match="held by another process for over 0.2 s"):
+            store.put("m2", "fp", "llamacpp", "1", {"gguf": "/m2.gguf"})
+        assert store.get("m", "fp") is None
+    assert any("cannot read the remembered configurations" in r.getMessage() for r in caplog.records)
+    assert store.get("m", "fp") is not None and store.get("m2", "fp") is None

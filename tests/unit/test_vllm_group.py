@@ -12,7 +12,9 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from starlette.testclient import TestClient
@@ -27,12 +29,15 @@ from backends.vllm.memory import Checkpoint
 from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import GatewayError
 from gateway.core.policy import Policy
-from gateway.nodes.followers import Followers, Hosted, Refused, StartRequest
+from gateway.nodes.followers import Followers, Hosted
+from gateway.nodes.group import WorkerGroup
+from gateway.nodes.start_request import Refused, StartRequest
 from gateway.nodes.survey import report_from
 from gateway.nodes.worker import Worker, WorkerConfig, create_app
 from gateway.supervision.engine_run import RunState
 from gateway.supervision.group import RANK_LOST, GroupRun, RankRefused
 from gateway.supervision.lifecycle import State
+from tests.unit.http_harness import Served
 from tests.unit.test_supervisor_transitions import TIMEOUT_S, Engines, ReplayRun, _supervisor, _until, serves
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -226,6 +231,53 @@ def test_the_workers_group_routes_need_the_key_and_check_the_request(tmp_path: P
         assert client.get("/group", headers=key).json()["reason"] == "stopped by the head"
 
 
+GOOD_START = StartRequest("vllm", VERSION, 1, ("60",), "127.0.0.1", 20.0).to_json()
+HUGE_INPUTS = {  # (the start request's body, status, what the message says)
+    "a rank of 300 digits": (json.dumps(GOOD_START | {"rank": 10**300}), 400, "rank"),
+    "an argument of 100 kB": (json.dumps(GOOD_START | {"args": ["x" * 100_000]}), 400, "each argument"),
+    "5000 arguments": (json.dumps(GOOD_START | {"args": ["x"] * 5000}), 400, "at most 1024 arguments"),
+    "an engine name of 10 kB": (json.dumps(GOOD_START | {"engine": "v" * 10_000}), 400, "engine"),
+    "an argument of 10 MB": (json.dumps(GOOD_START | {"args": ["x" * 10_000_000]}), 413, "at most 1048576 bytes"),
+    "args nested 1000 deep": (
+        json.dumps(GOOD_START).replace('["60"]', "[" * 1000 + "]" * 1000),
+        400,
+        "nested too deeply",
+    ),
+}
+
+
+@pytest.mark.parametrize(("body", "status", "said"), HUGE_INPUTS.values(), ids=HUGE_INPUTS.keys())
+def test_a_start_refused_for_its_size_is_a_400_and_the_running_rank_keeps_running(
+    tmp_path: Path, body: str, status: int, said: str
+) -> None:
+    """A rank of 300 digits (a log name the file system refuses), a 10 MB argument (an execve the kernel
+    refuses) or deep nesting (the parser's recursion) were each a 500, after the running rank was stopped."""
+    machine = Inventory((), 8 * GIB, 8 * GIB, source="none")
+    hosted = {"vllm": Hosted(FakeHost(), Installation(SLEEPER, VERSION, "installed", "cpu"))}
+    worker = Worker(WorkerConfig(log_dir=tmp_path, cpu_memory="1GiB"), machine, ["rpc"], hosted)
+    key = {"Authorization": "Bearer k"}
+    with TestClient(create_app(worker, ("k",))) as client:
+        running = client.post("/group/start", json=GOOD_START, headers=key).json()
+        assert running["state"] == "running", running
+        refused = client.post("/group/start", content=body, headers=key | {"Content-Type": "application/json"})
+        assert refused.status_code == status and said in refused.json()["error"]["message"], refused.text[:300]
+        assert client.get("/group", headers=key).json() == {**running, "lease_left_s": ANY}  # the same pid, running
+        client.post("/group/stop", headers=key)
+
+
+def test_a_start_body_past_its_cap_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    machine = Inventory((), 8 * GIB, 8 * GIB, source="none")
+    worker = Worker(WorkerConfig(log_dir=tmp_path, cpu_memory="1GiB"), machine, ["rpc"], {})
+    declared = {"Authorization": "Bearer k", "Content-Length": str(300 * 1024 * 1024)}
+    with TestClient(create_app(worker, ("k",))) as client:
+        answer = client.post("/group/start", content=b"{}", headers=declared)  # 300 MB said, never sent
+        chunked = client.post(
+            "/group/start", content=iter([b"[" + b" " * 65536] * 40), headers={"Authorization": "Bearer k"}
+        )  # no length said: cut at the cap while it arrives
+    assert answer.status_code == 413 and "at most 1048576 bytes" in answer.json()["error"]["message"]
+    assert chunked.status_code == 413
+
+
 # -- one group, one fate ----------------------------------------------------------------------------------
 
 
@@ -392,3 +444,27 @@ def test_the_supervisor_replans_over_the_nodes_left_when_a_rank_is_lost(tmp_path
         await supervisor.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), TIMEOUT_S * 2))
+
+
+def test_the_heads_start_request_is_the_one_the_worker_reads(tmp_path: Path) -> None:
+    """One StartRequest: the head writes it (WorkerGroup.start), the worker reads it back; a refusal comes
+    back in the worker's words and leaves its running rank as it was."""
+    machine = Inventory((), 8 * GIB, 8 * GIB, source="none")
+    hosted = {"vllm": Hosted(FakeHost(), Installation(SLEEPER, VERSION, "installed", "cpu"))}
+    worker = Worker(WorkerConfig(log_dir=tmp_path, cpu_memory="1GiB"), machine, ["rpc"], hosted)
+    served = Served(create_app(worker, ("k",)), lifespan="off")  # a real server: the rank outlives each request
+    report = SimpleNamespace(name="node-b", peer_address="127.0.0.1")
+    address = f"127.0.0.1:{served.address[1]}"
+    group = WorkerGroup(SimpleNamespace(states=[SimpleNamespace(report=report, address=address)], api_key="k"))  # type: ignore[arg-type]
+    try:
+        group.start(replace(FOLLOWER, args=("60",)), lease_s=20.0)
+        running = worker.followers.state()
+        assert running["state"] == "running", running
+        assert worker.followers.request == StartRequest("vllm", VERSION, 1, ("60",), "127.0.0.1", 20.0)
+        with pytest.raises(RankRefused, match="worker node-b refused rank 99999: rank: an integer from 1 to 4095"):
+            group.start(replace(FOLLOWER, rank=99_999), lease_s=20.0)
+        assert worker.followers.state()["pid"] == running["pid"] and worker.followers.running
+        group.stop("node-b")
+        assert not worker.followers.running
+    finally:
+        served.stop()

@@ -1,5 +1,6 @@
-"""Wrong engine output gets a 502 in the dialect's shape, never a 500 or a cut stream (issue 41, item 5),
-and a client's lone surrogate is its own 400 rather than the gateway's 500 when it is echoed back."""
+"""Wrong engine output gets a 502 in the dialect's shape, never a 500 or a cut stream (issue 41, item 5;
+issue 47, item 6: an engine's non-JSON 500 in every dialect, a stream ended without ``[DONE]``), and a
+client's lone surrogate is its own 400 rather than the gateway's 500 when it is echoed back."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from starlette.testclient import TestClient
 from gateway.serving.app import create_app
 from gateway.serving.dialects.chat_fixups import ChatStreamFixer
 from gateway.serving.wire.error_shapes import ApiError
-from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
+from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events
 
 NATIVE = frozenset({"include_usage"})  # Responses and Messages translated by the gateway
 DEEP = "[" * 1100 + "]" * 1100
@@ -137,3 +138,69 @@ def test_a_number_json_cannot_write_back_passes_as_the_engine_wrote_it(upstream:
     fixer = ChatStreamFixer(mirror="reasoning", usage_prompt_tokens=None)
     out = fixer.feed(b'data: {"choices": [{"delta": {"reasoning": "r"}}], "x": 1e400}\n\n')
     assert b"Infinity" not in out and b"1e400" in out
+
+
+# -- issue 47, item 6: every dialect answers wrong engine output the same way ----------------------------
+DIALECTS = {
+    "/v1/chat/completions": {"model": FRONTED, "max_tokens": 8, "messages": [{"role": "user", "content": "CUE"}]},
+    "/v1/messages": {"model": FRONTED, "max_tokens": 8, "messages": [{"role": "user", "content": "CUE"}]},
+    "/v1/responses": {"model": FRONTED, "input": "CUE"},
+}
+
+
+def _cued(path: str, cue: str, **extra: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(DIALECTS[path]).replace("CUE", cue)) | extra
+
+
+def _full_shape(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The error object, once its dialect's every field is checked."""
+    if path == "/v1/messages":
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert body["error"]["type"] == "api_error"
+    else:
+        assert set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert body["error"]["type"] == "server_error" and body["error"]["code"] == "backend_malformed_answer"
+    return dict(body["error"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["reply", "stream"])
+@pytest.mark.parametrize("path", list(DIALECTS))
+def test_an_engine_500_that_is_not_json_is_a_502_in_each_dialects_full_shape(
+    engine: FakeEngine, engine_url: str, path: str, stream: bool
+) -> None:
+    """A crashed server's HTML page with status 500 was a 500 on Messages and Responses (502 on chat),
+    and Responses' body had neither ``type`` nor ``code``."""
+    with TestClient(create_app(make_runtime(engine_url, native=NATIVE)), raise_server_exceptions=False) as client:
+        answer = client.post(path, json=_cued(path, "HTML500", stream=stream))
+    assert answer.status_code == 502, answer.text[:300]
+    assert "not JSON" in _full_shape(path, answer.json())["message"] and "/srv/engine" not in answer.text
+
+
+def test_an_engine_error_without_type_gets_every_openai_field_on_responses(engine: FakeEngine, engine_url: str) -> None:
+    with TestClient(create_app(make_runtime(engine_url, native=NATIVE))) as client:
+        busy = client.post("/v1/responses", json=_cued("/v1/responses", "BUSY"))  # {"error": {"message": "busy"}}
+    assert busy.status_code == 429
+    assert busy.json() == {"error": {"message": "busy", "type": "rate_limit_error", "param": None, "code": None}}
+
+
+@pytest.mark.parametrize("path", list(DIALECTS))
+def test_a_stream_the_engine_ends_without_done_ends_with_the_dialects_error_event(
+    engine: FakeEngine, engine_url: str, path: str
+) -> None:
+    """Content and a finish reason, then the end of the stream without ``[DONE]`` (nor the usage chunk
+    before it): it was cut short, and the client read it as complete."""
+    runtime = make_runtime(engine_url, native=NATIVE)
+    with TestClient(create_app(runtime)) as client:
+        cut = client.post(path, json=_cued(path, "NODONE", stream=True, stream_options={"include_usage": True}))
+        whole = client.post(path, json=_cued(path, "hi", stream=True, stream_options={"include_usage": True}))
+    name, last = sse_events(cut.text)[-1]
+    assert cut.text.endswith("\n\n"), cut.text[-200:]
+    if path == "/v1/chat/completions":
+        assert name is None and last["error"]["code"] == "backend_stream_incomplete", cut.text[-300:]
+    elif path == "/v1/messages":
+        assert name == "error" and "[DONE]" in last["error"]["message"], cut.text[-300:]
+    else:
+        assert name == "response.failed" and "[DONE]" in last["response"]["error"]["message"], cut.text[-300:]
+    ends = {"/v1/chat/completions": None, "/v1/messages": "message_stop", "/v1/responses": "response.completed"}
+    assert sse_events(whole.text)[-1][0] == ends[path] and "Hello" in cut.text  # a whole stream ends as it did
+    assert (runtime.admission.active, runtime.admission.queued) == (0, 0)

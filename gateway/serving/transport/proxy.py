@@ -231,9 +231,22 @@ class EngineClient:
         return b"".join(parts)
 
     async def post_json(self, target: EngineTarget, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
+        """(status, parsed answer) of what the gateway asks the engine itself. An answer that is not JSON
+        or a redirect is the backend's fault whatever its status: (502, the full OpenAI-shaped error),
+        which each dialect words as its own 502 (an engine's 500 HTML page was a 500 on Messages)."""
         deadline = _after(self.timeouts.answer_s)
         upstream = await self.open(target, path, json.dumps(payload).encode(), deadline=deadline)
-        return upstream.status, _json_or_error(await self.read(upstream, deadline))
+        data = await self.read(upstream, deadline)
+        broken: ApiError | None
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            broken = _not_json(upstream.status, upstream.headers.get("Content-Type", ""), data)
+        else:
+            broken = _redirected(upstream.status)
+        if broken is not None:
+            return broken.status, broken.body()
+        return upstream.status, answer
 
     async def relay(
         self,
@@ -247,10 +260,12 @@ class EngineClient:
         on_close: Callable[[], None] = lambda: None,
         errors: ErrorShape = OPENAI,
         error_event: Callable[[ApiError], bytes] | None = None,
+        last_event: bytes | None = None,
     ) -> Response:
         """Pass the request through; the response comes back as it came (filtered only if asked). A
-        stream that breaks or goes silent ends with an error event in ``errors``' dialect. The engine's
-        usage is reported to the request's tally (read from the answer's own ``usage``)."""
+        stream that breaks or goes silent ends with an error event in ``errors``' dialect, and so does
+        one whose backend ended it without ``last_event`` (chat's ``[DONE]``): it was cut short. The
+        engine's usage is reported to the request's tally (read from the answer's own ``usage``)."""
         deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
         try:
             upstream = await self.open(target, path, body, stream=stream, deadline=deadline)
@@ -261,7 +276,7 @@ class EngineClient:
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
             # whole events first: the usage tap then parses no event twice nor holds one across reads
             aligned = chained([*([chunk_filter] if chunk_filter else []), EventAligned(), UsageTap()])
-            chunks = self._chunks(upstream, deadline, aligned, error_event or errors.sse_event, on_close)
+            chunks = self._chunks(upstream, deadline, aligned, error_event or errors.sse_event, on_close, last_event)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
                 on_close()
@@ -306,15 +321,18 @@ class EngineClient:
         chunk_filter: ChunkFilter | None,
         error_event: Callable[[ApiError], bytes],
         on_close: Callable[[], None] = lambda: None,
+        last_event: bytes | None = None,
     ) -> AsyncGenerator[bytes]:
         """The upstream's bytes as they arrive, the first by ``first_deadline``, each next within the idle
-        bound; a broken or silent stream ends with ``error_event``; ``on_close`` (the slot) runs as soon as
-        the stream is over, before the response's last message is sent. The bounds are one timer for the
-        whole stream (:class:`_Watchdog`), not one per chunk: a chunk costs a clock read."""
+        bound; a broken or silent stream, or one whose last event is not ``last_event`` (when given), ends
+        with ``error_event``; ``on_close`` (the slot) runs as soon as the stream is over, before the
+        response's last message is sent. The bounds are one timer for the whole stream
+        (:class:`_Watchdog`), not one per chunk: a chunk costs a clock read."""
         loop = asyncio.get_running_loop()
         watchdog = _Watchdog(loop, upstream.content, first_deadline, self.timeouts.stream_idle_s)
         finished = False
         whole = True  # what was sent ends at an event's end: a last error event is read as one
+        tail = b""  # the upstream's last bytes, where its last event is
         try:
             while True:
                 try:
@@ -327,10 +345,14 @@ class EngineClient:
                     yield _after_whole(whole, error_event(self._failure("stopped in the middle of this stream", exc)))
                     break
                 if not chunk:
-                    if chunk_filter:
-                        yield chunk_filter.flush()
+                    if chunk_filter and (rest := chunk_filter.flush()):
+                        whole = rest.endswith((b"\n\n", b"\r\n\r\n"))
+                        yield rest
                     finished = True
+                    if last_event is not None and not tail.rstrip().endswith(last_event):
+                        yield _after_whole(whole, error_event(_cut_short(last_event)))
                     break
+                tail = chunk[-64:] if len(chunk) >= 64 else (tail + chunk)[-64:]
                 watchdog.last = loop.time()
                 self._chunks_read += 1
                 if watchdog.first:
@@ -404,6 +426,14 @@ def _after(seconds: float) -> float:
     return asyncio.get_running_loop().time() + seconds
 
 
+def _cut_short(last_event: bytes) -> ApiError:
+    """A stream the backend ended without its last event: the client must not read it as complete."""
+    return ApiError(
+        502, f"the backend ended this stream without {last_event.decode(errors='replace')}: it stopped or was cut "
+        "short, and the answer may be incomplete; retry the request", code="backend_stream_incomplete",
+    )  # fmt: skip
+
+
 def _too_big(limit: int) -> ApiError:
     return ApiError(
         502, f"the backend's answer exceeds {limit} bytes (max_answer_bytes)", code="backend_answer_too_large"
@@ -461,15 +491,30 @@ def _broken_answer(status: int, content_type: str, data: bytes, stream: bool) ->
     """A 502 for an answer the client must not get as it came: a redirect (not followed), a body that
     is not JSON (a proxy's HTML error page names internal paths), or a stream request answered 200
     without a stream (the client would read an empty success)."""
-    if 300 <= status < 400:
-        return ApiError(502, f"the backend answered with a redirect ({status}), which the gateway does not follow")
+    if redirected := _redirected(status):
+        return redirected
     if stream and status == 200:
         what = f"{content_type or 'no content type'}, {len(data)} bytes"
-        return ApiError(502, f"the backend answered a stream request without a stream ({what})")
+        return ApiError(502, f"the backend answered a stream request without a stream ({what})", code=MALFORMED)
     if not _looks_like_json(content_type, data):
-        what = f"{content_type or 'no content type'}, {len(data)} bytes"
-        return ApiError(502, f"the backend answered {status} with a body that is not JSON ({what}); see its log")
+        return _not_json(status, content_type, data)
     return None
+
+
+MALFORMED = "backend_malformed_answer"  # the code of every 502 for what the backend sent
+
+
+def _redirected(status: int) -> ApiError | None:
+    if 300 <= status < 400:
+        why = f"the backend answered with a redirect ({status}), which the gateway does not follow"
+        return ApiError(502, why, code=MALFORMED)
+    return None
+
+
+def _not_json(status: int, content_type: str, data: bytes) -> ApiError:
+    what = f"{content_type or 'no content type'}, {len(data)} bytes"
+    why = f"the backend answered {status} with a body that is not JSON ({what}); see its log"
+    return ApiError(502, why, code=MALFORMED)
 
 
 def _json_or_error(data: bytes) -> Any:

@@ -3,14 +3,18 @@
 An engine that answers a stream request with chunks it should not send (``choices`` that is not a
 list of objects) or that stops without a finish reason (it crashed, or a proxy cut it) was relayed as
 a normal end: ``message_stop`` with ``stop_reason: "end_turn"`` and no content, or
-``response.completed``, while the same request without streaming got a 502. These checks turn either
-into an ``{"error": …}`` chunk, which each translator words as its dialect's error event.
+``response.completed``, while the same request without streaming got a 502. So was one that stopped
+after the finish reason but before ``data: [DONE]`` (the usage chunk comes between: its figures were
+lost). These checks turn each into an ``{"error": …}`` chunk, which each translator words as its
+dialect's error event.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
+
+from gateway.serving.wire.sse import DONE
 
 
 def _error(message: str) -> dict[str, Any]:
@@ -20,8 +24,9 @@ def _error(message: str) -> dict[str, Any]:
 async def checked_chunks(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """The parsed chunks of a chat-completions stream, ending in an error chunk when the stream was
     malformed or did not finish."""
-    finished = False
+    finished = done = False
     async for chunk in chunks:
+        done = chunk is DONE
         if isinstance(chunk, dict):
             if chunk.get("error"):
                 yield chunk
@@ -34,3 +39,5 @@ async def checked_chunks(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield chunk
     if not finished:
         yield _error("the backend's stream ended without a finish reason (it stopped or was cut short)")
+    elif not done:
+        yield _error("the backend's stream ended without [DONE] (it stopped or was cut short)")

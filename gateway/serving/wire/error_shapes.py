@@ -150,11 +150,22 @@ class ErrorShape:
         the engine said), any other error as it came or its message reworded into the dialect."""
         if status >= 400 and (overflow := engine_overflow(answer, context_length)):
             return self.response(overflow)
-        if self.relays_engine_errors:
-            return JSONResponse(answer, status_code=status)
+        if self.relays_engine_errors and (whole := _openai_error(status, answer)) is not None:
+            return JSONResponse(whole, status_code=status)
         error = answer.get("error") if isinstance(answer, dict) else None
         message = str(error.get("message") if isinstance(error, dict) else error or answer)
         return self.response(ApiError(status, message))
+
+
+def _openai_error(status: int, answer: Any) -> dict[str, Any] | None:
+    """An engine's OpenAI-shaped error with every field the shape has (``type``, ``param``, ``code``:
+    some engines leave some out, and a client reads ``type``), the engine's own values kept; None when
+    the answer has no ``{"error": {"message": …}}`` to keep."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return None
+    filled = {"type": _TYPES.get(status, "invalid_request_error"), "param": None, "code": None}
+    return {**answer, "error": filled | {key: value for key, value in error.items() if value is not None}}
 
 
 _ANTHROPIC_TYPES = {

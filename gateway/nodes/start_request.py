@@ -1,0 +1,74 @@
+"""The head's request to a worker to start one rank of an engine group (``POST /group/start``): one type
+that the head writes (gateway/nodes/group.py) and the worker reads back (gateway/nodes/followers.py).
+
+The worker reads it as input that may be hostile (a key holder's, or a head of another version): every
+field is checked and bounded before anything is stopped or started, so that a bad request is a 400 that
+names the field and the running rank is kept. Unbounded, a rank of 300 digits made a log file name the
+file system refused, and a 10 MB argument an ``execve`` the kernel refused (E2BIG): each a 500, after
+the running rank had been stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MAX_LEASE_S = 600.0
+MAX_RANK = 4095  # a group's ranks: one per node
+MAX_ARGS = 1024
+MAX_ARG_BYTES = 64 * 1024  # Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN)
+MAX_NAME_CHARS = 256  # the engine, its version, the address
+MAX_BODY_BYTES = 1 << 20  # the whole request (a head's is a few kB); all arguments stay under ARG_MAX (2 MiB)
+MAX_BODY_ELEMENTS = MAX_ARGS + 16  # JSON objects and arrays in it: one object, one list
+
+
+class Refused(Exception):
+    """A start the worker will not do; ``status`` is the HTTP status the head gets."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    engine: str
+    version: str
+    rank: int
+    args: tuple[str, ...]
+    host_ip: str  # the worker's address as the head reached it
+    lease_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """What the head sends."""
+        return {
+            "engine": self.engine,
+            "version": self.version,
+            "rank": self.rank,
+            "args": list(self.args),
+            "host_ip": self.host_ip,
+            "lease_s": self.lease_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> StartRequest:
+        """The head's request, checked field by field (Refused 400 with the field's name and its bound)."""
+        if not isinstance(data, dict):
+            raise Refused(400, "the body must be a JSON object")
+        args = data.get("args")
+        if not isinstance(args, list) or not all(isinstance(a, str) and "\x00" not in a for a in args):
+            raise Refused(400, "args: a list of strings")
+        if len(args) > MAX_ARGS:
+            raise Refused(400, f"args: at most {MAX_ARGS} arguments, not {len(args)}")
+        if any(len(a.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES for a in args):
+            raise Refused(400, f"args: each argument at most {MAX_ARG_BYTES} bytes")
+        for name in ("engine", "version", "host_ip"):
+            value = data.get(name)
+            if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS or not value.isprintable():
+                raise Refused(400, f"{name}: a non-empty printable string of at most {MAX_NAME_CHARS} characters")
+        rank, lease = data.get("rank"), data.get("lease_s")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_RANK:
+            raise Refused(400, f"rank: an integer from 1 to {MAX_RANK} (rank 0 is the head)")
+        if not isinstance(lease, int | float) or isinstance(lease, bool) or not 1 <= lease <= MAX_LEASE_S:
+            raise Refused(400, f"lease_s: seconds from 1 to {MAX_LEASE_S:g}")
+        return cls(data["engine"], data["version"], rank, tuple(args), data["host_ip"], float(lease))
