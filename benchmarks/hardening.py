@@ -31,6 +31,7 @@
 - tools (issue 30): one Responses request (translated) with 99,000 tools of types no backend runs
   (21 MB): its status, the warning lines and bytes it added to the log, the slowest /health.
 - readsize, responses, metadata, stop, replan (issue 41): see benchmarks/hardening_41.py.
+- restarts, idlehang, noslots (issue 47: recovery): see benchmarks/hardening_47_recovery.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -60,7 +61,7 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks import hardening_41  # noqa: E402 (after the path it needs)
+from benchmarks import hardening_41, hardening_47_recovery  # noqa: E402 (after the path it needs)
 
 MB = 1024 * 1024
 ANSWER = {
@@ -606,7 +607,8 @@ def main() -> int:
     parser.add_argument(
         "what", nargs="+",
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
-                 "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop"],
+                 "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop",
+                 *hardening_47_recovery.CASES],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -635,6 +637,7 @@ def main() -> int:
     results.update(issue_23(args.source, wanted))
     results.update(issue_30(args.source, wanted))
     results.update(hardening_41.issue_41(args.source.resolve(), wanted, servers, HealthWatch, PeakRss))
+    results.update(hardening_47_recovery.issue_47(args.source.resolve(), set(args.what)))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

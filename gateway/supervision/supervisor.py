@@ -457,6 +457,12 @@ class Supervisor:
                 self.reason = f"{what}; gave up restarting, trying again now (try {self._tries} since)"
             else:
                 step = move
+                budget = self.restart_budget
+                self.state = State.RESTARTING
+                self.reason = (
+                    f"{what}; restarting in {step.delay_s:g} s "
+                    f"(restart {step.number} of at most {budget.limit} within {budget.window_s:g} s)"
+                )
                 await self.sleep(step.delay_s)
             self._restart_times.append(self.clock())
             self.restarts += 1

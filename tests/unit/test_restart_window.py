@@ -191,7 +191,9 @@ def test_ready_says_restarting_then_gave_up_with_the_next_try_then_serves(engine
             time.sleep(0.01)
     assert [r.status_code for r in (*restarting, *gave_up)] == [503] * 4
     assert restarting[0].json() == {"status": "restarting"}
-    assert restarting[1].json()["reason"] == "engine exited with status 1; restarting"
+    assert restarting[1].json()["reason"] == (
+        "engine exited with status 1; restarting in 1 s (restart 1 of at most 1 within 600 s)"
+    )
     bare, detail = gave_up[0].json(), gave_up[1].json()
     assert set(bare) == {"status", "next_try_at"} and bare["status"] == "failed"
     assert (
