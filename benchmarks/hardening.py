@@ -31,6 +31,8 @@
 - tools (issue 30): one Responses request (translated) with 99,000 tools of types no backend runs
   (21 MB): its status, the warning lines and bytes it added to the log, the slowest /health.
 - readsize, responses, metadata, stop, replan (issue 41): see benchmarks/hardening_41.py.
+- bearers, scrapes, keycap (issue 47: who a request is, bounded observability): see
+  benchmarks/hardening_47_identity.py.
 - restarts, idlehang, noslots (issue 47: recovery): see benchmarks/hardening_47_recovery.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
@@ -61,7 +63,9 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks import hardening_41, hardening_47_recovery  # noqa: E402 (after the path it needs)
+import benchmarks.hardening_47_identity as hardening_47_identity  # noqa: E402
+import benchmarks.hardening_47_recovery as hardening_47_recovery  # noqa: E402
+from benchmarks import hardening_41  # noqa: E402 (after the path it needs)
 
 MB = 1024 * 1024
 ANSWER = {
@@ -608,7 +612,7 @@ def main() -> int:
         "what", nargs="+",
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
                  "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop",
-                 *hardening_47_recovery.CASES],
+                 *hardening_47_identity.CASES, *hardening_47_recovery.CASES],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -631,13 +635,16 @@ def main() -> int:
         "metadata",
         "replan",
         "stop",
+        *hardening_47_identity.CASES,
+        *hardening_47_recovery.CASES,
     }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
     results.update(issue_23(args.source, wanted))
     results.update(issue_30(args.source, wanted))
     results.update(hardening_41.issue_41(args.source.resolve(), wanted, servers, HealthWatch, PeakRss))
-    results.update(hardening_47_recovery.issue_47(args.source.resolve(), set(args.what)))
+    results.update(hardening_47_identity.issue_47_identity(args.source.resolve(), wanted, servers, HealthWatch))
+    results.update(hardening_47_recovery.issue_47(args.source.resolve(), wanted))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

@@ -269,8 +269,8 @@ async def no_slots(cue: Path, logs: Path) -> dict[str, Any]:
 
 
 def issue_47(source: Path, wanted: set[str]) -> dict[str, Any]:
-    """The cases of :data:`CASES` that ``wanted`` names ("all": every one), with the gateway code of ``source``."""
-    cases = set(CASES) if "all" in wanted else wanted & set(CASES)
+    """The cases of :data:`CASES` that ``wanted`` names, with the gateway code of ``source``."""
+    cases = wanted & set(CASES)
     if not cases:
         return {}
     sys.path.insert(0, str(source))

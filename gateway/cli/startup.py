@@ -19,6 +19,7 @@ from gateway.nodes.survey import Nodes
 from gateway.planning.serve_plan import plan_serving, plan_summary
 from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.plan_figures import plan_figures
+from gateway.serving.routing.pool import Balance
 from gateway.serving.runtime import Runtime
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.after_failure import RestartBudget
@@ -109,6 +110,7 @@ def _runtime(
         queue_limit=settings.queue_limit,
         per_key_limit=settings.max_inflight_per_key,
         queue_wait_s=settings.queue_wait_s,
+        balance=Balance(settings.balance_abs_threshold, settings.balance_rel_threshold),
         api_keys=keys,
         bind_host=settings.host,
         allowed_hosts=tuple(settings.allowed_hosts),

@@ -15,13 +15,17 @@ def bearer_header(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def headers_carry_key(authorization: str | None, x_api_key: str | None, keys: Sequence[str]) -> bool:
-    """Either header may carry the key (SDKs send both, one of them a placeholder); every offered value
-    is compared with every key in constant time. No keys accepts nothing: the caller decides whether
-    a server without keys is open. Header values arrive as bytes decoded Latin-1 (ASGI, Starlette),
-    so a key is compared as the UTF-8 bytes a client sends for it."""
-    offered = [x_api_key or ""]
+def matching_key(authorization: str | None, x_api_key: str | None, keys: Sequence[str]) -> str | None:
+    """The configured key the request authenticated with, or None: who a request is comes from this key
+    alone, never from what else its headers carry. Either header may carry the key (SDKs send both, one
+    of them a placeholder); every offered value is compared with every key in constant time, Bearer's
+    value first where both are valid keys. No keys matches nothing: the caller decides whether a server
+    without keys is open. Header values arrive as bytes decoded Latin-1 (ASGI, Starlette), so a key is
+    compared as the UTF-8 bytes a client sends for it."""
+    offered: list[str] = []
     if (authorization or "").lower().startswith("bearer "):
         offered.append((authorization or "")[7:].strip())
+    offered.append(x_api_key or "")
     sent = [value.encode("latin-1", "replace") for value in offered if value]
-    return any(hmac.compare_digest(value, key.encode("utf-8")) for value in sent for key in keys if key)
+    matched = [key for value in sent for key in keys if key and hmac.compare_digest(value, key.encode("utf-8"))]
+    return matched[0] if matched else None

@@ -254,6 +254,16 @@ class Settings(BaseSettings):
     queue_wait_s: float = Field(
         600.0, gt=0, description="Longest wait for a slot before 429.", json_schema_extra={"flags": ["--queue-wait"]}
     )
+    balance_abs_threshold: int = Field(
+        64,
+        ge=0,
+        description="With more than one replica: a conversation leaves the replica that holds its cache only when "
+        "that replica's load (requests queued or running) exceeds the least loaded one's by more than this, and "
+        "by more than balance_rel_threshold times (the cache-aware routers' defaults).",
+    )
+    balance_rel_threshold: float = Field(
+        1.5, ge=1.0, description="With more than one replica: the relative half of balance_abs_threshold's test."
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="Keys clients must send (Bearer or x-api-key; the flag repeats); none: the gateway is open.",

@@ -73,6 +73,7 @@ class Gateway:
             **self.rt.backend.snapshot(),
         }
         data["plan"] = {**(data.get("plan") or {}), **self.rt.plan_details}
+        _latest_only(data)
         data["gpus"] = self._gpus()
         data["usage"] = self.rt.usage.snapshot()
         data["scheduling"] = self.rt.scheduling_status()
@@ -125,6 +126,19 @@ class Gateway:
         if not self.rt.route.accepts(requested):
             raise Inference(self.rt).unknown_model(requested)
         return JSONResponse(self._model_card(requested))
+
+
+STATUS_EVENTS_SHOWN = 50  # the latest engine attempts, hangs and group stops /status lists
+
+
+def _latest_only(data: dict[str, Any]) -> None:
+    """Keep /status bounded over any uptime: of each list of engine events, the latest, and how many
+    earlier ones are left out (``<name>_not_shown``); each attempt carries its own number."""
+    for name in ("attempts", "hangs", "group_stops"):
+        events = data.get(name)
+        if isinstance(events, list) and len(events) > STATUS_EVENTS_SHOWN:
+            data[f"{name}_not_shown"] = len(events) - STATUS_EVENTS_SHOWN
+            data[name] = events[-STATUS_EVENTS_SHOWN:]
 
 
 def _gib(value: int) -> float:

@@ -27,7 +27,7 @@ from gateway.serving.dialects.chat_fixups import (
 )
 from gateway.serving.dialects.dialect import MESSAGES, RESPONSES, Dialect
 from gateway.serving.dialects.prompt_prefix import strip_billing_header
-from gateway.serving.edge.middleware import presented_key, record_of
+from gateway.serving.edge.middleware import authenticated_key, record_of
 from gateway.serving.edge.readiness import public
 from gateway.serving.edge.request_body import BodyReader
 from gateway.serving.runtime import Runtime
@@ -141,7 +141,7 @@ class Inference:
         scheduler orders by: gateway.serving.scheduling.sessions); the estimate counts this prompt as sent
         from now on."""
         units = prompt_units(payload)
-        identity = identify(request.headers, payload, units, presented_key(request.scope))
+        identity = identify(request.headers, payload, units, authenticated_key(request.scope))
         new_tokens = self.rt.prefixes.new_tokens(units)
         self.rt.prefixes.remember(units)
         record = record_of(request.scope)

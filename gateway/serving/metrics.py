@@ -1,8 +1,13 @@
 """`/metrics`: the request metrics of gateway.serving.edge.middleware plus gauges read from live state at scrape time
-(queue, backend state and restarts, the plan's figures, GPU memory from NVML when there are GPUs)."""
+(queue, backend state and restarts, the plan's figures, GPU memory from NVML when there are GPUs).
+
+A scrape must never stall serving: the figures are collected on the event loop (they read live state,
+and every label set is bounded), the text is written in a thread, and scrapes that arrive while one is
+being written share its answer (:class:`Scrapes`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -109,8 +114,40 @@ def live_gpu_memory(labels: frozenset[str]) -> GpuMemoryNow:
     return read
 
 
+class _Collected(Collector):
+    """Figures already collected, for the exposition writer to format away from the loop."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self.families)
+
+
+class Scrapes:
+    """One exposition at a time: the collectors run on the loop (they read state the loop changes), the
+    text is formatted in a thread, and a scrape that comes while one is under way gets that one's answer."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._pending: asyncio.Future[bytes] | None = None
+        self.rendered = 0  # expositions written (scrapes that shared one count once)
+
+    async def text(self) -> bytes:
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.ensure_future(self._render())
+        return await asyncio.shield(self._pending)  # a scraper that leaves does not cancel the others' answer
+
+    async def _render(self) -> bytes:
+        families = list(self.registry.collect())
+        self.rendered += 1
+        return await asyncio.to_thread(generate_latest, _Collected(families))
+
+
 def endpoint(registry: CollectorRegistry) -> Callable[[Request], Any]:
+    scrapes = Scrapes(registry)
+
     async def metrics(_request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(await scrapes.text(), media_type=CONTENT_TYPE_LATEST)
 
     return metrics

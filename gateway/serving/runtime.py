@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.serving.dialects.model_names import ModelRoute
+from gateway.serving.routing.pool import Balance, Health, Pool, Replica
 from gateway.serving.scheduling.admission import Admission
 from gateway.serving.scheduling.sessions import KnownPrefixes
 from gateway.serving.scheduling.usage_board import UsageBoard
 from gateway.serving.transport.proxy import EngineClient
-from gateway.supervision.lifecycle import ServedBackend
+from gateway.supervision.lifecycle import ServedBackend, State
 
 # Every ``gpu`` below is a device's label (gateway.core.devices.Device.label): its index on its own node as
 # NVML numbers it ("node2/0" for another node's), never a position in an engine's device order.
@@ -41,6 +42,13 @@ class PlanFigures:
     devices: tuple[PlannedDevice, ...] = ()  # the devices the plan uses (simulated ones too)
     # the memory in use now on those of them that are this machine's real GPUs (NVML); None: none are
     gpu_memory: GpuMemoryNow | None = None
+
+
+def health_of(state: State) -> Health:
+    """A supervised backend's state as a replica's: serving, on its way, or not."""
+    if state is State.READY:
+        return Health.UP
+    return Health.STARTING if state in (State.STARTING, State.RESTARTING) else Health.DOWN
 
 
 @dataclass
@@ -70,9 +78,21 @@ class Runtime:
     admission: Admission = field(init=False)
     usage: UsageBoard = field(default_factory=UsageBoard)  # who uses the node: per key and session
     prefixes: KnownPrefixes = field(default_factory=KnownPrefixes)  # what the engine's prefix cache likely holds
+    balance: Balance = field(default_factory=Balance)  # when a conversation leaves its replica for load (settings)
+    # the replicas serving the model: today one, the backend above (gateway.serving.routing; never asked with one)
+    pool: Pool[ServedBackend] = field(init=False)
 
     def __post_init__(self) -> None:
         self.created = int(time.time())
+        backend = self.backend
+        local = Replica(
+            "local",
+            backend,
+            health=lambda: health_of(backend.state),
+            generation=lambda: backend.restarts,
+            prefixes=self.prefixes,
+        )
+        self.pool = Pool([local], balance=self.balance)
         self.admission = Admission(
             self.capacity,
             queue_limit=self.queue_limit,

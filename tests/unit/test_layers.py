@@ -13,8 +13,9 @@ relative imports are resolved, and ``from package import name`` is an arrow to t
 
 Inside ``gateway.serving`` the rooms are floors too (SERVING_ROOMS): ``wire`` (errors, SSE, usage
 figures, the request id) < ``dialects``, ``transport`` and ``scheduling`` (which do not import each
-other: a translator knows no client, the client no dialect) < ``edge`` (the ASGI layers) < serving's top
-(runtime, handlers, app, metrics, drain: what ties the rooms together).
+other: a translator knows no client, the client no dialect) < ``routing`` (which replica: it reads a
+replica's prefix estimate from ``scheduling``) < ``edge`` (the ASGI layers) < serving's top (runtime,
+handlers, app, metrics, drain: what ties the rooms together).
 
 Each rule is a function over an import graph, so that a small seeded tree can prove the rule catches
 what it is meant to catch.
@@ -50,6 +51,7 @@ SERVING_ROOMS = {
     "gateway.serving.dialects": 1,
     "gateway.serving.transport": 1,
     "gateway.serving.scheduling": 1,
+    "gateway.serving.routing": 1.5,
     "gateway.serving.edge": 2,
     "gateway.serving": 3,
 }

@@ -19,6 +19,7 @@ from gateway.remembered.known_good import KnownGood
 from gateway.serving.app import Gateway
 from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.plan_figures import plan_figures
+from gateway.serving.routing.pool import Balance
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
@@ -114,3 +115,11 @@ def test_a_gpu_is_named_by_its_own_index_not_its_place_in_llamacpps_order(tmp_pa
     assert [device.gpu for device in figures.devices] == ["node2/0", "0"]
     assert {gpu for gpu, _term, _bytes in figures.plan_memory} == {"node2/0", "0"}
     assert figures.gpu_memory is None  # simulated devices: no NVML figures to put beside them
+
+
+@needs_embedded_model
+def test_the_routing_thresholds_reach_the_pool_of_the_one_engine(tmp_path: Path) -> None:
+    served = assemble(_settings(tmp_path, balance_abs_threshold=8, balance_rel_threshold=2.0), machine=CPU)
+    pool = served.runtime.pool
+    assert pool.balance == Balance(8, 2.0)
+    assert pool.single is not None and pool.single.upstream is served.runtime.backend

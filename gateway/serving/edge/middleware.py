@@ -45,28 +45,32 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 class ApiKeys:
     """Closes every route but /health unless the request carries one of the keys (Bearer or x-api-key);
-    the 401 is written in the route's dialect."""
+    the 401 is written in the route's dialect. The key that matched is who the request is
+    (:func:`authenticated_key`)."""
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
         self.keys = [key.strip() for key in keys if key.strip()]  # a blank key is no key: the gateway stays open
 
-    def allowed(self, scope: Scope) -> bool:
-        return auth.headers_carry_key(_header(scope, b"authorization"), _header(scope, b"x-api-key"), self.keys)
+    def matched(self, scope: Scope) -> str | None:
+        return auth.matching_key(_header(scope, b"authorization"), _header(scope, b"x-api-key"), self.keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys:
             await self.app(scope, receive, send)
             return
-        allowed = self.allowed(scope)
-        if allowed or scope["path"] in OPEN_PATHS:
-            scope.setdefault("state", {})[KEY_STATE] = allowed  # open routes show detail only with the key
+        matched = self.matched(scope)
+        if matched is not None or scope["path"] in OPEN_PATHS:
+            state = scope.setdefault("state", {})
+            state[KEY_STATE] = matched is not None  # open routes show detail only with the key
+            state[AUTHENTICATED_STATE] = matched
             await self.app(scope, receive, send)
             return
         await shape_for(scope["path"]).unauthorized()(scope, receive, send)
 
 
 KEY_STATE = "key_accepted"
+AUTHENTICATED_STATE = "authenticated_key"  # the configured key that matched (ApiKeys); absent on an open gateway
 RECORD_STATE = "record"  # the request's RequestRecord (gateway.serving.scheduling.usage_board), for the handlers
 
 
@@ -79,12 +83,12 @@ def record_of(scope: Scope) -> RequestRecord:
     return record
 
 
-def presented_key(scope: Scope) -> str | None:
-    """The API key the request carried (Bearer or x-api-key), to name its key id; never logged."""
-    bearer = _header(scope, b"authorization")
-    if bearer and bearer[:7].lower() == "bearer ":
-        return bearer[7:].strip() or None
-    return (_header(scope, b"x-api-key") or "").strip() or None
+def authenticated_key(scope: Scope) -> str | None:
+    """The configured API key the request authenticated with, to name its key id (never logged); None on
+    a gateway without keys (key id ``open``). Only :class:`ApiKeys` sets it, from the key that matched: no
+    header a client adds beside a valid key changes who the request is counted, capped or scheduled as."""
+    key = scope.get("state", {}).get(AUTHENTICATED_STATE)
+    return key if isinstance(key, str) else None
 
 
 def may_see_detail(scope: Scope) -> bool:

@@ -8,8 +8,8 @@ schedule them (:mod:`gateway.serving.scheduling.admission`) and to show who uses
   Codex's ``session-id`` header or ``prompt_cache_key``, opencode's ``x-session-affinity``), else a hash
   of the conversation's stable start (tools, system prompt, first user message): Qwen Code, Cline and
   aider send no id, and their conversation's start stays byte-identical from turn to turn;
-- a **key id**: a short hash of the API key it carried (never the key), so that keys share the engine
-  fairly and are counted apart;
+- a **key id**: a short hash of the configured API key it authenticated with (never the key, never
+  another header's value), so that keys share the engine fairly and are counted apart;
 - a **prefill estimate**: the prompt is cut into units (tools, system, each message) and fingerprinted
   unit by unit; the longest run of leading units the gateway has already sent to the engine is what
   the engine's prefix cache likely holds, so the rest is what it must prefill. A session's next turn

@@ -1,19 +1,20 @@
 """Who uses the node: per API key and per agent session, what they asked of the engine and what they waited.
 
 Each request's figures (its session and key ids, time queued, time to first token, prompt tokens the
-engine evaluated or reused from its cache, output tokens) are added up per key and per session. Keys
-are few (the configured ones); sessions are not, so the board keeps the most recently seen
-``SESSIONS_KEPT`` and shows the top ``SESSIONS_SHOWN`` by tokens, the rest folded into one "other" row:
-``/metrics`` label cardinality stays bounded whatever the clients send.
+engine evaluated or reused from its cache, output tokens) are added up per key and per session. A key
+id names a configured key (or ``open``), so keys are few, yet both tables are bounded alike: the board
+keeps the most recently seen ``KEYS_KEPT`` keys and ``SESSIONS_KEPT`` sessions (older ones summed into a
+folded row) and shows the top ``KEYS_SHOWN`` / ``SESSIONS_SHOWN`` by tokens, the rest in one "other" row:
+``/metrics`` label cardinality, ``/status`` and the board's memory stay bounded whatever the clients send.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -22,7 +23,10 @@ from gateway.serving.scheduling.sessions import Identity
 
 SESSIONS_KEPT = 1024
 SESSIONS_SHOWN = 20
-OTHER = "other"
+KEYS_KEPT = 1024
+KEYS_SHOWN = 20
+Name = TypeVar("Name", str, tuple[str, str])
+OTHER = "other"  # never a key id (key-XXXXXXXX or open) nor a session id (12 hex digits)
 
 
 @dataclass
@@ -86,10 +90,16 @@ class Tally:
 
 
 class UsageBoard:
-    def __init__(self, *, kept: int = SESSIONS_KEPT, shown: int = SESSIONS_SHOWN) -> None:
+    def __init__(
+        self, *, kept: int = SESSIONS_KEPT, shown: int = SESSIONS_SHOWN, keys_kept: int = KEYS_KEPT,
+        keys_shown: int = KEYS_SHOWN,
+    ) -> None:  # fmt: skip
         self.kept = kept
         self.shown = shown
-        self.keys: dict[str, Tally] = collections.defaultdict(Tally)
+        self.keys_kept = keys_kept
+        self.keys_shown = keys_shown
+        self.keys: collections.OrderedDict[str, Tally] = collections.OrderedDict()
+        self.folded_keys = Tally()  # keys pushed out of the board (the oldest), summed
         self.sessions: collections.OrderedDict[tuple[str, str], Tally] = collections.OrderedDict()
         self.folded = Tally()  # sessions pushed out of the board (the oldest), summed
 
@@ -108,7 +118,12 @@ class UsageBoard:
             ttft_s=record.ttft_s or 0.0,
             ttft_count=int(record.ttft_s is not None and status < 400),
         )
-        self.keys[identity.key].add(tally)
+        key = self.keys.pop(identity.key, None) or Tally()
+        key.add(tally)
+        self.keys[identity.key] = key
+        while len(self.keys) > self.keys_kept:
+            _, oldest_key = self.keys.popitem(last=False)
+            self.folded_keys.add(oldest_key)
         name = (identity.key, identity.session)
         session = self.sessions.pop(name, None) or Tally(named_by=identity.session_from)
         session.add(tally)
@@ -121,12 +136,12 @@ class UsageBoard:
 
     def top_sessions(self) -> tuple[list[tuple[tuple[str, str], Tally]], Tally]:
         """The sessions with the most tokens, and the rest (and those folded before) summed."""
-        ranked = sorted(self.sessions.items(), key=lambda item: item[1].tokens, reverse=True)
-        rest = Tally()
-        rest.add(self.folded)
-        for _, tally in ranked[self.shown :]:
-            rest.add(tally)
-        return ranked[: self.shown], rest
+        return _top(self.sessions, self.shown, self.folded)
+
+    def top_keys(self) -> tuple[list[tuple[str, Tally]], Tally]:
+        """The keys with the most tokens (in key order), and the rest (and those folded before) summed."""
+        top, rest = _top(self.keys, self.keys_shown, self.folded_keys)
+        return sorted(top), rest
 
     def snapshot(self) -> dict[str, Any]:
         """For /status: per key, and the top sessions (the rest in one row)."""
@@ -137,10 +152,21 @@ class UsageBoard:
         ]
         if rest.requests:
             sessions.append({"key": "", "session": OTHER, "agent": "", "named_by": "", **rest.row()})
-        return {
-            "keys": [{"key": key, **tally.row()} for key, tally in sorted(self.keys.items())],
-            "sessions": sessions,
-        }
+        top_keys, other_keys = self.top_keys()
+        keys = [{"key": key, **tally.row()} for key, tally in top_keys]
+        if other_keys.requests:
+            keys.append({"key": OTHER, **other_keys.row()})
+        return {"keys": keys, "sessions": sessions}
+
+
+def _top(table: Mapping[Name, Tally], shown: int, folded: Tally) -> tuple[list[tuple[Name, Tally]], Tally]:
+    """The ``shown`` rows of ``table`` with the most tokens, and the rest (with ``folded``) summed."""
+    ranked = sorted(table.items(), key=lambda item: item[1].tokens, reverse=True)
+    rest = Tally()
+    rest.add(folded)
+    for _, tally in ranked[shown:]:
+        rest.add(tally)
+    return ranked[:shown], rest
 
 
 class BoardCollector(Collector):
@@ -151,9 +177,10 @@ class BoardCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         top, rest = self.board.top_sessions()
-        rows: list[tuple[list[str], list[str], Tally]] = [
-            (["key"], [key], tally) for key, tally in sorted(self.board.keys.items())
-        ]
+        top_keys, other_keys = self.board.top_keys()
+        rows: list[tuple[list[str], list[str], Tally]] = [(["key"], [key], tally) for key, tally in top_keys]
+        if other_keys.requests:
+            rows.append((["key"], [OTHER], other_keys))
         rows += [(["key", "session"], [key, session], tally) for (key, session), tally in top]
         if rest.requests:
             rows.append((["key", "session"], ["", OTHER], rest))
@@ -164,7 +191,8 @@ class BoardCollector(Collector):
 
 
 def _families(scope: str, labels: list[str], rows: list[tuple[list[str], Tally]]) -> Iterator[Any]:
-    what = "API key" if scope == "key" else "agent session (top by tokens; the rest as session=other)"
+    what = "API key" if scope == "key" else "agent session"
+    what += f" (top by tokens; the rest as {scope}=other)"
     requests = CounterMetricFamily(f"gateway_{scope}_requests", f"Inference requests per {what}", labels=labels)
     errors = CounterMetricFamily(f"gateway_{scope}_errors", f"Requests answered >= 400 per {what}", labels=labels)
     prompt = CounterMetricFamily(
