@@ -64,6 +64,7 @@ NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are stil
 MAX_REPLANS_SHOWN = 50  # re-plans /status lists
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
 STOPPED_HUNG = -2  # ... and of one stopped because it made no progress (gateway.supervision.liveness)
+UNEXPECTED = -3  # ... and the cause of a restart after an unexpected error in the supervisor itself
 # Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
 # the plan's summary for /status.
 Replanner = Callable[[], tuple[list[Option], dict[str, Any]]]
@@ -272,8 +273,12 @@ class Supervisor:
                 else self.options
             )
             if not await self._climb(options):
-                self._give_up()
-                return
+                if not (resume and self.ever_ready and self.live is not None and self.live_option is not None):
+                    self._give_up()  # the first start: nothing ever served, `serve` exits with the attempts
+                    return
+                await self._restart(UNEXPECTED)  # it served once: restarts within the budget, then long retries
+                if self._stopping or self.state is not State.READY:
+                    return
         self.state, self.reason, self._unexpected = State.READY, None, 0
         self._settled.set()
         while not self._stopping:
@@ -422,9 +427,11 @@ class Supervisor:
         assert self.live is not None and self.live_option is not None
         failure = self.live.failure
         hung = f"engine hung ({self.hangs[-1]['why']})" if self.hangs else "engine hung"
-        what = {STOPPED_FOR_NODES: "a node it used is gone", STOPPED_HUNG: hung}.get(
-            code, f"engine exited with status {code}"
-        )
+        what = {
+            STOPPED_FOR_NODES: "a node it used is gone",
+            STOPPED_HUNG: hung,
+            UNEXPECTED: "its start after an unexpected error in the supervisor failed",
+        }.get(code, f"engine exited with status {code}")
         if code == RANK_LOST:
             what = self.live.reason or "a rank of the engine's group is gone"
         if self.live.launch.followers:  # one fate: every rank was stopped, on every node
