@@ -461,7 +461,7 @@ class Supervisor:
                 await self.sleep(step.delay_s)
                 self._tries = (self._tries or 0) + 1
                 self.state, self.retry_at = State.RESTARTING, None
-                self.reason = f"{what}; gave up restarting, trying again now (try {self._tries} since)"
+                self.reason = f"{what}; gave up restarting, trying again now (try {self._tries} since giving up)"
             else:
                 step = move
                 budget = self.restart_budget
