@@ -35,6 +35,7 @@ upstream.
 - bearers, scrapes, keycap (issue 47: who a request is, bounded observability): see
   benchmarks/hardening_47_identity.py.
 - engine500, nodone, counts, worker, records (issue 47, items 6 and 7): see benchmarks/hardening_47_edge.py.
+- restarts, idlehang, noslots (issue 47: recovery): see benchmarks/hardening_47_recovery.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -66,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import benchmarks.hardening_47_edge as hardening_47_edge  # noqa: E402
 import benchmarks.hardening_47_identity as hardening_47_identity  # noqa: E402
+import benchmarks.hardening_47_recovery as hardening_47_recovery  # noqa: E402
 from benchmarks import hardening_41  # noqa: E402 (after the path it needs)
 
 MB = 1024 * 1024
@@ -613,7 +615,8 @@ def main() -> int:
         "what", nargs="+",
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
                  "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop",
-                 *hardening_47_identity.CASES, *hardening_47_edge.CASES],
+                 *hardening_47_identity.CASES, *hardening_47_edge.CASES,
+                 *hardening_47_recovery.CASES],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -638,6 +641,7 @@ def main() -> int:
         "stop",
         *hardening_47_identity.CASES,
         *hardening_47_edge.CASES,
+        *hardening_47_recovery.CASES,
     }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
@@ -646,6 +650,7 @@ def main() -> int:
     results.update(hardening_41.issue_41(args.source.resolve(), wanted, servers, HealthWatch, PeakRss))
     results.update(hardening_47_identity.issue_47_identity(args.source.resolve(), wanted, servers, HealthWatch))
     results.update(hardening_47_edge.issue_47_edge(args.source.resolve(), wanted, PeakRss))
+    results.update(hardening_47_recovery.issue_47(args.source.resolve(), wanted))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

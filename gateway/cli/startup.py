@@ -22,6 +22,7 @@ from gateway.serving.plan_figures import plan_figures
 from gateway.serving.routing.pool import Balance
 from gateway.serving.runtime import Runtime
 from gateway.serving.transport.proxy import EngineClient, Timeouts
+from gateway.supervision.after_failure import RestartBudget
 from gateway.supervision.external import ExternalBackend, describe_server
 from gateway.supervision.lifecycle import ServedBackend
 from gateway.supervision.liveness import Limits, Liveness
@@ -75,6 +76,7 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
         shutdown_grace_s=ENGINE_TERM_WAIT_S,
         remember=serve_plan.remember,
         plan_summary=plan_summary(serve_plan.plan),
+        restart_budget=RestartBudget(settings.restart_limit, settings.restart_window_s, settings.restart_retry_s),
         replan=serve_plan.replan,
         nodes=nodes,
         group=WorkerGroup(nodes) if nodes is not None else None,

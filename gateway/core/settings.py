@@ -107,8 +107,9 @@ class Settings(BaseSettings):
         gt=0,
         description="While requests are in flight, longest time the engine may make no progress (no chunk relayed, "
         "no change in the progress figures it reports) before it counts as hung: those requests end with an error "
-        "and the engine is restarted. Also how long an idle engine's canary may wait. With an engine that reports "
-        "no prefill progress, it must exceed the longest prefill.",
+        "and the engine is restarted. Also how long an idle engine's canary may wait. Where the engine's progress "
+        "cannot be read, a request in flight is given at least the plan's longest prefill (its context at its "
+        "estimated speed), and the log says so.",
         json_schema_extra={"flags": ["--stall-timeout"]},
     )
     canary_interval_s: float = Field(
@@ -116,6 +117,27 @@ class Settings(BaseSettings):
         ge=0,
         description="How often an idle engine is sent a one-token completion to prove it still answers; 0: never.",
         json_schema_extra={"flags": ["--canary-interval"]},
+    )
+    restart_limit: int = Field(
+        5,
+        ge=0,
+        description="Restarts a serving engine gets (after 1, 2, 5, 10, 30 s) within restart_window_s when it dies "
+        "or hangs; past that the gateway gives up restarting it for now (state failed, /ready says when it tries "
+        "again) and tries at restart_retry_s, doubled after each try that fails, up to restart_window_s.",
+        json_schema_extra={"flags": ["--restart-limit"]},
+    )
+    restart_window_s: float = Field(
+        600.0,
+        gt=0,
+        description="The span restart_limit counts restarts in (older ones are forgotten); also the longest wait "
+        "between two tries after giving up.",
+        json_schema_extra={"flags": ["--restart-window"]},
+    )
+    restart_retry_s: float = Field(
+        30.0,
+        gt=0,
+        description="After giving up restarting, the wait before the first try to start the engine again.",
+        json_schema_extra={"flags": ["--restart-retry"]},
     )
     shutdown_grace_s: float = Field(
         15.0,

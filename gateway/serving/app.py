@@ -24,7 +24,7 @@ from gateway.serving.edge import status_page
 from gateway.serving.edge.browser_guard import BrowserGuard
 from gateway.serving.edge.disconnect import CancelOnDisconnect
 from gateway.serving.edge.middleware import ApiKeys, ASGIApp, RequestMetrics, may_see_detail
-from gateway.serving.edge.readiness import EngineProbe, public
+from gateway.serving.edge.readiness import EngineProbe, not_ready
 from gateway.serving.handlers import Inference
 from gateway.serving.metrics import StateCollector
 from gateway.serving.metrics import endpoint as metrics_endpoint
@@ -61,10 +61,8 @@ class Gateway:
             return JSONResponse(silent, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         if backend.ready:
             return JSONResponse({"status": "ready", **({"model": self.rt.route.fronted} if detail else {})})
-        body: dict[str, str | None] = {"status": backend.state.value}
-        if detail:
-            body["reason"] = public(backend.reason)
-        return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        body, retry_after = not_ready(backend, detail)
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry_after)})
 
     def status_data(self) -> dict[str, Any]:
         route = self.rt.route

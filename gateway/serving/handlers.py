@@ -74,6 +74,8 @@ def _not_ready(backend: ServedBackend) -> str:
     why = public(backend.reason) or "no reason given"
     if backend.state is State.STARTING and backend.ever_ready:
         return f"stopped answering ({why})"
+    if backend.state is State.FAILED and backend.retry_at is not None:  # gave up restarting for now: says when
+        return f"is not running ({why})"
     if backend.state is State.STARTING and backend.target is not None and backend.target.engine == "external":
         return f"is unreachable ({why})"
     return {State.STARTING: "is still starting", State.RESTARTING: "is restarting"}.get(backend.state, "is not running")

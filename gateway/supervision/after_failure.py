@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from backends.base import Failure, FailureKind, Option
 
-MAX_RESTARTS = 5
+MAX_RESTARTS = 5  # restarts within RESTART_WINDOW_S before the long retries
+RESTART_WINDOW_S = 600.0
+RESTART_RETRY_S = 30.0  # the first try after giving up; doubles per failed try, up to the window
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,28 @@ def _without(queue: tuple[Option, ...], ruled_out: Callable[[Option], bool]) -> 
 
 
 @dataclass(frozen=True)
+class RestartBudget:
+    """How many restarts a serving engine gets within how long, and how it is tried after that.
+
+    At most ``limit`` restarts within any ``window_s`` (settings ``restart_limit``, ``restart_window_s``):
+    an engine that keeps dying is not restarted in a tight loop for ever. Past that the supervisor gives
+    up restarting it at its short backoff, but never for good: it tries again ``retry_s`` later, doubling
+    the wait after each try that fails, up to ``window_s`` (``restart_retry_s``), and serves again once a
+    try starts. Before this budget the count was never reset: a fifth death in any uptime, days apart,
+    gave up for good while the process lived on answering 503."""
+
+    limit: int = MAX_RESTARTS
+    window_s: float = RESTART_WINDOW_S
+    retry_s: float = RESTART_RETRY_S
+
+    def retry_delay(self, tries: int) -> float:
+        """The wait before try ``tries`` + 1 after giving up: ``retry_s`` doubled per try so far, capped."""
+        return min(self.retry_s * 2.0 ** min(tries, 64), max(self.window_s, self.retry_s))
+
+
+@dataclass(frozen=True)
 class Restart:
-    """Restart number ``number``: start ``option`` after waiting ``delay_s``."""
+    """Restart number ``number`` (within the budget's window): start ``option`` after waiting ``delay_s``."""
 
     option: Option
     delay_s: float
@@ -121,7 +143,11 @@ class Restart:
 
 @dataclass(frozen=True)
 class GiveUp:
+    """Restarting at the short backoff is over: ``reason``; ``retry`` (when given) is the try that follows,
+    after its own long wait."""
+
     reason: str
+    retry: Restart | Replan | None = None
 
 
 def restart_move(
@@ -132,19 +158,35 @@ def restart_move(
     backoff_s: Sequence[float],
     *,
     can_replan: bool = False,
+    budget: RestartBudget | None = None,
+    tries: int | None = None,
 ) -> Restart | GiveUp | Replan:
     """After the serving engine (``live``, one of ``options``) died with ``failure`` and ``restarts``
-    restarts so far: the same option again, or the next one when it ran out of memory (it would
-    again), after the backoff for this restart; give up after ``MAX_RESTARTS``. When the plan pools
-    other nodes (``can_replan``) any other death re-plans over the nodes that answer now: one that is
-    gone is left out (more layers in RAM), one that came back is used again."""
-    if restarts >= MAX_RESTARTS:
-        return GiveUp(f"engine kept failing after {restarts} restarts")
-    delay = backoff_s[min(restarts, len(backoff_s) - 1)]
+    restarts within the budget's window so far: the same option again, or the next one when it ran out
+    of memory (it would again), after the backoff for this restart. When the plan pools other nodes
+    (``can_replan``) any other death re-plans over the nodes that answer now: one that is gone is left
+    out (more layers in RAM), one that came back is used again.
+
+    With ``budget.limit`` restarts in the window already, or once given up (``tries``: the tries since
+    giving up, None before), the move is :class:`GiveUp`, carrying the same move after the budget's long
+    wait for that try."""
+    budget = budget or RestartBudget()
+    gave_up = tries is not None or restarts >= budget.limit
+    delay = budget.retry_delay(tries or 0) if gave_up else backoff_s[min(restarts, len(backoff_s) - 1)]
+    number = restarts + 1
+    move: Restart | Replan
     if can_replan and not (failure is not None and failure.kind.is_memory):
         why = failure.kind.value if failure is not None else "the engine exited"
-        return Replan(why, delay, restarts + 1)
-    index = next((i for i, other in enumerate(options) if other is live), None)
-    following = list(options[index + 1 :]) if index is not None else []
-    option = following[0] if failure is not None and failure.kind.is_memory and following else live
-    return Restart(option, delay, restarts + 1)
+        move = Replan(why, delay, number)
+    else:
+        index = next((i for i, other in enumerate(options) if other is live), None)
+        following = list(options[index + 1 :]) if index is not None else []
+        option = following[0] if failure is not None and failure.kind.is_memory and following else live
+        move = Restart(option, delay, number)
+    if not gave_up:
+        return move
+    if tries is None:
+        reason = f"{restarts} restarts within {budget.window_s:g} s (restart_limit {budget.limit})"
+    else:
+        reason = f"{tries} tr{'y' if tries == 1 else 'ies'} since giving up did not serve"
+    return GiveUp(reason, move)

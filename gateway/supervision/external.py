@@ -32,6 +32,7 @@ class ExternalBackend:
         self.reason: str | None = "waiting for the backend to answer"
         self.ever_ready = False
         self.restarts = 0  # the gateway never restarts a server it does not run
+        self.retry_at: float | None = None
         self.attempts: list[Any] = []
         self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

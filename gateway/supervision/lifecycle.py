@@ -64,6 +64,7 @@ class ServedBackend(Protocol):
     reason: str | None
     ever_ready: bool  # became ready at least once (a failure after that is not a start-up failure)
     restarts: int
+    retry_at: float | None  # gave up restarting for now: when it tries again (seconds since the epoch)
 
     @property
     def ready(self) -> bool: ...

@@ -12,9 +12,16 @@ its own timeout, for ever, until a person restarts the engine.
   (the gateway's own count) or a change in the engine's own account of its work where it gives one
   (``Launch.progress_path``: llama-server's ``/slots``, vLLM's ``/metrics``, read by the engine's
   ``progress`` function), which also moves during a long prefill, batch by batch. No progress for
-  ``stall_s`` is a hang, unless the engine says, first-hand, that it has nothing to work on (what is
-  in flight then waits on a slow client or the network). An engine that reports nothing shows no
-  progress during a prefill, so for it the limit must cover the plan's longest prefill on this hardware;
+  ``stall_s`` is a hang, unless the engine says, first-hand, that it has nothing to work on while every
+  request in flight has had its answer begin (what is in flight then waits on a slow client or the
+  network). A request whose answer has not begun while the engine says it works on nothing was taken
+  and never started: that is no excuse, and after ``stall_s`` of it the engine is hung (before, an
+  engine that took a request and never answered while ``/slots`` said every slot was idle was never
+  found hung: the client waited out the 600 s first-byte timeout). An engine whose progress cannot be
+  read (it reports none, or its page answers with nothing the reader can use: llama-server started
+  with ``--no-slots``) shows no progress during a prefill, so for it the limit is raised to cover the
+  plan's longest prefill (:class:`LongestPrefill`), and the log says so once (before, a working 10 s
+  prefill under a 4 s limit was killed without a word);
 - while idle: a one-token canary completion every ``canary_s`` that must be answered within
   ``stall_s``. An error answer is an answer (the engine's loop runs); only silence is a hang.
 
@@ -51,6 +58,7 @@ class Activity:
 
     in_flight: int
     chunks: int
+    waiting: int = 0  # of those in flight, the ones whose answer has not begun (no status line yet)
 
 
 class Probe(Protocol):
@@ -58,9 +66,42 @@ class Probe(Protocol):
 
     @property
     def reports_progress(self) -> bool: ...  # the engine gives an account of its work
-    async def progress(self) -> Progress | None: ...  # that account now (None: no usable answer)
+    # that account now; None: no answer (refused, or none in time); Unreadable: an answer with nothing usable
+    async def progress(self) -> Progress | Unreadable | None: ...
     async def canary(self) -> bool: ...  # a one-token completion: True when any answer came
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """The engine answered its progress page, with nothing the reader can use (llama-server started with
+    ``--no-slots`` answers 501): its loop may well run, but a prefill's progress cannot be seen."""
+
+    why: str
+
+
+UNKNOWN_SPEED_TOKENS_PER_S = 10.0  # a prefill's pace where the plan has no speed estimate
+PREFILL_MARGIN = 2.0  # the machine may be busier than planned, a long context's attention slower
+
+
+@dataclass(frozen=True)
+class LongestPrefill:
+    """How long the plan's longest prompt (its whole context) may take to prefill, bounded from above:
+    a prefilled token costs at most what a decoded one does (the same weights are read, once per batch
+    rather than once per token), so the plan's decode estimate (backends/*/speed.py) at half speed
+    (``PREFILL_MARGIN``) bounds the pace; without an estimate, ``UNKNOWN_SPEED_TOKENS_PER_S``."""
+
+    tokens: int
+    tokens_per_s: float
+
+    @classmethod
+    def of(cls, context_length: int, decode_tokens_per_s: float) -> LongestPrefill:
+        pace = decode_tokens_per_s / PREFILL_MARGIN if decode_tokens_per_s > 0 else UNKNOWN_SPEED_TOKENS_PER_S
+        return cls(context_length, pace)
+
+    @property
+    def seconds(self) -> float:
+        return self.tokens / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -87,12 +128,36 @@ class ProgressWatch:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        prefill: LongestPrefill | None = None,
     ) -> None:
+        """``prefill``: the plan's longest prefill, the least a request in flight is given where the
+        engine's progress cannot be read."""
         self.probe = probe
         self.activity = activity
         self.limits = limits
         self.clock = clock
         self.sleep = sleep
+        self.prefill = prefill or LongestPrefill(0, 0.0)
+        self.blind: str | None = None  # why the engine's progress cannot be read, once it is known
+
+    @property
+    def stall_limit_s(self) -> float:
+        """How long a request in flight may go without progress now: the stall limit, or, where progress
+        cannot be read, at least the plan's longest prefill."""
+        return max(self.limits.stall_s, self.prefill.seconds) if self.blind else self.limits.stall_s
+
+    def _cannot_read(self, why: str) -> None:
+        """Progress cannot be read: from now on the limit covers the longest prefill; said once."""
+        if self.blind is not None:
+            return
+        self.blind = why
+        prefill = self.prefill
+        log.warning(
+            "the engine's progress cannot be read (%s): a prefill shows none, so a request in flight counts as "
+            "hung only after %.0f s without a relayed chunk (stall_timeout_s %g; the plan's longest prefill: %d "
+            "tokens at %.3g tokens/s or more, %.0f s)",
+            why, self.stall_limit_s, self.limits.stall_s, prefill.tokens, prefill.tokens_per_s, prefill.seconds,
+        )  # fmt: skip
 
     async def watch(self) -> str:
         """Until the engine is hung (then: why). Cancelled when the engine exits or is stopped."""
@@ -101,6 +166,9 @@ class ProgressWatch:
         last_progress = last_canary = now
         seen = self.activity().chunks
         mark: Hashable | None = None
+        said_idle = False  # the engine's last account said it works on nothing
+        if not self.probe.reports_progress:
+            self._cannot_read("it reports none")
         try:
             while True:
                 await self.sleep(limits.poll_s)
@@ -115,22 +183,37 @@ class ProgressWatch:
                         last_canary = last_progress = self.clock()
                     continue
                 if self.probe.reports_progress:
-                    left = limits.stall_s - (now - last_progress)
+                    left = self.stall_limit_s - (now - last_progress)
                     found = await self._within(self.probe.progress(), max(left, limits.poll_s))
-                    if found is not None and (found.mark != mark or found.busy is False):
-                        mark, last_progress = found.mark, self.clock()  # it worked, or has nothing to work on
+                    if isinstance(found, Unreadable):
+                        self._cannot_read(found.why)
+                    elif found is not None:
+                        # nothing to work on excuses only answers that began (they wait on a client);
+                        # one that has not begun was taken and never started
+                        said_idle = found.busy is False
+                        if found.mark != mark or (said_idle and not self.activity().waiting):
+                            mark, last_progress = found.mark, self.clock()  # it worked, or has nothing to do
                 now = self.clock()
                 activity = self.activity()
                 if activity.chunks != seen or not activity.in_flight:
                     seen, last_progress = activity.chunks, now
                     continue
-                if now - last_progress >= limits.stall_s:
+                if now - last_progress >= self.stall_limit_s:
                     return (
-                        f"no progress for {now - last_progress:.0f} s with {activity.in_flight} request(s) in flight "
-                        f"(stall_timeout_s {limits.stall_s:g})"
+                        f"no progress for {now - last_progress:.0f} s with {activity.in_flight} request(s) in flight"
+                        f"{self._unstarted(activity) if said_idle else ''} ({self._limit_named()})"
                     )
         finally:
             await self.probe.aclose()
+
+    @staticmethod
+    def _unstarted(activity: Activity) -> str:
+        return f", {activity.waiting} not begun while the engine said it worked on nothing" if activity.waiting else ""
+
+    def _limit_named(self) -> str:
+        if self.stall_limit_s > self.limits.stall_s:
+            return f"the plan's longest prefill, {self.stall_limit_s:.0f} s: its progress cannot be read"
+        return f"stall_timeout_s {self.limits.stall_s:g}"
 
     @staticmethod
     async def _within(answer: Coroutine[object, object, T], seconds: float) -> T | None:
@@ -168,14 +251,18 @@ class HttpProbe:
     def reports_progress(self) -> bool:
         return self.launch.progress_path is not None and self.launch.progress is not None
 
-    async def progress(self) -> Progress | None:
+    async def progress(self) -> Progress | Unreadable | None:
         if self.launch.progress_path is None or self.launch.progress is None:
             return None
         try:
             answer = await self._client.get(self.launch.progress_path)
         except httpx.HTTPError:
-            return None
-        return self.launch.progress(answer.text) if answer.status_code == 200 else None
+            return None  # no answer: the watch counts the time, as for any silence
+        path = self.launch.progress_path
+        if answer.status_code != 200:
+            return Unreadable(f"GET {path} answered {answer.status_code}: {answer.text[:120]}")
+        found = self.launch.progress(answer.text)
+        return found if found is not None else Unreadable(f"GET {path} answered what the reader cannot use")
 
     async def canary(self) -> bool:
         body = {"model": self.launch.served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
@@ -206,5 +293,8 @@ class Liveness:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
-    def watch(self, launch: Launch) -> ProgressWatch:
-        return ProgressWatch(self.probe(launch), self.activity, self.limits, clock=self.clock, sleep=self.sleep)
+    def watch(self, launch: Launch, prefill: LongestPrefill | None = None) -> ProgressWatch:
+        """A watch over one engine start; ``prefill``: its plan's longest prefill (see :class:`ProgressWatch`)."""
+        return ProgressWatch(
+            self.probe(launch), self.activity, self.limits, clock=self.clock, sleep=self.sleep, prefill=prefill
+        )

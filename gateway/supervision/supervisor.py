@@ -7,8 +7,10 @@ start the engine's failure line decides the next move:
   (a weights OOM also skips every option that would load the same weights per GPU);
 - a configuration failure (unknown parser, bad flag, broken file) → stop at once with the fix;
 - any other failure → the next option; when one engine has no option left, the other engine's.
-What started is remembered; a serving engine that dies is restarted with backoff (a bounded number
-of times), and repeated memory failures at run time move down the options. When the plan pools
+What started is remembered; a serving engine that dies is restarted with backoff (at most so many
+times within so long: :class:`~gateway.supervision.after_failure.RestartBudget`; past that it is tried
+at a long, growing backoff until it serves again), and repeated memory failures at run time move down
+the options. When the plan pools
 other nodes' devices (``serve --workers``), a device that cannot be reached, or any death while
 serving, makes the plan again over the nodes that answer now (``replan``) and starts its options.
 
@@ -24,6 +26,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +36,11 @@ from backends.base import Launch, Option
 from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
 from gateway.remembered.known_good import KnownGoodSlot
-from gateway.supervision.after_failure import GiveUp, Replan, Stop, next_move, restart_move
+from gateway.supervision.after_failure import GiveUp, Replan, RestartBudget, Stop, next_move, restart_move
 from gateway.supervision.engine_run import EngineRun, Run, RunFactory, RunState
 from gateway.supervision.group import RANK_LOST, GroupControl, GroupRun
 from gateway.supervision.lifecycle import State
-from gateway.supervision.liveness import Liveness
+from gateway.supervision.liveness import Liveness, LongestPrefill, ProgressWatch
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -61,6 +64,7 @@ NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are stil
 MAX_REPLANS_SHOWN = 50  # re-plans /status lists
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
 STOPPED_HUNG = -2  # ... and of one stopped because it made no progress (gateway.supervision.liveness)
+UNEXPECTED = -3  # ... and the cause of a restart after an unexpected error in the supervisor itself
 # Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
 # the plan's summary for /status.
 Replanner = Callable[[], tuple[list[Option], dict[str, Any]]]
@@ -97,8 +101,10 @@ class Supervisor:
         remember: KnownGoodSlot | None = None,
         plan_summary: dict[str, Any] | None = None,
         restart_backoff_s: Sequence[float] = RESTART_BACKOFF_S,
+        restart_budget: RestartBudget | None = None,
         run_factory: RunFactory = EngineRun,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
         replan: Replanner | None = None,
         nodes: NodeWatch | None = None,
         node_check_s: float = NODE_CHECK_S,
@@ -106,10 +112,12 @@ class Supervisor:
         group: GroupControl | None = None,
         group_run: Callable[[Run, GroupControl], Run] = GroupRun,
     ) -> None:
-        """``run_factory`` makes each attempt's run and ``sleep`` waits out the restart backoff: the
-        real engine and clock by default, stand-ins in tests. ``replan`` makes the plan again when a
-        device on another node is gone; ``nodes`` are those nodes, shown in /status. ``liveness``
-        watches a serving engine's progress: one that hangs is stopped and restarted as if it died.
+        """``run_factory`` makes each attempt's run, ``sleep`` waits out the restart backoff and ``clock``
+        places each restart in the budget's window: the real engine and clock by default, stand-ins in
+        tests. ``restart_budget``: how many restarts within how long, then how often it is tried.
+        ``replan`` makes the plan again when a device on another node is gone; ``nodes`` are those nodes,
+        shown in /status. ``liveness`` watches a serving engine's progress: one that hangs is stopped and
+        restarted as if it died.
         ``group`` starts an engine's ranks on other nodes (through their workers): an option whose launch
         has followers runs as one group (``group_run``, gateway/supervision/group.py), one fate for all."""
         self.options = list(options)
@@ -119,8 +127,10 @@ class Supervisor:
         self.remember = remember
         self.plan_summary = plan_summary or {}
         self.restart_backoff_s = tuple(restart_backoff_s)
+        self.restart_budget = restart_budget or RestartBudget()
         self.run_factory = run_factory
         self.sleep = sleep
+        self.clock = clock
         self.replan = replan
         self.nodes = nodes
         self.node_check_s = node_check_s
@@ -129,14 +139,19 @@ class Supervisor:
         self.group_run = group_run
         self.group_stops: list[dict[str, Any]] = []  # each group stopped because one of its ranks was gone
         self.hangs: list[dict[str, Any]] = []  # each hang detected: when, why, which engine
+        self.progress_watch: ProgressWatch | None = None  # the live engine's, while it serves
         self.replans: list[dict[str, Any]] = []
         self.state = State.STARTING
         self.reason: str | None = None
         self.live: Run | None = None
         self.live_option: Option | None = None
         self.attempts: list[Attempt] = []
-        self.restarts = 0
+        self.restarts = 0  # in all (/metrics); the budget counts those within its window
+        self.retry_at: float | None = None  # gave up restarting: when it tries again (seconds since the epoch)
         self.ever_ready = False
+        self._restart_times: deque[float] = deque()  # when each restart began (``clock``), within the window
+        self._tries: int | None = None  # tries since giving up restarting; None: not given up
+        self._gave_up_why = ""  # why it gave up restarting, the last time it did
         self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -190,11 +205,21 @@ class Supervisor:
             "options": [option.label for option in self.options],
             "attempts": [attempt.__dict__ for attempt in self.attempts],
             "restarts": self.restarts,
+            "restart_budget": {
+                "limit": self.restart_budget.limit,
+                "window_s": self.restart_budget.window_s,
+                "retry_s": self.restart_budget.retry_s,
+                "within_window": self._recent_restarts(),
+            },
+            "retry_at": _utc(self.retry_at) if self.retry_at is not None else None,
             "backend": backend,
         }
         if self.liveness is not None:
             limits = self.liveness.limits
-            data["liveness"] = {"stall_timeout_s": limits.stall_s, "canary_interval_s": limits.canary_s}
+            liveness: dict[str, Any] = {"stall_timeout_s": limits.stall_s, "canary_interval_s": limits.canary_s}
+            if (watch := self.progress_watch) is not None and watch.blind is not None:
+                liveness |= {"progress_unreadable": watch.blind, "stall_limit_s": round(watch.stall_limit_s)}
+            data["liveness"] = liveness
             data["hangs"] = self.hangs
         if backend and backend.get("measured"):
             data["speed"] = self._remember_measured(backend["measured"])
@@ -248,8 +273,12 @@ class Supervisor:
                 else self.options
             )
             if not await self._climb(options):
-                self._give_up()
-                return
+                if not (resume and self.ever_ready and self.live is not None and self.live_option is not None):
+                    self._give_up()  # the first start: nothing ever served, `serve` exits with the attempts
+                    return
+                await self._restart(UNEXPECTED)  # it served once: restarts within the budget, then long retries
+                if self._stopping or self.state is not State.READY:
+                    return
         self.state, self.reason, self._unexpected = State.READY, None, 0
         self._settled.set()
         while not self._stopping:
@@ -271,7 +300,9 @@ class Supervisor:
         if self.nodes is not None and self.replan is not None:
             watches[asyncio.create_task(self._watch_nodes(self.nodes), name="node watch")] = STOPPED_FOR_NODES
         if self.liveness is not None:
-            progress = self.liveness.watch(self.live.launch)
+            option = self.live_option
+            prefill = LongestPrefill.of(option.context_length, option.estimated_tokens_per_s) if option else None
+            progress = self.progress_watch = self.liveness.watch(self.live.launch, prefill)
             watches[asyncio.create_task(progress.watch(), name="progress watch")] = STOPPED_HUNG
         if not watches:
             return await exited
@@ -390,13 +421,17 @@ class Supervisor:
 
     async def _restart(self, code: int) -> None:
         """The serving engine died: start the same option again, with backoff; memory failures at
-        run time move down the options."""
+        run time move down the options. Past the restart budget it gives up restarting at the short
+        backoff, says when it tries next (state failed, ``retry_at``), and tries at the budget's long,
+        growing backoff until an engine serves again."""
         assert self.live is not None and self.live_option is not None
         failure = self.live.failure
         hung = f"engine hung ({self.hangs[-1]['why']})" if self.hangs else "engine hung"
-        what = {STOPPED_FOR_NODES: "a node it used is gone", STOPPED_HUNG: hung}.get(
-            code, f"engine exited with status {code}"
-        )
+        what = {
+            STOPPED_FOR_NODES: "a node it used is gone",
+            STOPPED_HUNG: hung,
+            UNEXPECTED: "its start after an unexpected error in the supervisor failed",
+        }.get(code, f"engine exited with status {code}")
         if code == RANK_LOST:
             what = self.live.reason or "a rank of the engine's group is gone"
         if self.live.launch.followers:  # one fate: every rank was stopped, on every node
@@ -409,19 +444,59 @@ class Supervisor:
                 self.live_option,
                 failure,
                 self.options,
-                self.restarts,
+                self._recent_restarts(),
                 self.restart_backoff_s,
                 can_replan=self.replan is not None,
+                budget=self.restart_budget,
+                tries=self._tries,
             )
             if isinstance(move, GiveUp):
-                self._give_up(move.reason)
-                return
-            self.restarts = move.number
-            await self.sleep(move.delay_s)
-            options = await self._replanned(move.reason) if isinstance(move, Replan) else [move.option]
+                if move.retry is None:
+                    self._give_up(move.reason)
+                    return
+                step = move.retry
+                if self._tries is None:
+                    self._gave_up_why = move.reason
+                self._wait_to_retry(what, move.reason, step.delay_s)
+                await self.sleep(step.delay_s)
+                self._tries = (self._tries or 0) + 1
+                self.state, self.retry_at = State.RESTARTING, None
+                self.reason = f"{what}; gave up restarting, trying again now (try {self._tries} since giving up)"
+            else:
+                step = move
+                budget = self.restart_budget
+                self.state = State.RESTARTING
+                self.reason = (
+                    f"{what}; restarting in {step.delay_s:g} s "
+                    f"(restart {step.number} of at most {budget.limit} within {budget.window_s:g} s)"
+                )
+                await self.sleep(step.delay_s)
+            self._restart_times.append(self.clock())
+            self.restarts += 1
+            options = await self._replanned(step.reason) if isinstance(step, Replan) else [step.option]
             if await self._climb(options):
-                self.reason = None
+                if self._tries is not None:
+                    log.warning("serving again, try %d since giving up restarting", self._tries)
+                self.reason, self._tries = None, None
                 return
+
+    def _recent_restarts(self) -> int:
+        """The restarts that began within the budget's window (older ones are forgotten)."""
+        horizon = self.clock() - self.restart_budget.window_s
+        while self._restart_times and self._restart_times[0] <= horizon:
+            self._restart_times.popleft()
+        return len(self._restart_times)
+
+    def _wait_to_retry(self, what: str, why: str, delay_s: float) -> None:
+        """Given up restarting for now: /ready and the 503s say so, and when the next try is."""
+        self.state = State.FAILED
+        self.retry_at = time.time() + delay_s
+        since = f"; {why}" if self._tries is not None else ""
+        self.reason = (
+            f"{what}; gave up restarting ({self._gave_up_why}){since}; "
+            f"trying again at {_clock_utc(self.retry_at)} UTC (in {delay_s:g} s)"
+        )
+        log.error("%s", self.reason)
 
     async def _replanned(self, why: str) -> list[Option]:
         """The plan made again over the nodes that answer now; its options replace the old ones."""
@@ -483,3 +558,12 @@ class Supervisor:
         self.reason = reason or self.reason or "no option started"
         self._settled.set()
         log.error("%s", self.report())
+
+
+def _utc(at: float) -> str:
+    """``at`` (seconds since the epoch) as an ISO 8601 UTC time, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _clock_utc(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(at))

@@ -313,6 +313,7 @@ class FakeBackend:
         self.reason: str | None = None if ready else "loading the model"
         self.ever_ready = ready
         self.restarts = restarts
+        self.retry_at: float | None = None  # gave up restarting: when it tries again
 
     @property
     def ready(self) -> bool:

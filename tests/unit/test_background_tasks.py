@@ -18,7 +18,7 @@ from gateway.nodes.survey import NodeReport, Nodes
 from gateway.supervision.external import ExternalBackend
 from gateway.supervision.lifecycle import State
 from tests.unit.test_multinode import _answer_if, _cpu_head, serves_then_dies_lost
-from tests.unit.test_supervisor_transitions import Clock, Engines, _llama, _run, _supervisor, _until, serves
+from tests.unit.test_supervisor_transitions import Clock, Engines, _llama, _run, _supervisor, _until, fails, serves
 
 
 def _flaky_replan(failures: int, exc: BaseException) -> tuple[Any, list[int]]:
@@ -80,6 +80,22 @@ def test_an_unexpected_error_backs_off_and_the_backoff_resets_once_it_serves(tmp
     _run(scenario)
     # the restart's own backoff (1 s), then one per unexpected error, growing
     assert clock.slept == [1.0, 1.0, 2.0, 5.0] and supervisor._unexpected == 0
+
+
+def test_a_start_that_fails_after_an_unexpected_error_is_restarted_not_given_up_for_good(tmp_path: Path) -> None:
+    """Issue 47: once it has served, a failed start after an unexpected error goes the restart way (the
+    budget, then long retries) instead of giving up for good as at the first start."""
+    replan, calls = _flaky_replan(1, AttributeError("x"))
+    engines = Engines(serves_then_dies_lost(), fails(), serves())
+    supervisor = _supervisor([_llama(launcher=NATIVE)], engines, tmp_path, replan=replan)
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await _until(lambda: len(engines.runs) == 3 and supervisor.state is State.READY)
+        await supervisor.stop()
+
+    _run(scenario)
+    assert [a.outcome for a in supervisor.attempts] == ["ready", "failed", "ready"] and len(calls) == 3
 
 
 def test_a_node_check_that_raises_is_logged_and_serving_goes_on(

@@ -15,12 +15,14 @@ import asyncio
 import json
 import threading
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from time import monotonic, sleep
 from typing import Any
 
+import pytest
 from starlette.applications import Starlette
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
@@ -30,7 +32,15 @@ from backends.vllm.progress import metrics_progress
 from gateway.serving.app import create_app
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.lifecycle import State
-from gateway.supervision.liveness import Activity, Limits, Liveness, ProgressWatch
+from gateway.supervision.liveness import (
+    Activity,
+    HttpProbe,
+    Limits,
+    Liveness,
+    LongestPrefill,
+    ProgressWatch,
+    Unreadable,
+)
 from tests.unit.http_harness import FRONTED, Served, make_runtime, sse_events
 from tests.unit.test_http_timeouts import LONG_S, _scripted
 from tests.unit.test_supervisor_transitions import Clock, Engines, _llama, _run, _supervisor, _until, serves
@@ -68,6 +78,8 @@ class StandInEngine:
     reports: bool = True
     chunks_every_s: float | None = None  # a stream relaying chunks (an engine without a progress page)
     done_at: float = float("inf")  # its work is over (the answer waits on a client that reads slowly)
+    unanswered: bool = False  # the request's answer never began (no status line came back)
+    unreadable: bool = False  # its progress page answers with nothing usable (llama-server --no-slots: 501)
     canaries: list[float] = field(default_factory=list)
 
     def _engine_time(self) -> float:
@@ -75,17 +87,19 @@ class StandInEngine:
 
     def activity(self) -> Activity:
         busy = int(self.start_at <= self.time.now < self.end_at)
-        chunks = int(self._engine_time() // self.chunks_every_s) if self.chunks_every_s else 0
-        return Activity(busy, chunks)
+        chunks = int(max(0.0, self._engine_time() - self.start_at) // self.chunks_every_s) if self.chunks_every_s else 0
+        return Activity(busy, chunks, busy if self.unanswered else 0)
 
     # -- the Probe surface
     @property
     def reports_progress(self) -> bool:
         return self.reports
 
-    async def progress(self) -> Progress | None:
+    async def progress(self) -> Progress | Unreadable | None:
         if self.silent and self.time.now >= self.frozen_at:
             await asyncio.Event().wait()  # never answers: the watch's own bound ends the wait
+        if self.unreadable:
+            return Unreadable('GET /slots answered 501: {"error": {"code": 501}}')
         worked = min(self._engine_time(), self.done_at) - self.start_at
         done = int(max(0.0, worked) // self.batch_s) * self.batch
         return Progress(("slot 0", done), busy=self.time.now < self.done_at)
@@ -103,8 +117,10 @@ class StandInEngine:
 WATCHED = Limits(stall_s=STALL_S, canary_s=0)
 
 
-def _watch(engine: StandInEngine, limits: Limits = WATCHED) -> ProgressWatch:
-    return ProgressWatch(engine, engine.activity, limits, clock=engine.time.clock, sleep=engine.time.sleep)
+def _watch(engine: StandInEngine, limits: Limits = WATCHED, prefill: LongestPrefill | None = None) -> ProgressWatch:
+    return ProgressWatch(
+        engine, engine.activity, limits, clock=engine.time.clock, sleep=engine.time.sleep, prefill=prefill
+    )
 
 
 async def _watch_until(watch: ProgressWatch, time: FakeTime, until_s: float) -> str | None:
@@ -153,6 +169,150 @@ def test_requests_in_flight_that_wait_on_a_slow_client_while_the_engine_says_it_
         assert await _watch_until(_watch(engine), time, 3600.0) is None
 
     _run(scenario)
+
+
+def test_a_request_the_engine_took_and_never_began_while_it_says_it_is_idle_is_a_hang() -> None:
+    """A stand-in llama-server whose ``/slots`` says every slot is idle while the request it took has no
+    answer begun (no status line: llama-server sends one when a slot starts it). Idle excuses only answers
+    that began; this one counts, and with a 4 s limit the engine is hung 4 s on (before: never, the
+    client waited out the 600 s first-byte timeout)."""
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=1.0, done_at=0.0, unanswered=True)
+    limits = Limits(stall_s=4.0, canary_s=0)
+
+    async def scenario() -> None:
+        verdict = await _watch_until(_watch(engine, limits), time, 40.0)
+        assert verdict is not None, "still not found hung at 40 s"
+        assert "1 not begun while the engine said it worked on nothing" in verdict and "stall_timeout_s 4" in verdict
+        assert 1.0 + 4.0 <= time.now <= 1.0 + 4.0 + 2 * limits.poll_s + 1e-6, time.now
+
+    _run(scenario)
+
+
+def test_where_progress_cannot_be_read_a_prefill_the_plan_allows_runs_and_the_log_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """llama-server with ``--no-slots`` (its page answers 501) under a 4 s limit: a working 10 s prefill
+    (no chunk until it ends, then a chunk every second) is no hang, because where progress cannot be read
+    the limit covers the plan's longest prefill (4,096 tokens at half the 50 tokens/s decode estimate:
+    164 s); the log says so once. A request that truly gets nothing is hung at that bound (before: the
+    prefill was killed at 4 s, without a word)."""
+    time = FakeTime()
+    limits = Limits(stall_s=4.0, canary_s=0)
+    prefill = LongestPrefill.of(4096, 50.0)
+    assert prefill.seconds == 4096 / 25
+
+    class Prefilling(StandInEngine):
+        def activity(self) -> Activity:  # silent while it prefills, then a chunk a second from 10 s
+            busy = int(self.start_at <= self.time.now < self.end_at)
+            return Activity(busy, int(max(0.0, self.time.now - 10.0)))
+
+    prefilling = Prefilling(time, start_at=0.0, end_at=20.0, unreadable=True)
+    stuck = StandInEngine(time, start_at=0.0, unreadable=True)
+
+    async def scenario() -> None:
+        with caplog.at_level("WARNING", logger="gateway.liveness"):
+            assert await _watch_until(_watch(prefilling, limits, prefill), time, 60.0) is None
+        warnings = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+        assert "GET /slots answered 501" in warnings[0] and "164 s without a relayed chunk" in warnings[0]
+        time.now = 0.0
+        verdict = await _watch_until(_watch(stuck, limits, prefill), time, 1000.0)
+        assert verdict is not None and "the plan's longest prefill, 164 s: its progress cannot be read" in verdict
+        assert 163.8 <= time.now <= 164.0 + 2 * limits.poll_s + 1e-6, time.now
+
+    _run(scenario)
+
+
+def test_an_engine_that_reports_no_progress_gets_the_longest_prefill_from_the_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """llama-cpp-python has no progress page: the limit covers the longest prefill before any request."""
+    time = FakeTime()
+    engine = StandInEngine(time, start_at=0.0, end_at=30.0, reports=False)
+    watch = _watch(engine, Limits(stall_s=4.0, canary_s=0), LongestPrefill.of(2048, 0.0))
+
+    async def scenario() -> None:
+        with caplog.at_level("WARNING", logger="gateway.liveness"):
+            assert await _watch_until(watch, time, 60.0) is None
+        assert watch.blind == "it reports none" and watch.stall_limit_s == 2048 / 10.0
+        assert sum("cannot be read (it reports none)" in r.getMessage() for r in caplog.records) == 1
+
+    _run(scenario)
+
+
+def test_the_http_probe_tells_an_unusable_answer_from_no_answer() -> None:
+    """llama-server's answer to ``/slots`` under ``--no-slots`` (501, its error object) is Unreadable: the
+    server answers, its progress cannot be seen; a refused connection is no answer at all (None)."""
+    no_slots = json.dumps(
+        {
+            "error": {
+                "code": 501,
+                "message": "This server does not support slots endpoint.",
+                "type": "not_supported_error",
+            }
+        }
+    )
+    slots = json.dumps([{"id": 0, "is_processing": False, "id_task": 3}])
+    routes = [
+        Route("/slots", lambda _request: Response(slots)),
+        Route("/no-slots", lambda _request: Response(no_slots, status_code=501)),
+    ]
+    engine = Served(Starlette(routes=routes), lifespan="off")
+
+    def launch(path: str, base: str) -> Launch:
+        return Launch(
+            "llamacpp", [], 0, "k", "m", 4096, "/health", "", base=base, progress_path=path, progress=slots_progress
+        )
+
+    async def scenario() -> list[Any]:
+        found = []
+        for path, base in (("/no-slots", engine.url), ("/slots", engine.url), ("/slots", "http://127.0.0.1:9")):
+            probe = HttpProbe(launch(path, base))
+            found.append(await probe.progress())
+            await probe.aclose()
+        return found
+
+    try:
+        off, on, gone = asyncio.run(scenario())
+    finally:
+        engine.stop()
+    assert isinstance(off, Unreadable) and off.why.startswith('GET /no-slots answered 501: {"error"')
+    assert on == Progress(((0, 3, None, None, False),), busy=False)
+    assert gone is None
+
+
+def test_the_supervisor_gives_the_watch_the_plans_longest_prefill(tmp_path: Path) -> None:
+    time = FakeTime()
+    option = replace(_llama(), estimated_tokens_per_s=40.0)  # context 8192: 8192 / 20 tokens/s = 410 s
+
+    def unreadable(_launch: Launch) -> Any:
+        return StandInEngine(time, start_at=float("inf"), unreadable=True)
+
+    liveness = Liveness(
+        Limits(stall_s=30.0, canary_s=0),
+        activity=lambda: Activity(1, 0),
+        end_requests=lambda _why: asyncio.sleep(0),
+        probe=unreadable,
+        clock=time.clock,
+        sleep=time.sleep,
+    )
+    supervisor = _supervisor([option], Engines(serves()), tmp_path, liveness=liveness)
+
+    async def scenario() -> dict[str, Any]:
+        await supervisor.start()
+        await _until(lambda: supervisor.progress_watch is not None and supervisor.progress_watch.blind is not None)
+        snapshot = supervisor.snapshot()
+        await supervisor.stop()
+        return snapshot
+
+    snapshot: dict[str, Any] = {}
+
+    async def run() -> None:
+        snapshot.update(await scenario())
+
+    _run(run)
+    assert snapshot["liveness"]["stall_limit_s"] == 410 and "501" in snapshot["liveness"]["progress_unreadable"]
 
 
 def test_an_engine_that_stops_answering_its_progress_page_is_hung() -> None:

@@ -20,6 +20,7 @@ from gateway.supervision.after_failure import (
     GiveUp,
     NextOption,
     Restart,
+    RestartBudget,
     Retry,
     Stop,
     next_move,
@@ -200,11 +201,24 @@ def test_a_restart_after_a_memory_failure_keeps_the_option_when_none_follows() -
     assert restart_move(adjusted, failure, [live, _llama_option()], 2, RESTART_BACKOFF_S) == Restart(adjusted, 5.0, 3)
 
 
-def test_restarts_give_up_after_the_maximum() -> None:
+def test_restarts_past_the_budget_give_up_and_try_again_at_a_long_growing_backoff() -> None:
     live = _vllm_option()
     assert restart_move(live, None, [live], MAX_RESTARTS, RESTART_BACKOFF_S) == GiveUp(
-        f"engine kept failing after {MAX_RESTARTS} restarts"
+        f"{MAX_RESTARTS} restarts within 600 s (restart_limit {MAX_RESTARTS})", Restart(live, 30.0, MAX_RESTARTS + 1)
     )
+    budget = RestartBudget(limit=MAX_RESTARTS, window_s=600.0, retry_s=30.0)
+    # once given up it stays so until a try serves, whatever the window holds by then
+    tries = [restart_move(live, None, [live], 0, RESTART_BACKOFF_S, budget=budget, tries=n) for n in range(7)]
+    assert all(isinstance(move, GiveUp) for move in tries)
+    assert [move.retry.delay_s for move in tries] == [30.0, 60.0, 120.0, 240.0, 480.0, 600.0, 600.0]  # type: ignore[union-attr]
+    assert tries[2].reason == "2 tries since giving up did not serve"  # type: ignore[union-attr]
+
+
+def test_restarts_within_the_budget_take_the_short_backoff() -> None:
+    live = _vllm_option()
+    budget = RestartBudget(limit=3, window_s=60.0)
+    moves = [restart_move(live, None, [live], n, RESTART_BACKOFF_S, budget=budget) for n in range(4)]
+    assert [type(move) for move in moves] == [Restart, Restart, Restart, GiveUp]
 
 
 def test_an_engine_command_that_does_not_exist_fails_the_attempt_and_moves_on(tmp_path: Path) -> None:

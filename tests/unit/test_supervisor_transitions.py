@@ -9,6 +9,7 @@ Files named ``fixture-*.log`` are not recordings: each says so in its first line
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from backends import llamacpp, vllm
 from backends.base import Failure, Launch, Option, most_telling
 from gateway.remembered.known_good import KnownGood, KnownGoodSlot
-from gateway.supervision.after_failure import MAX_RESTARTS
+from gateway.supervision.after_failure import MAX_RESTARTS, RestartBudget
 from gateway.supervision.engine_run import RunState
 from gateway.supervision.lifecycle import State
 from gateway.supervision.supervisor import MAX_ATTEMPTS, Supervisor
@@ -156,15 +157,17 @@ class Engines:
 
 
 class Clock:
-    """Records each backoff instead of waiting it out; ``hold`` makes every wait last until stopped."""
+    """Records each backoff instead of waiting it out; ``hold`` makes every wait last until stopped,
+    ``hold_from`` every wait at least that long."""
 
-    def __init__(self, hold: bool = False) -> None:
+    def __init__(self, hold: bool = False, hold_from: float = float("inf")) -> None:
         self.slept: list[float] = []
         self.hold = hold
+        self.hold_from = hold_from
 
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
-        await (asyncio.Event().wait() if self.hold else asyncio.sleep(0))
+        await (asyncio.Event().wait() if self.hold or seconds >= self.hold_from else asyncio.sleep(0))
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -450,10 +453,13 @@ def test_a_memory_failure_while_serving_restarts_on_the_next_option(tmp_path: Pa
     assert supervisor.live_option == fallback
 
 
-def test_restarting_gives_up_after_the_maximum(tmp_path: Path) -> None:
-    clock = Clock()
+def test_restarting_gives_up_past_the_budget_and_says_when_it_tries_again(tmp_path: Path) -> None:
+    """Past the budget (5 restarts within 600 s) it stops restarting at the short backoff, but not for
+    good: the state is failed, with the time of the next try (the long wait, here held)."""
+    clock = Clock(hold_from=60.0)
     engines = Engines(serves_then_dies(), *[fails()] * (MAX_RESTARTS + 2))
-    supervisor = _supervisor([_llama()], engines, tmp_path, sleep=clock.sleep)
+    budget = RestartBudget(retry_s=60.0)
+    supervisor = _supervisor([_llama()], engines, tmp_path, sleep=clock.sleep, restart_budget=budget)
 
     async def scenario() -> None:
         await supervisor.start()
@@ -463,8 +469,18 @@ def test_restarting_gives_up_after_the_maximum(tmp_path: Path) -> None:
 
     _run(scenario)
     assert supervisor.restarts == MAX_RESTARTS and len(supervisor.attempts) == 1 + MAX_RESTARTS
-    assert clock.slept == [1.0, 2.0, 5.0, 10.0, 30.0]
-    assert supervisor.reason == f"engine kept failing after {MAX_RESTARTS} restarts"
+    assert clock.slept == [1.0, 2.0, 5.0, 10.0, 30.0, 60.0]
+    assert supervisor.reason is not None and supervisor.reason.startswith(
+        f"engine exited with status 1; gave up restarting ({MAX_RESTARTS} restarts within 600 s (restart_limit 5)); "
+        "trying again at "
+    ), supervisor.reason
+    assert supervisor.retry_at is not None and abs(supervisor.retry_at - (time.time() + 60)) < 5
+    assert supervisor.snapshot()["restart_budget"] == {
+        "limit": 5,
+        "window_s": 600.0,
+        "retry_s": 60.0,
+        "within_window": 5,
+    }
     assert supervisor.ever_ready and supervisor.state is State.FAILED
 
 

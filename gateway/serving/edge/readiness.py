@@ -7,17 +7,24 @@ stayed "ready" while every request got 504. ``/ready`` therefore asks the engine
 itself (at most once a second, answered from the last probe in between), so that a load balancer
 stops sending it traffic. Reasons shown to clients have the engine's URL and port taken out: the
 backend listens on loopback and its address is the operator's business (/status, behind the keys).
+
+A backend that is not ready says which state it is in: starting, restarting, or failed; a supervisor
+that gave up restarting its engine for now (its restart budget spent) also says when it tries again
+(``next_try_at``, and ``Retry-After`` until then), so a failed gateway that still retries is told apart
+from one that will not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 
 import aiohttp
 
-from gateway.supervision.lifecycle import EngineTarget
+from gateway.serving.wire.error_shapes import RETRY_AFTER_S
+from gateway.supervision.lifecycle import EngineTarget, ServedBackend
 
 PROBE_TIMEOUT_S = 2.0
 PROBE_EVERY_S = 1.0
@@ -28,6 +35,20 @@ def public(reason: str | None) -> str | None:
     """``reason`` without URLs or host:port pairs ("the backend at http://127.0.0.1:8081 does not
     answer" → "the backend does not answer")."""
     return _ADDRESS.sub("", reason) if reason else reason
+
+
+def not_ready(backend: ServedBackend, detail: bool) -> tuple[dict[str, str | None], int]:
+    """``/ready``'s body for a backend that is not ready, and the seconds its ``Retry-After`` says: the
+    state; given up restarting for now, when the next try is (UTC); the reason for a request that may
+    see it."""
+    body: dict[str, str | None] = {"status": backend.state.value}
+    retry_after = RETRY_AFTER_S
+    if backend.retry_at is not None:
+        body["next_try_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(backend.retry_at))
+        retry_after = max(RETRY_AFTER_S, math.ceil(backend.retry_at - time.time()))
+    if detail:
+        body["reason"] = public(backend.reason)
+    return body, retry_after
 
 
 class EngineProbe:

@@ -125,8 +125,9 @@ class EngineClient:
         await self.aclose()  # requests still waiting for their headers
 
     def activity(self) -> Activity:
-        """Requests to the backend not over yet, and the chunks of answers read so far."""
-        return Activity(self._waiting + len(self._reading), self._chunks_read)
+        """Requests to the backend not over yet (of them, those whose answer has not begun), and the chunks
+        of answers read so far."""
+        return Activity(self._waiting + len(self._reading), self._chunks_read, self._waiting)
 
     async def cut(self, why: str) -> None:
         """End every request to the backend now (it hung and is being restarted): each answers 503 or
