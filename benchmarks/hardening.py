@@ -33,6 +33,7 @@
 - readsize, responses, metadata, stop, replan (issue 41): see benchmarks/hardening_41.py.
 - bearers, scrapes, keycap (issue 47: who a request is, bounded observability): see
   benchmarks/hardening_47_identity.py.
+- starved, warmturns, lane, fingerprint (issue 47's waits): see benchmarks/hardening_47_waits.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -63,7 +64,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import benchmarks.hardening_47_identity as hardening_47_identity  # noqa: E402
-from benchmarks import hardening_41  # noqa: E402 (after the path it needs)
+from benchmarks import hardening_41, hardening_47_waits  # noqa: E402 (after the path it needs)
 
 MB = 1024 * 1024
 ANSWER = {
@@ -80,7 +81,7 @@ ANSWER = {
 async def _chat(request: web.Request) -> web.StreamResponse:
     payload = await request.json()
     cue = json.dumps(payload.get("messages"))
-    if (case := hardening_41.upstream_cases(cue, request, web)) is not None:
+    if case := hardening_41.upstream_cases(cue, request, web) or hardening_47_waits.upstream_cases(cue, request, web):
         return await case  # type: ignore[no-any-return]
     if "ENDLESS" in cue or "LONGLINE" in cue:  # a stream that never ends / 300 MB without a newline
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -610,7 +611,7 @@ def main() -> int:
         "what", nargs="+",
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
                  "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop",
-                 *hardening_47_identity.CASES],
+                 *hardening_47_identity.CASES, *hardening_47_waits.CASES],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -634,6 +635,7 @@ def main() -> int:
         "replan",
         "stop",
         *hardening_47_identity.CASES,
+        *hardening_47_waits.CASES,
     }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
@@ -641,6 +643,7 @@ def main() -> int:
     results.update(issue_30(args.source, wanted))
     results.update(hardening_41.issue_41(args.source.resolve(), wanted, servers, HealthWatch, PeakRss))
     results.update(hardening_47_identity.issue_47_identity(args.source.resolve(), wanted, servers, HealthWatch))
+    results.update(hardening_47_waits.issue_47_waits(args.source.resolve(), wanted, servers, HealthWatch))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

@@ -247,10 +247,12 @@ class EngineClient:
         on_close: Callable[[], None] = lambda: None,
         errors: ErrorShape = OPENAI,
         error_event: Callable[[ApiError], bytes] | None = None,
+        watch: ChunkFilter | None = None,
     ) -> Response:
         """Pass the request through; the response comes back as it came (filtered only if asked). A
         stream that breaks or goes silent ends with an error event in ``errors``' dialect. The engine's
-        usage is reported to the request's tally (read from the answer's own ``usage``)."""
+        usage is reported to the request's tally (read from the answer's own ``usage``); ``watch`` sees
+        the stream's whole events (the engine's first output: ``first_output.FirstOutput``)."""
         deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
         try:
             upstream = await self.open(target, path, body, stream=stream, deadline=deadline)
@@ -260,7 +262,8 @@ class EngineClient:
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
             # whole events first: the usage tap then parses no event twice nor holds one across reads
-            aligned = chained([*([chunk_filter] if chunk_filter else []), EventAligned(), UsageTap()])
+            filters: list[ChunkFilter] = [EventAligned(), UsageTap(), *([watch] if watch else [])]
+            aligned = chained([*([chunk_filter] if chunk_filter else []), *filters])
             chunks = self._chunks(upstream, deadline, aligned, error_event or errors.sse_event, on_close)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
