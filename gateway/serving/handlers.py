@@ -32,7 +32,7 @@ from gateway.serving.edge.readiness import public
 from gateway.serving.edge.request_body import BodyReader
 from gateway.serving.runtime import Runtime
 from gateway.serving.scheduling.admission import Claim, Ticket
-from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, identify, prompt_units_beside
+from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
 from gateway.serving.transport.prompt_count import PromptCount
 from gateway.serving.transport.proxy import ChunkFilter, chained, translated_stream
@@ -139,9 +139,8 @@ class Inference:
         """Name the request's session and key, and estimate what the engine must prefill of it (what the
         scheduler orders by: gateway.serving.scheduling.sessions); the estimate counts this prompt as sent
         from now on. A large prompt is fingerprinted beside the event loop."""
-        units = await prompt_units_beside(payload, body_bytes)
+        units, new_tokens = await estimate_beside(self.rt.prefixes, payload, body_bytes)
         identity = identify(request.headers, payload, units, authenticated_key(request.scope))
-        new_tokens = self.rt.prefixes.new_tokens(units)
         self.rt.prefixes.remember(units)
         record = record_of(request.scope)
         record.identity, record.prefill_estimate = identity, new_tokens

@@ -31,6 +31,7 @@ import collections
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,10 +91,12 @@ class PromptUnits:
         return self.chars[-1] if self.chars else 0
 
 
+# one encoder for every unit: json.dumps with options builds a new one per call (a third of the cost)
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def _encode(unit: Any) -> bytes:
-    return json.dumps(unit, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode(
-        "utf-8", "surrogatepass"
-    )
+    return _ENCODER.encode(unit).encode("utf-8", "surrogatepass")
 
 
 def _is_user(unit: Any) -> bool:
@@ -131,14 +134,25 @@ def prompt_units(payload: Mapping[str, Any]) -> PromptUnits:
     return PromptUnits(tuple(chained), tuple(chars), chained[stable], stable)
 
 
-async def prompt_units_beside(payload: Mapping[str, Any], body_bytes: int) -> PromptUnits:
-    """:func:`prompt_units` of a request whose body is ``body_bytes`` long; a large one in a worker
-    thread, beside the event loop: its many small encodings let the loop serve between them (one
-    request of 99,000 messages held the loop 0.5 s; the other clients, ``/health`` included, waited).
-    A single huge message is one encoding that holds the GIL (0.2 s for 30 MB: the body cap's size)."""
+# one thread: the work holds the GIL between its encodings, so more threads would not go faster, only
+# take more turns from the event loop (several large requests at once queue here, one after the other)
+_BESIDE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fingerprints")
+
+
+async def estimate_beside(known: KnownPrefixes, payload: Mapping[str, Any], body_bytes: int) -> tuple[PromptUnits, int]:
+    """:func:`prompt_units` of a request whose body is ``body_bytes`` long, and the tokens ``known``
+    says the engine must prefill of it; a large one in a worker thread, beside the event loop: its many
+    small encodings let the loop serve between them (one request of 99,000 messages held the loop
+    0.5 s, and every other client, ``/health`` included, waited). A single huge message is one encoding
+    that holds the GIL (0.2 s for 30 MB: the body cap's size)."""
+
+    def estimate() -> tuple[PromptUnits, int]:
+        units = prompt_units(payload)
+        return units, known.new_tokens(units)  # lookups only: the loop alone changes ``known``
+
     if body_bytes < OFF_LOOP_BYTES:
-        return prompt_units(payload)
-    return await asyncio.to_thread(prompt_units, payload)
+        return estimate()
+    return await asyncio.get_running_loop().run_in_executor(_BESIDE, estimate)
 
 
 def kept_units(units: PromptUnits) -> list[int]:
