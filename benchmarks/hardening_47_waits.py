@@ -12,8 +12,11 @@
 - lane: in-process, an engine whose first token comes 1 s after a request (its prefill) with a lane of
   one long prefill: three long streamed requests at once on each route (chat; Messages and Responses
   translated to chat; and each served by the engine itself): the most prefills the engine ran at once.
-- fingerprint: a real gateway process; one chat request of 99,000 messages (3.4 MB), three times: the
-  slowest /health meanwhile (polled every 50 ms), the request's status and time.
+- fingerprint: a real gateway process; one chat request of 99,000 messages (3.2 MB), three times: the
+  slowest /health meanwhile (polled every 50 ms), the request's status and time. Then the same in-process
+  (the app under uvicorn in this interpreter's loop, beside a task that wakes every 5 ms): the longest
+  the event loop was held, a figure that the machine's other load and the client's own scheduling
+  blur less than /health's.
 
     python benchmarks/hardening.py starved warmturns lane fingerprint [--source DIR]
 """
@@ -238,6 +241,66 @@ class _PrefillingEngine:
             yield b"data: [DONE]\n\n"
 
 
+def _loop_stall() -> dict[str, Any]:
+    import urllib.request
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from gateway.serving.app import create_app
+    from tests.unit.http_harness import FRONTED, Served, make_runtime
+
+    async def answer(request: Request) -> JSONResponse:
+        await request.body()  # not parsed: this interpreter's GIL is the gateway's to measure
+        message = {"role": "assistant", "content": "ok"}
+        return JSONResponse({"object": "chat.completion", "choices": [{"index": 0, "message": message,
+                                                                       "finish_reason": "stop"}]})  # fmt: skip
+
+    engine = Served(Starlette(routes=[Route("/v1/chat/completions", answer, methods=["POST"])]))
+    app = create_app(make_runtime(engine.url, max_body_bytes=32 << 20))
+    body = json.dumps({"model": FRONTED, "messages": [{"role": "user", "content": "x"}] * 99_000}).encode()
+    gaps: list[float] = []
+    seconds: list[float] = []
+
+    def send(url: str) -> None:
+        for _ in range(3):
+            started = time.monotonic()
+            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                answer.read()
+            seconds.append(round(time.monotonic() - started, 2))
+
+    async def run() -> None:
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+
+        async def tick() -> None:
+            last = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        ticking = asyncio.create_task(tick())
+        await asyncio.to_thread(send, f"http://127.0.0.1:{port}/v1/chat/completions")
+        ticking.cancel()
+        server.should_exit = True
+        await serving
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
+    return {"loop_held_longest_s": round(max(gaps), 3), "seconds": seconds}
+
+
 def _lane() -> dict[str, Any]:
     from backends.base import Scheduling
     from gateway.serving.app import create_app
@@ -297,9 +360,10 @@ def issue_47_waits(source: Path, wanted: set[str], servers: Any, health: Any) ->
         with servers(source) as (url, _gateway):
             time.sleep(2.5)
             results["fingerprint"] = fingerprint(url, health)
+        results["fingerprint"]["in_process"] = _in_process(source, "stall")
     return results
 
 
 if __name__ == "__main__":  # an in-process case, in the interpreter _in_process started (PYTHONPATH: the tree)
     sys.path.insert(0, sys.argv[2])
-    print(json.dumps({"warmturns": _warm_turns, "lane": _lane}[sys.argv[1]]()))
+    print(json.dumps({"warmturns": _warm_turns, "lane": _lane, "stall": _loop_stall}[sys.argv[1]]()))
