@@ -36,6 +36,7 @@ upstream.
   benchmarks/hardening_47_identity.py.
 - engine500, nodone, counts, worker, records (issue 47, items 6 and 7): see benchmarks/hardening_47_edge.py.
 - restarts, idlehang, noslots (issue 47: recovery): see benchmarks/hardening_47_recovery.py.
+- starved, warmturns, lane, fingerprint (issue 47's waits): see benchmarks/hardening_47_waits.py.
 
 RSS is the gateway process's (psutil, sampled every 20 ms while an attack runs). The issue-23 cases
 run against their own gateway with short clocks (5 s) so that the run stays short; a tree without
@@ -68,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 import benchmarks.hardening_47_edge as hardening_47_edge  # noqa: E402
 import benchmarks.hardening_47_identity as hardening_47_identity  # noqa: E402
 import benchmarks.hardening_47_recovery as hardening_47_recovery  # noqa: E402
-from benchmarks import hardening_41  # noqa: E402 (after the path it needs)
+from benchmarks import hardening_41, hardening_47_waits  # noqa: E402 (after the path it needs)
 
 MB = 1024 * 1024
 ANSWER = {
@@ -85,7 +86,7 @@ ANSWER = {
 async def _chat(request: web.Request) -> web.StreamResponse:
     payload = await request.json()
     cue = json.dumps(payload.get("messages"))
-    if (case := hardening_41.upstream_cases(cue, request, web)) is not None:
+    if case := hardening_41.upstream_cases(cue, request, web) or hardening_47_waits.upstream_cases(cue, request, web):
         return await case  # type: ignore[no-any-return]
     if "ENDLESS" in cue or "LONGLINE" in cue:  # a stream that never ends / 300 MB without a newline
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -616,7 +617,7 @@ def main() -> int:
         choices=["all", "headers", "huge", "streams", "load", "flood", "large", "idle", "stalled", "endless",
                  "forged", "tools", "hub", "readsize", "responses", "metadata", "replan", "stop",
                  *hardening_47_identity.CASES, *hardening_47_edge.CASES,
-                 *hardening_47_recovery.CASES],
+                 *hardening_47_recovery.CASES, *hardening_47_waits.CASES],
     )  # fmt: skip
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     parser.add_argument("--requests", type=int, default=100_000, help="load/leak: requests at c=64")
@@ -642,6 +643,7 @@ def main() -> int:
         *hardening_47_identity.CASES,
         *hardening_47_edge.CASES,
         *hardening_47_recovery.CASES,
+        *hardening_47_waits.CASES,
     }
     wanted = everything if "all" in args.what else set(args.what)
     results: dict[str, Any] = {"source": str(args.source)}
@@ -651,6 +653,7 @@ def main() -> int:
     results.update(hardening_47_identity.issue_47_identity(args.source.resolve(), wanted, servers, HealthWatch))
     results.update(hardening_47_edge.issue_47_edge(args.source.resolve(), wanted, PeakRss))
     results.update(hardening_47_recovery.issue_47(args.source.resolve(), wanted))
+    results.update(hardening_47_waits.issue_47_waits(args.source.resolve(), wanted, servers, HealthWatch))
     if "hub" in args.what:  # not part of "all": it runs the hub code, not a gateway in front of an upstream
         sys.path.insert(0, str(ROOT))
         from benchmarks.hardening_hub import hub_families

@@ -32,7 +32,8 @@ from gateway.serving.edge.readiness import public
 from gateway.serving.edge.request_body import BodyReader
 from gateway.serving.runtime import Runtime
 from gateway.serving.scheduling.admission import Claim, Ticket
-from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, identify, prompt_units
+from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
+from gateway.serving.transport.first_output import FirstOutput
 from gateway.serving.transport.prompt_count import PromptCount
 from gateway.serving.transport.proxy import ChunkFilter, chained, translated_stream
 from gateway.serving.wire import usage_tally
@@ -136,16 +137,19 @@ class Inference:
             raise unavailable(f"the backend for '{self.rt.route.fronted}' {_not_ready(backend)}; retry shortly")
         return target
 
-    def _claim(self, request: Request, payload: Mapping[str, Any], *, generates: bool = True) -> Claim:
+    async def _claim(
+        self, request: Request, payload: Mapping[str, Any], body_bytes: int, *, generates: bool = True
+    ) -> Claim:
         """Name the request's session and key, and estimate what the engine must prefill of it (what the
         scheduler orders by: gateway.serving.scheduling.sessions); the estimate counts this prompt as sent
-        from now on. A request that ``generates`` nothing (a token count) prefills nothing and is not
-        remembered as sent."""
-        units = prompt_units(payload)
+        from now on. A large prompt is fingerprinted beside the event loop. A request that ``generates``
+        nothing (a token count) prefills nothing and is not remembered as sent."""
+        units, new_tokens = await estimate_beside(self.rt.prefixes, payload, body_bytes)
         identity = identify(request.headers, payload, units, authenticated_key(request.scope))
-        new_tokens = self.rt.prefixes.new_tokens(units) if generates else 0
         if generates:
             self.rt.prefixes.remember(units)
+        else:
+            new_tokens = 0
         record = record_of(request.scope)
         record.identity, record.prefill_estimate = identity, new_tokens
         record.long = new_tokens > LONG_PREFILL_TOKENS
@@ -161,12 +165,11 @@ class Inference:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, request: Request, claim: Claim) -> AsyncIterator[Ticket]:
-        """An engine slot for the block (gateway.serving.scheduling.admission), with the wait and the first output
-        noted on the request's record: the long-prefill lane frees when the answer starts."""
+        """An engine slot for the block (gateway.serving.scheduling.admission), with the wait noted on the
+        request's record. The long-prefill lane frees at the engine's first output (each route watches its
+        stream with ``FirstOutput(ticket.prefilled)``), or with the slot."""
         async with self.rt.admission.slot(claim) as ticket:
-            record = record_of(request.scope)
-            record.queued_s = ticket.queued_s
-            record.on_first_output.append(ticket.prefilled)
+            record_of(request.scope).queued_s = ticket.queued_s
             yield ticket
 
     def _prompt(self, target: EngineTarget, request: dict[str, Any]) -> PromptCount:
@@ -219,7 +222,7 @@ class Inference:
         changed = self._route_model(payload)
         changed |= strip_billing_header(payload)
         target = self._target()
-        claim = self._claim(request, payload)
+        claim = await self._claim(request, payload, len(body))
         changed |= self._mark_long(target, claim, payload)
         prompt = self._prompt(target, payload)
         fixed = await self._fit_chat(target, payload, prompt)
@@ -251,25 +254,33 @@ class Inference:
                 chunk_filter=chained(filters),
                 on_close=ticket.hand_over(),
                 last_event=b"[DONE]",  # both APIs end a stream with it: one without it was cut short
+                watch=FirstOutput(ticket.prefilled),
             )
 
     async def _passthrough(
-        self, request: Request, dialect: Dialect, target: EngineTarget, payload: dict[str, Any], body: bytes | None
+        self,
+        request: Request,
+        dialect: Dialect,
+        target: EngineTarget,
+        payload: dict[str, Any],
+        body: bytes,
+        changed: bool,
     ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
-        claim = self._claim(request, payload)
-        if self._mark_long(target, claim, payload):
-            body = None
+        claim = await self._claim(request, payload, len(body))
+        if self._mark_long(target, claim, payload) or changed:
+            body = json.dumps(payload).encode()
         async with self._admitted(request, claim) as ticket:
             return await self.rt.engine_client.relay(
                 target,
                 dialect.path,
-                body if body is not None else json.dumps(payload).encode(),
+                body,
                 stream=payload.get("stream") is True,
                 rewrite_body=self.rt.route.rewrite_body,
                 on_close=ticket.hand_over(),
                 errors=dialect.errors,
                 error_event=dialect.failed_event,
+                watch=FirstOutput(ticket.prefilled, dialect.opening_events),
             )
 
     # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
@@ -286,18 +297,18 @@ class Inference:
         target = self._target()
         if dialect.native in target.native:
             changed |= dialect.for_native(payload)
-            return await self._passthrough(request, dialect, target, payload, body if not changed else None)
-        return await self._translate(request, dialect, target, payload)
+            return await self._passthrough(request, dialect, target, payload, body, changed)
+        return await self._translate(request, dialect, target, payload, len(body))
 
     async def _translate(
-        self, request: Request, dialect: Dialect, target: EngineTarget, payload: dict[str, Any]
+        self, request: Request, dialect: Dialect, target: EngineTarget, payload: dict[str, Any], body_bytes: int
     ) -> Response:
         """Ask the engine in chat completions and answer in the dialect: one reply, or a stream of its
         events (usage synthesized when the engine ignores include_usage). An engine's refusal comes
         back in the dialect's error shape."""
         fronted = self.rt.route.fronted
         chat = dialect.to_chat(payload, self.rt.route.served)
-        claim = self._claim(request, payload)  # the client's own request: its session fields, as it sent them
+        claim = await self._claim(request, payload, body_bytes)  # the client's own request, as it sent it
         self._mark_long(target, claim, chat)
         prompt = self._prompt(target, chat)
         await self._fit_chat(target, chat, prompt)
@@ -310,14 +321,16 @@ class Inference:
                     return dialect.errors.engine_error(status, answer, target.context_length)
                 usage_tally.report(answer.get("usage"))
                 return _translated_reply(dialect, answer, payload, fronted)
-            usage: ChunkFilter | None = None
+            filters: list[ChunkFilter] = [FirstOutput(ticket.prefilled)]  # not the dialect's opening event
             if "include_usage" not in target.native:  # the usage chunk the engine will not send is written from it
-                usage = ChatStreamFixer(mirror=None, usage_prompt_tokens=await prompt.tokens() or 0)
+                filters.append(ChatStreamFixer(mirror=None, usage_prompt_tokens=await prompt.tokens() or 0))
             # the stream's start says the prompt's size: counted while the engine already works on the request
             counting = self._count_beside(prompt) if dialect.prompt_at_start else None
             tokens = None
             try:
-                failed, chunks = await self.rt.engine_client.chat_stream(target, json.dumps(chat).encode(), usage)
+                failed, chunks = await self.rt.engine_client.chat_stream(
+                    target, json.dumps(chat).encode(), chained(filters)
+                )
                 if counting is not None:
                     tokens = await counting
             finally:
@@ -336,7 +349,7 @@ class Inference:
         changed = self._route_model(payload)
         changed |= strip_billing_header(payload)  # counted as the engine will see the prompt
         target = self._target()
-        claim = self._claim(request, payload, generates=False)
+        claim = await self._claim(request, payload, len(body), generates=False)
         async with self._admitted(request, claim):
             if "messages" in target.native:
                 body = json.dumps(payload).encode() if changed else body

@@ -34,6 +34,8 @@ class Dialect:
     prompt_at_start: bool = False
     # what a request passed through to an engine that speaks the dialect still needs; True when it changed
     for_native: Callable[[dict[str, Any]], bool] = lambda _payload: False
+    # the events its streams open with before the engine's first token (the long-prefill lane waits past them)
+    opening_events: frozenset[str] = frozenset()
 
     @property
     def path(self) -> str:
@@ -59,6 +61,7 @@ RESPONSES = Dialect(
     OPENAI,
     failed_event=response_failed_event,
     for_native=_grammars_described,
+    opening_events=frozenset({"response.created", "response.in_progress"}),
 )
 MESSAGES = Dialect(
     "messages",
@@ -68,4 +71,5 @@ MESSAGES = Dialect(
     lambda chunks, _request, model, prompt: messages_api.stream_from_chat(chunks, model, prompt),
     ANTHROPIC,
     prompt_at_start=True,
+    opening_events=frozenset({"message_start", "ping"}),
 )

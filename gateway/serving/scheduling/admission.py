@@ -8,18 +8,22 @@ The queue is not first-in first-out. Many agents share one engine, and a warm tu
 tool result: a few hundred tokens to prefill) must not wait a minute behind other sessions' cold 20k-token
 prefills. When a slot frees, the next request is, in order:
 
-1. from the key with the fewest requests in flight (one key's burst of 20 subagents cannot hold every
+1. a request that has waited ``aging_s`` or longer, the oldest first, whatever its key's or session's
+   counts: every wait is bounded (a long turn of a session with a request in flight, under a stream
+   of short ones from fresh sessions, waited for good while aging only made it short: the counts
+   below ranked first);
+2. from the key with the fewest requests in flight (one key's burst of 20 subagents cannot hold every
    slot while another key waits), then the session with the fewest;
-2. a short prefill before a long one (:class:`Claim`: the gateway's estimate of what the engine must
-   prefill, :mod:`gateway.serving.scheduling.sessions`); a request that has waited ``aging_s`` counts as short, so a
-   long one is never starved;
-3. the oldest.
+3. a short prefill before a long one (:class:`Claim`: the gateway's estimate of what the engine must
+   prefill, :mod:`gateway.serving.scheduling.sessions`);
+4. the oldest.
 
 Two limits hold a request back even with a slot free: a cap on each key's requests in flight (a
 setting; 0: none), and the **long-prefill lane**: at most ``long_lane()`` long prefills in the engine at
 once (the engine says how many it can run without starving short ones: :class:`backends.base.Scheduling`),
-so the other slots stay free for warm turns. A long request leaves the lane when its first output goes
-out (its prefill is over), not when its answer ends.
+so the other slots stay free for warm turns. A long request leaves the lane when the engine's first output
+comes (its prefill is over: :meth:`Ticket.prefilled`, called by the route), not when its answer ends.
+An aged request still waits for these limits (its key's own requests, a long prefill's first token).
 
 A slot is held for the length of an ``async with admission.slot(claim) as ticket:`` block, so every way
 out of a handler frees it. A streamed response outlives its handler: ``ticket.hand_over()`` gives the
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 from gateway.serving.wire.error_shapes import ApiError, unavailable
 
 RETRY_AFTER_FULL_S = 2
-AGING_S = 30.0  # a long request waiting this long goes as if it were short
+AGING_S = 30.0  # a request waiting this long goes before every request that has not
 
 
 @dataclass(frozen=True)
@@ -186,10 +190,12 @@ class Admission:
         lane = self.long_lane()
         return not (claim.long and lane and self.long_active >= lane)
 
-    def _rank(self, waiter: _Waiter, now: float) -> tuple[int, int, int, int]:
+    def _rank(self, waiter: _Waiter, now: float) -> tuple[int, int, int, int, int]:
+        """Lowest goes first: aged requests by arrival, then the rest by key, session, length, arrival."""
+        if now - waiter.since >= self.aging_s:
+            return (0, 0, 0, 0, waiter.order)
         claim = waiter.claim
-        short = not claim.long or now - waiter.since >= self.aging_s
-        return (self.by_key[claim.key], self.by_session[claim.session], 0 if short else 1, waiter.order)
+        return (1, self.by_key[claim.key], self.by_session[claim.session], int(claim.long), waiter.order)
 
     def _dispatch(self) -> None:
         """Give free slots to the best eligible waiters, one at a time (each start changes the ranks)."""

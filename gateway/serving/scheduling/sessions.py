@@ -16,14 +16,22 @@ schedule them (:mod:`gateway.serving.scheduling.admission`) and to show who uses
   (its previous prompt plus a tool result) is short; a new conversation with its own 20k tokens is
   long; a subagent that shares its parent's tools and system prompt is short too. This is the gateway's
   belief, not the engine's word: the engine's own count comes back in the usage figures.
+
+The memory of prefixes is shared and bounded, so one request may add only a few of its units to it
+(:func:`kept_units`: the tools and system, the first user message, the last ones, and a few spread
+back from the end): one request of 70,000 messages once put 70,001 fingerprints into the 65,536 kept
+and pushed out every session's, whose next warm turns were then taken for cold ones (pinned, in the
+long lane). A fingerprint names everything up to its unit, so a prefix is known wherever it ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +40,8 @@ SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-affinity
 CHARS_PER_TOKEN = 4  # a rough, engine-free estimate: only the order of magnitude matters here
 LONG_PREFILL_TOKENS = 2048  # an estimated prefill above this is a long one (a cold prompt, a large file)
 KNOWN_PREFIXES = 65_536  # fingerprints remembered (LRU); ~100 bytes each
+OFF_LOOP_BYTES = 64 * 1024  # a body this large is fingerprinted in a worker thread (see prompt_units_beside)
+LAST_UNITS_KEPT = 16  # a request's last units, each remembered (an agent edits or re-marks its last messages)
 
 
 @dataclass(frozen=True)
@@ -74,16 +84,19 @@ class PromptUnits:
     chained: tuple[str, ...]  # fingerprint of units [0..i]
     chars: tuple[int, ...]  # characters of units [0..i]
     stable_start: str  # fingerprint up to the first user message (the conversation's name when none is sent)
+    stable_index: int = 0  # the unit that ends the stable start
 
     @property
     def total_chars(self) -> int:
         return self.chars[-1] if self.chars else 0
 
 
+# one encoder for every unit: json.dumps with options builds a new one per call (a third of the cost)
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def _encode(unit: Any) -> bytes:
-    return json.dumps(unit, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode(
-        "utf-8", "surrogatepass"
-    )
+    return _ENCODER.encode(unit).encode("utf-8", "surrogatepass")
 
 
 def _is_user(unit: Any) -> bool:
@@ -107,7 +120,7 @@ def prompt_units(payload: Mapping[str, Any]) -> PromptUnits:
     chained: list[str] = []
     chars: list[int] = []
     total = 0
-    stable = ""
+    stable = -1
     for index, unit in enumerate([head, *body]):
         encoded = _encode(unit)
         digest.update(len(encoded).to_bytes(8, "little"))
@@ -115,9 +128,46 @@ def prompt_units(payload: Mapping[str, Any]) -> PromptUnits:
         total += len(encoded)
         chained.append(digest.copy().hexdigest())
         chars.append(total)
-        if not stable and index and _is_user(unit):
-            stable = chained[-1]
-    return PromptUnits(tuple(chained), tuple(chars), stable or (chained[-1] if chained else ""))
+        if stable < 0 and index and _is_user(unit):
+            stable = index
+    stable = stable if stable >= 0 else len(chained) - 1
+    return PromptUnits(tuple(chained), tuple(chars), chained[stable], stable)
+
+
+# one thread: the work holds the GIL between its encodings, so more threads would not go faster, only
+# take more turns from the event loop (several large requests at once queue here, one after the other)
+_BESIDE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fingerprints")
+
+
+async def estimate_beside(known: KnownPrefixes, payload: Mapping[str, Any], body_bytes: int) -> tuple[PromptUnits, int]:
+    """:func:`prompt_units` of a request whose body is ``body_bytes`` long, and the tokens ``known``
+    says the engine must prefill of it; a large one in a worker thread, beside the event loop: its many
+    small encodings let the loop serve between them (one request of 99,000 messages held the loop
+    0.5 s, and every other client, ``/health`` included, waited). A single huge message is one encoding
+    that holds the GIL (0.2 s for 30 MB: the body cap's size)."""
+
+    def estimate() -> tuple[PromptUnits, int]:
+        units = prompt_units(payload)
+        return units, known.new_tokens(units)  # lookups only: the loop alone changes ``known``
+
+    if body_bytes < OFF_LOOP_BYTES:
+        return estimate()
+    return await asyncio.get_running_loop().run_in_executor(_BESIDE, estimate)
+
+
+def kept_units(units: PromptUnits) -> list[int]:
+    """The units of a request the memory of prefixes keeps (30 of the 100,000 a body may hold): the
+    tools and system (a subagent shares its parent's), the first user message, the last
+    ``LAST_UNITS_KEPT`` (the next turn extends the prompt, or edits its end), and one at every doubling
+    of the distance from the end (a conversation that diverges mid-way is still found warm up to a
+    point at most twice as far back)."""
+    count = len(units.chained)
+    kept = {0, units.stable_index, *range(max(count - LAST_UNITS_KEPT, 0), count)}
+    back = LAST_UNITS_KEPT * 2
+    while back < count:
+        kept.add(count - back)
+        back *= 2
+    return sorted(kept)
 
 
 class KnownPrefixes:
@@ -129,17 +179,21 @@ class KnownPrefixes:
         self._seen: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     def new_tokens(self, units: PromptUnits) -> int:
-        """The estimated tokens the engine must prefill: everything past the longest known leading run."""
+        """The estimated tokens the engine must prefill: everything past the longest known prefix (the
+        last unit whose fingerprint is known: it names all the units before it too)."""
         held = 0
-        for fingerprint, chars in zip(units.chained, units.chars, strict=True):
-            if fingerprint not in self._seen:
+        for index in range(len(units.chained) - 1, -1, -1):
+            if units.chained[index] in self._seen:
+                held = units.chars[index]
                 break
-            held = chars
         return max(units.total_chars - held, 0) // CHARS_PER_TOKEN
 
     def remember(self, units: PromptUnits) -> None:
-        for fingerprint, chars in zip(units.chained, units.chars, strict=True):
-            self._seen[fingerprint] = chars
+        """Note the prompt as sent: a few of its units (:func:`kept_units`), so that one request cannot
+        push out the prefixes of every other."""
+        for index in kept_units(units):
+            fingerprint = units.chained[index]
+            self._seen[fingerprint] = units.chars[index]
             self._seen.move_to_end(fingerprint)
         while len(self._seen) > self.limit:
             self._seen.popitem(last=False)

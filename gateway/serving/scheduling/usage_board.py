@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -40,15 +40,12 @@ class RequestRecord:
     prefill_estimate: int | None = None  # the gateway's estimate (gateway.serving.scheduling.sessions)
     long: bool = False
     ttft_s: float | None = None
-    on_first_output: list[Callable[[], None]] = field(default_factory=list)
 
     def first_output(self) -> None:
-        """The response's first body bytes went out: record the time and tell who waits for it."""
+        """The response's first body bytes went out: record the time. (Not when the engine's prefill
+        ended: a translated stream's first event is written before it; the routes watch the engine.)"""
         if self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self.started
-        callbacks, self.on_first_output = self.on_first_output, []
-        for callback in callbacks:
-            callback()
 
 
 @dataclass

@@ -262,11 +262,13 @@ class EngineClient:
         errors: ErrorShape = OPENAI,
         error_event: Callable[[ApiError], bytes] | None = None,
         last_event: bytes | None = None,
+        watch: ChunkFilter | None = None,
     ) -> Response:
         """Pass the request through; the response comes back as it came (filtered only if asked). A
         stream that breaks or goes silent ends with an error event in ``errors``' dialect, and so does
         one whose backend ended it without ``last_event`` (chat's ``[DONE]``): it was cut short. The
-        engine's usage is reported to the request's tally (read from the answer's own ``usage``)."""
+        engine's usage is reported to the request's tally (read from the answer's own ``usage``); ``watch``
+        sees the stream's whole events (the engine's first output: ``first_output.FirstOutput``)."""
         deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
         try:
             upstream = await self.open(target, path, body, stream=stream, deadline=deadline)
@@ -276,7 +278,8 @@ class EngineClient:
         content_type = upstream.headers.get("Content-Type", "application/json")
         if stream and upstream.status == 200 and content_type.startswith("text/event-stream"):
             # whole events first: the usage tap then parses no event twice nor holds one across reads
-            aligned = chained([*([chunk_filter] if chunk_filter else []), EventAligned(), UsageTap()])
+            filters: list[ChunkFilter] = [EventAligned(), UsageTap(), *([watch] if watch else [])]
+            aligned = chained([*([chunk_filter] if chunk_filter else []), *filters])
             chunks = self._chunks(upstream, deadline, aligned, error_event or errors.sse_event, on_close, last_event)
 
             def cleanup() -> None:  # a client gone before the body began: the body's finally never ran
