@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from backends.base import Launch, Option
 from gateway.core.errors import GatewayError
@@ -62,6 +62,8 @@ class NodeWatch(Protocol):
 
 NODE_CHECK_S = 5.0  # how often the nodes in use are asked whether they are still there
 MAX_REPLANS_SHOWN = 50  # re-plans /status lists
+Event = TypeVar("Event")
+EVENTS_KEPT = 100  # the latest attempts, hangs and group stops kept: one that retries for weeks stays small
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
 STOPPED_HUNG = -2  # ... and of one stopped because it made no progress (gateway.supervision.liveness)
 UNEXPECTED = -3  # ... and the cause of a restart after an unexpected error in the supervisor itself
@@ -145,7 +147,8 @@ class Supervisor:
         self.reason: str | None = None
         self.live: Run | None = None
         self.live_option: Option | None = None
-        self.attempts: list[Attempt] = []
+        self.attempts: list[Attempt] = []  # the latest EVENTS_KEPT
+        self.attempts_made = 0  # in all: the numbering and the budget of one climb
         self.restarts = 0  # in all (/metrics); the budget counts those within its window
         self.retry_at: float | None = None  # gave up restarting: when it tries again (seconds since the epoch)
         self.ever_ready = False
@@ -331,7 +334,7 @@ class Supervisor:
         log.error("engine hung: %s; ending the requests in flight and restarting it", why)
         self.state = State.RESTARTING
         self.reason = f"engine hung ({why}); restarting"
-        self.hangs.append({"at": time.strftime("%H:%M:%S"), "engine": self.live.launch.engine, "why": why})
+        _keep_latest(self.hangs, {"at": time.strftime("%H:%M:%S"), "engine": self.live.launch.engine, "why": why})
         await self.liveness.end_requests(f"the engine stopped making progress ({why}); it is being restarted: retry")
 
     async def _watch_nodes(self, nodes: NodeWatch) -> str:
@@ -353,10 +356,10 @@ class Supervisor:
     async def _climb(self, options: list[Option]) -> bool:
         """Try options in order until one serves; True when one does."""
         queue = list(options)
-        budget = len(self.attempts) + MAX_ATTEMPTS
+        budget = self.attempts_made + MAX_ATTEMPTS
         unprepared: list[str] = []
         while queue:
-            if len(self.attempts) >= budget:
+            if self.attempts_made >= budget:
                 self.reason = f"gave up after {MAX_ATTEMPTS} attempts"
                 return False
             option = queue.pop(0)
@@ -366,7 +369,7 @@ class Supervisor:
                 log.warning("cannot prepare %s: %s", option.label, exc)
                 unprepared.append(f"{option.label}: {exc}")
                 continue
-            run, attempt = await self._attempt(option, len(self.attempts) + 1, len(self.attempts) + 1 + len(queue))
+            run, attempt = await self._attempt(option, self.attempts_made + 1, self.attempts_made + 1 + len(queue))
             if run.state is RunState.READY:
                 self.live, self.live_option = run, option
                 self.state = State.READY
@@ -407,7 +410,8 @@ class Supervisor:
             log_path=str(run.log_path),
             started=time.strftime("%H:%M:%S"),
         )
-        self.attempts.append(attempt)
+        self.attempts_made += 1
+        _keep_latest(self.attempts, attempt)
         self.live = run
         await run.start()
         await run.wait_settled()
@@ -435,7 +439,7 @@ class Supervisor:
         if code == RANK_LOST:
             what = self.live.reason or "a rank of the engine's group is gone"
         if self.live.launch.followers:  # one fate: every rank was stopped, on every node
-            self.group_stops.append({"at": time.strftime("%H:%M:%S"), "why": what})
+            _keep_latest(self.group_stops, {"at": time.strftime("%H:%M:%S"), "why": what})
         log.error("%s while serving; restarting", what)
         self.state = State.RESTARTING
         self.reason = f"{what}; restarting"
@@ -567,3 +571,9 @@ def _utc(at: float) -> str:
 
 def _clock_utc(at: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(at))
+
+
+def _keep_latest(events: list[Event], event: Event) -> None:
+    """Append, keeping the latest EVENTS_KEPT: a long-running gateway's history in memory is bounded."""
+    events.append(event)
+    del events[:-EVENTS_KEPT]

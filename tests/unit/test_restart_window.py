@@ -207,3 +207,14 @@ def test_ready_says_restarting_then_gave_up_with_the_next_try_then_serves(engine
     assert detail["reason"].endswith("UTC (in 120 s)")
     assert refused.status_code == 503 and "gave up restarting" in refused.json()["error"]["message"]
     assert timeline.slept == [1.0, 120.0] and supervisor.restarts == 2
+
+
+def test_the_history_kept_in_memory_is_bounded_while_the_numbering_goes_on() -> None:
+    """A gateway that restarts for weeks keeps only the latest attempts and hangs (issue 47: memory that
+    never comes back), and numbers its attempts from the count in all."""
+    from gateway.supervision import supervisor as module
+
+    events: list[int] = []
+    for number in range(module.EVENTS_KEPT * 3):
+        module._keep_latest(events, number)
+    assert events == list(range(module.EVENTS_KEPT * 2, module.EVENTS_KEPT * 3))

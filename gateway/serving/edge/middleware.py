@@ -163,7 +163,7 @@ class RequestMetrics:
             self.requests.labels(route, str(status["code"])).inc()
             if tokens["usage"]:
                 self._count_usage(tokens)
-            record.first_output()  # whoever waited for it (the long-prefill lane): the answer is over
+            record.first_output()  # the time to the first body bytes, if none went out before the end
             self.board.add(record, status=status["code"], tokens=tokens, agent=_header(scope, b"user-agent"))
             if scope["path"] not in QUIET_PATHS:
                 _log_access(scope, rid, status, tokens, time.perf_counter() - started)
