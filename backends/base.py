@@ -267,7 +267,12 @@ class Candidate(Protocol):
     def traits(self) -> Traits: ...  # what it gives and gives up, as the one objective ranks (backends/objective.py)
     @property
     def devices(self) -> tuple[Device, ...]: ...  # what memory_terms' device positions name, in the engine's order
+    @property
+    def nodes(self) -> tuple[str, ...]: ...  # the other nodes it also runs on (pipeline stages, RPC devices)
     def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (position in devices, term, bytes) for /metrics
+    # estimated tokens/s of that many requests decoding at once (0: not estimated): the weights read once
+    # per step for all of them, each one's cache, the link to other nodes where it crosses one
+    def decode_rate(self, sequences: int) -> float: ...
     def to_json(self) -> dict[str, Any]: ...
 
 
@@ -401,6 +406,11 @@ class Backend(Protocol[C, M, E]):
 
     def memo_version(self, installation: Installation) -> str:
         """The version a remembered configuration is valid for."""
+        ...
+
+    def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
+        """What one of its processes needs in its environment to see only ``devices`` of its node (a
+        replica on part of a node's GPUs; each device by its index on that node)."""
         ...
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ import backends.vllm.releases as releases
 import backends.vllm.report as report
 import backends.vllm.source as source
 from backends.base import Evaluation, Installation, NewNotes, Option
+from backends.visible_devices import cuda_visible
 from backends.vllm.argv import build_argv, build_env
 from backends.vllm.follower import HOST as FOLLOWER_HOST
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
@@ -24,7 +26,7 @@ from backends.vllm.settings import PINS, VllmPins, VllmSettings
 from backends.vllm.source import VllmModel, VllmSource
 
 if TYPE_CHECKING:
-    from gateway.core.devices import Inventory
+    from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
 
@@ -131,7 +133,7 @@ class VllmBackend:
                     f"vLLM: --pipeline-parallel-size {stages} needs {stages - 1} other node(s) running vLLM "
                     f"{installation.version}; fewer answer: planned on this machine"
                 )
-        elif inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
+        elif inventory.remote and (policy.pool_nodes or not ranked(found)):  # TP×PP over the nodes?
             across = self._across_nodes(
                 model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation, 0
             )
@@ -246,3 +248,7 @@ class VllmBackend:
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
+
+    def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
+        """CUDA's variables: the replica's GPUs, numbered from 0 inside (backends/visible_devices.py)."""
+        return cuda_visible(devices)
