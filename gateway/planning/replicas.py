@@ -91,13 +91,13 @@ def weigh(plan: Plan, asked: int | None) -> Replication | None:
     if asked is not None and asked > 1:
         if best is None:
             raise ConfigError(_too_many(plan, asked, units.most))
-        return Replication(best, one, pooled, asked, f"--replicas {asked}: " + _compare(best, one), weighed)
+        return Replication(best, one, pooled, asked, _as_asked(asked, best, one), weighed)
     if best is None:
         floor = plan.policy.goal.floor
         why = f"one engine: no GPUs of one node hold the model at the {floor:,}-token floor on their own"
         return Replication(one, None, pooled, asked, why)
     if asked == 1:
-        return Replication(one, best, pooled, asked, "--replicas 1: " + _compare(one, best), weighed)
+        return Replication(one, best, pooled, asked, _as_asked(asked, one, best), weighed)
     if _replicas_win(best, one):
         return Replication(best, one, pooled, asked, _compare(best, one), weighed)
     return Replication(one, best, pooled, asked, _compare(one, best), weighed)
@@ -266,6 +266,17 @@ def _compare(chosen: Shape, other: Shape) -> str:
     both = f"both keep {_warm(chosen)} of the {asked} sessions asked for warm at {typical} tokens"
     gain = f"; replicas must decode ×{REPLICA_GAIN:g} one engine's to be worth more engines" if other.count > 1 else ""
     return f"{name}: {both}; {name} {speed}{gain}"
+
+
+def _as_asked(asked: int, chosen: Shape, other: Shape) -> str:
+    """--replicas N decided: both shapes' figures side by side."""
+    typical = f"{min(chosen.context, AGENT_PROMPT_TOKENS):,}"
+    figures = [
+        f"{_kind(s)}: {_warm(s)} of the {s.sessions} sessions asked for kept warm at {typical} tokens, "
+        f"~{s.decode:,.0f} tokens/s with the {s.sessions} at once"
+        for s in (chosen, other)
+    ]
+    return f"--replicas {asked}, as asked; " + "; ".join(figures)
 
 
 def _title_of(shape: Shape) -> str:

@@ -128,7 +128,7 @@ def test_replicas_2_runs_one_tp2_engine_on_each_node(capsys: pytest.CaptureFixtu
     data = _plan_json(capsys, *GLM, *TWO_NODES, "--replicas", "2")
     shape = data["replicas"]
     assert shape["asked"] == 2 and shape["engines"] == 2
-    assert shape["why"].startswith("--replicas 2: 2 replicas")
+    assert shape["why"].startswith("--replicas 2, as asked; 2 replicas: 16 of the 16 sessions asked for kept warm")
     first, second = shape["replicas"]
     assert (first["node"], first["devices"], second["node"], second["devices"]) == (
         "",
@@ -150,13 +150,17 @@ def test_replicas_1_keeps_the_one_engine_and_shows_the_replicas_beside_it(capsys
     auto = _plan_json(capsys, *GLM, *TWO_NODES)
     data = _plan_json(capsys, *GLM, *TWO_NODES, "--replicas", "1")
     shape = data["replicas"]
-    assert shape["asked"] == 1 and shape["engines"] == 1 and shape["why"].startswith("--replicas 1: one engine")
+    assert (
+        shape["asked"] == 1
+        and shape["engines"] == 1
+        and shape["why"].startswith("--replicas 1, as asked; one engine: ")
+    )
     assert shape["other"]["engines"] == auto["replicas"]["engines"]
     assert {k: v for k, v in data.items() if k != "replicas"} == {k: v for k, v in auto.items() if k != "replicas"}
     assert main(["plan", *GLM, *TWO_NODES, "--replicas", "1"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("decision: vLLM: unsloth/GLM-4.7-Flash-NVFP4 (nvfp4), TP2")
-    assert "\nshape: --replicas 1: one engine" in text and "  other shape: 4 replicas" in text
+    assert "\nshape: --replicas 1, as asked; one engine: 10 of the 16" in text and "  other shape: 4 replicas" in text
 
 
 def test_more_replicas_than_fit_is_refused_naming_how_many_do(capsys: pytest.CaptureFixture[str]) -> None:
