@@ -40,6 +40,7 @@ from gateway.planning.planner import EnginePlan, Plan, Replica, Replication, Sha
 # Replicas decode this many times one engine's tokens/s, or one engine it is: the figures are estimates,
 # and every engine more is one more process to start, watch and restart
 REPLICA_GAIN = 1.1
+WARM_STEP = 0.1  # sessions kept warm count in steps of this share of the sessions asked for
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,12 @@ def _warm(shape: Shape) -> int:
     return min(shape.warm, shape.sessions)
 
 
+def _warm_step(shape: Shape) -> int:
+    """Sessions kept warm in steps of a tenth of those asked for (:data:`WARM_STEP`): 15 or 14 of 16 warm
+    is one standing (the least recently used turns prefill again either way), 16 of 16 is better."""
+    return _warm(shape) // max(1, round(shape.sessions * WARM_STEP))
+
+
 def _standing(shape: Shape) -> tuple[Any, ...]:
     """The planner's engine rule, then the objective: a shape whose engine meets the floor without weights
     in RAM (and keeps turns warm) comes first in the registry's order of engines, as one engine's decision
@@ -228,7 +235,7 @@ def _standing(shape: Shape) -> tuple[Any, ...]:
 def _rank(shape: Shape) -> tuple[Any, ...]:
     """Layouts of replicas, best first: the engine rule and the objective, sessions kept warm, aggregate
     decode, fewer engines."""
-    return (*_standing(shape), -_warm(shape), -round(shape.decode), shape.count)
+    return (*_standing(shape), -_warm_step(shape), -round(shape.decode), shape.count)
 
 
 def _replicas_win(replicas: Shape, one: Shape) -> bool:
@@ -237,8 +244,8 @@ def _replicas_win(replicas: Shape, one: Shape) -> bool:
     mine, theirs = _standing(replicas), _standing(one)
     if mine != theirs:
         return mine < theirs
-    if _warm(replicas) != _warm(one):
-        return _warm(replicas) > _warm(one)
+    if _warm_step(replicas) != _warm_step(one):
+        return _warm_step(replicas) > _warm_step(one)
     return replicas.decode >= REPLICA_GAIN * one.decode
 
 
@@ -259,12 +266,16 @@ def _compare(chosen: Shape, other: Shape) -> str:
     decodes = "decodes" if chosen.count == 1 else "decode"
     speed = f"{decodes} ~{chosen.decode:,.0f} tokens/s with the {asked} at once ({other_name}: ~{other.decode:,.0f}"
     speed += f", ×{ratio:.2f})" if ratio else ")"
-    if _warm(chosen) != _warm(other):
+    if _warm_step(chosen) != _warm_step(other):
         keep = "keeps" if chosen.count == 1 else "keep"
         warm = f"{keep} {_warm(chosen)} of the {asked} sessions asked for warm at {typical} tokens"
         return f"{name} {warm} ({other_name}: {_warm(other)}) and {speed}"
-    both = f"both keep {_warm(chosen)} of the {asked} sessions asked for warm at {typical} tokens"
-    gain = f"; replicas must decode ×{REPLICA_GAIN:g} one engine's to be worth more engines" if other.count > 1 else ""
+    if _warm(chosen) == _warm(other):
+        both = f"both keep {_warm(chosen)} of the {asked} sessions asked for warm at {typical} tokens"
+    else:  # within a tenth of the sessions asked for
+        both = f"{_warm(chosen)} and {_warm(other)} of the {asked} sessions asked for kept warm count alike"
+    faster = other.count > 1 and other.decode > chosen.decode
+    gain = f"; replicas must decode ×{REPLICA_GAIN:g} one engine's to be worth more engines" if faster else ""
     return f"{name}: {both}; {name} {speed}{gain}"
 
 
