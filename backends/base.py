@@ -241,12 +241,17 @@ class Installation:
     missing: str = ""  # when not installed: the one-line fix (what to install or set), for `serve`'s error
 
 
+# In a candidate's argv: the index of the rank it runs as, in a group of engines that share one model (vLLM's
+# data-parallel ranks of a MoE); each replica of the plan puts its own in
+RANK = "RANK"
+
+
 class Candidate(Protocol):
     """One evaluated configuration of one engine: fits or not, with the reason in numbers."""
 
     fits: bool
     reason: str
-    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan`
+    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan` (and RANK for a rank of a group)
     env: dict[str, str]
 
     @property
@@ -269,6 +274,8 @@ class Candidate(Protocol):
     def devices(self) -> tuple[Device, ...]: ...  # what memory_terms' device positions name, in the engine's order
     @property
     def nodes(self) -> tuple[str, ...]: ...  # the other nodes it also runs on (pipeline stages, RPC devices)
+    @property
+    def ranks(self) -> int: ...  # engines of one group it is a rank of, stepping together (1: an engine of its own)
     def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (position in devices, term, bytes) for /metrics
     # estimated tokens/s of that many requests decoding at once (0: not estimated): the weights read once
     # per step for all of them, each one's cache, the link to other nodes where it crosses one

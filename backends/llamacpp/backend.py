@@ -171,6 +171,8 @@ class LlamaCppBackend:
     def candidates(
         self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
     ) -> LlamaCppEvaluation:
+        if policy.data_parallel > 1:  # one llama-server holds the whole model: it is never a rank of a group
+            return LlamaCppEvaluation()
         notes = NewNotes(model.notes)
         chosen: ReadVariant | None = None
         if model.variants:

@@ -144,6 +144,11 @@ class LlamaCppCandidate:
         )
 
     @property
+    def ranks(self) -> int:
+        """llama-server runs every layer in one process: never a rank of a group."""
+        return 1
+
+    @property
     def nodes(self) -> tuple[str, ...]:
         """The other nodes whose RPC devices hold layers of this placement, in device order."""
         split = self.placement.tensor_split or ((1.0,) if self.placement.n_gpu_layers else ())

@@ -93,6 +93,7 @@ class VllmCandidate:
     devices: tuple[Device, ...] = ()  # the GPUs its tensor-parallel ranks run on (memory_terms' positions)
     warm_turn: WarmTurn | None = None  # a hybrid model's: what a later turn prefills again (warm_turns.py)
     link_rtt_s: float = 0.0  # across nodes: the slowest link's round trip, which every decode step crosses
+    data_parallel: int = 1  # ranks of its data-parallel group (backends/vllm/data_parallel.py); 1: none
 
     @property
     def headline(self) -> str:
@@ -102,6 +103,8 @@ class VllmCandidate:
         parts = [f"{self.checkpoint.name} ({quant})", f"TP{f.tensor_parallel_size}"]
         if self.pipeline_parallel_size > 1:
             parts.append(f"PP{self.pipeline_parallel_size}")
+        if self.data_parallel > 1:
+            parts.append(f"one of DP{self.data_parallel} with EP")
         parts += [f"context {f.max_model_len:,}", f"KV {f.kv_cache_dtype}"]
         if f.kv_cache_memory_bytes is not None:
             parts.append(f"KV pinned at {f.kv_cache_memory_bytes / GIB:.2f} GiB")
@@ -135,6 +138,10 @@ class VllmCandidate:
             turn_prefill=self.warm_turn.tokens if self.warm_turn else 0,
             tie=(-f.max_num_seqs,),
         )
+
+    @property
+    def ranks(self) -> int:
+        return self.data_parallel
 
     @property
     def planned_only(self) -> bool:
@@ -182,6 +189,7 @@ class VllmCandidate:
             sequences,
             stages=self.pipeline_parallel_size,
             link_rtt_s=self.link_rtt_s,
+            ranks=self.data_parallel,
         )
         return rate * decode_share(facts, min(g.compute_capability for g in self.devices))
 
@@ -233,6 +241,7 @@ class VllmCandidate:
             "argv": self.argv,
             "env": self.env,
             **({"warm_turn": self.warm_turn.to_json()} if self.warm_turn else {}),
+            **({"data_parallel_size": self.data_parallel} if self.data_parallel > 1 else {}),
             **(
                 {"pipeline_parallel_size": self.pipeline_parallel_size, "nodes": list(self.nodes), "steps": self.steps}
                 if self.planned_only

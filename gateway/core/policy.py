@@ -106,6 +106,9 @@ class Policy:
     # plan one engine over every node even where one node holds the model: the other shape that a plan of
     # replicas is weighed against (gateway/planning/replicas.py), never a decision of its own
     pool_nodes: bool = False
+    # plan one rank of a group of this many engines on one node that share the model (a MoE's experts
+    # spread over the ranks: vLLM's data parallelism), each rank on these devices; 1: an engine of its own
+    data_parallel: int = 1
 
     @property
     def goal(self) -> Goal:

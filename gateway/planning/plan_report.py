@@ -26,11 +26,12 @@ def _word(text: str) -> str:
     return shlex.quote(text)
 
 
-def paste_command(candidate: Candidate, port: int) -> str:
-    """The candidate's engine command as one shell line: env, argv, real port, key from the environment."""
-    argv = [str(port) if word == "PORT" else word for word in candidate.argv]
+def paste_command(candidate: Candidate, port: int, argv: list[str] | None = None) -> str:
+    """The candidate's engine command as one shell line: env, argv (``argv``: its own, as a replica runs
+    it), real port, key from the environment."""
+    words = [str(port) if word == "PORT" else word for word in (candidate.argv if argv is None else argv)]
     env = [f"{name}={_word(value)}" for name, value in candidate.env.items()]
-    return " ".join([*env, *(_word(word) for word in argv)])
+    return " ".join([*env, *(_word(word) for word in words)])
 
 
 def to_json(plan: Plan, port: int) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def _ports(shape: Shape, port: int) -> dict[int, int]:
 def _command(replica: Replica, port: int) -> str:
     """A replica's engine command: its device pinning in front of the engine's own."""
     pins = [f"{name}={_word(value)}" for name, value in replica.env.items()]
-    return " ".join([*pins, paste_command(replica.chosen, port)])
+    return " ".join([*pins, paste_command(replica.chosen, port, replica.argv)])
 
 
 def render(plan: Plan, port: int = 8000, *, verbose: bool = False) -> str:
@@ -101,8 +102,9 @@ def _render_replicas(plan: Plan, replication: Replication, port: int, *, verbose
     shape = replication.chosen
     first = shape.replicas[0]
     chosen = first.chosen
+    group = f" as one {_title(plan, chosen.engine)} group (its ranks step together: one fate)" if shape.grouped else ""
     lines = [
-        f"decision: {shape.count} replicas, each {_title(plan, chosen.engine)}: {chosen.headline}",
+        f"decision: {shape.count} replicas{group}, each {_title(plan, chosen.engine)}: {chosen.headline}",
         f"why: {replication.why}",
         f"each replica: {first.plan.why}",
     ]

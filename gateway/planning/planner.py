@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends import objective, registry
-from backends.base import Backend, Candidate, Evaluation, Installation, ModelFiles
+from backends.base import RANK, Backend, Candidate, Evaluation, Installation, ModelFiles
 from backends.objective import Traits
 from gateway.core.devices import Device, Inventory
 from gateway.core.errors import GatewayError
@@ -200,6 +200,11 @@ class Replica:
         return chosen
 
     @property
+    def argv(self) -> list[str]:
+        """Its engine's argv, its own rank in where a group of engines has one (``RANK``)."""
+        return [str(self.index) if word == RANK else word for word in self.chosen.argv]
+
+    @property
     def warm(self) -> int:
         """Sessions it keeps warm at an agent's typical prompt."""
         return self.plan.policy.goal.warm_sessions(self.chosen.warm_tokens, self.chosen.context_length)[1]
@@ -226,7 +231,7 @@ class Replica:
             "warm_at_typical_prompt": self.warm,
             "decode_tokens_per_s": round(self.decode, 1),
             "env": {**self.env, **chosen.env},
-            "argv": chosen.argv,
+            "argv": self.argv,
             "candidate": chosen.to_json(),
         }
 
@@ -242,6 +247,11 @@ class Shape:
     @property
     def count(self) -> int:
         return len(self.replicas)
+
+    @property
+    def grouped(self) -> bool:
+        """Its replicas are ranks of one engine group: they step together and share one fate."""
+        return any(r.chosen.ranks > 1 for r in self.replicas)
 
     @property
     def warm(self) -> int:
@@ -270,6 +280,7 @@ class Shape:
         """What the choice weighs, and where each engine runs."""
         return {
             "engines": self.count,
+            "group": self.grouped,
             "where": [{"node": r.node, "devices": [d.label for d in r.devices]} for r in self.replicas],
             "context_length": self.context,
             "at_once": self.at_once,

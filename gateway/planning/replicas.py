@@ -86,7 +86,9 @@ def weigh(plan: Plan, asked: int | None) -> Replication | None:
             raise ConfigError(f"--replicas {asked}: this machine has one GPU or none: pass --replicas 1 or auto")
         return None
     units = _UnitPlans(plan)
-    shapes = sorted((shape for cut in cuts if (shape := units.shape(cut, asked)) is not None), key=_rank)
+    alone = [shape for cut in cuts if (shape := units.shape(cut, asked)) is not None]
+    groups = [group for cut in cuts if (group := units.group(cut, asked)) is not None]
+    shapes = sorted([*alone, *_worth_a_group(groups, alone)], key=_rank)
     best, weighed = (shapes[0], tuple(shapes[1:])) if shapes else (None, ())
     pooled = _pooled(plan, one)
     if asked is not None and asked > 1:
@@ -112,15 +114,23 @@ class _UnitPlans:
         self.made: dict[tuple[Any, ...], Plan] = {}
         self.most = 0  # the most units of one layout whose plans meet the floor
 
-    def on(self, unit: Unit, sessions: int, engines: tuple[str, ...] | None = None, top: int | None = None) -> Plan:
-        key = (unit.signature, sessions, engines, top)
+    def on(
+        self,
+        unit: Unit,
+        sessions: int,
+        engines: tuple[str, ...] | None = None,
+        top: int | None = None,
+        *,
+        ranks: int = 1,
+    ) -> Plan:
+        key = (unit.signature, sessions, engines, top, ranks)
         if key not in self.made:
             whole = self.plan.inventory
             gpus = tuple(
                 replace(d, index=i, node="", endpoint="", link="", rtt_ms=None) for i, d in enumerate(unit.devices)
             )
             machine = Inventory(gpus, whole.ram_total_bytes, whole.ram_available_bytes, source=whole.source)
-            policy = replace(self.plan.policy, sessions=sessions, pool_nodes=False)
+            policy = replace(self.plan.policy, sessions=sessions, pool_nodes=False, data_parallel=ranks)
             if engines is not None:
                 policy = replace(policy, engines=engines)
             if top is not None:
@@ -156,6 +166,41 @@ class _UnitPlans:
             for i, (u, p, share) in enumerate(zip(kept, plans, shares, strict=True))
         )
         return Shape(replicas, asked_sessions)
+
+    def group(self, cut: tuple[Unit, ...], asked: int | None) -> Shape | None:
+        """The layout's units as the ranks of one engine group sharing the model (vLLM's data parallelism
+        of a MoE), where the engine has one and every rank meets the floor; alike units of one node only:
+        ranks sharing experts exchange every token twice per MoE layer, which over a network between
+        nodes costs far more than the pipeline stages' two crossings per step."""
+        ranks = len(cut)
+        if len({u.signature for u in cut}) != 1 or len({u.node for u in cut}) != 1:
+            return None
+        if asked is not None and asked > 1 and asked != ranks:
+            return None
+        sessions = self.plan.policy.sessions
+        plans = [self.on(u, _each(sessions, ranks), ranks=ranks) for u in cut]
+        if not all(_steady(p) and p.chosen is not None and p.chosen.ranks == ranks for p in plans):
+            return None
+        replicas = tuple(
+            Replica(i, u.node, u.devices, p, _device_env(p, u.devices), share)
+            for i, (u, p, share) in enumerate(zip(cut, plans, _shares(sessions, ranks), strict=True))
+        )
+        return Shape(replicas, sessions)
+
+
+def _worth_a_group(groups: list[Shape], alone: list[Shape]) -> list[Shape]:
+    """The groups that meet the floor, or keep more sessions warm, where replicas of their own do not:
+    ranks that step together wait for each other, which their decode estimate leaves out, and share one
+    fate (backends/vllm/data_parallel.py)."""
+    if not alone:
+        return groups
+    best = min(_holds(shape) for shape in alone)
+    return [group for group in groups if _holds(group) < best]
+
+
+def _holds(shape: Shape) -> tuple[Any, ...]:
+    """What a shape holds: the engine rule and the objective, then the sessions kept warm."""
+    return (*_standing(shape), -_warm_step(shape))
 
 
 def _device_env(plan: Plan, devices: tuple[Device, ...]) -> dict[str, str]:
@@ -235,7 +280,7 @@ def _standing(shape: Shape) -> tuple[Any, ...]:
 def _rank(shape: Shape) -> tuple[Any, ...]:
     """Layouts of replicas, best first: the engine rule and the objective, sessions kept warm, aggregate
     decode, fewer engines."""
-    return (*_standing(shape), -_warm_step(shape), -round(shape.decode), shape.count)
+    return (*_holds(shape), -round(shape.decode), shape.grouped, shape.count)
 
 
 def _replicas_win(replicas: Shape, one: Shape) -> bool:
@@ -326,7 +371,8 @@ def shape_line(plan: Plan, shape: Shape) -> str:
         elif idle:
             head += f" ({', '.join(idle)} idle)"
     else:
-        head = f"{shape.count} replicas: {title} {what} on " + "; ".join(where(r) for r in shape.replicas)
+        group = " as one group" if shape.grouped else ""
+        head = f"{shape.count} replicas{group}: {title} {what} on " + "; ".join(where(r) for r in shape.replicas)
     typical = min(shape.context, AGENT_PROMPT_TOKENS)
     return (
         f"{head}: context {shape.context:,}, {shape.at_once:,} at once, {shape.warm} sessions kept warm at "

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from backends import vllm
+from backends.base import Installation
 from backends.llamacpp import estimate_gguf_facts
 from backends.llamacpp.launcher import NATIVE
 from backends.vllm.checkpoint_facts import checkpoint_facts
@@ -263,3 +264,54 @@ def test_llamacpp_rpc_devices_on_another_node_pay_the_link() -> None:
     llama = plan.engine("llamacpp")
     assert llama is not None and llama.best is not None and llama.best.nodes == ("node2",)
     assert llama.best.decode_rate(1) < llama.best.tokens_per_s  # type: ignore[attr-defined]
+
+
+# --- vLLM's own data parallelism (backends/vllm/data_parallel.py) ------------------------------------------
+
+
+def test_a_moe_one_gpu_cannot_hold_runs_as_one_data_parallel_group_with_its_experts_spread() -> None:
+    """GLM-4.7-Flash in BF16 on one node of 4×24 GB: no GPU or pair holds it alone; four ranks that each hold a
+    quarter of the experts and a whole cache keep every session warm, where one TP4 engine copies the MLA
+    cache onto every GPU. Each rank is its own process and API server (external rank), on its own GPU."""
+    plan = _glm_plan(_machine(4), bf16_only=True)
+    shaped = weigh(plan, None)
+    assert shaped is not None and shaped.chosen.grouped and shaped.chosen.count == 4
+    assert shaped.other is not None and shaped.other.count == 1 and shaped.chosen.warm > shaped.other.warm
+    plan.replication = shaped
+    data = plan.to_json()["replicas"]
+    assert data["group"] is True
+    for index, replica in enumerate(data["replicas"]):
+        argv = replica["argv"]
+        assert argv[argv.index("--data-parallel-size") + 1] == "4"
+        assert argv[argv.index("--data-parallel-rank") + 1] == str(index) and "--enable-expert-parallel" in argv
+        assert "--data-parallel-address" not in argv and "--headless" not in argv  # one node, a server per rank
+        assert replica["env"]["CUDA_VISIBLE_DEVICES"] == str(index) and replica["candidate"]["data_parallel_size"] == 4
+    rank = shaped.chosen.replicas[0].chosen
+    assert isinstance(rank, vllm.VllmCandidate)
+    whole = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints[0]
+    assert rank.checkpoint.name == whole.name and rank.memory.weights < whole.facts.weight_bytes / 2
+    assert render(plan).startswith("decision: 4 replicas as one vLLM group (its ranks step together: one fate)")
+
+
+def test_no_group_spans_nodes_and_none_is_taken_where_replicas_of_their_own_do_as_well(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ranks on two nodes would exchange every token over the network twice per MoE layer: never planned. On
+    the seed rig with 4 sessions, replicas of their own keep every session warm: no group either."""
+    data = _plan_json(capsys, *GLM, *TWO_NODES)
+    shapes = [data["replicas"], data["replicas"]["other"], *data["replicas"]["weighed"]]
+    assert not any(s["group"] and len({w["node"] for w in s["where"]}) > 1 for s in shapes)
+    seed = _plan_json(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32GiB@12.0", "--ram", "64GiB", "--sessions", "4")
+    assert seed["replicas"]["group"] is False and not any(s["group"] for s in seed["replicas"]["weighed"])
+
+
+def test_a_dense_model_is_never_a_data_parallel_group() -> None:
+    """vLLM 0.32.0 refuses a dense model's external ranks (arg_utils.py: "Non-MoE models do not support
+    external data parallel mode"), and its internal ranks are independent engines: replicas of their own."""
+    config = json.loads((CONFIGS / "Qwen3-8B.json").read_text())
+    model = vllm.VllmModel("qwen3-8b", [vllm.Checkpoint("Qwen/Qwen3-8B", checkpoint_facts(config, "Qwen/Qwen3-8B"))])
+    found = vllm.BACKEND.candidates(
+        model, _machine(2, gib=32), Policy(data_parallel=2), Installation(None, vllm.DEFAULT_VERSION, "given")
+    )
+    assert found.candidates == [] and any("not a MoE" in note for note in found.notes)
+    assert weigh(_qwen3_8b(_machine(2, gib=32), sessions=16), None) is not None
