@@ -50,7 +50,7 @@ class Launch:
     """A fully decided engine start: the supervisor runs ``argv`` with ``env`` added and polls health."""
 
     engine: str  # the backend's name ("external" for --backend-url)
-    argv: list[str]
+    argv: list[str]  # RANK in it: a rank of a group of replicas, which whoever starts them fills (its index)
     port: int
     api_key: str
     served_name: str  # the model name the engine answers to

@@ -269,6 +269,7 @@ class VllmBackend:
                 estimated_tokens_per_s=c.tokens_per_s,
                 group=c.group,
                 pipeline_parallel_size=c.pipeline_parallel_size if c.group is not None else 1,
+                data_parallel=c.data_parallel,
             )
             for c in chosen
         ]

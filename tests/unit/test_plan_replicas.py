@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from backends import vllm
-from backends.base import Installation
+from backends.base import RANK, Installation
 from backends.llamacpp import estimate_gguf_facts
 from backends.llamacpp.launcher import NATIVE
 from backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.cli.commands import main
+from gateway.cli.full_settings import Settings as FullSettings
 from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import ConfigError
 from gateway.core.policy import Policy
@@ -291,6 +292,13 @@ def test_a_moe_one_gpu_cannot_hold_runs_as_one_data_parallel_group_with_its_expe
     whole = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints[0]
     assert rank.checkpoint.name == whole.name and rank.memory.weights < whole.facts.weight_bytes / 2
     assert render(plan).startswith("decision: 4 replicas as one vLLM group (its ranks step together: one fate)")
+    first = shaped.chosen.replicas[0]  # what a runtime starts: the rank's option, RANK filled per replica
+    engine = first.plan.engine("vllm")
+    assert engine is not None and engine.model is not None
+    installed = replace(engine.installation, command=("vllm", "serve"))
+    option = vllm.BACKEND.options(engine.model, engine.evaluation, first.plan.policy, installed, FullSettings())[0]
+    launched = option.launch(8001, "key").argv
+    assert launched[launched.index("--data-parallel-rank") + 1] == RANK and "one of DP4 with EP" in option.label
 
 
 def test_no_group_spans_nodes_and_none_is_taken_where_replicas_of_their_own_do_as_well(
@@ -315,3 +323,18 @@ def test_a_dense_model_is_never_a_data_parallel_group() -> None:
     )
     assert found.candidates == [] and any("not a MoE" in note for note in found.notes)
     assert weigh(_qwen3_8b(_machine(2, gib=32), sessions=16), None) is not None
+
+
+def test_a_moe_step_reads_the_experts_its_requests_route_to() -> None:
+    """One token reads k of E experts; a batch reads their union; a rank of a group reads its own share of the
+    experts as every rank's tokens route to them."""
+    from backends.vllm.estimate import expert_fraction, routed_share
+
+    facts = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints[0].facts
+    experts, routed = expert_fraction(facts), facts.experts_per_token / facts.num_experts
+    assert 0.5 < experts <= 0.95
+    assert routed_share(facts, 1) == pytest.approx(1 - experts * (1 - routed))
+    assert routed_share(facts, 1) < routed_share(facts, 8) < routed_share(facts, 64) < 1
+    held = experts / 4
+    every = 1 - (1 - routed) ** 16  # four ranks' four requests each reach a rank's experts
+    assert routed_share(facts, 4, ranks=4) == pytest.approx((1 - experts + held * every) / (1 - experts + held))
