@@ -101,6 +101,9 @@ def weigh(plan: Plan, asked: int | None) -> Replication | None:
         return Replication(one, None, pooled, asked, why)
     if asked == 1:
         return Replication(one, best, pooled, asked, _as_asked(asked, one, best), weighed)
+    if plan.policy.pins.engine and one.replicas[0].chosen.nodes:  # the flags given pool the nodes: as asked
+        why = "one engine: the engine flags given pool the nodes (--replicas 2 or more to weigh replicas)"
+        return Replication(one, best, pooled, asked, why, weighed)
     if _replicas_win(best, one):
         return Replication(best, one, pooled, asked, _compare(best, one), weighed)
     return Replication(one, best, pooled, asked, _compare(one, best), weighed)

@@ -195,6 +195,21 @@ def test_a_model_no_single_node_holds_still_plans_one_pooled_engine() -> None:
         weigh(plan, 2)
 
 
+def test_engine_flags_that_pool_the_nodes_keep_one_engine() -> None:
+    """--pipeline-parallel-size 2 over two nodes whose workers run vLLM: the user asked for one engine over
+    both; replicas are shown, not chosen, unless a number of them is asked for."""
+    plan = _glm_plan(_machine(2, ("node2", 2), peers=True))
+    pinned = replace(plan.policy, pins=replace(plan.policy.pins, engine={"pipeline_parallel_size": 2}))
+    engines = [replace(e, evaluation=type(e.evaluation)()) for e in plan.engines]
+    plan = evaluate_and_choose("glm-4.7-flash", engines, plan.inventory, pinned)
+    assert plan.chosen is not None and plan.chosen.nodes == ("node2",)
+    shaped = weigh(plan, None)
+    assert shaped is not None and shaped.chosen.count == 1 and shaped.other is not None and shaped.other.count >= 2
+    assert shaped.why.startswith("one engine: the engine flags given pool the nodes")
+    forced = weigh(plan, 2)
+    assert forced is not None and forced.chosen.count == 2
+
+
 def test_a_dense_model_on_one_node_stays_one_tensor_parallel_engine() -> None:
     """Qwen3-8B in BF16 on 2×32 GB: one TP2 engine holds it with a 16-bit cache and more sessions warm; a copy
     on each GPU needs an fp8 cache: one engine, and its JSON is what it was before replicas were weighed."""
