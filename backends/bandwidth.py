@@ -2,10 +2,13 @@
 request is bound by reading the weights and the cache once per token.
 
 Datasheet peaks, found by the GPU's name, else by its compute capability (simulated GPUs), else
-:data:`DEFAULT_GPU_BANDWIDTH_GBPS`; the host's RAM at :data:`HOST_BANDWIDTH_GBPS`.
+:data:`DEFAULT_GPU_BANDWIDTH_GBPS`; the host's RAM at :data:`HOST_BANDWIDTH_GBPS`. And the link between
+nodes that an engine's pipeline stages (or llama.cpp's RPC devices) cross on every decode step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from gateway.core.devices import Device
 
@@ -35,3 +38,24 @@ def gpu_bandwidth(gpu: Device) -> float:
         if name.lower() in gpu.name.lower():
             return GPU_BANDWIDTH_GBPS[name] * 1e9
     return CAPABILITY_BANDWIDTH_GBPS.get(gpu.compute_capability, DEFAULT_GPU_BANDWIDTH_GBPS) * 1e9
+
+
+# A link between nodes that the survey did not time (``--remote-gpus``, or a report without a round trip):
+# a switched 1-10 GbE LAN's TCP round trip between two hosts, as ping -c 100 shows it, plus the kernel's
+# socket path on both ends. The head's survey times each worker's HTTP answer (``Device.rtt_ms``).
+DEFAULT_LINK_RTT_MS = 0.5
+LINK_BYTES_PER_S = 1.25e9  # 10 GbE: what a token's activations (a few KiB) cost beside the round trip
+
+
+def link_rtt_s(devices: Sequence[Device]) -> float:
+    """The slowest round trip, in seconds, from this machine to the other nodes among ``devices`` (0 when
+    all are local): measured where the survey timed it, else :data:`DEFAULT_LINK_RTT_MS`."""
+    remote = [d for d in devices if d.is_remote]
+    if not remote:
+        return 0.0
+    return max(DEFAULT_LINK_RTT_MS if d.rtt_ms is None else d.rtt_ms for d in remote) / 1000
+
+
+def hop_s(rtt_s: float, payload_bytes: float) -> float:
+    """One crossing of the link one way: half its round trip and the payload at :data:`LINK_BYTES_PER_S`."""
+    return rtt_s / 2 + payload_bytes / LINK_BYTES_PER_S if rtt_s else 0.0

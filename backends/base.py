@@ -50,7 +50,7 @@ class Launch:
     """A fully decided engine start: the supervisor runs ``argv`` with ``env`` added and polls health."""
 
     engine: str  # the backend's name ("external" for --backend-url)
-    argv: list[str]
+    argv: list[str]  # RANK in it: a rank of a group of replicas, which whoever starts them fills (its index)
     port: int
     api_key: str
     served_name: str  # the model name the engine answers to
@@ -241,12 +241,17 @@ class Installation:
     missing: str = ""  # when not installed: the one-line fix (what to install or set), for `serve`'s error
 
 
+# In a candidate's argv: the index of the rank it runs as, in a group of engines that share one model (vLLM's
+# data-parallel ranks of a MoE); each replica of the plan puts its own in
+RANK = "RANK"
+
+
 class Candidate(Protocol):
     """One evaluated configuration of one engine: fits or not, with the reason in numbers."""
 
     fits: bool
     reason: str
-    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan`
+    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan` (and RANK for a rank of a group)
     env: dict[str, str]
 
     @property
@@ -267,7 +272,14 @@ class Candidate(Protocol):
     def traits(self) -> Traits: ...  # what it gives and gives up, as the one objective ranks (backends/objective.py)
     @property
     def devices(self) -> tuple[Device, ...]: ...  # what memory_terms' device positions name, in the engine's order
+    @property
+    def nodes(self) -> tuple[str, ...]: ...  # the other nodes it also runs on (pipeline stages, RPC devices)
+    @property
+    def ranks(self) -> int: ...  # engines of one group it is a rank of, stepping together (1: an engine of its own)
     def memory_terms(self) -> list[tuple[int, str, int]]: ...  # (position in devices, term, bytes) for /metrics
+    # estimated tokens/s of that many requests decoding at once (0: not estimated): the weights read once
+    # per step for all of them, each one's cache, the link to other nodes where it crosses one
+    def decode_rate(self, sequences: int) -> float: ...
     def to_json(self) -> dict[str, Any]: ...
 
 
@@ -401,6 +413,11 @@ class Backend(Protocol[C, M, E]):
 
     def memo_version(self, installation: Installation) -> str:
         """The version a remembered configuration is valid for."""
+        ...
+
+    def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
+        """What one of its processes needs in its environment to see only ``devices`` of its node (a
+        replica on part of a node's GPUs; each device by its index on that node)."""
         ...
 
 

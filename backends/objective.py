@@ -134,6 +134,14 @@ def key(traits: Traits) -> tuple[float | int | bool, ...]:
     )
 
 
+def standing(traits: Traits) -> tuple[float | int | bool, ...]:
+    """The objective's steps 1-4 (floor, fragile settings, warm turns, context up to the target, a crawl,
+    precision): what decides between shapes of the same model on the same machine (one engine or several
+    replicas, gateway/planning/replicas.py) before the sessions they keep warm and their aggregate decode,
+    which replace step 5's one-request speed there."""
+    return key(traits)[:11]
+
+
 T = TypeVar("T")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from backends.llamacpp.rpc import LENDER as RPC_LENDER
 from backends.llamacpp.settings import FILE_PINS, PINS, LlamaCppSettings, draft_setting, pinned_quant
 from backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from backends.llamacpp.speed import host_calibration
+from backends.visible_devices import cuda_visible
 from gateway.core.devices import slowest_link
 from gateway.core.errors import ConfigError
 from gateway.hub.fetch import download
@@ -169,6 +171,8 @@ class LlamaCppBackend:
     def candidates(
         self, model: LlamaCppModel, inventory: Inventory, policy: Policy, installation: Installation
     ) -> LlamaCppEvaluation:
+        if policy.data_parallel > 1:  # one llama-server holds the whole model: it is never a rank of a group
+            return LlamaCppEvaluation()
         notes = NewNotes(model.notes)
         chosen: ReadVariant | None = None
         if model.variants:
@@ -378,6 +382,10 @@ class LlamaCppBackend:
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
+
+    def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
+        """CUDA's variables: the replica's GPUs, numbered from 0 inside (backends/visible_devices.py)."""
+        return cuda_visible(devices)
 
 
 def _native_found(settings: LlamaCppSettings, native: list[str] | None, probe: bool) -> tuple[list[str] | None, str]:

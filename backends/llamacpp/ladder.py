@@ -22,7 +22,7 @@ from backends.llamacpp.launcher import Launcher
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement
 from backends.llamacpp.placement_query import PlacementQuery
 from backends.llamacpp.placement_search import best_placement
-from backends.llamacpp.speed import tokens_per_second
+from backends.llamacpp.speed import decode_rate, tokens_per_second
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.policy import DEFAULT_TARGET_CONTEXT, FALLBACK_CONTEXT, Goal
 
@@ -66,6 +66,8 @@ class LlamaCppCandidate:
     devices: tuple[Device, ...] = ()  # the placement's devices in llama.cpp's order (-ts, memory_terms)
     # a model whose cache cannot roll back: what a later turn prefills again (backends/llamacpp/warm_turns.py)
     warm_turn: warm_turns.WarmTurn | None = None
+    facts: GgufFacts | None = None  # the GGUF's, for the estimate of many requests at once (decode_rate)
+    host_scale: float = 1.0  # the host's decode term as calibrated on this machine (speed.host_calibration)
 
     @property
     def draft(self) -> str | None:
@@ -139,6 +141,27 @@ class LlamaCppCandidate:
             tokens_per_s=self.tokens_per_s,
             turn_prefill=self.warm_turn.tokens if self.warm_turn else 0,
             tie=(self.level // 4,),
+        )
+
+    @property
+    def ranks(self) -> int:
+        """llama-server runs every layer in one process: never a rank of a group."""
+        return 1
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The other nodes whose RPC devices hold layers of this placement, in device order."""
+        split = self.placement.tensor_split or ((1.0,) if self.placement.n_gpu_layers else ())
+        used = [d.node for d, share in zip(self.devices, split, strict=False) if share > 0]
+        return tuple(dict.fromkeys(node for node in used if node))
+
+    def decode_rate(self, sequences: int) -> float:
+        """Tokens/s of ``sequences`` requests decoding at once in one batch (speed.py); RPC devices on
+        other nodes pay their link every step."""
+        if self.facts is None:
+            return 0.0
+        return decode_rate(
+            self.facts, self.placement, self.devices, self.kv_type, self.n_ctx, sequences, host_scale=self.host_scale
         )
 
     def memory_terms(self) -> list[tuple[int, str, int]]:
@@ -382,6 +405,8 @@ def _rungs(
                 warm=warm,
                 devices=gpus,
                 warm_turn=warm_turn,
+                facts=facts,
+                host_scale=host_scale,
             )
         )
     return out

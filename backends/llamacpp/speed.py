@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from backends.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth
+from backends.bandwidth import HOST_BANDWIDTH_GBPS, gpu_bandwidth, hop_s, link_rtt_s
 from backends.llamacpp.drafting import mtp_blocks
 from backends.llamacpp.gguf_facts import GgufFacts
 from backends.llamacpp.kv_cache import is_sliding, kv_bytes_per_token_layer
@@ -26,14 +26,18 @@ from gateway.core.devices import Device
 
 EFFICIENCY = 0.7  # share of the peak bandwidth that llama.cpp's decode reaches
 ESTIMATE_CONTEXT = 32768  # tokens in the cache while decoding (an agent's typical prompt), at most n_ctx
+ACTIVATION_BYTES = 4  # a hidden state crosses to and from an RPC device in 32 bits (ggml's F32 activations)
 
 
 def bytes_read_per_token(
-    facts: GgufFacts, placement: Placement, kv_type: str, n_ctx: int, devices: int
+    facts: GgufFacts, placement: Placement, kv_type: str, n_ctx: int, devices: int, sequences: float = 1
 ) -> tuple[list[float], float]:
-    """(bytes each GPU reads per generated token, bytes the CPU reads)."""
+    """(bytes each GPU reads per generated token, bytes the CPU reads); with ``sequences`` requests in one
+    step, per step: the weights once (MoE: the experts any of them routes to), each one's KV."""
     cached = min(n_ctx, ESTIMATE_CONTEXT)
     routed = facts.experts_per_token / facts.num_experts if facts.is_moe and facts.num_experts else 1.0
+    if sequences > 1 and routed < 1:  # each request routes on its own: 1 - (1 - k/E)^n of the experts
+        routed = 1 - (1 - routed) ** sequences
     gpu = [0.0] * devices
     host = 0.0
     for slot, device in enumerate(placement.slot_devices):
@@ -46,7 +50,7 @@ def bytes_read_per_token(
             experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes else 0
             in_ram = experts if slot < placement.n_cpu_moe else 0
             window = facts.sliding_window if facts.sliding_window and is_sliding(facts, slot) else cached
-            kv = kv_bytes_per_token_layer(facts, kv_type, slot) * min(cached, window)
+            kv = kv_bytes_per_token_layer(facts, kv_type, slot) * min(cached, window) * sequences
             # the GPU reads the block less its experts, plus the routed share of the experts it holds
             read = size - experts + (experts - in_ram) * routed + kv
             experts_in_ram = in_ram * routed
@@ -74,6 +78,31 @@ def tokens_per_second(
     seconds = sum(read / (gpu_bandwidth(g) * EFFICIENCY) for read, g in zip(gpu_bytes, gpus, strict=True))
     seconds += host_bytes / (HOST_BANDWIDTH_GBPS * 1e9 * EFFICIENCY * host_scale)
     return 1 / seconds if seconds > 0 else 0.0
+
+
+def decode_rate(
+    facts: GgufFacts,
+    placement: Placement,
+    gpus: Sequence[Device],
+    kv_type: str,
+    n_ctx: int,
+    sequences: int,
+    *,
+    host_scale: float = 1.0,
+) -> float:
+    """Tokens/s of ``sequences`` requests decoding at once in llama-server's one batch: one step reads the
+    weights once and each request's KV, device after device. Each RPC device on another node adds two
+    crossings of its link per step (the head sends it the step's graph and reads back its activations:
+    README "Two machines, one model"), which no request shares with another."""
+    if sequences < 1:
+        return 0.0
+    gpu_bytes, host_bytes = bytes_read_per_token(facts, placement, kv_type, n_ctx, len(gpus), sequences)
+    seconds = sum(read / (gpu_bandwidth(g) * EFFICIENCY) for read, g in zip(gpu_bytes, gpus, strict=True))
+    seconds += host_bytes / (HOST_BANDWIDTH_GBPS * 1e9 * EFFICIENCY * host_scale)
+    remote = [g for g, read in zip(gpus, gpu_bytes, strict=True) if g.is_remote and read > 0]
+    payload = sequences * facts.hidden_size * ACTIVATION_BYTES
+    seconds += sum(2 * hop_s(link_rtt_s([g]), payload) for g in remote)
+    return sequences / seconds if seconds > 0 else 0.0
 
 
 def host_calibration(remembered: dict[str, Any] | None) -> float:

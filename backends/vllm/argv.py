@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from backends.vllm.memory import VllmFlags
 from backends.vllm.scheduling import long_prefill_threshold
@@ -20,6 +21,7 @@ def build_argv(
     port: int | None = None,
     command: list[str] | None = None,
     pipeline_parallel_size: int = 1,
+    data_parallel: Sequence[str] = (),
 ) -> list[str]:
     """argv for one configuration; PORT stands in for the port when none is given yet. Pipeline
     stages over nodes run on vLLM's own launcher (``mp``; backends/vllm/multinode.py adds the ranks)."""
@@ -28,7 +30,7 @@ def build_argv(
         argv = [*prefix, checkpoint, "--served-model-name", served_name]
     else:
         argv = [*prefix, "--model", checkpoint, "--served-model-name", served_name]
-    argv += ["--tensor-parallel-size", str(flags.tensor_parallel_size)]
+    argv += ["--tensor-parallel-size", str(flags.tensor_parallel_size), *data_parallel]
     if pipeline_parallel_size > 1:
         argv += ["--pipeline-parallel-size", str(pipeline_parallel_size), "--distributed-executor-backend", "mp"]
     if flags.kv_cache_memory_bytes is not None:

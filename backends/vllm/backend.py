@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import backends.vllm.data_parallel as data_parallel
 import backends.vllm.install as install
 import backends.vllm.multinode as multinode
 import backends.vllm.parsers as parsers
@@ -13,6 +15,7 @@ import backends.vllm.releases as releases
 import backends.vllm.report as report
 import backends.vllm.source as source
 from backends.base import Evaluation, Installation, NewNotes, Option
+from backends.visible_devices import cuda_visible
 from backends.vllm.argv import build_argv, build_env
 from backends.vllm.follower import HOST as FOLLOWER_HOST
 from backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
@@ -24,7 +27,7 @@ from backends.vllm.settings import PINS, VllmPins, VllmSettings
 from backends.vllm.source import VllmModel, VllmSource
 
 if TYPE_CHECKING:
-    from gateway.core.devices import Inventory
+    from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
 
@@ -93,7 +96,9 @@ class VllmBackend:
             tool_call_parser, reasoning_parser = chosen.tool, chosen.reasoning
             for note in [f"vLLM: {chosen.describe()}", *dropped]:
                 notes.add(note)
-        if inventory.gpus:
+        if policy.data_parallel > 1:  # one rank of a group sharing a MoE's experts (backends/vllm/data_parallel.py)
+            found = self._rank(model, inventory, policy, installation, notes)
+        elif inventory.gpus:
             found = ladder(model.checkpoints, inventory.gpus, installation.version, policy)
         elif installation.build == "cpu":
             found = [cpu_candidate(model.checkpoints[0], inventory.ram_available_bytes, installation.version, policy)]
@@ -131,7 +136,7 @@ class VllmBackend:
                     f"vLLM: --pipeline-parallel-size {stages} needs {stages - 1} other node(s) running vLLM "
                     f"{installation.version}; fewer answer: planned on this machine"
                 )
-        elif inventory.remote and not ranked(found):  # one node cannot hold it: TP×PP over the nodes?
+        elif inventory.remote and (policy.pool_nodes or not ranked(found)):  # TP×PP over the nodes?
             across = self._across_nodes(
                 model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation, 0
             )
@@ -146,15 +151,39 @@ class VllmBackend:
                 continue
             if candidate.planned_only:  # argv and steps are the multinode plan's own
                 continue
+            ranks = candidate.data_parallel
+            group = data_parallel.group_args(ranks) if ranks > 1 else []
             candidate.argv = build_argv(
                 candidate.checkpoint.name,
                 candidate.flags,
                 served_name=model.name,
                 tool_call_parser=tool_call_parser,
                 reasoning_parser=reasoning_parser,
+                data_parallel=group,
             )
             candidate.env = build_env(api_key="KEY")  # the placeholder `plan` prints as "$GATEWAY_API_KEY"
         return VllmEvaluation(found, notes.lines, tool_call_parser, reasoning_parser)
+
+    def _rank(
+        self, model: VllmModel, inventory: Inventory, policy: Policy, installation: Installation, notes: NewNotes
+    ) -> list[VllmCandidate]:
+        """One rank of a data-parallel group of ``policy.data_parallel`` on these GPUs: each MoE checkpoint
+        with its experts spread over the ranks. A dense model is never a group (vLLM refuses one launched
+        rank by rank, and its ranks would gain nothing over engines of their own)."""
+        ranks = policy.data_parallel
+        moe = [c for c in model.checkpoints if c.facts.is_moe]
+        if not moe or not inventory.gpus:
+            notes.add(f"vLLM: no data-parallel group of {ranks}: {model.name} is not a MoE (replicas run alone)")
+            return []
+        shares = {c.name: c for c in moe}
+        found = ladder(
+            [data_parallel.expert_sharded(c, ranks) for c in moe], inventory.gpus, installation.version, policy
+        )
+        for candidate in found:
+            candidate.checkpoint = shares[candidate.checkpoint.name]  # the whole model, as its argv loads it
+            candidate.data_parallel = ranks
+            candidate.rung += f", one of DP{ranks} with EP"
+        return found
 
     def _across_nodes(
         self,
@@ -240,9 +269,14 @@ class VllmBackend:
                 estimated_tokens_per_s=c.tokens_per_s,
                 group=c.group,
                 pipeline_parallel_size=c.pipeline_parallel_size if c.group is not None else 1,
+                data_parallel=c.data_parallel,
             )
             for c in chosen
         ]
 
     def memo_version(self, installation: Installation) -> str:
         return installation.version
+
+    def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
+        """CUDA's variables: the replica's GPUs, numbered from 0 inside (backends/visible_devices.py)."""
+        return cuda_visible(devices)

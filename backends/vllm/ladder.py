@@ -18,7 +18,7 @@ import backends.vllm.releases as releases
 import backends.vllm.scheduling as scheduling
 from backends import objective
 from backends.vllm.checkpoint_facts import CheckpointFacts
-from backends.vllm.estimate import decode_tokens_per_s
+from backends.vllm.estimate import aggregate_tokens_per_s, decode_tokens_per_s
 from backends.vllm.group import GroupPlan
 from backends.vllm.memory import (
     CPU_PLANNED_BLOCK_TOKENS,
@@ -36,7 +36,7 @@ from backends.vllm.memory import (
 )
 from backends.vllm.settings import VllmPins
 from backends.vllm.warm_turns import WarmTurn, planned, turn
-from backends.vllm.weight_kernels import WeightOnly, weight_only
+from backends.vllm.weight_kernels import WeightOnly, decode_share, weight_only
 from gateway.core.devices import GIB, Device
 from gateway.core.policy import Goal, Policy
 
@@ -92,6 +92,8 @@ class VllmCandidate:
     goal: Goal = field(default_factory=Goal)  # the context the plan aims for
     devices: tuple[Device, ...] = ()  # the GPUs its tensor-parallel ranks run on (memory_terms' positions)
     warm_turn: WarmTurn | None = None  # a hybrid model's: what a later turn prefills again (warm_turns.py)
+    link_rtt_s: float = 0.0  # across nodes: the slowest link's round trip, which every decode step crosses
+    data_parallel: int = 1  # ranks of its data-parallel group (backends/vllm/data_parallel.py); 1: none
 
     @property
     def headline(self) -> str:
@@ -101,6 +103,8 @@ class VllmCandidate:
         parts = [f"{self.checkpoint.name} ({quant})", f"TP{f.tensor_parallel_size}"]
         if self.pipeline_parallel_size > 1:
             parts.append(f"PP{self.pipeline_parallel_size}")
+        if self.data_parallel > 1:
+            parts.append(f"one of DP{self.data_parallel} with EP")
         parts += [f"context {f.max_model_len:,}", f"KV {f.kv_cache_dtype}"]
         if f.kv_cache_memory_bytes is not None:
             parts.append(f"KV pinned at {f.kv_cache_memory_bytes / GIB:.2f} GiB")
@@ -136,6 +140,10 @@ class VllmCandidate:
         )
 
     @property
+    def ranks(self) -> int:
+        return self.data_parallel
+
+    @property
     def planned_only(self) -> bool:
         """Spans other nodes: shown with its steps (and started by serve when ``group`` is set)."""
         return bool(self.nodes)
@@ -165,6 +173,25 @@ class VllmCandidate:
     def warm_tokens(self) -> int:
         """Prompt tokens kept between turns: the KV cache (prefix caching keeps a finished prompt's blocks)."""
         return self.memory.kv_tokens
+
+    def decode_rate(self, sequences: int) -> float:
+        """Tokens/s of ``sequences`` requests decoding at once (estimate.py): the weights read once per
+        step for all of them, each one's KV; pipeline stages over nodes pay the link."""
+        if not self.devices or self.memory.kv_cache <= 0:
+            return 0.0
+        gpu = min(self.devices, key=lambda g: (g.total_bytes, g.free_bytes))
+        facts = self.checkpoint.facts
+        rate = aggregate_tokens_per_s(
+            facts,
+            self.memory,
+            self.flags,
+            gpu,
+            sequences,
+            stages=self.pipeline_parallel_size,
+            link_rtt_s=self.link_rtt_s,
+            ranks=self.data_parallel,
+        )
+        return rate * decode_share(facts, min(g.compute_capability for g in self.devices))
 
     def memory_terms(self) -> list[tuple[int, str, int]]:
         m = self.memory
@@ -214,6 +241,7 @@ class VllmCandidate:
             "argv": self.argv,
             "env": self.env,
             **({"warm_turn": self.warm_turn.to_json()} if self.warm_turn else {}),
+            **({"data_parallel_size": self.data_parallel} if self.data_parallel > 1 else {}),
             **(
                 {"pipeline_parallel_size": self.pipeline_parallel_size, "nodes": list(self.nodes), "steps": self.steps}
                 if self.planned_only

@@ -31,6 +31,7 @@ import dataclasses
 import math
 import shlex
 
+from backends.bandwidth import link_rtt_s
 from backends.vllm.argv import build_argv
 from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.group import GroupPlan
@@ -225,6 +226,7 @@ def candidates(
                 )
                 found.steps = steps(found.argv, workers, version)
                 found.group = group_plan(inventory, workers, version)
+                found.link_rtt_s = link_rtt_s(inventory.remote)
                 found.reason = f"{found.reason} ({PLANNED_ONLY if found.group is None else STARTED})"
                 out.append(found)
     return out
@@ -270,6 +272,7 @@ def cpu_candidates(
     )
     found.steps = steps(found.argv, workers, version)
     found.group = group_plan(inventory, workers, version)
+    found.link_rtt_s = link_rtt_s([d for d in inventory.remote if d.node in workers])
     found.reason = f"{found.reason} ({STARTED if found.group is not None else PLANNED_ONLY})"
     return [found]
 

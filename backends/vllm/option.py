@@ -9,6 +9,7 @@ from pydantic import TypeAdapter
 
 from backends.base import Failure, Follower, Launch
 from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
+from backends.vllm.data_parallel import group_args
 from backends.vllm.group import GroupPlan
 from backends.vllm.logs import adjust, classify
 from backends.vllm.memory import DEFAULT_VERSION, VllmFlags
@@ -43,6 +44,9 @@ class VllmOption:
     # across nodes: one pipeline stage per node, rank 0 here and the others through the nodes' workers
     group: GroupPlan | None = None
     pipeline_parallel_size: int = 1
+    # one rank of a data-parallel group of a MoE on one node (backends/vllm/data_parallel.py): its launch
+    # argv holds RANK, which whoever starts the group's replicas fills with each one's index
+    data_parallel: int = 1
 
     @property
     def label(self) -> str:
@@ -54,6 +58,8 @@ class VllmOption:
         ]
         if self.group is not None:
             parts.insert(2, f"PP{self.pipeline_parallel_size} over this machine and {', '.join(self.group.nodes)}")
+        if self.data_parallel > 1:
+            parts.insert(2, f"one of DP{self.data_parallel} with EP")
         parts.append(
             f"--kv-cache-memory-bytes {f.kv_cache_memory_bytes}"
             if f.kv_cache_memory_bytes
@@ -78,6 +84,7 @@ class VllmOption:
             self.flags.tensor_parallel_size,
             self.pipeline_parallel_size,
             self.flags.cpu_offload_gb,
+            self.data_parallel,
         )
 
     def launch(self, port: int, api_key: str) -> Launch:
@@ -90,6 +97,7 @@ class VllmOption:
             port=port,
             command=list(self.command),
             pipeline_parallel_size=self.pipeline_parallel_size if self.group is not None else 1,
+            data_parallel=group_args(self.data_parallel) if self.data_parallel > 1 else (),
         )
         env = build_env(on_cpu=self.on_cpu, api_key=api_key)
         followers: tuple[Follower, ...] = ()

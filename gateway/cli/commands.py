@@ -33,7 +33,7 @@ log = logging.getLogger("gateway")
 SERVE_SETTINGS = SETTING_NAMES
 PLAN_SETTINGS = (
     "model", "catalog_dir", "context_length", "min_context", "target_context", "max_context", "engine", "port",
-    "workers", "worker_api_key", "state_dir", "gpus", "ram", "sessions", *ENGINE_SETTINGS,
+    "workers", "worker_api_key", "state_dir", "gpus", "ram", "sessions", "replicas", *ENGINE_SETTINGS,
 )  # fmt: skip
 # ... and where each engine that runs ranks of a head's group is (vllm_command, vllm_version)
 _FOLLOWER_SETTINGS = tuple(n for n in ENGINE_SETTINGS if n.startswith(tuple(f"{e}_" for e in FOLLOWER_HOSTS)))

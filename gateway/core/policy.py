@@ -103,6 +103,12 @@ class Policy:
     target_context: int = DEFAULT_TARGET_CONTEXT
     hard_floor: bool = False  # min_context given (or a context pinned): nothing below it is a last resort
     sessions: int = DEFAULT_SESSIONS  # agent sessions at once (--sessions)
+    # plan one engine over every node even where one node holds the model: the other shape that a plan of
+    # replicas is weighed against (gateway/planning/replicas.py), never a decision of its own
+    pool_nodes: bool = False
+    # plan one rank of a group of this many engines on one node that share the model (a MoE's experts
+    # spread over the ranks: vLLM's data parallelism), each rank on these devices; 1: an engine of its own
+    data_parallel: int = 1
 
     @property
     def goal(self) -> Goal:

@@ -245,6 +245,12 @@ class Settings(BaseSettings):
         description="Agent sessions you run at once (subagents count): the plan runs that many requests at once "
         "where it can and keeps their prompts warm between turns, and says how many fit.",
     )
+    replicas: str = Field(
+        "auto",
+        description="Engines to run, each a whole copy of the model on its own GPUs (one node's, or part of them), "
+        "each session kept on one: a number, or auto (the plan weighs one engine over all the devices against "
+        "replicas: context first, then sessions kept warm and aggregate decode).",
+    )
     max_inflight_per_key: int = Field(
         0,
         ge=0,
@@ -287,6 +293,15 @@ class Settings(BaseSettings):
         None, description="Key sent to the workers (one of their api_keys); unset: the first of api_keys."
     )
 
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _replicas_form(cls, value: Any) -> str:
+        """A count from 1 to :data:`MAX_REPLICAS`, or auto."""
+        text = str(value).strip().lower()
+        if text == "auto" or (text.isdigit() and 1 <= int(text) <= MAX_REPLICAS):
+            return text
+        raise ValueError(f"replicas {value!r}: give a number from 1 to {MAX_REPLICAS}, or auto")
+
     @field_validator("context_length", mode="before")
     @classmethod
     def _context_forms(cls, value: Any) -> Any:
@@ -299,6 +314,11 @@ class Settings(BaseSettings):
     @property
     def backend_log_dir(self) -> Path:
         return self.log_dir or self.state_dir / "logs"
+
+    @property
+    def replica_count(self) -> int | None:
+        """The engines asked for (``replicas``); None: auto, the plan weighs them."""
+        return None if self.replicas == "auto" else int(self.replicas)
 
     def files_pinned(self) -> bool:
         """A setting that chooses which of the model's files to load (a quantization) was given: a
@@ -348,6 +368,7 @@ class Settings(BaseSettings):
 
 
 AUTO = -1  # context_length "auto" / -1: vLLM's own --max-model-len auto
+MAX_REPLICAS = 64  # as many GPUs as a plan is asked about (gateway/core/devices.py MAX_GPUS)
 
 
 def parse_count(text: str) -> int:

@@ -1,6 +1,7 @@
 """A plan from the user's settings: each engine's installation and reading of the model, the policy
 (pins, the context floor and target, the remembered configuration's calibration), then the planner's
-choice. What `gateway plan`, `serve` and a re-plan over the workers all make.
+choice and the shape weighed for it (one engine or replicas, gateway/planning/replicas.py). What
+`gateway plan`, `serve` and a re-plan over the workers all make.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import policy_for
 from gateway.core.settings import Settings
 from gateway.planning.planner import EnginePlan, Plan, evaluate_and_choose, read_engines
+from gateway.planning.replicas import weigh
 from gateway.remembered.known_good import KnownGood
 
 
@@ -47,6 +49,7 @@ def plan_given(
         engines = read_engines(entry, installations)
     policy = replace(policy_for(settings, model_limit(entry, engines), bool(machine.gpus)), remembered=remembered)
     plan = evaluate_and_choose(entry.name, engines, machine, policy)
+    plan.replication = weigh(plan, settings.replica_count)
     if remembered and (note := measured_note(remembered)):
         plan.notes.append(note)
     return plan

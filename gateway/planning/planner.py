@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends import objective, registry
-from backends.base import Backend, Candidate, Evaluation, Installation, ModelFiles
-from gateway.core.devices import Inventory
+from backends.base import RANK, Backend, Candidate, Evaluation, Installation, ModelFiles
+from backends.objective import Traits
+from gateway.core.devices import Device, Inventory
 from gateway.core.errors import GatewayError
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import AGENT_PROMPT_TOKENS, Policy
@@ -58,6 +59,9 @@ class Plan:
     # start, or instead of it where that engine is not installed
     fallback_index: int | None = None
     why: str = ""  # one line: what the decision reaches and what the next best would give up
+    # one engine or several replicas, as weighed (gateway/planning/replicas.py); None: only one engine can be
+    # planned here (one GPU, none, or nothing fits)
+    replication: Replication | None = None
 
     @property
     def last_resort(self) -> bool:
@@ -76,6 +80,17 @@ class Plan:
     @property
     def fallback(self) -> Candidate | None:
         return None if self.fallback_index is None else self.candidates[self.fallback_index]
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        """The engines to start, each with its own plan, devices and environment: the chosen shape's
+        replicas, else this plan's decision as the one engine (empty when nothing fits)."""
+        if self.replication is not None:
+            return self.replication.chosen.replicas
+        chosen = self.chosen
+        if chosen is None:
+            return ()
+        return (Replica(0, "", chosen.devices, self, {}, self.policy.sessions),)
 
     def not_installed(self, name: str | None) -> bool:
         """The engine was planned from an assumed version: `serve` here would skip it."""
@@ -160,6 +175,149 @@ class Plan:
             "candidates": [c.to_json() for c in self.candidates],
             "notes": self.notes,
             "sessions": self.sessions(),
+            # only where replicas are planned or were asked for: a plan of one engine keeps its JSON as it was
+            **({"replicas": self.replication.to_json()} if self.replication and self.replication.shown else {}),
+        }
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One engine of a shape, as the runtime starts it: where it runs (a node, some of its GPUs), its own
+    plan on those GPUs alone (``serve_plan.options_of(replica.plan, settings)``: what to try, best first;
+    ``replica.plan.chosen``: its decision), and the environment that keeps it on them."""
+
+    index: int
+    node: str  # "" this machine; else the worker node's name
+    devices: tuple[Device, ...]  # its GPUs as that node numbers them (their labels: "2", "node2/0")
+    plan: Plan
+    env: dict[str, str]  # added to its engine's environment: the backend's words for its GPUs alone
+    sessions: int  # the agent sessions it is planned for: its share of --sessions
+
+    @property
+    def chosen(self) -> Candidate:
+        chosen = self.plan.chosen
+        assert chosen is not None, "a replica is planned only where its devices hold the model"
+        return chosen
+
+    @property
+    def argv(self) -> list[str]:
+        """Its engine's argv, its own rank in where a group of engines has one (``RANK``)."""
+        return [str(self.index) if word == RANK else word for word in self.chosen.argv]
+
+    @property
+    def warm(self) -> int:
+        """Sessions it keeps warm at an agent's typical prompt."""
+        return self.plan.policy.goal.warm_sessions(self.chosen.warm_tokens, self.chosen.context_length)[1]
+
+    @property
+    def decode(self) -> float:
+        """Estimated tokens/s of its sessions decoding at once (at most what it runs at once)."""
+        return self.chosen.decode_rate(min(self.sessions, self.chosen.at_once)) if self.sessions else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """What the runtime (and a person) needs to start it: where, the engine's argv with PORT and KEY
+        placeholders, its environment (the device pinning first), context, sessions, and every figure."""
+        chosen = self.chosen
+        return {
+            "index": self.index,
+            "node": self.node,
+            "devices": [d.label for d in self.devices],
+            "backend": chosen.engine,
+            "label": chosen.label,
+            "headline": chosen.headline,
+            "context_length": chosen.context_length,
+            "at_once": chosen.at_once,
+            "sessions": self.sessions,
+            "warm_at_typical_prompt": self.warm,
+            "decode_tokens_per_s": round(self.decode, 1),
+            "env": {**self.env, **chosen.env},
+            "argv": self.argv,
+            "candidate": chosen.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One way to run the model on this machine (one engine, or several replicas) with the figures the
+    choice between them weighs (gateway/planning/replicas.py)."""
+
+    replicas: tuple[Replica, ...]
+    sessions: int  # asked for (--sessions), over all of them
+
+    @property
+    def count(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def grouped(self) -> bool:
+        """Its replicas are ranks of one engine group: they step together and share one fate."""
+        return any(r.chosen.ranks > 1 for r in self.replicas)
+
+    @property
+    def warm(self) -> int:
+        """Sessions kept warm at an agent's typical prompt, all replicas together."""
+        return sum(r.warm for r in self.replicas)
+
+    @property
+    def at_once(self) -> int:
+        return sum(r.chosen.at_once for r in self.replicas)
+
+    @property
+    def decode(self) -> float:
+        """Estimated tokens/s of the sessions asked for decoding at once, all replicas together."""
+        return sum(r.decode for r in self.replicas)
+
+    @property
+    def context(self) -> int:
+        return min(r.chosen.context_length for r in self.replicas)
+
+    @property
+    def traits(self) -> Traits:
+        """The worst replica's, by the one objective (every session must be served as well as that one)."""
+        return objective.ranked([r.chosen.traits for r in self.replicas], lambda t: t)[-1]
+
+    def figures(self) -> dict[str, Any]:
+        """What the choice weighs, and where each engine runs."""
+        return {
+            "engines": self.count,
+            "group": self.grouped,
+            "where": [{"node": r.node, "devices": [d.label for d in r.devices]} for r in self.replicas],
+            "context_length": self.context,
+            "at_once": self.at_once,
+            "warm_at_typical_prompt": self.warm,
+            "decode_tokens_per_s": round(self.decode, 1),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.figures(), "replicas": [r.to_json() for r in self.replicas]}
+
+
+@dataclass(frozen=True)
+class Replication:
+    """The shape chosen for the machine, the best of the other kind beside it, and why."""
+
+    chosen: Shape
+    other: Shape | None  # the best shape of the other kind (one engine, or replicas); None: none planned
+    # one engine over every node, where ``one engine`` above leaves nodes idle (vLLM's stages across nodes):
+    # what pooling would give, shown beside the choice; never started instead of it
+    pooled: Shape | None
+    asked: int | None  # --replicas; None: auto
+    why: str
+    weighed: tuple[Shape, ...] = ()  # the other layouts of replicas weighed, best first
+
+    @property
+    def shown(self) -> bool:
+        """Whether the plan's JSON carries it: replicas are planned, or the user asked for a number."""
+        return self.chosen.count > 1 or self.asked is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "asked": "auto" if self.asked is None else self.asked,
+            "why": self.why,
+            **self.chosen.to_json(),
+            "other": None if self.other is None else self.other.to_json(),
+            "pooled": None if self.pooled is None else self.pooled.to_json(),
+            "weighed": [shape.figures() for shape in self.weighed],
         }
 
 

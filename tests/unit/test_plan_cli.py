@@ -45,8 +45,11 @@ def test_glm_on_two_5090s_as_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_human_output_leads_with_the_decision_and_its_command(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 29: the decision's figures and its one line of why first, the command under them, the
-    whole plan in about 30 lines; the memory terms of every rung under --verbose."""
-    code, out, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB")
+    whole plan in about 30 lines; the memory terms of every rung under --verbose. One engine (--replicas 1):
+    on its own this machine plans a replica per GPU (tests/unit/test_plan_replicas.py)."""
+    code, out, _ = _plan(
+        capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB", "--replicas", "1"
+    )
     lines = out.splitlines()
     assert code == 0 and len(lines) <= 30
     assert lines[0].startswith("decision: vLLM: unsloth/GLM-4.7-Flash-NVFP4 (nvfp4), TP2, context 202,752")
@@ -55,7 +58,9 @@ def test_human_output_leads_with_the_decision_and_its_command(capsys: pytest.Cap
     assert lines[2] == "command (the engine alone on port 8000, its key from $GATEWAY_API_KEY):"
     assert lines[3].startswith("  PYTORCH_ALLOC_CONF=expandable_segments:True") and " vllm serve unsloth/" in lines[3]
     assert "KV/GPU" not in out and "(every rung: --verbose; every figure: --json)" in out
-    code, verbose, _ = _plan(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB", "-v")
+    code, verbose, _ = _plan(
+        capsys, "--model", "glm-4.7-flash", "--gpus", "2x32607MiB@12.0", "--ram", "64GiB", "--replicas", "1", "-v"
+    )
     assert code == 0 and verbose.startswith(lines[0]) and "weights" in verbose and "KV/GPU" in verbose
 
 
