@@ -22,7 +22,7 @@ import tomli_w
 
 from gateway.core.auth import bearer_header
 from gateway.core.errors import ConfigError
-from gateway.core.tls import client_tls
+from gateway.core.tls import http_get
 
 COMPACT_AT = 0.85  # share of the window at which agents that can be told should compact
 KEY_VARIABLE = "GATEWAY_API_KEY"
@@ -125,7 +125,7 @@ def ask(url: str, api_key: str | None) -> Served:
     base = url.rstrip("/").removesuffix("/v1")
     headers = bearer_header(api_key)
     try:
-        answer = httpx.get(base + "/v1/models", headers=headers, timeout=10, trust_env=False, verify=client_tls())
+        answer = http_get(base + "/v1/models", headers=headers, timeout=10)
     except httpx.HTTPError as exc:
         raise ConfigError(f"no gateway answers at {base} ({type(exc).__name__}): start it or pass --url") from exc
     if answer.status_code == 401:

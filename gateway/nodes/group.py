@@ -16,7 +16,7 @@ import httpx
 from backends.base import Follower
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
-from gateway.core.tls import client_tls
+from gateway.core.tls import http_client
 from gateway.nodes.start_request import StartRequest
 from gateway.nodes.survey import Nodes, NodeState
 from gateway.supervision.group import RankRefused
@@ -36,7 +36,7 @@ class WorkerGroup:
     ) -> None:
         self.nodes = nodes
         self.timeout_s = timeout_s
-        self.client = client or (lambda timeout: httpx.Client(timeout=timeout, trust_env=False, verify=client_tls()))
+        self.client = client or (lambda timeout: http_client(timeout=timeout))
 
     def _state(self, node: str) -> NodeState:
         for state in self.nodes.states:

@@ -25,7 +25,7 @@ from gateway.core.auth import bearer_header
 from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import ConfigError
 from gateway.core.netif import interface_of, local_address_towards
-from gateway.core.tls import client_tls
+from gateway.core.tls import http_client
 from gateway.nodes.inventory_check import Malformed, check
 
 log = logging.getLogger("gateway.nodes")
@@ -157,7 +157,7 @@ def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S
     try:
         rtt_ms = _connect_ms(address, timeout_s)
         with (
-            httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client,
+            http_client(timeout=timeout_s) as client,
             client.stream("GET", f"http://{address}{INVENTORY_PATH}", headers=headers) as answer,
         ):
             if answer.status_code in (401, 403):
@@ -253,7 +253,7 @@ def answers(address: str, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
     """Whether a worker's HTTP side answers ``/health`` now (I/O)."""
     try:
         with (
-            httpx.Client(timeout=timeout_s, trust_env=False, verify=client_tls()) as client,
+            http_client(timeout=timeout_s) as client,
             client.stream("GET", f"http://{address}/health") as answer,
         ):
             return answer.status_code == 200  # its body is not read: a worker cannot hold the check with one

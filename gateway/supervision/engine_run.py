@@ -29,7 +29,7 @@ import httpx
 from backends.base import Failure, FailureKind, Launch, most_telling
 from gateway.core.auth import bearer_header
 from gateway.core.process import ChildProcess, LogNotWritable
-from gateway.core.tls import client_tls
+from gateway.core.tls import async_http_client
 
 log = logging.getLogger("gateway.engine")
 
@@ -310,7 +310,7 @@ class EngineRun:
             return
         url = self.launch.base_url + self.launch.metrics_path
         with contextlib.suppress(httpx.HTTPError):
-            async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False, verify=client_tls()) as client:
+            async with async_http_client(timeout=httpx.Timeout(2.0)) as client:
                 answer = await client.get(url, headers=bearer_header(self.launch.api_key))
             if answer.status_code == 200:
                 totals = reader(answer.text)
@@ -325,7 +325,7 @@ class EngineRun:
         headers = bearer_header(self.launch.api_key)
         specific = asyncio.create_task(self._specific_failure.wait())
         try:
-            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False, verify=client_tls()) as client:
+            async with async_http_client(timeout=httpx.Timeout(5.0)) as client:
                 while True:
                     if specific.done():
                         return self._fail("engine failed while starting")

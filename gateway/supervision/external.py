@@ -16,7 +16,7 @@ import httpx
 from backends.base import Launch
 from gateway.core.auth import bearer_header
 from gateway.core.errors import ConfigError
-from gateway.core.tls import client_tls
+from gateway.core.tls import async_http_client, http_get
 from gateway.supervision.lifecycle import State
 
 log = logging.getLogger("gateway.external")
@@ -76,7 +76,7 @@ class ExternalBackend:
     async def _watch(self) -> None:
         headers = bearer_header(self._target.api_key)
         url = self._target.base_url + self._target.health_path
-        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False, verify=client_tls()) as client:
+        async with async_http_client(timeout=httpx.Timeout(5.0)) as client:
             while True:
                 try:
                     answered = (await client.get(url, headers=headers)).status_code == 200
@@ -111,12 +111,7 @@ def describe_server(settings: Any) -> tuple[Launch, str]:
     headers = bearer_header(settings.backend_api_key)
     served, context = settings.model, settings.context_length or 0
     try:
-        cards = (
-            httpx.get(url + "/v1/models", headers=headers, timeout=10, trust_env=False, verify=client_tls())
-            .json()
-            .get("data")
-            or []
-        )
+        cards = http_get(url + "/v1/models", headers=headers, timeout=10).json().get("data") or []
     except (httpx.HTTPError, ValueError) as exc:
         if not settings.model:
             raise ConfigError(
@@ -150,11 +145,7 @@ def _capacity(url: str, headers: dict[str, str], configured: int | None) -> tupl
     if configured:
         return configured, f"at most {configured} at once (backend_max_concurrency), the rest queued"
     try:
-        slots = int(
-            httpx.get(url + "/props", headers=headers, timeout=5, trust_env=False, verify=client_tls()).json()[
-                "total_slots"
-            ]
-        )
+        slots = int(http_get(url + "/props", headers=headers, timeout=5).json()["total_slots"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         slots = 0
     if slots > 0:

@@ -29,7 +29,7 @@ import httpx
 from backends.base import Failure, FailureKind, Follower, Launch
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
-from gateway.core.tls import client_tls
+from gateway.core.tls import async_http_client
 from gateway.supervision.engine_run import Run, RunState
 from gateway.supervision.liveness import CANARY_PATH
 
@@ -67,9 +67,7 @@ async def http_canary(launch: Launch, timeout_s: float = CANARY_TIMEOUT_S) -> st
     """One token through the whole group: None when a completion came back, else why not."""
     body = {"model": launch.served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
     try:
-        async with httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=5.0), trust_env=False, verify=client_tls()
-        ) as client:
+        async with async_http_client(timeout=httpx.Timeout(timeout_s, connect=5.0)) as client:
             answer = await client.post(launch.base_url + CANARY_PATH, json=body, headers=bearer_header(launch.api_key))
     except httpx.HTTPError as exc:
         return f"the one-token canary got no answer ({type(exc).__name__}) in {timeout_s:.0f} s"

@@ -44,7 +44,7 @@ import httpx
 
 from backends.base import Launch, Progress
 from gateway.core.auth import bearer_header
-from gateway.core.tls import client_tls
+from gateway.core.tls import async_http_client
 
 log = logging.getLogger("gateway.liveness")
 
@@ -239,12 +239,10 @@ class HttpProbe:
 
     def __init__(self, launch: Launch) -> None:
         self.launch = launch
-        self._client = httpx.AsyncClient(
+        self._client = async_http_client(
             base_url=launch.base_url,
             headers=bearer_header(launch.api_key),
             timeout=httpx.Timeout(None, connect=5.0),  # the watch bounds each call by what the limit leaves
-            trust_env=False,
-            verify=client_tls(),
         )
 
     @property
