@@ -11,7 +11,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import signal
@@ -168,6 +167,7 @@ def serve(args: argparse.Namespace) -> int:
     from gateway.serving.app import create_app
     from gateway.serving.drain import DrainingServer
     from gateway.serving.edge.http_limits import bounded_protocol, connection_cap
+    from gateway.serving.edge.run_served import run_served
     from gateway.supervision.lifecycle import State
 
     settings = load_settings(given(args, SERVE_SETTINGS), args.config)
@@ -201,25 +201,14 @@ def serve(args: argparse.Namespace) -> int:
     shown_host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
     log.info("serving %s at http://%s:%d/v1 once an engine is ready", fronted, shown_host, settings.port)
 
-    # uvicorn handles SIGINT/SIGTERM while serving and re-raises them once it has shut down; these
-    # handlers receive that re-raise (and any signal before uvicorn takes over) so that a requested
-    # stop, completed cleanly, exits 0 instead of dying by the signal. SIGHUP (the terminal closed, or
-    # a service manager's reload) gets the same drain: uvicorn leaves it alone, and by default it kills.
-    def stop_requested(signum: int, _frame: object) -> None:
+    def stop_requested(signum: int) -> None:
         if signum == signal.SIGHUP and not server.should_exit:
             log.info("SIGHUP: stopping (requests in flight get shutdown_grace_s)")
-        server.should_exit = True
 
-    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, stop_requested) for sig in stop_signals}
     try:
-        # the loop uvicorn would pick itself (uvloop when installed), since we call serve() directly
-        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
-            runner.run(server.serve(sockets=[sock]))
+        run_served(server, server.serve(sockets=[sock]), on_stop=stop_requested)
     finally:
         sock.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if supervisor is None or supervisor.ever_ready or supervisor.state is not State.FAILED:
         return 0  # served, or stopped on request before an engine was up
     print(f"gateway: could not start {fronted}: {supervisor.report()}", file=sys.stderr)

@@ -34,7 +34,7 @@ from gateway.nodes.start_request import Refused, StartRequest
 
 log = logging.getLogger("gateway.worker")
 
-STOP_GRACE_S = 10.0
+RANK_STOP_S = 10.0  # a rank of an engine group frees its GPU memory and its peers' connections
 LEASE_CHECK_S = 1.0
 TAIL_LINES = 8
 
@@ -149,7 +149,7 @@ class Followers:
             return
         log.info("stopping %s rank %s: %s", self.request.engine if self.request else "?", self._rank(), why)
         self.ended = why
-        await self.child.stop(STOP_GRACE_S)
+        await self.child.stop(RANK_STOP_S)
         if self.exited is not None:
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await self.exited

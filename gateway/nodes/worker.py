@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 import time
 from dataclasses import dataclass, replace
@@ -43,6 +42,7 @@ from gateway.nodes.start_request import Refused, StartRequest
 from gateway.serving.edge.http_limits import bounded_protocol
 from gateway.serving.edge.middleware import ApiKeys, ASGIApp
 from gateway.serving.edge.request_body import parse_object, read_body
+from gateway.serving.edge.run_served import run_served
 from gateway.serving.wire.error_shapes import OPENAI, ApiError, as_api_error
 
 log = logging.getLogger("gateway.worker")
@@ -52,7 +52,7 @@ DEFAULT_PORT = 50100  # the worker's HTTP side; its device servers take first_po
 SERVER_START_S = 15.0  # after this a server that is still alive is waited for, with a log line
 SERVER_START_CEILING_S = 180.0  # ... but not beyond this: a server that never listens is a failure
 RESTART_DELAY_S = 2.0
-STOP_GRACE_S = 3.0
+DEVICE_SERVER_STOP_S = 3.0  # a device server (ggml-rpc-server) holds nothing to save: a short grace
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Server:
                 log.info("%s on port %d is alive but not listening yet: waiting", LENDER.server_name, self.device.port)
             await asyncio.sleep(0.1)
         tail = " | ".join(list(self.child.tail)[-3:])
-        await self.child.stop(STOP_GRACE_S)
+        await self.child.stop(DEVICE_SERVER_STOP_S)
         how = (
             f"exited ({self.exited.result()})"
             if self.exited.done() and not self.exited.cancelled()
@@ -146,7 +146,7 @@ class Server:
     async def stop(self) -> None:
         self.running = False
         if self.child is not None:
-            await self.child.stop(STOP_GRACE_S)
+            await self.child.stop(DEVICE_SERVER_STOP_S)
         if self.exited is not None:
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await self.exited
@@ -222,7 +222,7 @@ class Worker:
                     log.error(
                         "%s on port %d exited (%s): starting it again", LENDER.server_name, server.device.port, code
                     )
-                    await server.child.stop(STOP_GRACE_S)
+                    await server.child.stop(DEVICE_SERVER_STOP_S)
                     await asyncio.sleep(RESTART_DELAY_S)
                     with contextlib.suppress(GatewayError, OSError):
                         await server.start(self.config.host)
@@ -394,15 +394,6 @@ def run(config: WorkerConfig) -> int:
         finally:
             await worker.stop()
 
-    def stop_requested(_signum: int, _frame: object) -> None:
-        server.should_exit = True
-
-    previous = {sig: signal.signal(sig, stop_requested) for sig in (signal.SIGINT, signal.SIGTERM)}
     log.info("worker %s answering the head on http://%s:%d%s", worker.name, config.host, config.port, "/inventory")
-    try:
-        with asyncio.Runner(loop_factory=uv.get_loop_factory()) as runner:
-            runner.run(serve())
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    run_served(server, serve())
     return 0 if server.started else 1
