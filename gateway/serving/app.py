@@ -77,6 +77,8 @@ class Gateway:
         data["gpus"] = self._gpus()
         data["usage"] = self.rt.usage.snapshot()
         data["scheduling"] = self.rt.scheduling_status()
+        if len(self.rt.pool.replicas) > 1:  # one engine: the backend above is the whole story
+            data["pool"] = self.rt.pool.snapshot()
         return data
 
     def _gpus(self) -> list[dict[str, Any]]:

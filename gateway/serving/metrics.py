@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.serving.routing.pool import Health, Pool, Why
 from gateway.serving.runtime import GpuMemoryNow, Runtime
 
 STATES = ("starting", "ready", "restarting", "failed", "stopped")
@@ -72,6 +73,8 @@ class StateCollector(Collector):
                 reported.add_metric([device, term], float(mib) * 2**20)
         yield reported
         yield from _node_metrics(backend.snapshot())
+        if len(self.rt.pool.replicas) > 1:
+            yield from _replica_metrics(self.rt.pool)
 
 
 def _node_metrics(snapshot: dict[str, Any]) -> Iterator[Any]:
@@ -99,6 +102,61 @@ def _node_metrics(snapshot: dict[str, Any]) -> Iterator[Any]:
             "Engine groups over nodes stopped on every rank because one rank, its node or the engine was gone",
             value=len(snapshot.get("group_stops") or []),
         )
+
+
+ROUTED = tuple(why for why in Why if why is not Why.ONLY)  # how a request came to its replica, with several
+
+
+def _replica_metrics(pool: Pool[Any]) -> Iterator[Any]:
+    """Per replica, when more than one engine serves the model (labels: the plan's replica and node names, never
+    a client's); the pool's totals are the sums (``histogram_quantile`` over the summed TTFT buckets)."""
+    shown = pool.snapshot()
+    rows = {row["name"]: row for row in shown["replicas"]}
+    info = GaugeMetricFamily(
+        "gateway_replica_info", "1 per replica: the node and devices it runs on", labels=["replica", "node", "devices"]
+    )
+    state = GaugeMetricFamily(
+        "gateway_replica_state", "1 for each replica's current state", labels=["replica", "state"]
+    )
+    bound = GaugeMetricFamily(
+        "gateway_replica_sessions_bound", "Conversations whose next turn goes to the replica", labels=["replica"]
+    )
+    queued = GaugeMetricFamily("gateway_replica_queued", "Requests placed on the replica, waiting", labels=["replica"])
+    active = GaugeMetricFamily("gateway_replica_active", "Requests in the replica's engine", labels=["replica"])
+    warm = GaugeMetricFamily(
+        "gateway_replica_warm_share", "Of later turns, the share sent where their cache was", labels=["replica"]
+    )
+    placed = CounterMetricFamily(
+        "gateway_replica_requests",
+        "Requests placed on the replica, by why (warm, parent, prefix, least_loaded; moved_load and moved_down"
+        " prefill again; retry: another replica failed before the first byte)",
+        labels=["replica", "why"],
+    )
+    failed = CounterMetricFamily(
+        "gateway_replica_failed", "Requests that failed on the replica before their first byte", labels=["replica"]
+    )
+    ttft = HistogramMetricFamily(
+        "gateway_replica_ttft_seconds", "Time to the first output, per replica", labels=["replica"]
+    )
+    for replica in pool.replicas:
+        row = rows[replica.name]
+        name = [replica.name]
+        info.add_metric([replica.name, replica.node, ",".join(replica.devices)], 1.0)
+        for health in Health:
+            state.add_metric([replica.name, health.value], 1.0 if row["state"] == health.value else 0.0)
+        bound.add_metric(name, float(row["sessions_bound"]))
+        queued.add_metric(name, float(row["queued"]))
+        active.add_metric(name, float(row["active"]))
+        if row["warm_share"] is not None:
+            warm.add_metric(name, float(row["warm_share"]))
+        for why in ROUTED:
+            placed.add_metric([replica.name, why.value], float(row[why.value]))
+        failed.add_metric(name, float(row["failed"]))
+        ttft.add_metric(name, replica.ttft.cumulative(), replica.ttft.sum_s)
+    yield from (info, state, bound, queued, active, warm, placed, failed, ttft)
+    yield GaugeMetricFamily(
+        "gateway_pool_bindings", "Conversations and parents the router remembers", value=shown["totals"]["bindings"]
+    )
 
 
 def live_gpu_memory(labels: frozenset[str]) -> GpuMemoryNow:

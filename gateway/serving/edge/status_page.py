@@ -6,6 +6,8 @@ import html
 import json
 from typing import Any
 
+from gateway.serving.routing.ttft import RECENT
+
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
@@ -57,6 +59,47 @@ def _speed_row(speed: dict[str, Any]) -> dict[str, Any]:
     if "draft_acceptance" in measured:  # speculative decoding: the share of drafted tokens kept
         row["drafts accepted"] = f"{measured['draft_acceptance']:.0%} of {measured.get('drafted_tokens', '?')}"
     return row
+
+
+REPLICA_COLUMNS = [
+    "replica",
+    "node",
+    "devices",
+    "state",
+    "sessions_bound",
+    "queued",
+    "active",
+    "requests",
+    "warm_share",
+    "ttft_s_mean",
+    "ttft_s_p95",
+    "moved_load",
+    "moved_down",
+    "retry",
+    "failed",
+]
+
+
+def _replicas(pool: dict[str, Any]) -> list[str]:
+    """More than one engine serves the model: each replica, where it runs, how it is used, and the pool's totals."""
+    rows = [
+        {
+            **row,
+            "replica": row.get("name"),
+            "node": row.get("node") or "this machine",
+            "devices": ", ".join(str(device) for device in row.get("devices") or []),
+        }
+        for row in pool.get("replicas") or []
+    ]
+    rows.append({**(pool.get("totals") or {}), "replica": "all"})
+    balance = pool.get("balance") or {}
+    line = (
+        f"A conversation stays on its replica unless that one's load exceeds the least loaded one's by more "
+        f"than {balance.get('abs_threshold')} requests and {balance.get('rel_threshold')} times; warm_share: of "
+        f"the later turns, the share sent where their cache was; TTFT p95 over each replica's latest {RECENT} "
+        "first outputs."
+    )
+    return ["<h2 id='replicas'>Replicas</h2>", _table(rows, REPLICA_COLUMNS), f"<p>{html.escape(line)}</p>"]
 
 
 USAGE_COLUMNS = [
@@ -148,6 +191,8 @@ def render(status: dict[str, Any]) -> str:
         parts.append("<h2>Nodes</h2>" + _table(_node_rows(nodes), ["node", "state", "device", "link", "placed_mib"]))
     if replans := status.get("replans"):
         parts.append("<h3>Re-plans</h3>" + _table(replans, ["at", "why", "decision", "error"]))
+    if pool := status.get("pool"):
+        parts += _replicas(pool)
     parts += _usage(status.get("usage") or {}, status.get("scheduling") or {})
     parts.append("<p><a href='/status?format=json'>JSON</a> · <a href='/metrics'>metrics</a></p></body></html>")
     return "".join(parts)

@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from gateway.serving.routing.affinity import Affinity, affinity_of
 from gateway.serving.routing.bindings import Bindings
+from gateway.serving.routing.ttft import TtftRecord, p95_of
 from gateway.serving.scheduling.sessions import CHARS_PER_TOKEN, KnownPrefixes, PromptUnits
 from gateway.serving.wire.error_shapes import ApiError, unavailable
 
@@ -133,6 +134,7 @@ class Replica(Generic[U]):
         self.active = 0  # in its engine
         self.suspect_until = float("-inf")
         self.counters = ReplicaCounters()
+        self.ttft = TtftRecord()  # its first outputs: a histogram for /metrics, the latest for the p95
 
     @property
     def state(self) -> Health:
@@ -198,6 +200,7 @@ class Placement(Generic[U]):
         if self._counted:
             self.replica.counters.ttft_s += ttft_s
             self.replica.counters.ttft_count += 1
+            self.replica.ttft.observe(ttft_s)
 
     def release(self) -> None:
         """The request is over (answered, failed, or its client left): the replica's load drops."""
@@ -385,7 +388,8 @@ class Pool(Generic[U]):
 
     # -- showing -----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """For /status: per replica, its state, load, conversations bound and counters; the pool's totals."""
+        """For /status: per replica, its state, load, conversations bound, counters and TTFT (mean since
+        start, p95 of the latest first outputs); the pool's totals."""
         self.bindings.expire()
         rows = []
         totals = ReplicaCounters()
@@ -404,6 +408,7 @@ class Pool(Generic[U]):
                     "active": replica.active,
                     "queued": replica.queued,
                     **counters.row(),
+                    "ttft_s_p95": replica.ttft.p95(),
                 }
             )
         return {
@@ -413,6 +418,7 @@ class Pool(Generic[U]):
                 "queued": sum(replica.queued for replica in self.replicas),
                 "bindings": len(self.bindings),
                 **totals.row(),
+                "ttft_s_p95": p95_of(sample for replica in self.replicas for sample in replica.ttft.recent),
             },
             "balance": {"abs_threshold": self.balance.abs_threshold, "rel_threshold": self.balance.rel_threshold},
         }
