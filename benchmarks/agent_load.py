@@ -77,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.agent_sessions import (
     CONTEXT,
     MAX_TOKENS,
+    FOLDERS,
     RECORDED,
     SESSIONS,
     VLLM_PYTHON,
@@ -136,7 +137,7 @@ class Target:
 
 
 def _recorded(agent: str) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads((RECORDED / agent / f"{SESSIONS[agent][0]}.json").read_text())
+    record: dict[str, Any] = json.loads((RECORDED / FOLDERS.get(agent, agent) / f"{SESSIONS[agent][0]}.json").read_text())
     return record
 
 

@@ -14,11 +14,17 @@ The last user message decides (the whole conversation is checked for a tool resu
   (a conversation that grew past the window, which agents with history to compact can recover from);
 - "GROW <dir>" with tools offered → a conversation that grows past the window: each answer is a call of the
   agent's file-reading tool on the next of <dir>/part-1.txt, part-2.txt, ... (the test writes them, as many
-  and as large as it wants), then "Read N parts of <dir>." once the next part does not exist. The agent's
-  compaction request (its last message asks for a summary of the conversation) is answered with a summary
-  that repeats the cue, so the conversation goes on after it; the count lives here, across compactions;
+  and as large as it wants), then "Read N parts of <dir>." once the next part does not exist; the count
+  lives here, across compactions;
+- Claude Code's compaction request (its last message asks for the summary in <summary> tags) → an
+  <analysis> and a <summary> block, which repeats a GROW cue so the conversation goes on after it (else
+  it holds "SAY <SUMMARIZED>", so the conversation that goes on from it ends with that);
 - tools offered (and tool_choice is not "none") → a call of the first one ({"path": "README.md"}, or
   `ls` for a shell-like tool whose schema requires a command);
+- "DELEGATE <prompt>" with a subagent tool offered (Claude Code's `Agent`, `Task`) → a call of it, in the
+  foreground, handing the subagent <prompt> ("DELEGATE DELEGATE SAY hi": a subagent that starts another);
+  with its result back, "The tool said: <result>";
+- "SAY <text>" → <text>, whatever tools are offered;
 - "CRASH" → three chunks, then the process dies mid-stream;
 - "SLOW" → ten chunks, 200 ms apart;
 - "HANG" → one chunk, then nothing until the client leaves (written to EVENTS_FILE as "disconnect");
@@ -71,8 +77,10 @@ OVERFLOW_BODY = {
 # each agent's own tool that writes a file, best first: a file tool, then a patch tool, then a shell
 WRITE_TOOLS = ("Write", "write_file", "write", "write_to_file", "editor", "apply_patch")
 READ_TOOLS = ("Read", "read_file", "read", "view")
+SUBAGENT_TOOLS = ("Agent", "Task")
 SHELL_TOOLS = ("shell", "exec_command", "shell_command", "run_shell_command", "Bash", "bash", "execute_command")
 CHARS_PER_TOKEN = 4
+SUMMARIZED = "The conversation was summarized."
 EVENTS = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(os.devnull)
 CONTEXT = int(sys.argv[3]) if len(sys.argv) > 3 else 4096  # what /v1/models says the window is
 COUNTED = len(sys.argv) > 4 and sys.argv[4] == "counted"
@@ -130,9 +138,9 @@ def _grow_target(messages: list[dict[str, Any]]) -> str | None:
 
 
 def _asks_for_a_summary(cue: str) -> bool:
-    """An agent's compaction request: its last message asks to summarize the conversation."""
-    lowered = cue.lower()
-    return "summary" in lowered and "conversation" in lowered and "GROW" not in cue
+    """Claude Code's compaction request: its last message asks for the conversation's summary in <summary>
+    tags (the message that goes on after it quotes the summary, without them)."""
+    return "<summary>" in cue and "GROW" not in cue
 
 
 def _read_call(tools: list[dict[str, Any]], path: str) -> tuple[str, dict[str, Any]] | None:
@@ -150,6 +158,27 @@ def _read_call(tools: list[dict[str, Any]], path: str) -> tuple[str, dict[str, A
             is_list = (properties.get(key) or {}).get("type") == "array"
             return name, {key: ["cat", path] if is_list else f"cat '{path}'"}
     return None
+
+
+def _led_by(word: str, messages: list[dict[str, Any]]) -> str:
+    """The rest of the last user message's line that begins with ``word`` ("" when none does): agents put
+    reminders of their own in the same message, before or after the prompt."""
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+    content = last.get("content")
+    parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or [] if isinstance(p, dict)]
+    lines = [line.strip() for part in parts if isinstance(part, str) for line in part.splitlines()]
+    return next((line.removeprefix(word) for line in lines if line.startswith(word)), "")
+
+
+def _delegate_call(tools: list[dict[str, Any]], prompt: str) -> dict[str, Any] | None:
+    """A call of the agent's subagent tool handing it ``prompt``, waited for (not in the background)."""
+    offered = {tool["function"]["name"] for tool in tools}
+    name = next((name for name in SUBAGENT_TOOLS if name in offered), None)
+    if name is None:
+        return None
+    arguments = {"description": "delegated task", "prompt": prompt, "run_in_background": False}
+    return {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
 
 
 def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
@@ -226,10 +255,11 @@ async def chat(request: Request) -> Response:
     tool_call = None
     write = _write_call(payload.get("tools") or [], target) if target else None
     grow = _grow_target(messages)
-    if grow and _asks_for_a_summary(cue):
+    if _asks_for_a_summary(cue):
         _record(f"summary {grow}")
-        summary = f"The user asked GROW {grow}; {GROWN.get(grow, 0)} parts were read so far."
-        text = f"<analysis>Reading parts.</analysis>\n<summary>{summary}</summary>"  # Claude Code wants both
+        summary = f"The user asked GROW {grow}; {GROWN.get(grow, 0)} parts were read so far." if grow else (
+            f"\nSAY {SUMMARIZED}\n")  # the conversation that goes on from it ends with that  # fmt: skip
+        text = f"<analysis>The conversation so far.</analysis>\n<summary>{summary}</summary>"  # Claude Code wants both
     elif grow and not Path(f"{grow}/part-{GROWN.get(grow, 0) + 1}.txt").exists():
         text = f"Read {GROWN.get(grow, 0)} parts of {grow}."
     elif grow and (read := _read_call(payload.get("tools") or [], f"{grow}/part-{GROWN.get(grow, 0) + 1}.txt")):
@@ -240,6 +270,11 @@ async def chat(request: Request) -> Response:
         text = ""
     elif tool_result is not None:
         text = f"The tool said: {tool_result.get('content')}"
+    elif said := _led_by("SAY ", messages):
+        text = said
+    elif (handed := _led_by("DELEGATE ", messages)) and (delegate := _delegate_call(payload.get("tools") or [], handed)):
+        tool_call = delegate
+        text = ""
     elif target and write:
         name, arguments = write
         function_call = {"name": name, "arguments": json.dumps(arguments)}
