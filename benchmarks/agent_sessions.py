@@ -55,8 +55,8 @@ from benchmarks.rpc_vs_local import free_port, process, wait_ok
 from tests.integration.tools import session_models
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "agent-requests"
-# each agent's recordings; Claude Code's figures in the README were measured on 2.1.197's (tests/data/agent-requests/claude/
-# holds 2.1.328's, whose first turn has other sizes)
+# each agent's recordings; the README's Claude Code figures were measured on 2.1.197's (claude/ holds
+# 2.1.328's, whose first turn has other sizes)
 FOLDERS = {"claude": "claude-2.1.197"}
 # (first request, the one carrying the tool result) of each agent's tool-loop run, and its route
 SESSIONS = {

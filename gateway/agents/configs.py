@@ -231,8 +231,10 @@ def claude(s: Served) -> AgentConfig:
     window = env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"]
     if int(window) > s.context_length:
         at = lines.index(f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={window}")
-        lines[at] += (f"  # the model has {s.context_length}: Claude Code compacts 13,000 short of this, "
-                      f"at {round(COMPACT_AT * 100)}% of the model's room")
+        lines[at] += (
+            f"  # the model has {s.context_length}: Claude Code compacts 13,000 short of this, "
+            f"at {round(COMPACT_AT * 100)}% of the model's room"
+        )
     ours: Doc = {"env": _claude_env(s, s.key_or_placeholder)}
     path = _home_dir("CLAUDE_CONFIG_DIR", ".claude") / "settings.json"
     return AgentConfig(

@@ -274,10 +274,14 @@ def claude_code_warnings(result: Run) -> list[str]:
     """Lines Claude Code printed besides the answer: every stderr line but the unrecognized-model signal,
     and any stdout line naming one of its settings (its warnings about them name them)."""
     stray = [line for line in result.stderr.splitlines() if line.strip() and not UNRECOGNIZED_MODEL.match(line)]
-    return stray + [line for line in result.stdout.splitlines() if "CLAUDE_CODE_" in line or "CLAUDE_AUTOCOMPACT" in line]
+    return stray + [
+        line for line in result.stdout.splitlines() if "CLAUDE_CODE_" in line or "CLAUDE_AUTOCOMPACT" in line
+    ]
 
 
-def test_claude_code_prints_no_warning_about_its_settings(scripted_gateway: GatewayProcess, session_for: StartSession) -> None:
+def test_claude_code_prints_no_warning_about_its_settings(
+    scripted_gateway: GatewayProcess, session_for: StartSession
+) -> None:
     """Issue 48: 2.1.328 warned on every run that CLAUDE_CODE_AUTO_COMPACT_WINDOW="8192" reads as its
     100k minimum (and, with no window at all, that it assumes 1M for a model it does not know)."""
     session = session_for("claude", scripted_gateway)
@@ -288,7 +292,9 @@ def test_claude_code_prints_no_warning_about_its_settings(scripted_gateway: Gate
 
 
 @pytest.mark.timeout(SCRIPTED_TIMEOUT_S * 3)
-def test_claude_code_compacts_before_an_8k_window_is_full(small_gateway: GatewayProcess, session_for: StartSession) -> None:
+def test_claude_code_compacts_before_an_8k_window_is_full(
+    small_gateway: GatewayProcess, session_for: StartSession
+) -> None:
     """On an 8,192-token model a conversation that grows past the window goes on: Claude Code compacts
     (a summary request) before any request is too long for the engine, each time, and ends with the answer.
     With the window as CLAUDE_CODE_AUTO_COMPACT_WINDOW (before) it warned, planned for 100k and ran into
@@ -310,7 +316,9 @@ def test_claude_code_compacts_before_an_8k_window_is_full(small_gateway: Gateway
     assert claude_code_warnings(result) == [], result.tail()
 
 
-def test_claude_code_runs_a_subagent_that_starts_another(scripted_gateway: GatewayProcess, session_for: StartSession) -> None:
+def test_claude_code_runs_a_subagent_that_starts_another(
+    scripted_gateway: GatewayProcess, session_for: StartSession
+) -> None:
     """Claude Code's Agent tool through the gateway: each subagent's requests carry the session's id and
     their own agent id, the inner one its starter's as its parent (tests/data/agent-requests/claude/)."""
     session = session_for("claude", scripted_gateway)

@@ -62,7 +62,9 @@ def test_claude_code_names_its_session_its_subagents_and_their_parents() -> None
     run = [_load(path) for path in FIXTURES if path.parent.name == "claude" and _load(path)["run"] == "subagent"]
     sessions = {r["headers"]["x-claude-code-session-id"] for r in run}
     agents = {r["headers"].get("x-claude-code-agent-id") for r in run}
-    parents = {r["headers"]["x-claude-code-parent-agent-id"] for r in run if "x-claude-code-parent-agent-id" in r["headers"]}
+    parents = {
+        r["headers"]["x-claude-code-parent-agent-id"] for r in run if "x-claude-code-parent-agent-id" in r["headers"]
+    }
     assert len(sessions) == 1 and len(agents - {None}) == 2 and None in agents  # the main loop, two subagents
     assert parents and parents < agents  # the inner subagent names the outer one
     named = {identify(r["headers"], r["body"], prompt_units(r["body"]), None).session for r in run}

@@ -136,9 +136,9 @@ def _without_cache_marks(value: Any) -> Any:
     gateway's translation both make the same text of either)."""
     if isinstance(value, dict):
         content = value.get("content")
-        if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
-            if set(content[0]) <= {"type", "text", "cache_control"} and content[0].get("type") == "text":
-                value = {**value, "content": content[0].get("text")}
+        one_block = isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict)
+        if one_block and set(content[0]) <= {"type", "text", "cache_control"} and content[0].get("type") == "text":
+            value = {**value, "content": content[0].get("text")}
         return {key: _without_cache_marks(inner) for key, inner in value.items() if key != "cache_control"}
     if isinstance(value, list):
         return [_without_cache_marks(inner) for inner in value]

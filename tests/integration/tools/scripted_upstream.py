@@ -243,6 +243,8 @@ async def chat(request: Request) -> Response:
     cid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
     seen = {"cue": cue[:40], "stream": payload.get("stream"), "max_tokens": payload.get("max_tokens")}
     seen["request_id"] = request.headers.get("x-request-id")
+    if COUNTED:
+        seen["prompt_tokens"] = _prompt_tokens(messages)
     _record(f"request {json.dumps(seen)}")
     target = _write_target(cue)
     grown = tool_result is not None or not target  # past the write call, when there is one
@@ -272,7 +274,9 @@ async def chat(request: Request) -> Response:
         text = f"The tool said: {tool_result.get('content')}"
     elif said := _led_by("SAY ", messages):
         text = said
-    elif (handed := _led_by("DELEGATE ", messages)) and (delegate := _delegate_call(payload.get("tools") or [], handed)):
+    elif (handed := _led_by("DELEGATE ", messages)) and (
+        delegate := _delegate_call(payload.get("tools") or [], handed)
+    ):
         tool_call = delegate
         text = ""
     elif target and write:
