@@ -76,6 +76,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.agent_sessions import (
     CONTEXT,
+    FOLDERS,
     MAX_TOKENS,
     RECORDED,
     SESSIONS,
@@ -136,7 +137,9 @@ class Target:
 
 
 def _recorded(agent: str) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads((RECORDED / agent / f"{SESSIONS[agent][0]}.json").read_text())
+    record: dict[str, Any] = json.loads(
+        (RECORDED / FOLDERS.get(agent, agent) / f"{SESSIONS[agent][0]}.json").read_text()
+    )
     return record
 
 

@@ -55,6 +55,9 @@ from benchmarks.rpc_vs_local import free_port, process, wait_ok
 from tests.integration.tools import session_models
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "agent-requests"
+# each agent's recordings; the README's Claude Code figures were measured on 2.1.197's (claude/ holds
+# 2.1.328's, whose first turn has other sizes)
+FOLDERS = {"claude": "claude-2.1.197"}
 # (first request, the one carrying the tool result) of each agent's tool-loop run, and its route
 SESSIONS = {
     "claude": ("02-v1-messages", "03-v1-messages", "/v1/messages"),
@@ -71,7 +74,7 @@ INTERLEAVED = ("claude", "codex", "qwen")
 
 
 def _load(agent: str, name: str) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads((RECORDED / agent / f"{name}.json").read_text())["body"]
+    body: dict[str, Any] = json.loads((RECORDED / FOLDERS.get(agent, agent) / f"{name}.json").read_text())["body"]
     return body
 
 

@@ -166,39 +166,81 @@ def codex(s: Served) -> AgentConfig:
     )  # fmt: skip
 
 
+# Claude Code, as 2.1.328 and 2.1.197 read it (both binaries, `strings bin/claude.exe`): a model id outside its
+# compiled catalog is "unknown" and gets CLAUDE_CODE_MAX_CONTEXT_TOKENS as its window (1M when unset in
+# 2.1.328, 200k in 2.1.197). It compacts once the prompt reaches the window less its reservation for the
+# answer (the output limit, at most 20,000), less 13,000 more, or CLAUDE_AUTOCOMPACT_PCT_OVERRIDE percent of
+# that room when that is lower. CLAUDE_CODE_AUTO_COMPACT_WINDOW (and the settings' autoCompactWindow) can
+# only lower the window, and below 100,000 it is read as 100,000 (2.1.328 says so on every run). Below
+# roughly 100k the fixed 13,000 would put the compaction point below the prompt Claude Code starts with
+# (at 8,192 it would compact before every request), so the window written is what makes it compact at
+# COMPACT_AT of the real room; its read-size room, which follows the compaction point, is then right too,
+# and past it the engine's overflow (the gateway's "prompt is too long") makes it compact as well.
+CLAUDE_COMPACT_MARGIN = 13_000  # tokens below the room it compacts at, whatever the window
+CLAUDE_MAX_RESERVED = 20_000  # its reservation for the answer is the output limit, at most this
+CLAUDE_MIN_COMPACT_WINDOW = 100_000  # CLAUDE_CODE_AUTO_COMPACT_WINDOW's floor
+CLAUDE_CODE_VERSIONS = "2.1.328 (and 2.1.197)"  # the releases these settings were read from and tested with
+
+
+def claude_window(s: Served) -> int:
+    """CLAUDE_CODE_MAX_CONTEXT_TOKENS: the served window, or more where only more puts Claude Code's
+    compaction point (the room less 13,000) at COMPACT_AT of the real room."""
+    reserved = min(s.max_output, CLAUDE_MAX_RESERVED)
+    compact_at = int(COMPACT_AT * (s.context_length - reserved))
+    return max(s.context_length, reserved + CLAUDE_COMPACT_MARGIN + compact_at)
+
+
 def _claude_env(s: Served, token: str) -> dict[str, str]:
-    return {
+    window = claude_window(s)
+    env = {
         "ANTHROPIC_BASE_URL": s.url,  # the Messages API lives at the root, not under /v1
         "ANTHROPIC_AUTH_TOKEN": token,
         "ANTHROPIC_MODEL": s.model,
-        # every tier it may pick, or it sends claude-* names the gateway does not serve
+        # every tier it may pick (a subagent may ask for any of the four by name), or it sends claude-* names
+        # the gateway does not serve
+        "ANTHROPIC_DEFAULT_FABLE_MODEL": s.model,
         "ANTHROPIC_DEFAULT_OPUS_MODEL": s.model,
         "ANTHROPIC_DEFAULT_SONNET_MODEL": s.model,
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": s.model,
-        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(s.context_length),  # it assumes 200k otherwise
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(window),  # see claude_window
+        "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(round(COMPACT_AT * 100)),
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(s.max_output),
         # no x-anthropic-billing-header line at the top of the system prompt: it changes between
         # conversations and side requests (and per request in 2.1.36-2.1.177), so the engine's prefix
         # cache would end at the first line (the gateway also strips it: gateway/serving/dialects/prompt_prefix.py)
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
     }
+    if window >= CLAUDE_MIN_COMPACT_WINDOW:
+        # the same window again, which 2.1.328 reads the same way; 2.1.197 compacts before the engine
+        # refuses only with it (without it, it waits for the "prompt is too long" and compacts then)
+        env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(window)
+    return env
 
 
-# Claude Code: environment variables (code.claude.com/docs/en/env-vars: ANTHROPIC_BASE_URL,
-# ANTHROPIC_AUTH_TOKEN, ANTHROPIC_MODEL, ANTHROPIC_DEFAULT_{OPUS,SONNET,HAIKU}_MODEL,
-# CLAUDE_CODE_AUTO_COMPACT_WINDOW, CLAUDE_CODE_MAX_OUTPUT_TOKENS, CLAUDE_CODE_ATTRIBUTION_HEADER); --write puts
+# Claude Code: environment variables (code.claude.com/docs/en/env-vars and model-config, "Correct the window
+# for a gateway or custom model ID"; read from the binaries of CLAUDE_CODE_VERSIONS, above); --write puts
 # them in the `env` block of ~/.claude/settings.json ($CLAUDE_CONFIG_DIR overrides ~/.claude), which
 # code.claude.com/docs/en/settings describes as "environment variables that will be applied to every
-# session" (literal strings, no $VAR).
+# session" (literal strings, no $VAR). Model discovery (CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY) stays
+# off: it only adds to the /model picker the ids of the gateway's /v1/models that name claude or anthropic,
+# and sets no window.
 def claude(s: Served) -> AgentConfig:
     env = _claude_env(s, "")
     lines = [f"export {name}={shlex.quote(value)}" for name, value in env.items() if name != "ANTHROPIC_AUTH_TOKEN"]
     lines.insert(1, f'export ANTHROPIC_AUTH_TOKEN="${{{KEY_VARIABLE}:-anything}}"')
+    window = env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"]
+    if int(window) > s.context_length:
+        at = lines.index(f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={window}")
+        lines[at] += (
+            f"  # the model has {s.context_length}: Claude Code compacts 13,000 short of this, "
+            f"at {round(COMPACT_AT * 100)}% of the model's room"
+        )
     ours: Doc = {"env": _claude_env(s, s.key_or_placeholder)}
     path = _home_dir("CLAUDE_CONFIG_DIR", ".claude") / "settings.json"
     return AgentConfig(
         "your shell, before `claude` (or --write: the env block of ~/.claude/settings.json)",
         "\n".join(lines) + "\n", "shell", (Target(path, "json", lambda old: deep_merge(old, ours)),),
+        (f"`claude --version`: these are the settings Claude Code {CLAUDE_CODE_VERSIONS} read",),
     )  # fmt: skip
 
 

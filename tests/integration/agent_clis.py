@@ -33,7 +33,7 @@ TOOLS_DIR = Path(__file__).resolve().parent / "tools"
 
 # What scripts/test installs; the README's agent section names the same.
 VERSIONS = {
-    "claude": ("@anthropic-ai/claude-code", "2.1.197"),
+    "claude": ("@anthropic-ai/claude-code", "2.1.328"),
     "qwen": ("@qwen-code/qwen-code", "0.24.4"),
     "opencode": ("opencode-ai", "1.18.33"),
     "cline": ("cline", "3.0.65"),
@@ -118,6 +118,15 @@ def tool_loop_prompt(name: str, work: Path) -> str:
     """The scripted upstream's cue for a call of the agent's own file-writing tool (creating hello.txt)."""
     # aider's edits name files relative to the project; every other agent's write tool wants a full path
     return f"WRITE_FILE {'hello.txt' if name == 'aider' else work / 'hello.txt'}"
+
+
+SUBAGENT_ANSWER = "hello from below"
+SUBAGENT_AGENTS = ("claude",)  # the agents whose headless run can start a subagent (Claude Code's Agent tool)
+
+
+def subagent_prompt(_name: str, _work: Path) -> str:
+    """The cue for a subagent that starts another, the innermost saying SUBAGENT_ANSWER (each waited for)."""
+    return f"DELEGATE DELEGATE SAY {SUBAGENT_ANSWER}"
 
 
 def overflow_prompt(name: str, work: Path) -> str:

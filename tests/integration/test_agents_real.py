@@ -9,6 +9,10 @@ configured only by `gateway agent NAME --write --yes` into a fresh HOME, run hea
 - a context overflow: the engine's error (llama-server's body) reaches the agent in its dialect's
   canonical words, and the agent says so in its own (or compacts), never in the engine's.
 
+Claude Code has three more: its output is the answer alone (no warning about the settings written), a
+conversation that grows far past an 8,192-token window compacts before the window is full, every time,
+and a subagent that starts another runs through the gateway.
+
 A recording proxy (tests/integration/tools/recording_proxy.py) sits between agent and gateway in every
 run, so a failure names what the gateway answered; tests/data/agent-requests/ keeps such recordings.
 """
@@ -16,6 +20,7 @@ run, so a failure names what the gateway answered; tests/data/agent-requests/ ke
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,7 @@ import pytest
 
 from tests.integration.agent_clis import (
     AGENTS,
+    SUBAGENT_ANSWER,
     Agent,
     Run,
     ToolProcess,
@@ -31,6 +37,7 @@ from tests.integration.agent_clis import (
     overflow_prompt,
     recorded,
     run,
+    subagent_prompt,
     tool_loop_prompt,
 )
 from tests.integration.gatewayproc import GatewayProcess
@@ -38,6 +45,13 @@ from tests.integration.gatewayproc import GatewayProcess
 pytestmark = pytest.mark.engine
 
 SCRIPTED_CONTEXT = 32768  # roomy: no agent compacts its first request (Cline's prompt alone is ~7.7k tokens)
+SMALL_CONTEXT = 8192  # the embedded default's window, and the smallest `gateway agent claude` is sized for
+# a conversation that reads 60 small files (each call and its result ~120 tokens): 7,000 tokens on top of
+# Claude Code's ~4,300-token start, far past what 8,192 less a 1,024-token answer leaves. Small, because
+# after a compaction Claude Code's prompt is back at ~5,500 of the 6,092 it compacts at (its own prompt,
+# the summary, the last read kept verbatim): what one cycle can add is a few hundred tokens, and a
+# conversation that refills it within 3 turns, 3 times in a row, is stopped ("Autocompact is thrashing")
+GROW_PARTS, GROW_LINES = 60, 3
 WRITTEN = "written by the scripted upstream"  # what the scripted upstream's write call puts in the file
 ENGINE_OVERFLOW = "exceeds the available context size"  # llama-server's words, which no agent should show
 # SmolLM2 135M on two contended CPU threads reads 50-100 prompt tokens/s and writes 13-55 tokens/s: Qwen
@@ -70,6 +84,22 @@ def scripted_gateway(tmp_path_factory: pytest.TempPathFactory, upstream: ToolPro
     )  # fmt: skip
     with process.serving():
         yield process
+
+
+@pytest.fixture(scope="module")
+def small_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """The scripted upstream holding an 8,192-token context as llama-server does ("counted": a longer
+    prompt is refused with its figures, usage reports the count) behind `gateway serve --backend-url`."""
+    workdir = tmp_path_factory.mktemp("agents-small")
+    upstream = ToolProcess("scripted_upstream.py", str(workdir / "events"), str(SMALL_CONTEXT), "counted")
+    process = GatewayProcess(
+        workdir, "--backend-url", upstream.url, "--model", "scripted", "--backend-native-apis", "include_usage"
+    )  # fmt: skip
+    try:
+        with process.serving():
+            yield process
+    finally:
+        upstream.stop()
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +208,8 @@ def test_the_agent_answers_from_the_default_model(
     assert requests, "the agent never asked the gateway"
     assert all(r["status"] < 400 for r in session.seen()), _statuses(session.seen())
     assert shown_answer(name, result), result.tail()
+    if name == "claude":  # the model's answer, nothing of Claude Code's own about the settings written
+        assert claude_code_warnings(result) == [], result.tail()
 
 
 @pytest.mark.parametrize("name", list(AGENTS))
@@ -230,3 +262,72 @@ def _asks_for_a_summary(body: Any) -> bool:
     """The agent's compaction: its last message asks for a summary of the conversation."""
     turns = body.get("messages") or body.get("input") or [None]
     return "summar" in json.dumps(turns[-1]).lower()
+
+
+# What Claude Code 2.1.328 prints on stderr, once a run, for every model id outside its compiled catalog: a
+# machine-readable line for SDK hosts, not a warning. Nothing but claiming to be a Claude model it knows
+# (modelOverrides, a modelPicker row's behavesAs) silences it, and that makes it take that model's window.
+UNRECOGNIZED_MODEL = re.compile(r'^\[claude-code:unrecognized_model\] \{"model":"[^"]+","query_source":"[a-z_]+"\}$')
+
+
+def claude_code_warnings(result: Run) -> list[str]:
+    """Lines Claude Code printed besides the answer: every stderr line but the unrecognized-model signal,
+    and any stdout line naming one of its settings (its warnings about them name them)."""
+    stray = [line for line in result.stderr.splitlines() if line.strip() and not UNRECOGNIZED_MODEL.match(line)]
+    return stray + [
+        line for line in result.stdout.splitlines() if "CLAUDE_CODE_" in line or "CLAUDE_AUTOCOMPACT" in line
+    ]
+
+
+def test_claude_code_prints_no_warning_about_its_settings(
+    scripted_gateway: GatewayProcess, session_for: StartSession
+) -> None:
+    """Issue 48: 2.1.328 warned on every run that CLAUDE_CODE_AUTO_COMPACT_WINDOW="8192" reads as its
+    100k minimum (and, with no window at all, that it assumes 1M for a model it does not know)."""
+    session = session_for("claude", scripted_gateway)
+    result = session.run("SAY only this line", SCRIPTED_TIMEOUT_S)
+    assert result.returncode == 0, result.tail()
+    assert result.stdout.strip() == "only this line", result.tail()
+    assert claude_code_warnings(result) == [], result.tail()
+
+
+@pytest.mark.timeout(SCRIPTED_TIMEOUT_S * 3)
+def test_claude_code_compacts_before_an_8k_window_is_full(
+    small_gateway: GatewayProcess, session_for: StartSession
+) -> None:
+    """On an 8,192-token model a conversation that grows past the window goes on: Claude Code compacts
+    (a summary request) before any request is too long for the engine, each time, and ends with the answer.
+    With the window as CLAUDE_CODE_AUTO_COMPACT_WINDOW (before) it warned, planned for 100k and ran into
+    the engine's refusal; with CLAUDE_CODE_MAX_CONTEXT_TOKENS=8192 alone it compacted before every request
+    (13,000 tokens below the room is below zero) and gave up: "Autocompact is thrashing"."""
+    session = session_for("claude", small_gateway)
+    parts = session.work / "parts"
+    parts.mkdir()
+    for number in range(1, GROW_PARTS + 1):
+        lines = (f"part {number} line {line}: lorem ipsum dolor sit amet consectetur\n" for line in range(GROW_LINES))
+        (parts / f"part-{number}.txt").write_text("".join(lines))
+    result = session.run(f"GROW {parts}", SCRIPTED_TIMEOUT_S * 2)
+    requests = session.model_requests()
+    summaries = [r for r in requests if "<summary>" in json.dumps((r["body"].get("messages") or [None])[-1])]
+    assert result.returncode == 0, f"{result.tail()}\n{_statuses(requests)}"
+    assert f"Read {GROW_PARTS} parts of {parts}." in result.stdout, result.tail()
+    assert len(summaries) >= 2, _statuses(requests)  # it compacted, and again after the first summary
+    assert all(r["status"] < 400 for r in session.seen()), _statuses(session.seen())  # never past the window
+    assert claude_code_warnings(result) == [], result.tail()
+
+
+def test_claude_code_runs_a_subagent_that_starts_another(
+    scripted_gateway: GatewayProcess, session_for: StartSession
+) -> None:
+    """Claude Code's Agent tool through the gateway: each subagent's requests carry the session's id and
+    their own agent id, the inner one its starter's as its parent (tests/data/agent-requests/claude/)."""
+    session = session_for("claude", scripted_gateway)
+    result = session.run(subagent_prompt("claude", session.work), SCRIPTED_TIMEOUT_S)
+    assert result.returncode == 0, result.tail()
+    assert SUBAGENT_ANSWER in result.stdout, result.tail()
+    headers = [r["headers"] for r in session.model_requests()]
+    assert len({h["x-claude-code-session-id"] for h in headers}) == 1
+    agents = {h["x-claude-code-agent-id"] for h in headers if "x-claude-code-agent-id" in h}
+    parents = {h["x-claude-code-parent-agent-id"] for h in headers if "x-claude-code-parent-agent-id" in h}
+    assert len(agents) == 2 and len(parents) == 1 and parents < agents, headers
+    assert all(r["status"] < 400 for r in session.seen()), _statuses(session.seen())

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("GATEWAY_TEST_CACHE", Path.home() / ".cache" / "gateway-tests"))
-RECORDED = ROOT / "tests" / "data" / "agent-requests" / "claude" / "02-v1-messages.json"
+RECORDED = ROOT / "tests" / "data" / "agent-requests" / "claude-2.1.197" / "02-v1-messages.json"
 
 
 def _first_conversation() -> dict[str, Any]:

@@ -46,10 +46,29 @@ def _headers(recorded: dict[str, Any]) -> dict[str, str]:
 
 
 def test_every_agent_was_recorded() -> None:
-    agents = {path.parent.name for path in FIXTURES}
+    agents = {path.parent.name.split("-")[0] for path in FIXTURES}  # claude-2.1.197: the release pinned before
     assert agents == {"aider", "claude", "cline", "codex", "opencode", "qwen"}
     routes = {_load(path)["path"] for path in FIXTURES}
     assert {"/v1/chat/completions", "/v1/responses", "/v1/messages", "/"} <= routes
+
+
+def test_claude_code_names_its_session_its_subagents_and_their_parents() -> None:
+    """Claude Code 2.1.328 sends x-claude-code-session-id on every request of a run, its subagents'
+    included; a subagent's requests add x-claude-code-agent-id, and one started by another subagent
+    x-claude-code-parent-agent-id (its starter's agent id). The gateway names the session by the first
+    (gateway/serving/scheduling/sessions.py): a subagent is its parent's session."""
+    from gateway.serving.scheduling.sessions import identify, prompt_units
+
+    run = [_load(path) for path in FIXTURES if path.parent.name == "claude" and _load(path)["run"] == "subagent"]
+    sessions = {r["headers"]["x-claude-code-session-id"] for r in run}
+    agents = {r["headers"].get("x-claude-code-agent-id") for r in run}
+    parents = {
+        r["headers"]["x-claude-code-parent-agent-id"] for r in run if "x-claude-code-parent-agent-id" in r["headers"]
+    }
+    assert len(sessions) == 1 and len(agents - {None}) == 2 and None in agents  # the main loop, two subagents
+    assert parents and parents < agents  # the inner subagent names the outer one
+    named = {identify(r["headers"], r["body"], prompt_units(r["body"]), None).session for r in run}
+    assert len(named) == 1
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -63,16 +63,67 @@ def test_codex(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_claude_code(gateway: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    names = ["ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
-             "CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_CODE_MAX_OUTPUT_TOKENS", "ANTHROPIC_AUTH_TOKEN",
-             "CLAUDE_CODE_ATTRIBUTION_HEADER"]  # fmt: skip
-    env = _shell(_printed(capsys, "claude", "--url", gateway), names, tmp_path)
+    names = ["ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_FABLE_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
+             "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_MAX_CONTEXT_TOKENS",
+             "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE", "CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_CODE_MAX_OUTPUT_TOKENS",
+             "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_ATTRIBUTION_HEADER"]  # fmt: skip
+    assert main(["agent", "claude", "--url", gateway]) == 0
+    printed = capsys.readouterr()
+    assert "Claude Code 2.1.328" in printed.err  # the versions whose reading of these settings it follows
+    env = _shell(printed.out, names, tmp_path)
     assert env["ANTHROPIC_BASE_URL"] == gateway  # the Messages API lives at the root, not under /v1
-    assert {env[n] for n in names[1:4]} == {"glm-4.7-flash"}
+    assert {env[n] for n in names[1:6]} == {"glm-4.7-flash"}  # every tier a subagent may ask for by name
     # an eighth of the window for each answer: a rambling small model stops there
-    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
+    # 32768 would put Claude Code's compaction 13,000 below the room: the window written puts it at 85%
+    assert int(env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"]) > 32768 and env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "85"
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == ""  # below 100k Claude Code reads 100k, and says so
     assert env["ANTHROPIC_AUTH_TOKEN"] == "anything"
     assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"  # no billing line to end the prefix cache
+
+
+def _served(context: int) -> Any:
+    from gateway.agents.configs import Served as Answer
+
+    return Answer("http://127.0.0.1:8000", "glm-4.7-flash", context)
+
+
+def _claude_code_compacts_at(env: dict[str, str], maximum_output: int = 128_000) -> tuple[int, int]:
+    """Where Claude Code 2.1.328 (and 2.1.197: the same arithmetic) compacts and where it refuses to send,
+    from the env block alone, for a model id outside its catalog: read from its binary (`strings
+    bin/claude.exe`: jQ, s4, bkt, Ey, vWn). Its window is CLAUDE_CODE_MAX_CONTEXT_TOKENS, lowered by
+    CLAUDE_CODE_AUTO_COMPACT_WINDOW (read as at least 100,000); the room is that less the output limit
+    (at most 20,000); it compacts 13,000 below the room or at the override's percent of it, the lower."""
+    window = int(env.get("CLAUDE_CODE_MAX_CONTEXT_TOKENS", 1_000_000))  # 2.1.328's guess for an unknown model
+    if "CLAUDE_CODE_AUTO_COMPACT_WINDOW" in env:
+        window = min(window, max(100_000, int(env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"])))
+    output = min(int(env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]), maximum_output)
+    room = window - min(output, 20_000)
+    compact_at = room - 13_000
+    percent = float(env.get("CLAUDE_AUTOCOMPACT_PCT_OVERRIDE", "0"))
+    if 0 < percent <= 100:
+        compact_at = min(int(room * percent / 100), compact_at)
+    blocked_at = int(env.get("CLAUDE_CODE_MAX_CONTEXT_TOKENS", 1_000_000)) - min(output, 20_000) - 3_000
+    return compact_at, blocked_at
+
+
+@pytest.mark.parametrize("context", [2048, 8192, 16384, 32768, 65536, 98304, 100_000, 131072, 262144, 1048576])
+def test_claude_code_compacts_before_the_served_window_is_full(context: int) -> None:
+    """Whatever the window, 8k to 1M: Claude Code compacts at 85% of what the served window leaves beside an
+    answer, and no setting is below a minimum it warns about on every run. The configuration before (the
+    window as CLAUDE_CODE_AUTO_COMPACT_WINDOW) compacted at 86k on an 8k model, after a warning."""
+    env = dict(line.removeprefix("export ").split("  #")[0].split("=", 1)
+               for line in AGENTS["claude"](_served(context)).text.splitlines())  # fmt: skip
+    env = {name: value.strip('"') for name, value in env.items()}
+    output = int(env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"])
+    compact_at, blocked_at = _claude_code_compacts_at(env)
+    room = context - min(output, 20_000)
+    assert compact_at == int(0.85 * room), (compact_at, room)
+    assert 0 < compact_at < context
+    assert int(env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"]) >= context  # never below: its reads would be cut short
+    assert blocked_at >= compact_at  # it compacts before it stops itself; past the window the engine refuses
+    if "CLAUDE_CODE_AUTO_COMPACT_WINDOW" in env:
+        assert int(env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"]) >= 100_000
 
 
 def test_opencode(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -192,7 +243,7 @@ def _ours_claude(files: dict[str, Any], url: str) -> None:
     settings = files[".claude/settings.json"]
     assert settings["theme"] == "dark" and settings["env"]["MINE"] == "1"
     assert settings["env"]["ANTHROPIC_BASE_URL"] == url and settings["env"]["ANTHROPIC_AUTH_TOKEN"] == "anything"
-    assert settings["env"]["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768"  # the env block holds strings
+    assert settings["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "41467"  # the env block holds strings
     assert settings["env"]["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
     assert settings["env"]["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "glm-4.7-flash"
 

@@ -29,7 +29,8 @@ BILLING = (
 )
 # consecutive requests of one conversation (the second carries the first's tool call and its result)
 TURNS = {
-    "claude": ("02-v1-messages", "03-v1-messages"),
+    "claude": ("01-v1-messages", "02-v1-messages"),  # 2.1.328
+    "claude-2.1.197": ("02-v1-messages", "03-v1-messages"),
     "cline": ("01-v1-chat-completions", "02-v1-chat-completions"),
     "codex": ("01-v1-responses", "02-v1-responses"),
     "opencode": ("02-v1-chat-completions", "03-v1-chat-completions"),
@@ -44,8 +45,9 @@ def _recorded(agent: str, name: str) -> dict[str, Any]:
 
 
 def _claude(billing: str | None) -> dict[str, Any]:
-    """Claude Code's first request, with ``billing`` as its first system block (None: without one)."""
-    body = _recorded("claude", "02-v1-messages")
+    """Claude Code 2.1.197's first request (the release that sent BILLING), with ``billing`` as its first
+    system block (None: without one)."""
+    body = _recorded("claude-2.1.197", "02-v1-messages")
     rest = [block for block in body["system"] if not block["text"].startswith("x-anthropic-billing-header")]
     body["system"] = ([{"type": "text", "text": billing}] if billing else []) + rest
     return body
@@ -128,8 +130,15 @@ def test_count_tokens_counts_the_prompt_without_the_line(engine: FakeEngine, eng
 
 # -- consecutive turns ---------------------------------------------------------------------------------
 def _without_cache_marks(value: Any) -> Any:
-    """Anthropic's cache_control marks move to the newest block every turn; no template renders them."""
+    """Anthropic's cache_control marks move to the newest block every turn; no template renders them. A
+    content list of one text block renders as its text (Claude Code 2.1.328 sends its mid-conversation
+    system message as one marked block, then as a string the next turn; vLLM's Messages route and the
+    gateway's translation both make the same text of either)."""
     if isinstance(value, dict):
+        content = value.get("content")
+        one_block = isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict)
+        if one_block and set(content[0]) <= {"type", "text", "cache_control"} and content[0].get("type") == "text":
+            value = {**value, "content": content[0].get("text")}
         return {key: _without_cache_marks(inner) for key, inner in value.items() if key != "cache_control"}
     if isinstance(value, list):
         return [_without_cache_marks(inner) for inner in value]
@@ -164,12 +173,12 @@ def test_each_turn_reaches_the_engine_as_an_extension_of_the_one_before(
     """Nothing the gateway does (translation, renaming, clamping, the billing line) may reorder tools or
     put anything variable into the prompt: turn 2 as the engine gets it starts with turn 1 as it got it."""
     turns = [_recorded(agent, name) for name in TURNS[agent]]
-    route = {"claude": "/v1/messages", "codex": "/v1/responses"}.get(agent, "/v1/chat/completions")
+    route = {"claude": "/v1/messages", "codex": "/v1/responses"}.get(agent.split("-")[0], "/v1/chat/completions")
     sent = [_send(engine, engine_url, ENGINES[engine_kind], route, turn) for turn in turns]
     assert sent[0][0] == sent[1][0]
     assert len(prompt_sequence(sent[1][1])) > len(prompt_sequence(sent[0][1]))  # the tool call and its result
     assert diverges_at(sent[0][1], sent[1][1]) is None, agent
-    if agent == "claude":  # a turn whose billing line differs is the same prompt
+    if agent == "claude-2.1.197":  # a turn whose billing line differs is the same prompt
         third = copy.deepcopy(turns[1])
         third["system"][0]["text"] = BILLING[2]
         assert _send(engine, engine_url, ENGINES[engine_kind], route, third) == sent[1]

@@ -6,7 +6,8 @@ For each agent (all six by default): the scripted upstream behind `gateway serve
 recording proxy in front of the gateway, the agent configured by `gateway agent NAME --write --yes`
 against the proxy, then two headless runs: the tool loop (WRITE_FILE: the agent's own file-writing tool,
 its result sent back, the final answer) and the overflow (the same write call, then the engine's context
-error on the request carrying its result, and whatever the agent does about it: compaction included).
+error on the request carrying its result, and whatever the agent does about it: compaction included);
+Claude Code has a third, subagent (DELEGATE: a subagent that starts another, each with ids of its own).
 The agent's folder is replaced; the temporary directory in paths and prompts becomes /tmp/agent so a
 re-recording differs only where the agent does.
 """
@@ -14,6 +15,7 @@ re-recording differs only where the agent does.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -22,12 +24,14 @@ from pathlib import Path
 from tests.integration.agent_clis import (
     AGENTS,
     ROOT,
+    SUBAGENT_AGENTS,
     Agent,
     ToolProcess,
     configure,
     overflow_prompt,
     recorded,
     run,
+    subagent_prompt,
     tool_loop_prompt,
 )
 from tests.integration.gatewayproc import GatewayProcess
@@ -35,6 +39,7 @@ from tests.integration.gatewayproc import GatewayProcess
 FIXTURES = ROOT / "tests" / "data" / "agent-requests"
 STABLE_ROOT = "/tmp/agent"
 RUNS = (("tool-loop", tool_loop_prompt), ("overflow", overflow_prompt))
+SUBAGENT_RUN = ("subagent", subagent_prompt)
 
 
 def record(agent: Agent, gateway: GatewayProcess, scratch: Path) -> list[str]:
@@ -42,15 +47,15 @@ def record(agent: Agent, gateway: GatewayProcess, scratch: Path) -> list[str]:
     home = scratch / agent.name
     work = home / "project"
     work.mkdir(parents=True)
-    folder = scratch / f"{agent.name}-requests"
-    folder.mkdir()
+    folder = scratch / "requests" / agent.name  # not under a path that starts with HOME's: agent_clis.run kills
+    folder.mkdir(parents=True)  # every process whose command line holds that after each run (the proxy was one)
     proxy = ToolProcess("recording_proxy.py", gateway.url, str(folder))
     lines = []
     try:
         configure(agent, home, proxy.url)
         for path in folder.glob("*.json"):
             path.unlink()  # `gateway agent` asking what is served, not the agent
-        for label, prompt in RUNS:
+        for label, prompt in (*RUNS, SUBAGENT_RUN) if agent.name in SUBAGENT_AGENTS else RUNS:
             before = len(list(folder.glob("*.json")))
             if label == "overflow":
                 (work / "hello.txt").unlink(missing_ok=True)  # the overflow run writes it again first
@@ -67,7 +72,8 @@ def record(agent: Agent, gateway: GatewayProcess, scratch: Path) -> list[str]:
     target.mkdir(parents=True)
     for path in sorted(folder.glob("*.json")):
         text = path.read_text().replace(str(scratch), STABLE_ROOT)
-        text = text.replace(str(scratch).replace("/", "-"), STABLE_ROOT.replace("/", "-"))  # agents' slugs of it
+        for slug in {str(scratch).replace("/", "-"), re.sub(r"[^A-Za-z0-9]", "-", str(scratch))}:  # agents' slugs of it
+            text = text.replace(slug, STABLE_ROOT.replace("/", "-"))
         (target / path.name).write_text(text)
     return lines
 

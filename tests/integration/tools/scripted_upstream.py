@@ -1,6 +1,6 @@
 """Named stand-in: an OpenAI-compatible chat server that does on cue what a 270M model cannot.
 
-    python scripted_upstream.py PORT EVENTS_FILE [CONTEXT_LENGTH]
+    python scripted_upstream.py PORT EVENTS_FILE [CONTEXT_LENGTH [counted]]
 
 The last user message decides (the whole conversation is checked for a tool result first):
 - a tool result in the conversation → "The tool said: <result>" (the end of an agent's tool loop);
@@ -12,13 +12,31 @@ The last user message decides (the whole conversation is checked for a tool resu
   unless the agent asks for a summary of it (its compaction, answered like any other prompt); with
   WRITE_FILE too, the write call comes first and the overflow answers the request carrying its result
   (a conversation that grew past the window, which agents with history to compact can recover from);
+- "GROW <dir>" with tools offered → a conversation that grows past the window: each answer is a call of the
+  agent's file-reading tool on the next of <dir>/part-1.txt, part-2.txt, ... (the test writes them, as many
+  and as large as it wants), then "Read N parts of <dir>." once the next part does not exist; the count
+  lives here, across compactions;
+- Claude Code's compaction request (its last message asks for the summary in <summary> tags) → an
+  <analysis> and a <summary> block, which repeats a GROW cue so the conversation goes on after it (else
+  it holds "SAY <SUMMARIZED>", so the conversation that goes on from it ends with that);
 - tools offered (and tool_choice is not "none") → a call of the first one ({"path": "README.md"}, or
   `ls` for a shell-like tool whose schema requires a command);
+- "DELEGATE <prompt>" with a subagent tool offered (Claude Code's `Agent`, `Task`) → a call of it, in the
+  foreground, handing the subagent <prompt> ("DELEGATE DELEGATE SAY hi": a subagent that starts another);
+  with its result back, "The tool said: <result>";
+- "SAY <text>" → <text>, whatever tools are offered;
 - "CRASH" → three chunks, then the process dies mid-stream;
 - "SLOW" → ten chunks, 200 ms apart;
 - "HANG" → one chunk, then nothing until the client leaves (written to EVENTS_FILE as "disconnect");
 - anything else → "Hello from the scripted upstream."
 Streams are chunk by chunk like a real engine; usage is sent when stream_options.include_usage asks.
+
+"counted" makes the stand-in hold the context like a small llama-server: a prompt counts one token per
+CHARS_PER_TOKEN characters of its messages (tool schemas are not counted: llama-server's templates for
+small models render them far shorter than their JSON; Claude Code 2.1.328's first prompt counts ~4,300
+here, where SmolLM2 135M's template made 4,075), usage reports that count, and a prompt past the context is
+refused with llama-server's body carrying its figures. Without it, usage is a constant and only OVERFLOW
+overflows.
 """
 
 from __future__ import annotations
@@ -58,9 +76,15 @@ OVERFLOW_BODY = {
 }
 # each agent's own tool that writes a file, best first: a file tool, then a patch tool, then a shell
 WRITE_TOOLS = ("Write", "write_file", "write", "write_to_file", "editor", "apply_patch")
+READ_TOOLS = ("Read", "read_file", "read", "view")
+SUBAGENT_TOOLS = ("Agent", "Task")
 SHELL_TOOLS = ("shell", "exec_command", "shell_command", "run_shell_command", "Bash", "bash", "execute_command")
+CHARS_PER_TOKEN = 4
+SUMMARIZED = "The conversation was summarized."
 EVENTS = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(os.devnull)
 CONTEXT = int(sys.argv[3]) if len(sys.argv) > 3 else 4096  # what /v1/models says the window is
+COUNTED = len(sys.argv) > 4 and sys.argv[4] == "counted"
+GROWN: dict[str, int] = {}  # GROW directory -> parts asked for so far
 
 
 def _record(line: str) -> None:
@@ -96,6 +120,80 @@ def _write_target(cue: str) -> str | None:
         if word == "WRITE_FILE":
             return words[index + 1]
     return None
+
+
+def _grow_target(messages: list[dict[str, Any]]) -> str | None:
+    """The directory after GROW in the conversation's user messages (its first prompt, or a summary that
+    repeats it), if any."""
+    for message in messages:
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content)
+        words = text.replace("\\n", " ").replace('"', " ").split()
+        for index, word in enumerate(words[:-1]):
+            if word == "GROW":
+                return words[index + 1].rstrip(".,;:")
+    return None
+
+
+def _asks_for_a_summary(cue: str) -> bool:
+    """Claude Code's compaction request: its last message asks for the conversation's summary in <summary>
+    tags (the message that goes on after it quotes the summary, without them)."""
+    return "<summary>" in cue and "GROW" not in cue
+
+
+def _read_call(tools: list[dict[str, Any]], path: str) -> tuple[str, dict[str, Any]] | None:
+    """The agent's file-reading tool (or its shell, with cat), and arguments that read ``path``."""
+    offered = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
+    for name in READ_TOOLS:
+        if name in offered:
+            properties = offered[name].get("properties") or {}
+            key = next((k for k in ("file_path", "filePath", "absolute_path", "path") if k in properties), "path")
+            return name, {key: path}
+    for name in SHELL_TOOLS:
+        if name in offered:
+            properties = offered[name].get("properties") or {}
+            key = next((k for k in ("command", "cmd") if k in properties), "command")
+            is_list = (properties.get(key) or {}).get("type") == "array"
+            return name, {key: ["cat", path] if is_list else f"cat '{path}'"}
+    return None
+
+
+def _led_by(word: str, messages: list[dict[str, Any]]) -> str:
+    """The rest of the last user message's line that begins with ``word`` ("" when none does): agents put
+    reminders of their own in the same message, before or after the prompt."""
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+    content = last.get("content")
+    parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or [] if isinstance(p, dict)]
+    lines = [line.strip() for part in parts if isinstance(part, str) for line in part.splitlines()]
+    return next((line.removeprefix(word) for line in lines if line.startswith(word)), "")
+
+
+def _delegate_call(tools: list[dict[str, Any]], prompt: str) -> dict[str, Any] | None:
+    """A call of the agent's subagent tool handing it ``prompt``, waited for (not in the background)."""
+    offered = {tool["function"]["name"] for tool in tools}
+    name = next((name for name in SUBAGENT_TOOLS if name in offered), None)
+    if name is None:
+        return None
+    arguments = {"description": "delegated task", "prompt": prompt, "run_in_background": False}
+    return {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+
+
+def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    return len(json.dumps(messages, ensure_ascii=False)) // CHARS_PER_TOKEN
+
+
+def _overflow_body(prompt_tokens: int) -> dict[str, Any]:
+    error = dict(OVERFLOW_BODY["error"])
+    error.update(
+        message=f"request ({prompt_tokens} tokens) exceeds the available context size ({CONTEXT} tokens), try "
+        "increasing it",
+        n_prompt_tokens=prompt_tokens,
+        n_ctx=CONTEXT,
+    )
+    return {"error": error}
 
 
 def _write_call(tools: list[dict[str, Any]], path: str) -> tuple[str, dict[str, Any]] | None:
@@ -145,15 +243,42 @@ async def chat(request: Request) -> Response:
     cid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
     seen = {"cue": cue[:40], "stream": payload.get("stream"), "max_tokens": payload.get("max_tokens")}
     seen["request_id"] = request.headers.get("x-request-id")
+    if COUNTED:
+        seen["prompt_tokens"] = _prompt_tokens(messages)
     _record(f"request {json.dumps(seen)}")
     target = _write_target(cue)
     grown = tool_result is not None or not target  # past the write call, when there is one
     if "OVERFLOW" in cue and "summar" not in cue.lower() and grown:
         return JSONResponse(OVERFLOW_BODY, status_code=400)
+    prompt_tokens = _prompt_tokens(messages) if COUNTED else 11
+    if COUNTED and prompt_tokens >= CONTEXT:
+        _record(f"overflow {prompt_tokens}")
+        return JSONResponse(_overflow_body(prompt_tokens), status_code=400)
     tool_call = None
     write = _write_call(payload.get("tools") or [], target) if target else None
-    if tool_result is not None:
+    grow = _grow_target(messages)
+    if _asks_for_a_summary(cue):
+        _record(f"summary {grow}")
+        summary = f"The user asked GROW {grow}; {GROWN.get(grow, 0)} parts were read so far." if grow else (
+            f"\nSAY {SUMMARIZED}\n")  # the conversation that goes on from it ends with that  # fmt: skip
+        text = f"<analysis>The conversation so far.</analysis>\n<summary>{summary}</summary>"  # Claude Code wants both
+    elif grow and not Path(f"{grow}/part-{GROWN.get(grow, 0) + 1}.txt").exists():
+        text = f"Read {GROWN.get(grow, 0)} parts of {grow}."
+    elif grow and (read := _read_call(payload.get("tools") or [], f"{grow}/part-{GROWN.get(grow, 0) + 1}.txt")):
+        GROWN[grow] = GROWN.get(grow, 0) + 1
+        name, arguments = read
+        tool_call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+                     "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+        text = ""
+    elif tool_result is not None:
         text = f"The tool said: {tool_result.get('content')}"
+    elif said := _led_by("SAY ", messages):
+        text = said
+    elif (handed := _led_by("DELEGATE ", messages)) and (
+        delegate := _delegate_call(payload.get("tools") or [], handed)
+    ):
+        tool_call = delegate
+        text = ""
     elif target and write:
         name, arguments = write
         function_call = {"name": name, "arguments": json.dumps(arguments)}
@@ -180,13 +305,20 @@ async def chat(request: Request) -> Response:
             message["tool_calls"] = [tool_call]
         answer = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": MODEL}
         answer["choices"] = [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_call else "stop"}]
-        answer["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        answer["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}
         return JSONResponse(answer)
-    return StreamingResponse(_stream(request, payload, cue, cid, text, tool_call), media_type="text/event-stream")
+    stream = _stream(request, payload, cue, cid, text, tool_call, prompt_tokens)
+    return StreamingResponse(stream, media_type="text/event-stream")
 
 
 async def _stream(
-    request: Request, payload: dict[str, Any], cue: str, cid: str, text: str, tool_call: dict[str, Any] | None
+    request: Request,
+    payload: dict[str, Any],
+    cue: str,
+    cid: str,
+    text: str,
+    tool_call: dict[str, Any] | None,
+    prompt_tokens: int,
 ) -> AsyncIterator[bytes]:
     yield _chunk(cid, {"role": "assistant", "content": ""})
     try:
@@ -232,7 +364,7 @@ async def _stream(
                 "model": MODEL,
                 "choices": [],
             }
-            usage["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+            usage["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}
             yield b"data: " + json.dumps(usage).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
     except asyncio.CancelledError:
