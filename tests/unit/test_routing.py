@@ -91,16 +91,16 @@ def hold(replica: Replica[str], requests: int) -> None:
 
 # -- what names a conversation -----------------------------------------------------------------------
 def test_each_agents_recorded_turns_name_one_conversation_and_its_sessions_apart() -> None:
-    pairs = {"claude": (2, 3), "codex": (1, 2), "opencode": (2, 3), "qwen": (1, 2), "cline": (1, 2)}
+    pairs = {"claude": (1, 2), "codex": (1, 2), "opencode": (2, 3), "qwen": (1, 2), "cline": (1, 2)}
     for agent, (first, later) in pairs.items():
         one, two = recorded(agent, first), recorded(agent, later)
         assert affinity_of(one.headers, one.session) == affinity_of(two.headers, two.session), agent
-    claude_a, claude_b = recorded("claude", 2), recorded("claude", 5)  # two runs: two CLI sessions
+    claude_a, claude_b = recorded("claude", 1), recorded("claude", 3)  # two runs: two CLI sessions
     assert affinity_of(claude_a.headers, claude_a.session) != affinity_of(claude_b.headers, claude_b.session)
 
 
 def test_parents_come_from_the_ids_each_agent_sends() -> None:
-    main = recorded("claude", 2)
+    main = recorded("claude", 1)
     assert affinity_of(main.headers, main.session).parents == ()  # the main thread sends no agent id
     sub = main.with_headers(x_claude_code_agent_id="a7c1")
     nested = main.with_headers(x_claude_code_agent_id="b9d2", x_claude_code_parent_agent_id="a7c1")
@@ -128,8 +128,8 @@ def test_parents_come_from_the_ids_each_agent_sends() -> None:
 def test_each_conversations_later_turns_go_where_its_first_went_though_others_are_lighter() -> None:
     pool = pool_of(3)
     conversations = {
-        "claude": [2, 3],
-        "claude-overflow": [5, 6],
+        "claude": [1, 2],
+        "claude-overflow": [3, 4],
         "codex": [1, 2],
         "codex-overflow": [3, 4],
         "opencode": [2, 3],
@@ -153,7 +153,7 @@ def test_each_conversations_later_turns_go_where_its_first_went_though_others_ar
 def test_a_turn_moves_for_load_only_past_both_thresholds() -> None:
     pool = pool_of(2)  # the routers' defaults: 64 requests and 1.5 times
     assert pool.balance == Balance(64, 1.5)
-    first, second = recorded("claude", 2), recorded("claude", 3)
+    first, second = recorded("claude", 1), recorded("claude", 2)
     home = place(pool, first).replica
     other = pool["r1" if home.name == "r0" else "r0"]
     hold(home, 64)  # 64 more than an idle replica: not past
@@ -184,7 +184,7 @@ def test_the_thresholds_are_settings() -> None:
 # -- a new conversation goes where its parent is ---------------------------------------------------------
 def test_claude_code_subagents_go_to_their_parents_replica() -> None:
     pool = pool_of(3)
-    main = recorded("claude", 2)
+    main = recorded("claude", 1)
     home = place(pool, main).replica
     hold(home, 30)  # the main thread's replica is the busiest, under the thresholds
     sub = main.with_headers(x_claude_code_agent_id="a7c1").with_task("Explore the tests folder")
@@ -195,6 +195,18 @@ def test_claude_code_subagents_go_to_their_parents_replica() -> None:
     pool.bindings.bind(affinity_of(sub.headers, sub.session).own, away.name, away.generation, conversation=True)
     nested = main.with_headers(x_claude_code_agent_id="b9d2", x_claude_code_parent_agent_id="a7c1")
     assert place(pool, nested.with_task("Read one file")).replica is away
+
+
+def test_claude_codes_recorded_subagents_go_where_their_parents_went() -> None:
+    """Claude Code 2.1.328's own subagent run (tests/data/agent-requests/claude/07-11): the main thread, a
+    subagent (x-claude-code-agent-id), one it started (x-claude-code-parent-agent-id), their later turns."""
+    pool = pool_of(3)
+    main, sub, nested, sub_later, main_later = (recorded("claude", number) for number in range(7, 12))
+    assert "x-claude-code-agent-id" in {name.lower() for name in sub.headers}
+    home = place(pool, main).replica
+    hold(home, 30)  # the busiest, under the thresholds
+    assert (place(pool, sub).replica, place(pool, nested).replica) == (home, home)
+    assert place(pool, sub_later).replica is home and place(pool, main_later).replica is home
 
 
 def test_without_its_parent_header_a_child_session_is_placed_as_any_new_one() -> None:
@@ -243,11 +255,11 @@ def test_a_new_conversation_goes_to_the_least_loaded_and_of_equals_where_its_sta
 # -- failover ----------------------------------------------------------------------------------------
 def test_a_down_replicas_sessions_move_counted_and_a_returning_one_takes_new_sessions() -> None:
     pool = pool_of(2)
-    turn = recorded("claude", 2)
+    turn = recorded("claude", 1)
     home = place(pool, turn).replica
     other = pool["r1" if home.name == "r0" else "r0"]
     home.mark(Health.DOWN)
-    moved = place(pool, recorded("claude", 3))
+    moved = place(pool, recorded("claude", 2))
     assert (moved.replica, moved.why) == (other, Why.MOVED_DOWN)
     assert other.counters.moved_down == 1
     assert place(pool, turn).why is Why.WARM  # the turn after: warm where it moved
@@ -282,7 +294,7 @@ def test_no_replica_serving_is_a_503_that_names_them() -> None:
     pool["r0"].mark(Health.DOWN)
     pool["r1"].mark(Health.STARTING)
     with pytest.raises(ApiError) as refused:
-        place(pool, recorded("claude", 2))
+        place(pool, recorded("claude", 1))
     assert refused.value.status == 503 and "r0 down, r1 starting" in refused.value.message
 
 
@@ -306,12 +318,12 @@ def test_bindings_are_bounded_by_count_and_by_idle_time() -> None:
 def test_a_forgotten_conversation_is_placed_as_new_not_counted_as_moved() -> None:
     clock = Clock()
     pool = pool_of(2, clock, bindings=Bindings(limit=2, ttl_s=600, clock=clock))
-    first = recorded("claude", 2)
+    first = recorded("claude", 1)
     place(pool, first)
     for number in (1, 2):  # two more conversations push the first out of a table of two
         place(pool, recorded("codex", number * 2 - 1))
     assert len(pool.bindings) <= 2
-    again = place(pool, recorded("claude", 3))
+    again = place(pool, recorded("claude", 2))
     assert again.why in (Why.LEAST_LOADED, Why.PREFIX)
     assert sum(replica.counters.moved_down + replica.counters.moved_load for replica in pool.replicas) == 0
 
@@ -321,14 +333,14 @@ def test_a_pool_of_one_is_not_consulted() -> None:
     pool = pool_of(1)
     only = pool.replicas[0]
     only.mark(Health.DOWN)  # the handler's own readiness check answers for it, as it does today
-    for turn in (recorded("claude", 2), recorded("qwen", 1)):
+    for turn in (recorded("claude", 1), recorded("qwen", 1)):
         placed = pool.route(turn.headers, turn.session, turn.units)
         assert (placed.replica, placed.why, placed.new_tokens) == (only, Why.ONLY, None)
         placed.admitted()
         assert only.load == 0
         placed.release()
     assert len(pool.bindings) == 0 and only.counters.requests == 0
-    turn = recorded("claude", 2)  # the handler's estimate stays the runtime's, made as before
+    turn = recorded("claude", 1)  # the handler's estimate stays the runtime's, made as before
     assert only.prefixes.new_tokens(turn.units) == turn.units.total_chars // 4
 
 
@@ -347,7 +359,7 @@ def test_the_runtimes_one_replica_is_its_backend() -> None:
 
 def test_a_placement_counts_in_its_replicas_load_until_released_once() -> None:
     pool = pool_of(2)
-    turn = recorded("claude", 2)
+    turn = recorded("claude", 1)
     placement = pool.route(turn.headers, turn.session, turn.units)
     replica = placement.replica
     assert (replica.queued, replica.active) == (1, 0)
@@ -361,7 +373,7 @@ def test_a_placement_counts_in_its_replicas_load_until_released_once() -> None:
 
 def test_the_snapshot_shows_each_replica_and_the_totals() -> None:
     pool = pool_of(2)
-    for number in (2, 3):
+    for number in (1, 2):
         place(pool, recorded("claude", number))
     place(pool, recorded("codex", 1))
     pool["r1"].mark(Health.DOWN)
@@ -402,7 +414,7 @@ async def answered(attempt: Attempt[str]) -> str:
 def test_a_request_its_replica_refuses_is_answered_by_another_and_its_session_moves() -> None:
     clock = Clock()
     pool = pool_of(2, clock)
-    turn = recorded("claude", 2)
+    turn = recorded("claude", 1)
     first = pool.route(turn.headers, turn.session, turn.units)
     failing, healthy = first.replica, pool["r1" if first.replica.name == "r0" else "r0"]
     call = engines({failing.name: refused, healthy.name: answered})
@@ -410,7 +422,7 @@ def test_a_request_its_replica_refuses_is_answered_by_another_and_its_session_mo
     assert call.sent == [failing.name, healthy.name]  # type: ignore[attr-defined]
     assert failing.load == 0 and failing.counters.failed == 1 and healthy.active == 1
     assert healthy.counters.retry == 1
-    assert place(pool, recorded("claude", 3)).replica is healthy  # its next turn: where it was answered
+    assert place(pool, recorded("claude", 2)).replica is healthy  # its next turn: where it was answered
     fresh = place(pool, recorded("codex", 1))  # the failed replica takes no new session for a while
     assert fresh.replica is healthy
     clock.now += 11
@@ -424,7 +436,7 @@ def test_a_request_that_sent_its_first_byte_is_not_retried() -> None:
         attempt.first_byte()
         raise unavailable("the backend stopped in the middle of this stream")
 
-    placement = pool.route(*session_of(recorded("claude", 2)))
+    placement = pool.route(*session_of(recorded("claude", 1)))
     call = engines({"r0": answered, "r1": answered, placement.replica.name: broke_after_sending})
     with pytest.raises(ApiError):
         run(lambda: retry_before_first_byte(pool, placement, call))
@@ -506,7 +518,7 @@ def test_a_cancelled_request_is_not_retried() -> None:
 
 def test_when_every_replica_fails_each_is_tried_once_and_the_last_failure_is_answered() -> None:
     pool = pool_of(3)
-    placement = pool.route(*session_of(recorded("claude", 2)))
+    placement = pool.route(*session_of(recorded("claude", 1)))
     call = engines({"r0": refused, "r1": refused, "r2": refused})
     with pytest.raises(ApiError) as failed:
         run(lambda: retry_before_first_byte(pool, placement, call))
@@ -544,7 +556,7 @@ def test_the_transports_own_failures_are_the_ones_retried() -> None:
 
 def test_the_only_replica_failing_is_answered_with_its_failure() -> None:
     pool = pool_of(1)
-    placement = pool.route(*session_of(recorded("claude", 2)))
+    placement = pool.route(*session_of(recorded("claude", 1)))
     call = engines({"r0": refused})
     with pytest.raises(ApiError) as failed:
         run(lambda: retry_before_first_byte(pool, placement, call))
@@ -553,7 +565,7 @@ def test_the_only_replica_failing_is_answered_with_its_failure() -> None:
 
 def test_replicas_join_and_leave_a_pool() -> None:
     pool = pool_of(1)
-    turn = recorded("claude", 2)
+    turn = recorded("claude", 1)
     assert pool.route(*session_of(turn)).why is Why.ONLY
     pool.add(Replica("r1", "upstream 1"))
     first = place(pool, turn)
@@ -561,7 +573,7 @@ def test_replicas_join_and_leave_a_pool() -> None:
     pool.remove(first.replica.name)
     assert pool.single is not None
     pool.add(Replica("r2", "upstream 2"))
-    moved = place(pool, recorded("claude", 3))  # its replica is gone: a move, counted
+    moved = place(pool, recorded("claude", 2))  # its replica is gone: a move, counted
     assert moved.why is Why.MOVED_DOWN and moved.replica.name != first.replica.name
     with pytest.raises(ValueError, match="repeat"):
         pool.add(Replica("r2", "again"))
