@@ -8,6 +8,7 @@ must watch a stream while it is still open.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -386,6 +387,28 @@ def make_runtime(
     )
 
 
+class _WakeableServer(uvicorn.Server):
+    """uvicorn's server, whose main loop a stop wakes at once: uvicorn's own looks at ``should_exit``
+    every 0.1 s, and the suite stops a server in many tests."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._woken = asyncio.Event()
+        await super().startup(sockets=sockets)
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):  # the Date header each second, should_exit
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), 0.1)
+
+    def stop(self) -> None:
+        self.should_exit = True
+        with contextlib.suppress(AttributeError, RuntimeError):  # not started yet, or its loop already closed
+            self._loop.call_soon_threadsafe(self._woken.set)
+
+
 class Served:
     """An ASGI app on a real loopback port, served by uvicorn in a daemon thread."""
 
@@ -395,13 +418,13 @@ class Served:
         self.address = self._socket.getsockname()
         self.url = f"http://127.0.0.1:{self.address[1]}"
         config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none", http=http)
-        self.server = uvicorn.Server(config)
+        self.server = _WakeableServer(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._thread.start()
         wait_until(lambda: self.server.started, what="uvicorn to start")
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        self.server.stop()
         self._thread.join(timeout=10)
         self._socket.close()
 

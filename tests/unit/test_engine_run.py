@@ -201,10 +201,11 @@ def test_an_engine_that_answers_health_is_ready_and_its_death_is_seen(tmp_path: 
         assert run.child.pid is not None
         os.kill(run.child.pid, signal.SIGKILL)
         code = await asyncio.wait_for(run.wait_exit(), 5.0)
-        for _ in range(200):  # the owner task records the exit and cleans up right after
-            if run.state is RunState.EXITED and not run.temp_dir.exists():
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_until(  # the owner task records the exit and cleans up right after
+            lambda: run.state is RunState.EXITED and not run.temp_dir.exists(),
+            what="the exit recorded and a dead engine's temp directory removed without a stop",
+            timeout_s=2,
+        )
         assert run.state is RunState.EXITED and run.reason == f"engine exited with status {code} while serving"
         assert not run.temp_dir.exists(), "a dead engine's temp directory is removed without a stop"
         await run.stop()
