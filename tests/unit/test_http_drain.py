@@ -112,22 +112,25 @@ def _misaligned_engine() -> Starlette:
 
 
 def _stopped_while_streaming(engine_url: str) -> str:
-    """A gateway (grace 0.2 s) stopped 0.2 s into a stream of ``engine_url``: the whole stream as read."""
+    """A gateway (grace 0.1 s) stopped once a stream of ``engine_url`` has begun: the whole stream as read."""
     runtime = make_runtime(engine_url)
     runtime.route = ModelRoute(fronted=FRONTED, served=FRONTED)  # no renaming: the bytes pass as they are read
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     config = uvicorn.Config(create_app(runtime), log_level="warning", lifespan="on", ws="none")
-    server = DrainingServer(config, runtime, 0.2)
+    server = DrainingServer(config, runtime, 0.1)
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     serving.start()
     wait_until(lambda: server.started, what="the gateway to start")
     body = {"model": FRONTED, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    threading.Timer(0.2, lambda: setattr(server, "should_exit", True)).start()
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=20) as answer:
-            return b"".join(answer.iter_raw()).decode()
+            read = []
+            for chunk in answer.iter_raw():
+                read.append(chunk)
+                server.should_exit = True  # streaming: stop the gateway (the grace lets it stream on a while)
+            return b"".join(read).decode()
     finally:
         serving.join(timeout=15)
         sock.close()
