@@ -106,7 +106,7 @@ def test_scrapes_at_once_share_one_exposition(gateway: tuple[Runtime, Served], m
 
     def counted(registry: object) -> bytes:
         written.append(time.monotonic())
-        time.sleep(0.5)
+        time.sleep(0.3)  # a slow exposition, that the three scrapes (sent at once) arrive during
         return real(registry)  # type: ignore[arg-type]
 
     monkeypatch.setattr(metrics_module, "generate_latest", counted)
