@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -34,6 +35,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest modules first (see LONGEST_MODULES), each module's tests in their own order."""
     rank = {name: place for place, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collecting imported (every module, the tests, the hub's data) lives as long as the run: the
+    garbage collector stops walking it at each full collection (gc.freeze), which took 1.7 s of the fast
+    suite's CPU; what the tests make is collected as before."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

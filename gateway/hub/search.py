@@ -102,6 +102,7 @@ def search(model: str, publishers: Iterable[str] = (), api: Any = None) -> Searc
     api = api or HfApi()
     key = (model.lower(), str(api.endpoint))
     found = _SEARCHES.get(key)
+    learned = found is None  # written beside the cache only when it changed: a plan asks once per engine
     if found is None:
         try:
             named = api.model_info(model)
@@ -122,7 +123,9 @@ def search(model: str, publishers: Iterable[str] = (), api: Any = None) -> Searc
             if publisher not in found.publishers:
                 found.publishers.append(publisher)
                 _query(found, api, publisher, {"author": publisher, "search": name})
-        _remember(found)
+                learned = True
+        if learned:
+            _remember(found)
     return found
 
 

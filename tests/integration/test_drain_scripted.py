@@ -42,7 +42,7 @@ def test_a_stop_signal_drains_queued_and_open_requests_in_their_dialects(tmp_pat
 
             waiting = threading.Thread(target=ask, daemon=True)
             waiting.start()
-            time.sleep(0.5)  # queued behind the stream
+            wait_until(lambda: front.status()["scheduling"]["queued"] == 1, what="the request queued behind the stream")
             assert front.proc is not None
             front.proc.send_signal(stop)
             signalled = time.monotonic()

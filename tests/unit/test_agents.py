@@ -34,8 +34,9 @@ def _gateway(key: str | None = None, context: int = 32768) -> Starlette:
     return Starlette(routes=[Route("/v1/models", models)])
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gateway() -> Iterator[str]:
+    """One stand-in gateway for the module: it only lists a model, the same for every test."""
     served = Served(_gateway(), lifespan="off")
     try:
         yield served.url

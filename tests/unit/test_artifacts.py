@@ -16,10 +16,12 @@ from gateway.core.errors import ModelError
 
 
 @pytest.fixture
-def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """A stand-in model package whose assemble() records each call (the real one hashes 250 MB)."""
+def package(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """A stand-in model package whose assemble() records each call (the real one hashes 250 MB); its
+    file stays half written for the seconds a test gives as the fixture's param (none by default)."""
     calls: list[Path] = []
     target = tmp_path / "model.gguf"
+    half_written_s = float(getattr(request, "param", 0.0))
 
     def assemble() -> Path:
         if target.exists() and target.read_bytes() != b"GGUF-good":
@@ -28,7 +30,7 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
             with target.open("wb") as out:
                 out.write(b"GGUF")
                 out.flush()
-                time.sleep(0.2)
+                time.sleep(half_written_s)
                 out.write(b"-good")
         calls.append(target)
         return target
@@ -53,6 +55,7 @@ def test_an_unchanged_file_is_verified_once_and_a_changed_one_again(package: lis
     assert len(package) == 2
 
 
+@pytest.mark.parametrize("package", [0.2], indirect=True)  # the file half written for 0.2 s
 def test_two_gateways_starting_at_once_wait_for_one_assembly(package: list[Path]) -> None:
     """Without the lock the second reads the file half written, fails the package's checksum and refuses
     to start (two workers of the test suite, two gateways on one machine)."""

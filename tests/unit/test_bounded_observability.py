@@ -5,6 +5,7 @@ key table keeps and shows a bounded number of keys (the rest folded into ``other
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from gateway.serving.scheduling.sessions import Identity
 from gateway.serving.scheduling.usage_board import BoardCollector, RequestRecord, UsageBoard
 from tests.unit.http_harness import FakeEngine, Served, make_runtime
 from tests.unit.test_http_gateway import _gateway
+from tests.waiting import wait_until
 
 TOKENS = {"in": 10, "out": 2, "cached": 4}
 
@@ -77,14 +79,17 @@ def test_three_scrapes_at_once_leave_health_answered(
     _, served = gateway
     real = generate_latest
 
+    writing = threading.Event()
+
     def slow(registry: object) -> bytes:
-        time.sleep(0.8)
+        writing.set()
+        time.sleep(0.8)  # the slow exposition itself, not a wait
         return real(registry)  # type: ignore[arg-type]
 
     monkeypatch.setattr(metrics_module, "generate_latest", slow)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         scrapes = [pool.submit(_get, served.url + "/metrics") for _ in range(3)]
-        time.sleep(0.1)
+        wait_until(writing.is_set, what="the exposition to be written")
         health = []
         while not all(scrape.done() for scrape in scrapes):
             health.append(_get(served.url + "/health")[0])
@@ -101,7 +106,7 @@ def test_scrapes_at_once_share_one_exposition(gateway: tuple[Runtime, Served], m
 
     def counted(registry: object) -> bytes:
         written.append(time.monotonic())
-        time.sleep(0.5)
+        time.sleep(0.3)  # a slow exposition, that the three scrapes (sent at once) arrive during
         return real(registry)  # type: ignore[arg-type]
 
     monkeypatch.setattr(metrics_module, "generate_latest", counted)

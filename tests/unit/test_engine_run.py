@@ -145,7 +145,7 @@ def test_a_specific_failure_line_ends_the_start_at_once(tmp_path: Path) -> None:
 
 def test_a_generic_failure_line_waits_for_the_specific_line_that_follows(tmp_path: Path) -> None:
     generic_at = KV_TOO_SMALL_LOG.read_text().splitlines().index(GENERIC_LINE) + 1
-    run = _engine_run(_replay(KV_TOO_SMALL_LOG, pause_after=generic_at, pause_s=0.4), tmp_path)
+    run = _engine_run(_replay(KV_TOO_SMALL_LOG, pause_after=generic_at, pause_s=0.2), tmp_path)
     settled = _settle(run)
     assert settled.state is RunState.FAILED
     assert run.failure is not None and run.failure.kind is FailureKind.KV_TOO_SMALL
@@ -175,10 +175,10 @@ def test_an_exit_while_starting_fails_with_the_status_and_its_last_lines_classif
 
 
 def test_an_engine_that_never_answers_fails_at_the_startup_timeout(tmp_path: Path) -> None:
-    run = _engine_run(_launch([sys.executable, "-c", "import time; time.sleep(30)"]), tmp_path, startup_timeout_s=0.5)
+    run = _engine_run(_launch([sys.executable, "-c", "import time; time.sleep(30)"]), tmp_path, startup_timeout_s=0.25)
     settled = _settle(run)
     assert settled.state is RunState.FAILED and run.reason == "engine not ready after 0 s (startup_timeout_s)"
-    assert run.failure is None and 0.5 <= settled.took_s < 3.0
+    assert run.failure is None and 0.25 <= settled.took_s < 3.0
     assert settled.reaped, "a start that timed out stops its engine"
 
 
@@ -201,10 +201,11 @@ def test_an_engine_that_answers_health_is_ready_and_its_death_is_seen(tmp_path: 
         assert run.child.pid is not None
         os.kill(run.child.pid, signal.SIGKILL)
         code = await asyncio.wait_for(run.wait_exit(), 5.0)
-        for _ in range(200):  # the owner task records the exit and cleans up right after
-            if run.state is RunState.EXITED and not run.temp_dir.exists():
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_until(  # the owner task records the exit and cleans up right after
+            lambda: run.state is RunState.EXITED and not run.temp_dir.exists(),
+            what="the exit recorded and a dead engine's temp directory removed without a stop",
+            timeout_s=2,
+        )
         assert run.state is RunState.EXITED and run.reason == f"engine exited with status {code} while serving"
         assert not run.temp_dir.exists(), "a dead engine's temp directory is removed without a stop"
         await run.stop()

@@ -8,7 +8,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from starlette.applications import Starlette
@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.serving.app import create_app
-from gateway.serving.edge.http_limits import bounded_protocol
+from gateway.serving.edge.http_limits import BoundedHttpToolsProtocol, bounded_protocol
 from tests.trickle import trickle
 from tests.unit.http_harness import FakeEngine, Served, make_runtime, wait_until
 
@@ -27,6 +27,32 @@ CAP = 5
 
 async def _echo(request: Request) -> Response:
     return JSONResponse({"bytes": len(await request.body())})
+
+
+def _open(server: Served) -> list[BoundedHttpToolsProtocol]:
+    """The server's side of each connection it has accepted and not yet seen close."""
+    return [conn for conn in server.server.server_state.connections if isinstance(conn, BoundedHttpToolsProtocol)]
+
+
+def _fill_to_the_cap(
+    server: Served, send: bytes, *, when: Callable[[BoundedHttpToolsProtocol], bool], apart_s: float = 0.0
+) -> list[socket.socket]:
+    """``CAP`` connections, each sending ``send``, opened one after another (``apart_s`` between them)
+    once the server holds none from an earlier test; returned once the server has accepted each and
+    ``when`` holds for it."""
+    wait_until(lambda: not _open(server), what="the earlier tests' connections to close")
+    held = []
+    for count in range(1, CAP + 1):
+        if count > 1:
+            time.sleep(apart_s)  # not a wait: how far apart the client opens them
+        conn = socket.create_connection(server.address)
+        held.append(conn)
+        if send:
+            conn.sendall(send)
+        # one by one: the server's order of age is the order they were opened in
+        wait_until(lambda count=count: len(_open(server)) == count, what=f"the server to accept connection {count}")
+    wait_until(lambda: all(when(conn) for conn in _open(server)), what=f"the {CAP} connections' bytes to be read")
+    return held
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +126,8 @@ def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
     server: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="gateway.http")
-    held = [socket.create_connection(server.address) for _ in range(CAP)]  # silent: they hold the cap
+    held = _fill_to_the_cap(server, b"", when=lambda conn: True)  # silent: they hold the cap
     try:
-        time.sleep(0.1)
         with socket.create_connection(server.address) as newcomer:
             newcomer.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             _, answer = _closed_within(newcomer, 0.4)  # answered well before the header timeout
@@ -118,14 +143,11 @@ def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
 def test_at_the_cap_half_sent_heads_give_way_oldest_first_to_a_new_connection(server: Served) -> None:
     """Issue 41: 1,000 connections that each sent part of a head (no key needed, a byte now and then)
     had every new connection reset for as long as they were held."""
-    half = []
-    for _ in range(CAP):  # each in the middle of sending its head: not idle, no request in progress
-        conn = socket.create_connection(server.address)
-        conn.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\n")
-        half.append(conn)
-        time.sleep(0.01)
+    # each in the middle of sending its head: not idle, no request in progress; opened 10 ms apart, so
+    # that the server's clock (uvloop's counts milliseconds) tells which is oldest
+    head = b"GET /v1/messages HTTP/1.1\r\nHost: x\r\n"
+    half = _fill_to_the_cap(server, head, when=lambda conn: conn._head_bytes > 0, apart_s=0.01)
     try:
-        time.sleep(0.1)
         with socket.create_connection(server.address) as newcomer:
             newcomer.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             _, answer = _closed_within(newcomer, 0.4)
@@ -137,13 +159,12 @@ def test_at_the_cap_half_sent_heads_give_way_oldest_first_to_a_new_connection(se
 
 
 def test_at_the_cap_with_every_connection_in_a_request_a_new_one_is_refused(server: Served) -> None:
-    busy = []
-    for _ in range(CAP):  # each sending its body: a request in progress is never displaced
-        conn = socket.create_connection(server.address)
-        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        busy.append(conn)
+    busy = _fill_to_the_cap(  # each sending its body: a request in progress is never displaced
+        server,
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        when=lambda conn: not conn._in_headers,
+    )
     try:
-        time.sleep(0.1)
         with socket.create_connection(server.address) as extra:
             closed, answer = _closed_within(extra, 0.3)
         assert closed and answer == b""

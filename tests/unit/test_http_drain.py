@@ -27,7 +27,7 @@ from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.drain import DrainingServer
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events, wait_until
 
-GRACE_S = 1.5  # "at once" and "after the grace" stay apart on a loaded machine
+GRACE_S = 1.0  # "at once" (after the stop) and "after the grace" stay apart on a loaded machine
 
 
 def _in_thread(call: Callable[[], httpx.Response], into: dict[str, Any], name: str) -> threading.Thread:
@@ -38,7 +38,7 @@ def _in_thread(call: Callable[[], httpx.Response], into: dict[str, Any], name: s
         except httpx.HTTPError as exc:
             into[name] = exc
         into[name + "_s"] = time.monotonic() - started
-        into[name + "_ended"] = time.monotonic()
+        into[name + "_at"] = time.monotonic()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -71,7 +71,7 @@ def test_stopping_answers_the_queue_at_once_and_cuts_what_outlives_the_grace() -
             _in_thread(lambda: httpx.post(url + "/v1/responses", json=queued, timeout=20), results, "queued")
         )
         wait_until(lambda: runtime.admission.queued == 1, what="a queued request")
-        stopped = time.monotonic()
+        stopped_at = time.monotonic()
         server.should_exit = True
         for thread in threads:
             thread.join(timeout=15)
@@ -83,11 +83,12 @@ def test_stopping_answers_the_queue_at_once_and_cuts_what_outlives_the_grace() -
 
     waited = results["queued"]
     assert waited.status_code == 503 and waited.headers["retry-after"] == "5", waited.text
-    assert "shutting down" in waited.json()["error"]["message"] and results["queued_ended"] - stopped < GRACE_S
+    # at once: well inside the grace after the stop (how long it waited in the queue before is the machine's)
+    assert "shutting down" in waited.json()["error"]["message"] and results["queued_at"] - stopped_at < GRACE_S
 
     slow_answer = results["slow"]
     assert slow_answer.status_code == 503 and "shutting down" in slow_answer.json()["error"]["message"]
-    assert results["slow_ended"] - stopped >= GRACE_S
+    assert results["slow_s"] >= GRACE_S
 
     assert isinstance(results["stream"], httpx.Response), repr(results["stream"])
     name, last = sse_events(results["stream"].text)[-1]
@@ -114,22 +115,25 @@ def _misaligned_engine() -> Starlette:
 
 
 def _stopped_while_streaming(engine_url: str) -> str:
-    """A gateway (grace 0.2 s) stopped 0.2 s into a stream of ``engine_url``: the whole stream as read."""
+    """A gateway (grace 0.1 s) stopped once a stream of ``engine_url`` has begun: the whole stream as read."""
     runtime = make_runtime(engine_url)
     runtime.route = ModelRoute(fronted=FRONTED, served=FRONTED)  # no renaming: the bytes pass as they are read
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     config = uvicorn.Config(create_app(runtime), log_level="warning", lifespan="on", ws="none")
-    server = DrainingServer(config, runtime, 0.2)
+    server = DrainingServer(config, runtime, 0.1)
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     serving.start()
     wait_until(lambda: server.started, what="the gateway to start")
     body = {"model": FRONTED, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=20) as answer:
-            threading.Timer(0.2, lambda: setattr(server, "should_exit", True)).start()  # 0.2 s into the stream
-            return b"".join(answer.iter_raw()).decode()
+            read = []
+            for chunk in answer.iter_raw():
+                read.append(chunk)
+                server.should_exit = True  # streaming: stop the gateway (the grace lets it stream on a while)
+            return b"".join(read).decode()
     finally:
         serving.join(timeout=15)
         sock.close()

@@ -184,6 +184,30 @@ def test_offline_the_last_search_is_remembered(hub: LocalHub, monkeypatch: pytes
     assert Path(constants.HF_HOME, "gateway-search", "Qwen--Qwen3-8B.json").is_file()
 
 
+def test_the_search_is_written_beside_the_cache_only_when_it_learned_something(
+    hub: LocalHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both engines ask for the same model in one plan: the record (written and fsynced) is rewritten
+    only for what is new, a search or a publisher's results, not on every question."""
+    from gateway.hub import search
+
+    written: list[str] = []
+    real = search.replace_atomically
+
+    def counted(path: Path, text: str) -> None:
+        written.append(path.name)
+        real(path, text)
+
+    monkeypatch.setattr(search, "replace_atomically", counted)
+    search.search("Qwen/Qwen3-8B", ["bartowski"])
+    assert written == ["Qwen--Qwen3-8B.json"]
+    search.search("Qwen/Qwen3-8B", ["bartowski"])
+    search.search("Qwen/Qwen3-8B")
+    assert len(written) == 1
+    search.search("Qwen/Qwen3-8B", ["unsloth"])  # a publisher not yet searched
+    assert len(written) == 2
+
+
 def test_a_split_gguf_is_one_variant_and_its_parts_tensor_tables_are_joined(
     hub: LocalHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 from gateway.serving.edge.listen import bind_listener as _bind
+from tests.waiting import async_wait_until
 
 
 def test_accepted_connections_have_nagle_off() -> None:
@@ -22,10 +23,7 @@ def test_accepted_connections_have_nagle_off() -> None:
 
         server = await asyncio.start_server(accepted, sock=listener)
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        for _ in range(50):
-            if seen:
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: seen, what="the connection to be accepted")
         writer.close()
         server.close()
         await server.wait_closed()

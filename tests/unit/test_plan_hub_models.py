@@ -17,14 +17,19 @@ from typing import Any
 
 import pytest
 
+from backends import registry
+from backends.base import Installation
 from backends.vllm import releases
 from gateway.cli.commands import main
 from gateway.cli.full_settings import Settings
 from gateway.core.devices import GIB, Inventory, inventory
+from gateway.core.model_entry import ModelEntry
 from gateway.hub import search
+from gateway.planning import from_settings
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.from_settings import plan_for
 from gateway.planning.plan_report import to_json
+from gateway.planning.planner import EnginePlan
 from tests.integration.tools.local_hub import LocalHub
 from tests.unit.plan_helpers import objective_broken
 
@@ -44,6 +49,30 @@ MACHINES = {
 def module_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[Any, Any]]:
     """One hub cache and one memory of searches for this module's tests."""
     return tmp_path_factory.mktemp("hf"), {}
+
+
+@pytest.fixture(scope="module")
+def read_models() -> dict[str, list[Any]]:
+    """Each engine's reading of each model, by model, for the rows: what a plan reads does not depend
+    on the machine (candidates() leaves the model as read: the test at the end)."""
+    return {}
+
+
+@pytest.fixture
+def read_once(read_models: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows' plans read each model once and evaluate it on each machine: the reading is
+    test_hub_*.py's, and each model's first row reads it cold."""
+    real = from_settings.read_engines
+
+    def read_engines(entry: ModelEntry, installations: dict[str, Installation]) -> list[EnginePlan]:
+        if entry.name not in read_models:
+            read_models[entry.name] = [engine.model for engine in real(entry, installations)]
+        return [
+            EnginePlan(backend, installations[backend.name], model)
+            for backend, model in zip(registry.BACKENDS, read_models[entry.name], strict=True)
+        ]
+
+    monkeypatch.setattr(from_settings, "read_engines", read_engines)
 
 
 @pytest.fixture
@@ -287,6 +316,7 @@ TABLE = [
 @pytest.mark.parametrize(("model", "machine", "engine", "loads", "gpus", "context"), TABLE)
 def test_each_family_on_each_machine(
     hub: LocalHub,
+    read_once: None,
     monkeypatch: pytest.MonkeyPatch,
     model: str,
     machine: str,
@@ -492,8 +522,7 @@ def test_candidates_leave_the_model_as_read_and_options_take_what_they_found(hub
     second one's GGUF. Each evaluation now carries its own choice, and the model stays as read."""
     import copy
 
-    from backends import llamacpp
-    from backends.base import Installation
+    from backends import llamacpp, vllm
     from gateway.core.policy import Policy
 
     model = llamacpp.BACKEND.read(builtin_catalog().resolve(CODER))
@@ -506,6 +535,13 @@ def test_candidates_leave_the_model_as_read_and_options_take_what_they_found(hub
     assert any(small.variant.label in note for note in small.notes)
     (option,) = llamacpp.BACKEND.options(model, small, Policy(), native, Settings())
     assert option.memo()["hub_variant"]["quant"] == small.variant.quant
+    # vLLM's too (the rows above read each model once and plan it on each machine)
+    checkpoints = vllm.BACKEND.read(builtin_catalog().resolve(CODER))
+    as_read = copy.deepcopy(checkpoints)
+    installed = Installation(("vllm",), "0.32.0", "installed")
+    for machine in ("2x16GiB@8.9", "2x24GiB@8.9", "1x80GiB@9.0"):
+        vllm.BACKEND.candidates(checkpoints, inventory(machine, "64GiB"), Policy(), installed)
+    assert checkpoints == as_read
 
 
 # Issue 42: the hybrid rows name what a later turn re-prefills on each engine, and decide by it

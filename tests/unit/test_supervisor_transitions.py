@@ -24,6 +24,7 @@ from gateway.supervision.after_failure import MAX_RESTARTS, RestartBudget
 from gateway.supervision.engine_run import RunState
 from gateway.supervision.lifecycle import State
 from gateway.supervision.supervisor import MAX_ATTEMPTS, Supervisor
+from tests.waiting import async_wait_until
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 TIMEOUT_S = 2.0  # no scenario here takes more than a few milliseconds; this only bounds a broken one
@@ -189,10 +190,7 @@ def _supervisor(options: list[Any], engines: Engines, tmp_path: Path, **kwargs: 
 
 
 async def _until(condition: Callable[[], bool]) -> None:
-    deadline = asyncio.get_running_loop().time() + TIMEOUT_S
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "the supervisor did not get there"
-        await asyncio.sleep(0.001)
+    await async_wait_until(condition, what="the supervisor to get there", timeout_s=TIMEOUT_S, interval_s=0.001)
 
 
 def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:

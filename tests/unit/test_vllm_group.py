@@ -39,6 +39,7 @@ from gateway.supervision.group import RANK_LOST, GroupRun, RankRefused
 from gateway.supervision.lifecycle import State
 from tests.unit.http_harness import Served
 from tests.unit.test_supervisor_transitions import TIMEOUT_S, Engines, ReplayRun, _supervisor, _until, serves
+from tests.waiting import async_wait_until
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 VERSION = "0.32.0+cpu"
@@ -188,7 +189,7 @@ def test_a_rank_runs_until_the_head_stops_it_or_its_lease_runs_out(tmp_path: Pat
         await followers.start(_request())
         clock.now += 21  # no renewal: the head is gone
         watch = asyncio.create_task(followers.keep_lease(every_s=0.01))
-        await asyncio.wait_for(_wait(lambda: not followers.running), TIMEOUT_S * 5)
+        await async_wait_until(lambda: not followers.running, what="the lease to lapse", timeout_s=TIMEOUT_S * 5)
         watch.cancel()
         assert followers.state()["reason"] == "the head renewed no lease: it is gone"
 
@@ -199,16 +200,11 @@ def test_a_rank_that_exits_by_itself_is_reported_with_its_status(tmp_path: Path)
     async def scenario() -> None:
         followers, _ = _followers(tmp_path)
         await followers.start(_request(args=("not-a-number",)))
-        await asyncio.wait_for(_wait(lambda: not followers.running), TIMEOUT_S * 5)
+        await async_wait_until(lambda: not followers.running, what="the rank to exit", timeout_s=TIMEOUT_S * 5)
         state = followers.renew()
         assert state["state"] == "exited" and state["code"] == 1 and "exited with status 1" in state["reason"]
 
     asyncio.run(scenario())
-
-
-async def _wait(condition: Any) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)
 
 
 def test_the_workers_group_routes_need_the_key_and_check_the_request(tmp_path: Path) -> None:

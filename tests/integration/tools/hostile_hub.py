@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.integration.tools.local_hub import LocalHub, free_port
+from tests.waiting import wait_until
 
 CHUNK = 1 << 20
 ENDLESS = 4 << 30
@@ -169,11 +169,12 @@ def serving(app: Any) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the recorder did not start")
-        time.sleep(0.02)
+    wait_until(
+        lambda: server.started,
+        what="the recorder to start",
+        timeout_s=10,
+        abort=lambda: None if thread.is_alive() else "its thread ended",
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
