@@ -105,6 +105,7 @@ class Admission:
         long_lane: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
         aging_s: float = AGING_S,
+        by_key: collections.Counter[str] | None = None,
     ) -> None:
         self.capacity = capacity
         self.queue_limit = queue_limit
@@ -117,7 +118,8 @@ class Admission:
         self.long_active = 0
         self.rejected = 0
         self.closed: str | None = None  # why nothing more is admitted (the gateway is stopping)
-        self.by_key: collections.Counter[str] = collections.Counter()
+        # requests in flight per key: shared by the admissions of a pool's replicas (one count over the pool)
+        self.by_key: collections.Counter[str] = by_key if by_key is not None else collections.Counter()
         self.by_session: collections.Counter[str] = collections.Counter()
         self._waiters: list[_Waiter] = []
         self._order = itertools.count()
