@@ -44,6 +44,7 @@ from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 
 log = logging.getLogger("gateway.handlers")
 
+REPLICA_HEADER = "x-gateway-replica"  # on each answer when several replicas serve: the one that answered
 # What a route sends on the replica a request was placed on: the replica's client, its engine, the slot's
 # ticket and what frees the slot and the placement together when the response ends (a stream's close).
 Send = Callable[[Upstream, EngineTarget, Ticket, Callable[[], None]], Awaitable[Response]]
@@ -171,6 +172,7 @@ class Inference:
         got a byte (refused, cut, not serving) gets the request sent to another (the session moves with
         it: gateway.serving.routing.retry). With one engine it is sent once, as before."""
         record = record_of(request.scope)
+        answered: list[str] = []
 
         async def attempt(tried: Attempt[Upstream]) -> Response:
             upstream, placed = tried.replica.upstream, tried.placement
@@ -185,11 +187,16 @@ class Inference:
                     placed.release()
 
                 response = await send(upstream, target, ticket, close)
+                if self.rt.pool.single is None:
+                    answered.append(tried.replica.name)
                 if not ticket.handed_over:  # answered whole: the slot frees as the block ends
                     placed.release()
                 return response
 
-        return await retry_before_first_byte(self.rt.pool, placement, attempt)
+        response = await retry_before_first_byte(self.rt.pool, placement, attempt)
+        if answered:  # several replicas: which one answered, for the operator (and the tests)
+            response.headers[REPLICA_HEADER] = answered[-1]
+        return response
 
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:

@@ -147,7 +147,7 @@ class ReplicaSet:
         return {
             **lead.snapshot(),
             "state": self.state.value,
-            "replicas": [
+            "engines": [  # each replica's supervisor, as one engine's shows itself
                 {"replica": name, **backend.snapshot()} for name, backend in zip(self.names, self.backends, strict=True)
             ],
         }

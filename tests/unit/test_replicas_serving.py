@@ -139,6 +139,7 @@ def test_a_replica_that_refuses_before_the_first_byte_is_skipped_and_the_session
     with TestClient(create_app(pair.runtime)) as http:
         answers = [turn(http, session) for session in ("alpha", "beta", "alpha", "beta")]
     assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    assert [a.headers["x-gateway-replica"] for a in answers] == ["2"] * 4  # the one that answered
     assert pair.served_by("alpha") == pair.served_by("beta") == {1}
     first = pair.runtime.pool["1"]
     assert first.counters.failed == 1 and first.suspect_until > 0  # tried once, then avoided
@@ -200,7 +201,7 @@ def test_the_replica_set_is_ready_while_one_replica_serves() -> None:
     fakes[1].state = State.RESTARTING
     assert not replicas.ready and replicas.state is State.RESTARTING
     snapshot = replicas.snapshot()
-    assert [row["replica"] for row in snapshot["replicas"]] == ["1", "2"] and snapshot["state"] == "restarting"
+    assert [row["replica"] for row in snapshot["engines"]] == ["1", "2"] and snapshot["state"] == "restarting"
     assert "replica 1: out of memory" in replicas.report()
     with pytest.raises(ValueError, match="two or more"):
         ReplicaSet(fakes[:1], ["1"])
