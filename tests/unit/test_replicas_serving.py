@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +26,7 @@ from gateway.serving.runtime import Engine, Runtime
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.lifecycle import ServedBackend, State
 from gateway.supervision.replica_set import ReplicaSet, WithEnv, with_env
-from tests.unit.http_harness import FRONTED, FakeBackend, FakeEngine, Served, make_runtime
+from tests.unit.http_harness import FRONTED, FakeBackend, FakeEngine, Served, make_runtime, sse_events
 
 
 @dataclass
@@ -267,3 +269,35 @@ def test_health_follows_each_replicas_supervisor(engines: Any) -> None:
     assert first.state is Health.UP
     pair.backends[0].state = State.FAILED
     assert first.state is Health.DOWN and pair.runtime.pool["2"].state is Health.UP
+
+
+def test_a_started_stream_on_a_replica_cut_for_a_hang_ends_with_its_error_event_and_is_not_sent_again(
+    engines: Any,
+) -> None:
+    """Its client already read the stream's start: the stream ends with the error event, nothing is retried,
+    and the other replica's requests go on (each replica's own client is cut, not the pool's)."""
+    pair = two(engines)
+    why = "the engine stopped making progress (test); it is being restarted: retry"
+    answers: dict[str, Any] = {}
+    with TestClient(create_app(pair.runtime)) as http:
+        turn(http, "alpha")
+        (alpha_on,) = pair.served_by("alpha")
+        hung = pair.runtime.pool[str(alpha_on + 1)].upstream.client
+        thread = threading.Thread(target=lambda: answers.update(hang=turn(http, "alpha", "HANG", stream=True)))
+        thread.start()
+        deadline = time.monotonic() + 5
+        while hung.activity().chunks < 2:  # the first turn's answer, then the hanging stream's first chunk
+            assert time.monotonic() < deadline, hung.activity()
+            time.sleep(0.01)
+        assert http.portal is not None
+        http.portal.call(hung.cut, why)
+        thread.join(5)
+        other = turn(http, "beta")
+    stream = answers["hang"]
+    assert stream.status_code == 200 and stream.headers["x-gateway-replica"] == str(alpha_on + 1)
+    _, last = sse_events(stream.text)[-1]
+    assert last["error"]["message"] == why
+    hangs = [e for e in pair.engines if any("HANG" in str(s["body"].get("messages")) for s in e.seen)]
+    assert hangs == [pair.engines[alpha_on]]  # sent once, to its own replica
+    assert other.status_code == 200 and why not in other.text
+    assert all(replica.load == 0 for replica in pair.runtime.pool.replicas)
