@@ -140,8 +140,9 @@ class Runtime:
     def __post_init__(self) -> None:
         self.created = int(time.time())
         by_key: Counter[str] = Counter()  # requests in flight per key over the whole pool (fairness, the cap)
+        admissions: list[Admission] = []  # the pool's, asked again when a slot frees on any of them
         if not self.engines:
-            self.admission = self._admission(self.capacity, self.long_lane, by_key)
+            self.admission = self._admission(self.capacity, self.long_lane, by_key, admissions)
             backend = self.backend
             local: Replica[Upstream] = Replica(
                 "local",
@@ -152,11 +153,13 @@ class Runtime:
             )
             self.pool = Pool([local], balance=self.balance)
             return
-        replicas = [self._replica(engine, by_key) for engine in self.engines]
+        replicas = [self._replica(engine, by_key, admissions) for engine in self.engines]
         self.admission = replicas[0].upstream.admission
         self.pool = Pool(replicas, balance=self.balance)
 
-    def _admission(self, capacity: Callable[[], int], long_lane: Callable[[], int], by_key: Counter[str]) -> Admission:
+    def _admission(
+        self, capacity: Callable[[], int], long_lane: Callable[[], int], by_key: Counter[str], pool: list[Admission]
+    ) -> Admission:
         return Admission(
             capacity,
             queue_limit=self.queue_limit,
@@ -164,14 +167,17 @@ class Runtime:
             per_key_limit=self.per_key_limit,
             long_lane=long_lane,
             by_key=by_key,
+            pool=pool,
         )
 
-    def _replica(self, engine: Engine, by_key: Counter[str]) -> Replica[Upstream]:
+    def _replica(self, engine: Engine, by_key: Counter[str], admissions: list[Admission]) -> Replica[Upstream]:
         backend = engine.backend
         return Replica(
             engine.name,
             ReplicaUpstream(
-                backend, engine.client, self._admission(lambda: _capacity(backend), lambda: _long_lane(backend), by_key)
+                backend,
+                engine.client,
+                self._admission(lambda: _capacity(backend), lambda: _long_lane(backend), by_key, admissions),
             ),
             node=engine.node,
             devices=engine.devices,

@@ -23,6 +23,7 @@ from starlette.testclient import TestClient
 from gateway.serving.app import create_app
 from gateway.serving.routing.pool import Health
 from gateway.serving.runtime import Engine, Runtime
+from gateway.serving.scheduling.admission import Claim
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.lifecycle import ServedBackend, State
 from gateway.supervision.replica_set import ReplicaSet, WithEnv, with_env
@@ -189,6 +190,21 @@ def test_the_per_key_count_is_one_over_the_pool() -> None:
     first, second = (upstream.admission for upstream in runtime.upstreams)
     assert first is not second and first.by_key is second.by_key  # a key's requests counted once over both
     assert first.per_key_limit == second.per_key_limit == 1
+
+    async def scenario() -> None:
+        """A key at its cap on one replica waits on the other, and starts there when its slot frees."""
+        held = await first.enter(Claim("team", "s1"))
+        waiting = asyncio.ensure_future(second.enter(Claim("team", "s2")))
+        other_key = await second.enter(Claim("other", "s3"))  # another key is not held back
+        await asyncio.sleep(0.01)
+        assert not waiting.done() and second.queued == 1
+        held.release()
+        ticket = await asyncio.wait_for(waiting, 1)  # before: it waited for activity on its own replica
+        ticket.release()
+        other_key.release()
+        assert not first.by_key and first.active == second.active == 0
+
+    asyncio.run(scenario())
 
 
 def test_the_replica_set_is_ready_while_one_replica_serves() -> None:
