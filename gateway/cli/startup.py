@@ -112,6 +112,9 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
     if any(replica.node for replica in planned):
         log.info("plan: replicas on other nodes are not started yet: serving the one engine above")
         return None
+    if any(replica.chosen.ranks > 1 for replica in planned):  # ranks step together: one fate, not one each
+        log.info("plan: a data-parallel group is not started yet: serving the one engine above")
+        return None
     log.info("plan: %d replicas planned: serve starts each, supervised on its own", len(planned))
     per_replica = settings
     if not any(replica.devices for replica in planned) and settings.threads is None:  # CPU: its share of the cores
