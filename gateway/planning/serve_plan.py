@@ -115,9 +115,8 @@ def plan_serving(
         log.info("plan: why: %s", plan.why)
     if (replication := plan.replication) is not None:
         log.info("plan: shape: %s", replication.why)
-        if replication.chosen.count > 1:  # the plan's replicas start once a runtime of several engines exists
-            count = replication.chosen.count
-            log.info("plan: %d replicas planned; serve starts the one engine above until it can start replicas", count)
+        if replication.chosen.count > 1:  # what serve starts of them: gateway.cli.startup
+            log.info("plan: %d replicas planned", replication.chosen.count)
     for note in plan.notes:
         if note not in machine.notes:  # the inventory's own notes were logged when it was read
             log.info("plan: %s", note)

@@ -143,3 +143,17 @@ def test_replicas_asked_on_the_cpu_start_one_supervised_engine_each(tmp_path: Pa
         assert isinstance(supervisor, Supervisor)
         argv = supervisor.options[0].launch(1, "k").argv
         assert argv[argv.index("--n_threads") + 1] == "1"
+
+
+@needs_embedded_model
+def test_each_replica_on_gpus_launches_with_its_own_devices(tmp_path: Path) -> None:
+    """Before: the plan's replicas were logged and one engine started over both GPUs."""
+    served = assemble(_settings(tmp_path, gpus="2x8GiB", ram="64GiB", replicas="2"))
+    assert served.replicas is not None
+    envs = []
+    for engine in served.runtime.engines:
+        assert isinstance(engine.backend, Supervisor)
+        envs.append(engine.backend.options[0].launch(1, "k").env)
+    assert [env.get("CUDA_VISIBLE_DEVICES") for env in envs] == ["0", "1"]
+    assert all(env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" for env in envs)
+    assert [r.devices for r in served.runtime.pool.replicas] == [("0",), ("1",)]
