@@ -31,7 +31,7 @@ from gateway.serving.edge.middleware import authenticated_key, record_of
 from gateway.serving.edge.readiness import public
 from gateway.serving.edge.request_body import BodyReader
 from gateway.serving.routing.pool import Placement
-from gateway.serving.routing.retry import Attempt, retry_before_first_byte
+from gateway.serving.routing.retry import Attempt, replica_failed, retry_before_first_byte
 from gateway.serving.runtime import Runtime, Upstream
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
@@ -253,7 +253,12 @@ class Inference:
         requested = payload.get("max_tokens")
         if not (isinstance(requested, int) and requested > target.context_length // 4):
             return changed
-        counted = await prompt.counted()
+        try:
+            counted = await prompt.counted()
+        except ApiError as exc:  # its replica failed: sent elsewhere (routing.retry), the engine's verdict decides
+            if not replica_failed(exc):
+                raise
+            counted = None
         if counted is not None and counted[1]:  # exact
             changed |= clamp_output(payload, counted[0], target.context_length)
         return changed
@@ -276,15 +281,7 @@ class Inference:
         prompt = self._prompt(target, payload, placement)
         fixed = await self._fit_chat(target, payload, prompt)
         stream = payload.get("stream") is True
-        filters: list[ChunkFilter] = []
-        if stream:
-            wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-            synth = wants_usage and "include_usage" not in target.native
-            usage_prompt = (await prompt.tokens() or 0) if synth else None
-            if synth or target.reasoning_field:
-                filters.append(ChatStreamFixer(mirror=target.reasoning_field, usage_prompt_tokens=usage_prompt))
-            if rewriter := self.rt.route.stream_rewriter():
-                filters.append(rewriter)
+        wants_usage = stream and bool((payload.get("stream_options") or {}).get("include_usage"))
         if changed or fixed:
             body = json.dumps(payload).encode()
         route_rewrite = self.rt.route.rewrite_body
@@ -294,6 +291,15 @@ class Inference:
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
 
         async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
+            filters: list[ChunkFilter] = []
+            if stream:
+                synth = wants_usage and "include_usage" not in target.native
+                prompt.follow(upstream.client, target)  # counted where it is sent
+                usage_prompt = (await prompt.tokens() or 0) if synth else None
+                if synth or target.reasoning_field:
+                    filters.append(ChatStreamFixer(mirror=target.reasoning_field, usage_prompt_tokens=usage_prompt))
+                if rewriter := self.rt.route.stream_rewriter():
+                    filters.append(rewriter)
             ticket.hand_over()
             return await upstream.client.relay(
                 target,
@@ -371,6 +377,7 @@ class Inference:
 
         async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
             client = upstream.client
+            prompt.follow(client, target)
             if not chat["stream"]:
                 status, answer = await client.post_json(target, "/v1/chat/completions", chat)
                 if status == 200 and not _is_chat_completion(answer):

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -148,6 +148,32 @@ def test_a_replica_that_refuses_before_the_first_byte_is_skipped_and_the_session
     assert first.counters.failed == 1 and first.suspect_until > 0  # tried once, then avoided
     assert pair.runtime.pool["2"].counters.retry == 1
     assert all(replica.load == 0 for replica in pair.runtime.pool.replicas)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_long_output_whose_prompt_is_counted_first_still_goes_to_the_replica_that_lives(
+    engines: Any, stream: bool
+) -> None:
+    """Claude Code asks for 32,000 output tokens: the prompt is counted (to fit the output beside it) before the
+    request is sent, on the replica it was placed on. Before: that count failed against the dead replica and
+    the client got a 503 instead of the other replica's answer."""
+
+    def first_dead() -> Two:
+        pair = two(engines, urls=(_closed_port(), engines[1][1]))
+        for backend in pair.backends:  # an engine that ignores include_usage: the stream's usage is counted too
+            backend._launch = replace(backend._launch, native=frozenset())
+        return pair
+
+    body = {"model": FRONTED, "max_tokens": 32000, "stream": stream, "messages": [{"role": "user", "content": "alpha"}]}
+    chat = {"model": FRONTED, "max_tokens": 32000, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+    chat["stream_options"] = {"include_usage": True}
+    with TestClient(create_app(first_dead().runtime)) as http:
+        # each the first of its pool to reach replica 1 (after a failure it is avoided for a while)
+        answers = [http.post("/v1/chat/completions", json=chat, headers={"X-Claude-Code-Session-Id": "c"})]
+    with TestClient(create_app(first_dead().runtime)) as http:
+        answers += [http.post("/v1/messages", json=body, headers={"X-Claude-Code-Session-Id": s}) for s in "ab"]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert [a.headers["x-gateway-replica"] for a in answers] == ["2", "2", "2"]
 
 
 def test_a_replica_down_leaves_the_other_serving_and_its_sessions_move(engines: Any) -> None:
