@@ -211,6 +211,21 @@ def test_a_restarted_replica_takes_new_sessions(engines: Any) -> None:
     assert pair.served_by("gamma") == {alpha_on}
 
 
+def test_a_replica_that_failed_a_request_and_came_back_takes_new_sessions_at_once(engines: Any) -> None:
+    """A request failed on it (it is avoided for a while: suspect), then its supervisor restarted it: the
+    failure was its last life's. Before: it took nothing new for 10 s after coming back."""
+    pair = two(engines)
+    pool = pair.runtime.pool
+    first = pool["1"]
+    first.suspect_until = pool.clock() + 3600  # a request failed on it
+    with TestClient(create_app(pair.runtime)) as http:
+        turn(http, "alpha")
+        assert pair.served_by("alpha") == {1}
+        pair.backends[0].restarts += 1  # back, a new generation
+        turn(http, "beta", " ".join(f"beta{i}" for i in range(100)))  # nothing of it held anywhere
+    assert pair.served_by("beta") == {0}
+
+
 def test_the_per_key_count_is_one_over_the_pool() -> None:
     runtime = two(((FakeEngine(), _closed_port()), (FakeEngine(), _closed_port())), per_key_limit=1).runtime
     first, second = (upstream.admission for upstream in runtime.upstreams)
