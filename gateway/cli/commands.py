@@ -174,7 +174,7 @@ def serve(args: argparse.Namespace) -> int:
     if settings.log_format == "json":
         use_json_lines()
     served = assemble(settings)
-    runtime, supervisor, fronted = served.runtime, served.supervisor, served.fronted
+    runtime, supervisor, fronted = served.runtime, served.supervisor or served.replicas, served.fronted
     sock = bind_listener(settings.host, settings.port)
     config = uvicorn.Config(
         create_app(runtime),

@@ -8,6 +8,7 @@ workers, the supervisor, the HTTP side).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -16,16 +17,17 @@ from gateway.core.settings import Settings
 from gateway.nodes.group import WorkerGroup
 from gateway.nodes.pooled import with_other_nodes, worker_key
 from gateway.nodes.survey import Nodes
-from gateway.planning.serve_plan import plan_serving, plan_summary
+from gateway.planning.serve_plan import ServePlan, nothing_to_start, options_of, plan_serving, plan_summary
 from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.plan_figures import plan_figures
 from gateway.serving.routing.pool import Balance
-from gateway.serving.runtime import Runtime
+from gateway.serving.runtime import Engine, Runtime
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.after_failure import RestartBudget
 from gateway.supervision.external import ExternalBackend, describe_server
 from gateway.supervision.lifecycle import ServedBackend
 from gateway.supervision.liveness import Limits, Liveness
+from gateway.supervision.replica_set import ReplicaSet, with_env
 from gateway.supervision.supervisor import Supervisor
 
 log = logging.getLogger("gateway.startup")
@@ -40,8 +42,9 @@ class Serving:
     """What `serve` runs: the app's runtime, and the supervisor when the gateway starts the engine."""
 
     runtime: Runtime
-    supervisor: Supervisor | None  # None: --backend-url (a server the user runs)
+    supervisor: Supervisor | None  # None: --backend-url (a server the user runs), or replicas
     fronted: str
+    replicas: ReplicaSet | None = None  # the replicas' supervisors, when the plan starts several engines
 
 
 def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
@@ -69,6 +72,8 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
         with_other_nodes(local, settings, nodes=nodes),
         survey=partial(nodes.survey, local) if nodes is not None else None,
     )
+    if replicated := _replicas(settings, serve_plan, keys, timeouts):
+        return replicated
     supervisor = Supervisor(
         serve_plan.options,
         log_dir=settings.backend_log_dir,
@@ -97,8 +102,63 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
     return Serving(runtime, supervisor, route.fronted)
 
 
+def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], timeouts: Timeouts) -> Serving | None:
+    """The plan's replicas, each its own supervised engine on its own devices and port with its own client,
+    behind one router; None where the plan is one engine, or where a replica is on another node (a whole
+    engine through a worker is not started yet: the one engine above is)."""
+    planned = serve_plan.plan.replicas
+    if len(planned) < 2:
+        return None
+    if any(replica.node for replica in planned):
+        log.info("plan: replicas on other nodes are not started yet: serving the one engine above")
+        return None
+    if any(replica.chosen.ranks > 1 for replica in planned):  # ranks step together: one fate, not one each
+        log.info("plan: a data-parallel group is not started yet: serving the one engine above")
+        return None
+    log.info("plan: %d replicas planned: serve starts each, supervised on its own", len(planned))
+    per_replica = settings
+    if not any(replica.devices for replica in planned) and settings.threads is None:  # CPU: its share of the cores
+        per_replica = settings.model_copy(update={"threads": max(1, (os.cpu_count() or 1) // len(planned))})
+    engines: list[Engine] = []
+    for replica in planned:
+        name = str(replica.index + 1)
+        options = [with_env(option, replica.env) for option in options_of(replica.plan, per_replica)]
+        if not options:
+            raise nothing_to_start(serve_plan.entry, replica.plan)
+        client = EngineClient(timeouts, max_answer_bytes=settings.max_answer_bytes)
+        supervisor = Supervisor(
+            options,
+            log_dir=settings.backend_log_dir / f"replica-{name}",
+            startup_timeout_s=settings.startup_timeout_s,
+            shutdown_grace_s=ENGINE_TERM_WAIT_S,
+            plan_summary=plan_summary(replica.plan),
+            restart_budget=RestartBudget(settings.restart_limit, settings.restart_window_s, settings.restart_retry_s),
+            liveness=Liveness(
+                Limits(stall_s=settings.stall_timeout_s, canary_s=settings.canary_interval_s),
+                activity=client.activity,
+                end_requests=client.cut,
+            ),
+        )
+        log.info("replica %s (%s): %s", name, " ".join(f"{k}={v}" for k, v in replica.env.items()) or "this machine",
+                 options[0].label)  # fmt: skip
+        devices = tuple(device.label for device in replica.devices)
+        engines.append(Engine(name, supervisor, client, replica.node, devices))
+    replica_set = ReplicaSet([engine.backend for engine in engines], [engine.name for engine in engines])
+    backend: ServedBackend = replica_set  # mypy checks that it conforms
+    entry = serve_plan.entry
+    route = ModelRoute(fronted=entry.name, served=entry.name, aliases=entry.aliases)
+    runtime = _runtime(settings, route, backend, engines[0].client, keys, tuple(engines))
+    runtime.show_plan(plan_figures(serve_plan.plan))
+    return Serving(runtime, None, route.fronted, replica_set)
+
+
 def _runtime(
-    settings: Settings, route: ModelRoute, backend: ServedBackend, client: EngineClient, keys: tuple[str, ...]
+    settings: Settings,
+    route: ModelRoute,
+    backend: ServedBackend,
+    client: EngineClient,
+    keys: tuple[str, ...],
+    engines: tuple[Engine, ...] = (),
 ) -> Runtime:
     """The app's runtime: what the settings decide about limits and keys, for either kind of backend."""
     return Runtime(
@@ -115,4 +175,5 @@ def _runtime(
         bind_host=settings.host,
         allowed_hosts=tuple(settings.allowed_hosts),
         cors_allow_origins=tuple(settings.cors_allow_origins),
+        engines=engines,
     )

@@ -82,6 +82,8 @@ def weigh(plan: Plan, asked: int | None) -> Replication | None:
     one = _one_engine(plan)
     cuts = layouts(plan.inventory)
     if one is None or not cuts:
+        if asked is not None and asked > 1 and one is not None and not _has_gpus(plan):
+            return _cpu_replicas(plan, one, asked)
         if asked is not None and asked > 1 and one is not None:
             raise ConfigError(f"--replicas {asked}: this machine has one GPU or none: pass --replicas 1 or auto")
         return None
@@ -227,6 +229,19 @@ def _steady(plan: Plan) -> bool:
     """Its decision meets the floor without weights in RAM: a replica worth running."""
     chosen = plan.chosen
     return chosen is not None and not chosen.traits.below_floor and not chosen.traits.offload
+
+
+def _has_gpus(plan: Plan) -> bool:
+    return any(not d.is_cpu for d in (*plan.inventory.gpus, *plan.inventory.remote))
+
+
+def _cpu_replicas(plan: Plan, one: Shape, asked: int) -> Replication:
+    """``asked`` copies of the CPU plan on this machine, only where the user asks for them (each shares the
+    cores: serve gives each its share of the threads): no GPU to weigh, so never chosen by auto."""
+    sessions = _each(plan.policy.sessions, asked)
+    replicas = tuple(Replica(i, "", (), plan, {}, sessions) for i in range(asked))
+    why = f"{asked} replicas as asked, on this machine's CPU (each its share of the cores)"
+    return Replication(Shape(replicas, plan.policy.sessions), one, None, asked, why)
 
 
 def _one_engine(plan: Plan) -> Shape | None:

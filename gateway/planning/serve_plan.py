@@ -113,11 +113,8 @@ def plan_serving(
         loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
         log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
         log.info("plan: why: %s", plan.why)
-    if (replication := plan.replication) is not None:
+    if (replication := plan.replication) is not None:  # what serve starts of the replicas: gateway.cli.startup
         log.info("plan: shape: %s", replication.why)
-        if replication.chosen.count > 1:  # the plan's replicas start once a runtime of several engines exists
-            count = replication.chosen.count
-            log.info("plan: %d replicas planned; serve starts the one engine above until it can start replicas", count)
     for note in plan.notes:
         if note not in machine.notes:  # the inventory's own notes were logged when it was read
             log.info("plan: %s", note)

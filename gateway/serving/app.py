@@ -173,7 +173,8 @@ def create_app(runtime: Runtime) -> ASGIApp:
         finally:
             watcher.cancel()
             await runtime.backend.stop()
-            await runtime.engine_client.aclose()
+            for upstream in runtime.upstreams:
+                await upstream.client.aclose()
 
     inference = Inference(runtime)
     routes = [

@@ -42,14 +42,17 @@ class DrainingServer(uvicorn.Server):
 
 
 async def drain(runtime: Runtime, grace_s: float) -> None:
-    """Queued requests: 503 now; in flight: ``grace_s`` to finish, then cut with an error."""
-    admission = runtime.admission
+    """Queued requests: 503 now; in flight: ``grace_s`` to finish, then cut with an error (on every replica)."""
+    upstreams = runtime.upstreams
+    active = sum(upstream.admission.active for upstream in upstreams)
     log.info(
         "stopping: %d requests in flight get %g s to finish, %d queued are told to retry",
-        admission.active, grace_s, admission.queued,
+        active, grace_s, sum(upstream.admission.queued for upstream in upstreams),
     )  # fmt: skip
-    admission.close(STOPPING)
+    for upstream in upstreams:
+        upstream.admission.close(STOPPING)
     await asyncio.sleep(grace_s)
-    if admission.active:
-        log.warning("stopping: %d requests still in flight after %g s are cut", admission.active, grace_s)
-    await runtime.engine_client.cut_all(STOPPING)
+    if active := sum(upstream.admission.active for upstream in upstreams):
+        log.warning("stopping: %d requests still in flight after %g s are cut", active, grace_s)
+    for upstream in upstreams:
+        await upstream.client.cut_all(STOPPING)

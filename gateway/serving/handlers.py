@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -30,8 +30,10 @@ from gateway.serving.dialects.prompt_prefix import strip_billing_header
 from gateway.serving.edge.middleware import authenticated_key, record_of
 from gateway.serving.edge.readiness import public
 from gateway.serving.edge.request_body import BodyReader
-from gateway.serving.runtime import Runtime
-from gateway.serving.scheduling.admission import Claim, Ticket
+from gateway.serving.routing.pool import Placement
+from gateway.serving.routing.retry import Attempt, replica_failed, retry_before_first_byte
+from gateway.serving.runtime import Runtime, Upstream
+from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
 from gateway.serving.transport.prompt_count import PromptCount
@@ -41,6 +43,11 @@ from gateway.serving.wire.error_shapes import ApiError, unavailable
 from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 
 log = logging.getLogger("gateway.handlers")
+
+REPLICA_HEADER = "x-gateway-replica"  # on each answer when several replicas serve: the one that answered
+# What a route sends on the replica a request was placed on: the replica's client, its engine, the slot's
+# ticket and what frees the slot and the placement together when the response ends (a stream's close).
+Send = Callable[[Upstream, EngineTarget, Ticket, Callable[[], None]], Awaitable[Response]]
 
 
 def _is_chat_completion(answer: Any) -> bool:
@@ -130,8 +137,9 @@ class Inference:
             return True
         return False
 
-    def _target(self) -> EngineTarget:
-        backend = self.rt.backend
+    def _target(self, backend: ServedBackend | None = None) -> EngineTarget:
+        """The engine requests go to while ``backend`` (the runtime's: any replica) serves, else a 503."""
+        backend = backend or self.rt.backend
         target = backend.target
         if not backend.ready or target is None:
             raise unavailable(f"the backend for '{self.rt.route.fronted}' {_not_ready(backend)}; retry shortly")
@@ -139,21 +147,56 @@ class Inference:
 
     async def _claim(
         self, request: Request, payload: Mapping[str, Any], body_bytes: int, *, generates: bool = True
-    ) -> Claim:
-        """Name the request's session and key, and estimate what the engine must prefill of it (what the
+    ) -> tuple[Claim, Placement[Upstream]]:
+        """Name the request's session and key, place it on a replica (its session's, its parent's, or the
+        least loaded: gateway.serving.routing), and estimate what that engine must prefill of it (what the
         scheduler orders by: gateway.serving.scheduling.sessions); the estimate counts this prompt as sent
-        from now on. A large prompt is fingerprinted beside the event loop. A request that ``generates``
-        nothing (a token count) prefills nothing and is not remembered as sent."""
+        there from now on. A large prompt is fingerprinted beside the event loop. A request that
+        ``generates`` nothing (a token count) prefills nothing and is not remembered as sent."""
         units, new_tokens = await estimate_beside(self.rt.prefixes, payload, body_bytes)
         identity = identify(request.headers, payload, units, authenticated_key(request.scope))
-        if generates:
+        placement = self.rt.pool.route(request.headers, identity.session, units if generates else None)
+        if placement.new_tokens is not None:  # several replicas: the chosen one's estimate (remembered there)
+            new_tokens = placement.new_tokens
+        elif generates:
             self.rt.prefixes.remember(units)
-        else:
+        if not generates:
             new_tokens = 0
         record = record_of(request.scope)
         record.identity, record.prefill_estimate = identity, new_tokens
         record.long = new_tokens > LONG_PREFILL_TOKENS
-        return Claim(identity.key, identity.session, new_tokens, record.long)
+        return Claim(identity.key, identity.session, new_tokens, record.long), placement
+
+    async def _on_replica(self, request: Request, claim: Claim, placement: Placement[Upstream], send: Send) -> Response:
+        """``send`` on the request's replica, in one of its slots; a replica that fails before the client
+        got a byte (refused, cut, not serving) gets the request sent to another (the session moves with
+        it: gateway.serving.routing.retry). With one engine it is sent once, as before."""
+        record = record_of(request.scope)
+        answered: list[str] = []
+
+        async def attempt(tried: Attempt[Upstream]) -> Response:
+            upstream, placed = tried.replica.upstream, tried.placement
+            target = self._target(upstream.backend)
+            async with self._admitted(request, claim, upstream.admission) as ticket:
+                placed.admitted()
+
+                def close(free: Callable[[], None] = ticket.release) -> None:
+                    free()
+                    if record.ttft_s is not None:
+                        placed.first_output(record.ttft_s)
+                    placed.release()
+
+                response = await send(upstream, target, ticket, close)
+                if self.rt.pool.single is None:
+                    answered.append(tried.replica.name)
+                if not ticket.handed_over:  # answered whole: the slot frees as the block ends
+                    placed.release()
+                return response
+
+        response = await retry_before_first_byte(self.rt.pool, placement, attempt)
+        if answered:  # several replicas: which one answered, for the operator (and the tests)
+            response.headers[REPLICA_HEADER] = answered[-1]
+        return response
 
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:
@@ -164,17 +207,23 @@ class Inference:
         return bool(fields)
 
     @contextlib.asynccontextmanager
-    async def _admitted(self, request: Request, claim: Claim) -> AsyncIterator[Ticket]:
-        """An engine slot for the block (gateway.serving.scheduling.admission), with the wait noted on the
-        request's record. The long-prefill lane frees at the engine's first output (each route watches its
-        stream with ``FirstOutput(ticket.prefilled)``), or with the slot."""
-        async with self.rt.admission.slot(claim) as ticket:
+    async def _admitted(self, request: Request, claim: Claim, admission: Admission) -> AsyncIterator[Ticket]:
+        """An engine slot for the block (gateway.serving.scheduling.admission: the replica's), with the wait
+        noted on the request's record. The long-prefill lane frees at the engine's first output (each route
+        watches its stream with ``FirstOutput(ticket.prefilled)``), or with the slot."""
+        async with admission.slot(claim) as ticket:
             record_of(request.scope).queued_s = ticket.queued_s
             yield ticket
 
-    def _prompt(self, target: EngineTarget, request: dict[str, Any]) -> PromptCount:
-        """The request's prompt tokens, asked of the engine once however many steps need them."""
-        return PromptCount(self.rt.engine_client, target, request)
+    def _prompt(self, target: EngineTarget, request: dict[str, Any], placement: Placement[Upstream]) -> PromptCount:
+        """The request's prompt tokens, asked of the engine once however many steps need them (the replica
+        it was placed on; its replicas share the model, so a count there holds wherever it is sent)."""
+        upstream = placement.replica.upstream
+        return PromptCount(upstream.client, self._placed_target(target, upstream), request)
+
+    def _placed_target(self, target: EngineTarget, upstream: Upstream) -> EngineTarget:
+        """The placed replica's engine while it serves, else ``target`` (any that does)."""
+        return upstream.backend.target if upstream.backend.ready and upstream.backend.target else target
 
     @staticmethod
     def _count_beside(prompt: PromptCount) -> asyncio.Task[int | None]:
@@ -204,7 +253,12 @@ class Inference:
         requested = payload.get("max_tokens")
         if not (isinstance(requested, int) and requested > target.context_length // 4):
             return changed
-        counted = await prompt.counted()
+        try:
+            counted = await prompt.counted()
+        except ApiError as exc:  # its replica failed: sent elsewhere (routing.retry), the engine's verdict decides
+            if not replica_failed(exc):
+                raise
+            counted = None
         if counted is not None and counted[1]:  # exact
             changed |= clamp_output(payload, counted[0], target.context_length)
         return changed
@@ -222,20 +276,12 @@ class Inference:
         changed = self._route_model(payload)
         changed |= strip_billing_header(payload)
         target = self._target()
-        claim = await self._claim(request, payload, len(body))
+        claim, placement = await self._claim(request, payload, len(body))
         changed |= self._mark_long(target, claim, payload)
-        prompt = self._prompt(target, payload)
+        prompt = self._prompt(target, payload, placement)
         fixed = await self._fit_chat(target, payload, prompt)
         stream = payload.get("stream") is True
-        filters: list[ChunkFilter] = []
-        if stream:
-            wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-            synth = wants_usage and "include_usage" not in target.native
-            usage_prompt = (await prompt.tokens() or 0) if synth else None
-            if synth or target.reasoning_field:
-                filters.append(ChatStreamFixer(mirror=target.reasoning_field, usage_prompt_tokens=usage_prompt))
-            if rewriter := self.rt.route.stream_rewriter():
-                filters.append(rewriter)
+        wants_usage = stream and bool((payload.get("stream_options") or {}).get("include_usage"))
         if changed or fixed:
             body = json.dumps(payload).encode()
         route_rewrite = self.rt.route.rewrite_body
@@ -244,18 +290,30 @@ class Inference:
         def rewrite(data: bytes) -> bytes:
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
 
-        async with self._admitted(request, claim) as ticket:
-            return await self.rt.engine_client.relay(
+        async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
+            filters: list[ChunkFilter] = []
+            if stream:
+                synth = wants_usage and "include_usage" not in target.native
+                prompt.follow(upstream.client, target)  # counted where it is sent
+                usage_prompt = (await prompt.tokens() or 0) if synth else None
+                if synth or target.reasoning_field:
+                    filters.append(ChatStreamFixer(mirror=target.reasoning_field, usage_prompt_tokens=usage_prompt))
+                if rewriter := self.rt.route.stream_rewriter():
+                    filters.append(rewriter)
+            ticket.hand_over()
+            return await upstream.client.relay(
                 target,
                 path,
                 body,
                 stream=stream,
                 rewrite_body=rewrite,
                 chunk_filter=chained(filters),
-                on_close=ticket.hand_over(),
+                on_close=close,
                 last_event=b"[DONE]",  # both APIs end a stream with it: one without it was cut short
                 watch=FirstOutput(ticket.prefilled),
             )
+
+        return await self._on_replica(request, claim, placement, send)
 
     async def _passthrough(
         self,
@@ -267,21 +325,25 @@ class Inference:
         changed: bool,
     ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
-        claim = await self._claim(request, payload, len(body))
+        claim, placement = await self._claim(request, payload, len(body))
         if self._mark_long(target, claim, payload) or changed:
             body = json.dumps(payload).encode()
-        async with self._admitted(request, claim) as ticket:
-            return await self.rt.engine_client.relay(
+
+        async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
+            ticket.hand_over()
+            return await upstream.client.relay(
                 target,
                 dialect.path,
                 body,
                 stream=payload.get("stream") is True,
                 rewrite_body=self.rt.route.rewrite_body,
-                on_close=ticket.hand_over(),
+                on_close=close,
                 errors=dialect.errors,
                 error_event=dialect.failed_event,
                 watch=FirstOutput(ticket.prefilled, dialect.opening_events),
             )
+
+        return await self._on_replica(request, claim, placement, send)
 
     # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
     async def responses(self, request: Request) -> Response:
@@ -308,13 +370,16 @@ class Inference:
         back in the dialect's error shape."""
         fronted = self.rt.route.fronted
         chat = dialect.to_chat(payload, self.rt.route.served)
-        claim = await self._claim(request, payload, body_bytes)  # the client's own request, as it sent it
+        claim, placement = await self._claim(request, payload, body_bytes)  # the client's own request, as it sent it
         self._mark_long(target, claim, chat)
-        prompt = self._prompt(target, chat)
+        prompt = self._prompt(target, chat, placement)
         await self._fit_chat(target, chat, prompt)
-        async with self._admitted(request, claim) as ticket:
+
+        async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
+            client = upstream.client
+            prompt.follow(client, target)
             if not chat["stream"]:
-                status, answer = await self.rt.engine_client.post_json(target, "/v1/chat/completions", chat)
+                status, answer = await client.post_json(target, "/v1/chat/completions", chat)
                 if status == 200 and not _is_chat_completion(answer):
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
@@ -328,9 +393,7 @@ class Inference:
             counting = self._count_beside(prompt) if dialect.prompt_at_start else None
             tokens = None
             try:
-                failed, chunks = await self.rt.engine_client.chat_stream(
-                    target, json.dumps(chat).encode(), chained(filters)
-                )
+                failed, chunks = await client.chat_stream(target, json.dumps(chat).encode(), chained(filters))
                 if counting is not None:
                     tokens = await counting
             finally:
@@ -339,7 +402,10 @@ class Inference:
             if failed is not None:
                 return dialect.errors.engine_error(*failed, target.context_length)
             events = dialect.events(chunks, payload, fronted, tokens or 0)
-            return translated_stream(events, ticket.hand_over(), dialect.errors, dialect.failed_event)
+            ticket.hand_over()
+            return translated_stream(events, close, dialect.errors, dialect.failed_event)
+
+        return await self._on_replica(request, claim, placement, send)
 
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens, asked of the engine in a slot like any request (a count renders and
@@ -348,15 +414,20 @@ class Inference:
         body, payload = await self.bodies.read(request, shapes.CountTokensRequest)
         changed = self._route_model(payload)
         changed |= strip_billing_header(payload)  # counted as the engine will see the prompt
-        target = self._target()
-        claim = await self._claim(request, payload, len(body), generates=False)
-        async with self._admitted(request, claim):
+        self._target()
+        claim, placement = await self._claim(request, payload, len(body), generates=False)
+
+        async def send(
+            upstream: Upstream, target: EngineTarget, _ticket: Ticket, _close: Callable[[], None]
+        ) -> Response:
             if "messages" in target.native:
-                body = json.dumps(payload).encode() if changed else body
-                return await self.rt.engine_client.relay(
-                    target, "/v1/messages/count_tokens", body, stream=False, rewrite_body=lambda b: b
+                sent = json.dumps(payload).encode() if changed else body
+                return await upstream.client.relay(
+                    target, "/v1/messages/count_tokens", sent, stream=False, rewrite_body=lambda b: b
                 )
             chat = messages_api.to_chat({**payload, "stream": False}, self.rt.route.served)
-            counted = await self._prompt(target, chat).tokens()
-        tokens = counted if counted is not None else len(messages_api.prompt_text(payload)) // 4
-        return JSONResponse({"input_tokens": tokens})
+            counted = await PromptCount(upstream.client, target, chat).tokens()
+            tokens = counted if counted is not None else len(messages_api.prompt_text(payload)) // 4
+            return JSONResponse({"input_tokens": tokens})
+
+        return await self._on_replica(request, claim, placement, send)

@@ -5,9 +5,10 @@ without importing each other."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.routing.pool import Balance, Health, Pool, Replica
@@ -51,6 +52,58 @@ def health_of(state: State) -> Health:
     return Health.STARTING if state in (State.STARTING, State.RESTARTING) else Health.DOWN
 
 
+@dataclass(frozen=True)
+class Engine:
+    """One replica's engine as ``serve`` starts it: its supervised backend and its own HTTP client (a hang
+    cut through one client ends that replica's requests only), where it runs."""
+
+    name: str
+    backend: ServedBackend
+    client: EngineClient
+    node: str = ""  # "" this machine
+    devices: tuple[str, ...] = ()
+
+
+class Upstream(Protocol):
+    """What a request placed on a replica is sent through: its backend, its client, its own admission (its
+    slots, warm-before-cold and long lane; the per-key counts are the pool's, one count for all)."""
+
+    @property
+    def backend(self) -> ServedBackend: ...
+    @property
+    def client(self) -> EngineClient: ...
+    @property
+    def admission(self) -> Admission: ...
+
+
+@dataclass(frozen=True)
+class ReplicaUpstream:
+    """A replica's: fixed when serve starts it."""
+
+    backend: ServedBackend
+    client: EngineClient
+    admission: Admission
+
+
+class OwnUpstream:
+    """The one engine's: the runtime's own fields, read at each request (whoever set them last)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    @property
+    def backend(self) -> ServedBackend:
+        return self.runtime.backend
+
+    @property
+    def client(self) -> EngineClient:
+        return self.runtime.engine_client
+
+    @property
+    def admission(self) -> Admission:
+        return self.runtime.admission
+
+
 @dataclass
 class Runtime:
     """One model route, its backend (supervised or external), the client to it and the admission
@@ -80,26 +133,62 @@ class Runtime:
     prefixes: KnownPrefixes = field(default_factory=KnownPrefixes)  # what the engine's prefix cache likely holds
     balance: Balance = field(default_factory=Balance)  # when a conversation leaves its replica for load (settings)
     # the replicas serving the model: today one, the backend above (gateway.serving.routing; never asked with one)
-    pool: Pool[ServedBackend] = field(init=False)
+    pool: Pool[Upstream] = field(init=False)
+    # the replicas' engines when serve starts several (``backend`` is then the set of them); () : the one above
+    engines: tuple[Engine, ...] = ()
 
     def __post_init__(self) -> None:
         self.created = int(time.time())
-        backend = self.backend
-        local = Replica(
-            "local",
-            backend,
-            health=lambda: health_of(backend.state),
-            generation=lambda: backend.restarts,
-            prefixes=self.prefixes,
-        )
-        self.pool = Pool([local], balance=self.balance)
-        self.admission = Admission(
-            self.capacity,
+        by_key: Counter[str] = Counter()  # requests in flight per key over the whole pool (fairness, the cap)
+        admissions: list[Admission] = []  # the pool's, asked again when a slot frees on any of them
+        if not self.engines:
+            self.admission = self._admission(self.capacity, self.long_lane, by_key, admissions)
+            backend = self.backend
+            local: Replica[Upstream] = Replica(
+                "local",
+                OwnUpstream(self),
+                health=lambda: health_of(backend.state),
+                generation=lambda: backend.restarts,
+                prefixes=self.prefixes,
+            )
+            self.pool = Pool([local], balance=self.balance)
+            return
+        replicas = [self._replica(engine, by_key, admissions) for engine in self.engines]
+        self.admission = replicas[0].upstream.admission
+        self.pool = Pool(replicas, balance=self.balance)
+
+    def _admission(
+        self, capacity: Callable[[], int], long_lane: Callable[[], int], by_key: Counter[str], pool: list[Admission]
+    ) -> Admission:
+        return Admission(
+            capacity,
             queue_limit=self.queue_limit,
             wait_s=self.queue_wait_s,
             per_key_limit=self.per_key_limit,
-            long_lane=self.long_lane,
+            long_lane=long_lane,
+            by_key=by_key,
+            pool=pool,
         )
+
+    def _replica(self, engine: Engine, by_key: Counter[str], admissions: list[Admission]) -> Replica[Upstream]:
+        backend = engine.backend
+        return Replica(
+            engine.name,
+            ReplicaUpstream(
+                backend,
+                engine.client,
+                self._admission(lambda: _capacity(backend), lambda: _long_lane(backend), by_key, admissions),
+            ),
+            node=engine.node,
+            devices=engine.devices,
+            health=lambda: health_of(backend.state),
+            generation=lambda: backend.restarts,
+        )
+
+    @property
+    def upstreams(self) -> list[Upstream]:
+        """Every engine requests go to (one, or each replica's)."""
+        return [replica.upstream for replica in self.pool.replicas]
 
     def show_plan(self, figures: PlanFigures) -> None:
         """The plan the backend runs now (the first, or one made again when a node was lost or came back)."""
@@ -111,13 +200,11 @@ class Runtime:
 
     def capacity(self) -> int:
         """Requests the live engine runs at once (it changes when the engine restarts or steps down)."""
-        target = self.backend.target
-        return target.max_concurrency if target else 1
+        return _capacity(self.backend)
 
     def long_lane(self) -> int:
         """Long prefills the live engine runs at once without starving warm turns (0: no limit)."""
-        target = self.backend.target
-        return target.scheduling.long_lane if target else 0
+        return _long_lane(self.backend)
 
     def scheduling_status(self) -> dict[str, Any]:
         """For /status: how requests are scheduled now."""
@@ -136,3 +223,13 @@ class Runtime:
     def context_length(self) -> int:
         """The one context figure (/v1/models, /status, /metrics): the backend's (see ServedBackend)."""
         return self.backend.context_length
+
+
+def _capacity(backend: ServedBackend) -> int:
+    target = backend.target
+    return target.max_concurrency if target else 1
+
+
+def _long_lane(backend: ServedBackend) -> int:
+    target = backend.target
+    return target.scheduling.long_lane if target else 0

@@ -60,11 +60,16 @@ class EngineTarget(Protocol):
 class ServedBackend(Protocol):
     """The backend behind the gateway's routes, whatever starts it."""
 
-    state: State
-    reason: str | None
-    ever_ready: bool  # became ready at least once (a failure after that is not a start-up failure)
-    restarts: int
-    retry_at: float | None  # gave up restarting for now: when it tries again (seconds since the epoch)
+    @property
+    def state(self) -> State: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def ever_ready(self) -> bool: ...  # became ready at least once (a failure after that is not a start-up failure)
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def retry_at(self) -> float | None: ...  # gave up restarting for now: when it tries again (seconds since the epoch)
 
     @property
     def ready(self) -> bool: ...

@@ -353,3 +353,20 @@ def test_a_moe_step_reads_the_experts_its_requests_route_to() -> None:
     held = experts / 4
     every = 1 - (1 - routed) ** 16  # four ranks' four requests each reach a rank's experts
     assert routed_share(facts, 4, ranks=4) == pytest.approx((1 - experts + held * every) / (1 - experts + held))
+
+
+def test_replicas_asked_on_a_cpu_are_copies_of_its_plan_and_never_chosen_by_auto() -> None:
+    """Before: --replicas 2 on a machine with no GPU was refused ("one GPU or none"), so replicas could not
+    be started where the tests run. Each copy is the CPU plan (serve gives each its share of the cores)."""
+    cpu = Inventory((), 64 * GIB, 64 * GIB, source="simulated")
+    plan = _qwen3_8b(cpu, sessions=4, gguf=True)
+    assert plan.chosen is not None and weigh(plan, None) is None  # auto: one engine
+    replication = weigh(plan, 2)
+    assert replication is not None and replication.chosen.count == 2 and replication.asked == 2
+    assert [(r.index, r.node, r.devices, r.env, r.sessions) for r in replication.chosen.replicas] == [
+        (0, "", (), {}, 2),
+        (1, "", (), {}, 2),
+    ]
+    assert all(r.plan is plan for r in replication.chosen.replicas)
+    with pytest.raises(ConfigError, match="one GPU or none"):
+        weigh(_qwen3_8b(Inventory(_gpus(1), 64 * GIB, 64 * GIB, source="simulated"), gguf=True), 2)

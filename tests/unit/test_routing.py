@@ -347,7 +347,8 @@ def test_a_pool_of_one_is_not_consulted() -> None:
 def test_the_runtimes_one_replica_is_its_backend() -> None:
     runtime = make_runtime("http://127.0.0.1:1", ready=False, restarts=2)
     only = runtime.pool.single
-    assert only is not None and only.upstream is runtime.backend and only.prefixes is runtime.prefixes
+    assert only is not None and only.upstream.backend is runtime.backend and only.prefixes is runtime.prefixes
+    assert only.upstream.client is runtime.engine_client and only.upstream.admission is runtime.admission
     assert (only.state, only.generation) == (Health.STARTING, 2)
     backend = runtime.backend
     for state, health in [(State.READY, Health.UP), (State.RESTARTING, Health.STARTING), (State.FAILED, Health.DOWN)]:

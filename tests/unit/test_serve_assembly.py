@@ -20,6 +20,7 @@ from gateway.serving.app import Gateway
 from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.plan_figures import plan_figures
 from gateway.serving.routing.pool import Balance
+from gateway.supervision.supervisor import Supervisor
 from tests.extras import needs_embedded_model
 
 CPU = Inventory((), 24 * GIB, 20 * GIB, source="none")
@@ -122,4 +123,37 @@ def test_the_routing_thresholds_reach_the_pool_of_the_one_engine(tmp_path: Path)
     served = assemble(_settings(tmp_path, balance_abs_threshold=8, balance_rel_threshold=2.0), machine=CPU)
     pool = served.runtime.pool
     assert pool.balance == Balance(8, 2.0)
-    assert pool.single is not None and pool.single.upstream is served.runtime.backend
+    assert pool.single is not None and pool.single.upstream.backend is served.runtime.backend
+
+
+@needs_embedded_model
+def test_replicas_asked_on_the_cpu_start_one_supervised_engine_each(tmp_path: Path) -> None:
+    """Before: serve logged "2 replicas planned" and started one engine."""
+    served = assemble(_settings(tmp_path, replicas="2", threads=1), machine=CPU)
+    assert served.supervisor is None and served.replicas is not None
+    runtime = served.runtime
+    assert runtime.backend is served.replicas and [r.name for r in runtime.pool.replicas] == ["1", "2"]
+    supervisors = [engine.backend for engine in runtime.engines]
+    assert all(isinstance(s, Supervisor) for s in supervisors) and supervisors[0] is not supervisors[1]
+    assert len({id(engine.client) for engine in runtime.engines}) == 2  # a hang cut on one ends only its requests
+    assert len({id(upstream.admission) for upstream in runtime.upstreams}) == 2
+    logs = [s.log_dir for s in supervisors if isinstance(s, Supervisor)]
+    assert [log.name for log in logs] == ["replica-1", "replica-2"] and logs[0].parent == logs[1].parent
+    for supervisor in supervisors:
+        assert isinstance(supervisor, Supervisor)
+        argv = supervisor.options[0].launch(1, "k").argv
+        assert argv[argv.index("--n_threads") + 1] == "1"
+
+
+@needs_embedded_model
+def test_each_replica_on_gpus_launches_with_its_own_devices(tmp_path: Path) -> None:
+    """Before: the plan's replicas were logged and one engine started over both GPUs."""
+    served = assemble(_settings(tmp_path, gpus="2x8GiB", ram="64GiB", replicas="2"))
+    assert served.replicas is not None
+    envs = []
+    for engine in served.runtime.engines:
+        assert isinstance(engine.backend, Supervisor)
+        envs.append(engine.backend.options[0].launch(1, "k").env)
+    assert [env.get("CUDA_VISIBLE_DEVICES") for env in envs] == ["0", "1"]
+    assert all(env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" for env in envs)
+    assert [r.devices for r in served.runtime.pool.replicas] == [("0",), ("1",)]

@@ -314,6 +314,7 @@ class Pool(Generic[U]):
             if replica.prefixes_generation != replica.generation:  # it came back with an empty cache
                 replica.prefixes = KnownPrefixes(replica.prefixes.limit)
                 replica.prefixes_generation = replica.generation
+                replica.suspect_until = float("-inf")  # a failure before it came back is its last life's
         serving = [replica for replica in up if replica.suspect_until <= now] or up
         if not serving:
             states = ", ".join(f"{replica.name} {replica.state.value}" for replica in self.replicas)

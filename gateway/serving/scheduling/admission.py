@@ -105,6 +105,8 @@ class Admission:
         long_lane: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
         aging_s: float = AGING_S,
+        by_key: collections.Counter[str] | None = None,
+        pool: list[Admission] | None = None,
     ) -> None:
         self.capacity = capacity
         self.queue_limit = queue_limit
@@ -117,7 +119,12 @@ class Admission:
         self.long_active = 0
         self.rejected = 0
         self.closed: str | None = None  # why nothing more is admitted (the gateway is stopping)
-        self.by_key: collections.Counter[str] = collections.Counter()
+        # requests in flight per key: shared by the admissions of a pool's replicas (one count over the pool)
+        self.by_key: collections.Counter[str] = by_key if by_key is not None else collections.Counter()
+        # the admissions that share ``by_key`` (a pool's replicas): a slot freed on one may let a request of
+        # the same key start on another, so each is asked again then
+        self.pool = pool if pool is not None else []
+        self.pool.append(self)
         self.by_session: collections.Counter[str] = collections.Counter()
         self._waiters: list[_Waiter] = []
         self._order = itertools.count()
@@ -223,6 +230,10 @@ class Admission:
             if counter[name] <= 0:
                 del counter[name]
         self._dispatch()
+        if self.per_key_limit:
+            for peer in self.pool:
+                if peer is not self:
+                    peer._dispatch()
 
     def _leave_lane(self) -> None:
         self.long_active -= 1

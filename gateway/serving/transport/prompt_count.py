@@ -37,6 +37,12 @@ class PromptCount:
             self._asked = True
         return self._counted
 
+    def follow(self, client: EngineClient, target: EngineTarget) -> None:
+        """The request goes to another replica than the one it was placed on (that one failed): a count
+        not asked yet is asked there."""
+        if not self._asked:
+            self.client, self.target = client, target
+
     async def tokens(self) -> int | None:
         counted = await self.counted()
         return None if counted is None else counted[0]
