@@ -15,8 +15,7 @@ from starlette.testclient import TestClient
 from gateway.serving.app import create_app
 from gateway.serving.routing.pool import Health, Placement, Pool, Replica, ReplicaCounters, Why
 from gateway.serving.routing.ttft import RECENT, TtftRecord
-from gateway.serving.runtime import Runtime
-from gateway.supervision.lifecycle import ServedBackend
+from gateway.serving.runtime import Runtime, Upstream
 from tests.unit.http_harness import FakeEngine, Served, make_runtime
 
 TTFTS = [round(0.1 * k, 1) for k in range(1, 21)]  # 0.1 … 2.0 s: mean 1.05, nearest-rank p95 1.9
@@ -29,12 +28,12 @@ def engine_url() -> Iterator[str]:
     served.stop()
 
 
-def two_replicas(runtime: Runtime) -> Pool[ServedBackend]:
+def two_replicas(runtime: Runtime) -> Pool[Upstream]:
     """The runtime's pool made of two replicas on two nodes: ``r1`` serving, with its counters, load and
     sessions; ``r2`` restarting, with nothing yet."""
-    backend = runtime.backend
-    r1 = Replica("r1", backend, node="head", devices=("0", "1"))
-    r2 = Replica("r2", backend, node="node2", devices=("node2/0", "node2/1"))
+    upstream = runtime.pool.replicas[0].upstream  # both send through the one fake engine: only the figures differ
+    r1 = Replica("r1", upstream, node="head", devices=("0", "1"))
+    r2 = Replica("r2", upstream, node="node2", devices=("node2/0", "node2/1"))
     pool = Pool([r1, r2], balance=runtime.balance)
     r1.counters = ReplicaCounters(requests=12, warm=6, parent=1, prefix=1, least_loaded=1, moved_load=1, moved_down=1)
     r1.counters.retry = 1
