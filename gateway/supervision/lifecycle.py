@@ -12,7 +12,7 @@ import enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from backends.base import Scheduling
+    from backends.base import Capability, Scheduling
 
 
 class State(enum.Enum):
@@ -42,7 +42,7 @@ class EngineTarget(Protocol):
     @property
     def health_path(self) -> str: ...
     @property
-    def native(self) -> frozenset[str]: ...  # what the engine does itself ("responses", "include_usage"…)
+    def native(self) -> frozenset[Capability]: ...  # what the engine does itself
     @property
     def reasoning_field(self) -> str | None: ...
     @property
