@@ -23,6 +23,18 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
+class NodeStatus(enum.StrEnum):
+    """A node's state in the supervisor's snapshot (``"nodes"``): gateway.nodes.survey writes it, /status
+    shows it and /metrics' ``gateway_node_up`` reads it."""
+
+    HEAD = "head"  # this machine
+    NOT_SURVEYED = "not surveyed"
+    IN_USE = "in use"  # it answers and the plan uses its devices
+    AVAILABLE = "available"  # it answers; the plan does not use it
+    LOST = "lost"  # it stopped answering while in use
+    UNREACHABLE = "unreachable"
+
+
 class EngineTarget(Protocol):
     """Where requests go and what the engine there does itself: the request path's part of an engine
     start (``backends.base.Launch`` is one: the start's argv and log readers are the supervisor's alone)."""
