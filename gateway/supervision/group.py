@@ -28,11 +28,10 @@ from typing import Any, Protocol
 import httpx
 
 from backends.base import Failure, FailureKind, Follower, Launch
-from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import async_http_client
 from gateway.supervision.engine_run import Run, RunState
-from gateway.supervision.liveness import CANARY_PATH
+from gateway.supervision.liveness import send_canary
 
 log = logging.getLogger("gateway.group")
 
@@ -80,10 +79,9 @@ class GroupControl(Protocol):
 
 async def http_canary(launch: Launch, timeout_s: float = CANARY_TIMEOUT_S) -> str | None:
     """One token through the whole group: None when a completion came back, else why not."""
-    body = {"model": launch.served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
     try:
         async with async_http_client(timeout=httpx.Timeout(timeout_s, connect=5.0)) as client:
-            answer = await client.post(launch.base_url + CANARY_PATH, json=body, headers=bearer_header(launch.api_key))
+            answer = await send_canary(client, launch)
     except httpx.HTTPError as exc:
         return f"the one-token canary got no answer ({type(exc).__name__}) in {timeout_s:.0f} s"
     if answer.status_code != 200:
