@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from gateway.core.policy import Policy
 
 
+class Capability(enum.StrEnum):
+    """What an engine does itself, so that the gateway does not redo it (``Launch.native``); the values are
+    ``--backend-native-apis``' words, and RESPONSES/MESSAGES also the routes ``/v1/<value>``."""
+
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    INCLUDE_USAGE = "include_usage"  # sends the usage chunk a stream asks for
+    MAX_COMPLETION_TOKENS = "max_completion_tokens"  # reads it (else the gateway renames it max_tokens)
+    OPENAI_SHAPES = "openai_shapes"  # answers in OpenAI's exact shapes (else the gateway completes them)
+    STREAM_KEEPALIVE = "stream_keepalive"  # its connections stay usable after a stream (llama-server's do not)
+
+
 @dataclass(frozen=True)
 class Scheduling:
     """What the engine can do for many sessions at once, as the gateway's admission uses it
@@ -62,10 +74,7 @@ class Launch:
     # beside the few every child gets (gateway.core.process.child_environment)
     inherit: tuple[str, ...] = ()
     max_concurrency: int = 1  # requests the engine runs at once (vLLM max_num_seqs, llama.cpp slots)
-    # what the engine does itself, so the gateway does not redo it: "responses", "messages",
-    # "include_usage", "max_completion_tokens", "openai_shapes"; and "stream_keepalive": its HTTP
-    # connections stay usable after a stream (llama-server's do not: each stream gets its own)
-    native: frozenset[str] = frozenset()
+    native: frozenset[Capability] = frozenset()  # what the engine does itself (:class:`Capability`)
     reasoning_field: str | None = None  # the one of reasoning / reasoning_content the engine emits
     tokenize_path: str | None = None  # counts tokens: POST {tokenize_key: text} → {"count": n}
     tokenize_key: str = "input"

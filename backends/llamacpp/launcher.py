@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.base import Capability
 from gateway.core.devices import Device
 
 UBATCH = 512  # the physical batch both servers run (llama.cpp's default -ub)
@@ -37,7 +38,7 @@ class Launcher:
     splits_reasoning: bool  # thinking split out of content by the server (--reasoning-format)
     key_variable: str  # the variable the server reads its API key from (never argv: /proc/PID/cmdline)
     health_path: str  # answers 200 once the model is loaded
-    native_apis: frozenset[str]  # what the server does itself, so the gateway does not redo it
+    native_apis: frozenset[Capability]  # what the server does itself, so the gateway does not redo it
     shown_command: tuple[str, ...]  # the argv prefix `plan` prints when none is installed
     missing: str  # what `serve` says when this launcher was chosen but is not installed
 
@@ -65,7 +66,7 @@ NATIVE = Launcher(
     # required fields (Responses 3/13 passed, Messages 3/9), so the gateway translates those to its chat
     # completions (tool calls still parsed by llama-server from the GGUF's template) and completes the
     # chat shapes (logprobs, refusal) there too.
-    native_apis=frozenset({"include_usage", "max_completion_tokens"}),
+    native_apis=frozenset({Capability.INCLUDE_USAGE, Capability.MAX_COMPLETION_TOKENS}),
     shown_command=("llama-server",),
     missing="llama-server was chosen (llama_launcher = native) but is not installed: set llama_server_command "
     "or pip install 'gateway[llamacpp-native]'",

@@ -7,7 +7,7 @@ from typing import Any, get_type_hints
 
 from pydantic import TypeAdapter
 
-from backends.base import Failure, Follower, Launch
+from backends.base import Capability, Failure, Follower, Launch
 from backends.vllm.argv import HEALTH_PATH, build_argv, build_env
 from backends.vllm.data_parallel import group_args
 from backends.vllm.group import GroupPlan
@@ -21,7 +21,14 @@ from gateway.core.process import free_port
 
 ENGINE = "vllm"
 NATIVE_APIS = frozenset(
-    {"responses", "messages", "include_usage", "max_completion_tokens", "openai_shapes", "stream_keepalive"}
+    {
+        Capability.RESPONSES,
+        Capability.MESSAGES,
+        Capability.INCLUDE_USAGE,
+        Capability.MAX_COMPLETION_TOKENS,
+        Capability.OPENAI_SHAPES,
+        Capability.STREAM_KEEPALIVE,
+    }
 )
 
 # each flag's declared type, to read remembered flags back with (a hand-edited or older file may say otherwise)

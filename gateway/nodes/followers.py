@@ -30,7 +30,7 @@ from typing import Any
 from backends.base import FollowerHost, Installation
 from gateway.core.netif import interface_of
 from gateway.core.process import ChildProcess
-from gateway.nodes.start_request import Refused, StartRequest
+from gateway.nodes.start_request import FollowerState, Refused, StartRequest
 
 log = logging.getLogger("gateway.worker")
 
@@ -133,13 +133,14 @@ class Followers:
     def state(self) -> dict[str, Any]:
         """What the head reads: running, exited (with its status and last lines), or none."""
         if self.request is None or self.child is None:
-            return {"state": "none", "reason": self.ended}
+            return {"state": FollowerState.NONE, "reason": self.ended}
         base = {"engine": self.request.engine, "rank": self.request.rank, "pid": self.child.pid}
         if self.running:
-            return base | {"state": "running", "lease_left_s": round(max(0.0, self.deadline - self.clock()), 1)}
+            left = round(max(0.0, self.deadline - self.clock()), 1)
+            return base | {"state": FollowerState.RUNNING, "lease_left_s": left}
         code = self.exited.result() if self.exited is not None and not self.exited.cancelled() else None
         why = self.ended or f"exited with status {code}"
-        return base | {"state": "exited", "code": code, "reason": why, "last_lines": self._tail()}
+        return base | {"state": FollowerState.EXITED, "code": code, "reason": why, "last_lines": self._tail()}
 
     def _tail(self) -> list[str]:
         return list(self.child.tail)[-TAIL_LINES:] if self.child is not None else []

@@ -17,7 +17,7 @@ from backends.base import Follower
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import http_client
-from gateway.nodes.start_request import StartRequest
+from gateway.nodes.start_request import FollowerState, StartRequest
 from gateway.nodes.survey import Nodes, NodeState
 from gateway.supervision.group import RankRefused
 
@@ -79,7 +79,7 @@ class WorkerGroup:
             raise GatewayError(f"worker {node} does not answer ({type(exc).__name__})") from exc
         if not isinstance(data, dict):
             raise GatewayError(f"worker {node} answered {answer.status_code} to /group/lease")
-        if data.get("state") == "running":
+        if FollowerState.read(data.get("state")) is FollowerState.RUNNING:
             return None
         why = str(data.get("reason") or "it has no rank running")
         lines = data.get("last_lines") or []

@@ -10,6 +10,7 @@ the running rank had been stopped.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,22 @@ MAX_ARG_BYTES = 64 * 1024  # Linux refuses one argument over 128 KiB (MAX_ARG_ST
 MAX_NAME_CHARS = 256  # the engine, its version, the address
 MAX_BODY_BYTES = 1 << 20  # the whole request (a head's is a few kB); all arguments stay under ARG_MAX (2 MiB)
 MAX_BODY_ELEMENTS = MAX_ARGS + 16  # JSON objects and arrays in it: one object, one list
+
+
+class FollowerState(enum.StrEnum):
+    """The worker's rank as ``/group``, ``/group/lease`` and ``/group/stop`` answer it (``"state"``)."""
+
+    NONE = "none"  # never started, or its start was refused
+    RUNNING = "running"
+    EXITED = "exited"  # with its status, why, and its last lines
+
+    @classmethod
+    def read(cls, value: Any) -> FollowerState | None:
+        """The state a worker answered; None for what names none (a worker of another version)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
 
 
 class Refused(Exception):

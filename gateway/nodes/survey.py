@@ -27,6 +27,7 @@ from gateway.core.errors import ConfigError
 from gateway.core.netif import interface_of, local_address_towards
 from gateway.core.tls import http_client
 from gateway.nodes.inventory_check import Malformed, check
+from gateway.supervision.lifecycle import NodeStatus
 
 log = logging.getLogger("gateway.nodes")
 
@@ -350,19 +351,19 @@ class Nodes:
         head = {
             "name": "head (this machine)",
             "address": "",
-            "state": "head",
+            "state": NodeStatus.HEAD,
             "devices": [_device(g, {}) for g in self.local],
             "placed_mib": head_memory,  # the engine's own names: CUDA0…, CPU
         }
         return [head, *nodes]
 
 
-def _state(state: NodeState) -> str:
+def _state(state: NodeState) -> NodeStatus:
     if state.report is None:
-        return "not surveyed"
+        return NodeStatus.NOT_SURVEYED
     if state.report.reachable:
-        return "in use" if state.in_use else "available"
-    return "lost" if state.lost else "unreachable"
+        return NodeStatus.IN_USE if state.in_use else NodeStatus.AVAILABLE
+    return NodeStatus.LOST if state.lost else NodeStatus.UNREACHABLE
 
 
 def _device(gpu: Device, placed: Mapping[str, float]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backends.base import Capability
 from gateway.serving.dialects import messages_api
 from gateway.serving.dialects import request_shapes as shapes
 from gateway.serving.dialects.chat_fixups import (
@@ -248,7 +249,7 @@ class Inference:
         beside the prompt when the engine counts it exactly; an estimate changes nothing, and whether the
         prompt fits is then the engine's verdict (its refusal is reworded on the way back)."""
         changed = False
-        if "max_completion_tokens" not in target.native:
+        if Capability.MAX_COMPLETION_TOKENS not in target.native:
             changed |= map_max_completion_tokens(payload)
         requested = payload.get("max_tokens")
         if not (isinstance(requested, int) and requested > target.context_length // 4):
@@ -285,7 +286,7 @@ class Inference:
         if changed or fixed:
             body = json.dumps(payload).encode()
         route_rewrite = self.rt.route.rewrite_body
-        complete = "openai_shapes" not in target.native
+        complete = Capability.OPENAI_SHAPES not in target.native
 
         def rewrite(data: bytes) -> bytes:
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
@@ -293,7 +294,7 @@ class Inference:
         async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
             filters: list[ChunkFilter] = []
             if stream:
-                synth = wants_usage and "include_usage" not in target.native
+                synth = wants_usage and Capability.INCLUDE_USAGE not in target.native
                 prompt.follow(upstream.client, target)  # counted where it is sent
                 usage_prompt = (await prompt.tokens() or 0) if synth else None
                 if synth or target.reasoning_field:
@@ -387,7 +388,7 @@ class Inference:
                 usage_tally.report(answer.get("usage"))
                 return _translated_reply(dialect, answer, payload, fronted)
             filters: list[ChunkFilter] = [FirstOutput(ticket.prefilled)]  # not the dialect's opening event
-            if "include_usage" not in target.native:  # the usage chunk the engine will not send is written from it
+            if Capability.INCLUDE_USAGE not in target.native:  # the usage chunk the engine will not send: written here
                 filters.append(ChatStreamFixer(mirror=None, usage_prompt_tokens=await prompt.tokens() or 0))
             # the stream's start says the prompt's size: counted while the engine already works on the request
             counting = self._count_beside(prompt) if dialect.prompt_at_start else None
@@ -420,7 +421,7 @@ class Inference:
         async def send(
             upstream: Upstream, target: EngineTarget, _ticket: Ticket, _close: Callable[[], None]
         ) -> Response:
-            if "messages" in target.native:
+            if Capability.MESSAGES in target.native:
                 sent = json.dumps(payload).encode() if changed else body
                 return await upstream.client.relay(
                     target, "/v1/messages/count_tokens", sent, stream=False, rewrite_body=lambda b: b

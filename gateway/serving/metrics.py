@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from gateway.serving.routing.pool import Health, Pool, Why
 from gateway.serving.runtime import GpuMemoryNow, Runtime
+from gateway.supervision.lifecycle import NodeStatus
 
 STATES = ("starting", "ready", "restarting", "failed", "stopped")
 
@@ -89,7 +90,7 @@ def _node_metrics(snapshot: dict[str, Any]) -> Iterator[Any]:
         "gateway_node_lost", "Times a worker node disappeared while its devices were in use", labels=["node"]
     )
     for node in nodes:
-        up.add_metric([node["name"]], 1.0 if node.get("state") == "in use" else 0.0)
+        up.add_metric([node["name"]], 1.0 if node.get("state") == NodeStatus.IN_USE else 0.0)
         lost.add_metric([node["name"]], float(node.get("lost", 0)))
     yield up
     yield lost

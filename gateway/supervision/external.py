@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from backends.base import Launch
+from backends.base import Capability, Launch
 from gateway.core.auth import bearer_header
 from gateway.core.errors import ConfigError
 from gateway.core.tls import async_http_client, http_get
@@ -107,6 +107,7 @@ def describe_server(settings: Any) -> tuple[Launch, str]:
     """(where and what the server at ``backend_url`` serves, the fronted name): its /v1/models names the
     model and its context; its capacity is what it says (llama-server's /props ``total_slots``) or what
     the user configured; otherwise requests are not queued at all (an external vLLM runs 256 at once)."""
+    native = _capabilities(settings.backend_native_apis)  # refused before the server is asked
     url = settings.backend_url.rstrip("/").removesuffix("/v1")
     headers = bearer_header(settings.backend_api_key)
     served, context = settings.model, settings.context_length or 0
@@ -135,7 +136,7 @@ def describe_server(settings: Any) -> tuple[Launch, str]:
         health_path="/v1/models",
         summary=f"the server at {url}",
         max_concurrency=capacity,
-        native=frozenset(settings.backend_native_apis),
+        native=native,
         base=url,
     )
     return launch, settings.model or served
@@ -151,3 +152,12 @@ def _capacity(url: str, headers: dict[str, str], configured: int | None) -> tupl
     if slots > 0:
         return slots, f"at most {slots} at once, the server's own slots (/props total_slots), the rest queued"
     return UNLIMITED, "not queued: the server does not say how many it runs at once, its own 429/503 pass through"
+
+
+def _capabilities(words: list[str]) -> frozenset[Capability]:
+    """``backend_native_apis`` read into capabilities; a word that names none is refused with the known ones."""
+    known = {c.value for c in Capability}
+    unknown = [word for word in words if word not in known]
+    if unknown:
+        raise ConfigError(f"backend_native_apis: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return frozenset(Capability(word) for word in words)

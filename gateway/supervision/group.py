@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,11 +28,10 @@ from typing import Any, Protocol
 import httpx
 
 from backends.base import Failure, FailureKind, Follower, Launch
-from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import async_http_client
 from gateway.supervision.engine_run import Run, RunState
-from gateway.supervision.liveness import CANARY_PATH
+from gateway.supervision.liveness import send_canary
 
 log = logging.getLogger("gateway.group")
 
@@ -40,6 +40,20 @@ RENEW_S = 3.0
 MISSES = 3  # renewals in a row a worker did not answer before its node counts as gone
 CANARY_TIMEOUT_S = 180.0
 RANK_LOST = -3  # the "exit status" of a group stopped because a rank on another node is gone
+
+
+class RankState(enum.StrEnum):
+    """One rank's state, as /status shows it (``group.ranks``)."""
+
+    STARTING = "starting"
+    NOT_STARTED = "not started"  # its worker refused it or could not be reached
+    SERVING = "serving"
+    STOPPED = "stopped"
+    EXITED = "exited"
+    NODE_GONE = "node gone"  # its worker missed its renewals
+
+
+ALIVE = (RankState.STARTING, RankState.SERVING)  # a rank still to stop
 
 
 class RankRefused(GatewayError):
@@ -65,10 +79,9 @@ class GroupControl(Protocol):
 
 async def http_canary(launch: Launch, timeout_s: float = CANARY_TIMEOUT_S) -> str | None:
     """One token through the whole group: None when a completion came back, else why not."""
-    body = {"model": launch.served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
     try:
         async with async_http_client(timeout=httpx.Timeout(timeout_s, connect=5.0)) as client:
-            answer = await client.post(launch.base_url + CANARY_PATH, json=body, headers=bearer_header(launch.api_key))
+            answer = await send_canary(client, launch)
     except httpx.HTTPError as exc:
         return f"the one-token canary got no answer ({type(exc).__name__}) in {timeout_s:.0f} s"
     if answer.status_code != 200:
@@ -99,7 +112,8 @@ class GroupRun:
         self.sleep = sleep
         self.followers = inner.launch.followers
         self.started: list[Follower] = []
-        self.ranks: dict[int, str] = {0: "starting"}  # rank → its state in words, for /status
+        self.ranks: dict[int, RankState] = {0: RankState.STARTING}  # rank → its state, for /status
+        self.exit_code: int | None = None  # rank 0's, once it exited
         self.events: list[dict[str, Any]] = []
         self._state: RunState | None = None  # None: rank 0's own state
         self._failure: Failure | None = None
@@ -140,8 +154,8 @@ class GroupRun:
         data["state"] = self.state.value
         data["reason"] = self.reason
         data["group"] = {
-            "ranks": [{"rank": 0, "node": "head (this machine)", "state": self.ranks.get(0, "")}]
-            + [{"rank": f.rank, "node": f.node, "state": self.ranks.get(f.rank, "")} for f in self.followers],
+            "ranks": [{"rank": 0, "node": "head (this machine)", "state": self._shown(0)}]
+            + [{"rank": f.rank, "node": f.node, "state": self._shown(f.rank)} for f in self.followers],
             "events": self.events[-10:],
         }
         return data
@@ -157,7 +171,7 @@ class GroupRun:
         await self.inner.start()
         if self.inner.state is RunState.FAILED:  # rank 0 could not even run
             return
-        self.ranks[0] = "starting"
+        self.ranks[0] = RankState.STARTING
         for follower in self.followers:
             try:
                 await asyncio.to_thread(self.control.start, follower, self.lease_s)
@@ -168,11 +182,11 @@ class GroupRun:
                     if kind is FailureKind.ENGINE_FAILED
                     else ("check that the node's worker runs and answers")
                 )
-                self.ranks[follower.rank] = "not started"
+                self.ranks[follower.rank] = RankState.NOT_STARTED
                 await self._end(RunState.FAILED, str(exc), Failure(kind, str(exc), fix))
                 return
             self.started.append(follower)
-            self.ranks[follower.rank] = "starting"
+            self.ranks[follower.rank] = RankState.STARTING
             log.info("rank %d started on %s", follower.rank, follower.node)
         self._event(f"started {len(self.followers) + 1} ranks")
         self._watch = asyncio.create_task(self._watch_ranks(), name="group ranks")
@@ -205,7 +219,7 @@ class GroupRun:
             await self._end(RunState.FAILED, f"group not serving: {refused}", failure)
             return RunState.FAILED
         for rank in self.ranks:
-            self.ranks[rank] = "serving"
+            self.ranks[rank] = RankState.SERVING
         self._event("ready: health answered and a one-token completion came back")
         return RunState.READY
 
@@ -218,7 +232,7 @@ class GroupRun:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if exited.done():
             code = exited.result()
-            self.ranks[0] = f"exited ({code})"
+            self.ranks[0], self.exit_code = RankState.EXITED, code
             await self._end(RunState.EXITED, f"rank 0 exited with status {code}: every rank stopped", None)
             return code
         exited.cancel()
@@ -233,6 +247,13 @@ class GroupRun:
         await self._stop_all()
 
     # -- inside ---------------------------------------------------------------------------------
+    def _shown(self, rank: int) -> str:
+        """The rank's state in /status's words: rank 0's exit with its status ("exited (1)"); "" before any."""
+        state = self.ranks.get(rank)
+        if state is RankState.EXITED and rank == 0 and self.exit_code is not None:
+            return f"{state} ({self.exit_code})"
+        return "" if state is None else state.value
+
     def _lost(self, why: str) -> Failure:
         return Failure(FailureKind.DEVICE_UNREACHABLE, why, "the group is planned again over the nodes that answer")
 
@@ -258,11 +279,11 @@ class GroupRun:
         if started:
             await asyncio.gather(*(asyncio.to_thread(self.control.stop, f.node) for f in started))
         for follower in started:
-            if self.ranks.get(follower.rank) in ("starting", "serving"):
-                self.ranks[follower.rank] = "stopped"
+            if self.ranks.get(follower.rank) in ALIVE:
+                self.ranks[follower.rank] = RankState.STOPPED
         await self.inner.stop()
-        if self.ranks.get(0) in ("starting", "serving"):
-            self.ranks[0] = "stopped"
+        if self.ranks.get(0) in ALIVE:
+            self.ranks[0] = RankState.STOPPED
 
     async def _watch_ranks(self) -> str:
         """Until a rank on another node is gone: it exited, or its worker missed ``misses`` renewals."""
@@ -278,10 +299,10 @@ class GroupRun:
                         "rank %d on %s: %s (%d in a row)", follower.rank, follower.node, exc, missed[follower.node]
                     )
                     if missed[follower.node] >= self.misses:
-                        self.ranks[follower.rank] = "node gone"
+                        self.ranks[follower.rank] = RankState.NODE_GONE
                         return f"node {follower.node} (rank {follower.rank}) stopped answering"
                     continue
                 missed[follower.node] = 0
                 if gone is not None:
-                    self.ranks[follower.rank] = "exited"
+                    self.ranks[follower.rank] = RankState.EXITED
                     return gone

@@ -12,7 +12,7 @@ import enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from backends.base import Scheduling
+    from backends.base import Capability, Scheduling
 
 
 class State(enum.Enum):
@@ -21,6 +21,18 @@ class State(enum.Enum):
     RESTARTING = "restarting"
     FAILED = "failed"
     STOPPED = "stopped"
+
+
+class NodeStatus(enum.StrEnum):
+    """A node's state in the supervisor's snapshot (``"nodes"``): gateway.nodes.survey writes it, /status
+    shows it and /metrics' ``gateway_node_up`` reads it."""
+
+    HEAD = "head"  # this machine
+    NOT_SURVEYED = "not surveyed"
+    IN_USE = "in use"  # it answers and the plan uses its devices
+    AVAILABLE = "available"  # it answers; the plan does not use it
+    LOST = "lost"  # it stopped answering while in use
+    UNREACHABLE = "unreachable"
 
 
 class EngineTarget(Protocol):
@@ -42,7 +54,7 @@ class EngineTarget(Protocol):
     @property
     def health_path(self) -> str: ...
     @property
-    def native(self) -> frozenset[str]: ...  # what the engine does itself ("responses", "include_usage"…)
+    def native(self) -> frozenset[Capability]: ...  # what the engine does itself
     @property
     def reasoning_field(self) -> str | None: ...
     @property

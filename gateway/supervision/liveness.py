@@ -234,6 +234,13 @@ class ProgressWatch:
 CANARY_PATH = "/v1/completions"  # both engines serve it; one token of a two-token prompt
 
 
+async def send_canary(client: httpx.AsyncClient, launch: Launch) -> httpx.Response:
+    """The one-token canary completion, with the launch's key: the idle watch's (:class:`HttpProbe`) and a
+    group's readiness check (gateway.supervision.group) both send this one; each judges its answer."""
+    body = {"model": launch.served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    return await client.post(launch.base_url + CANARY_PATH, json=body, headers=bearer_header(launch.api_key))
+
+
 class HttpProbe:
     """An engine start's progress page and canary over HTTP, with its key."""
 
@@ -263,9 +270,8 @@ class HttpProbe:
         return found if found is not None else Unreadable(f"GET {path} answered what the reader cannot use")
 
     async def canary(self) -> bool:
-        body = {"model": self.launch.served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
         try:
-            answer = await self._client.post(CANARY_PATH, json=body)
+            answer = await send_canary(self._client, self.launch)
         except httpx.TransportError as exc:  # refused or reset: the exit watcher's business, not a hang
             log.warning("the idle engine's canary failed (%s)", type(exc).__name__)
             return True

@@ -227,7 +227,7 @@ class Supervisor:
         if backend and backend.get("measured"):
             data["speed"] = self._remember_measured(backend["measured"])
         if self.nodes is not None:
-            live = backend if backend and backend.get("state") == "ready" else {}
+            live = backend if backend and self.live is not None and self.live.ready else {}
             data["nodes"] = self.nodes.snapshot(live.get("memory_mib"))
         if self.replan is not None:
             data["replans"] = self.replans

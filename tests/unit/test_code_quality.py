@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import enum
 import re
 import subprocess
 import sys
@@ -45,3 +47,67 @@ def test_http_clients_are_made_in_one_place() -> None:
         if made_by_hand.search(line)
     ]
     assert not offenders, f"use gateway.core.tls.http_client / async_http_client / http_get: {offenders}"
+
+
+def _state_words() -> frozenset[str]:
+    """Every value of the enums that hold states and capabilities: compared by member, never by its words."""
+    from backends.base import Capability
+    from gateway.nodes.start_request import FollowerState
+    from gateway.serving.routing.pool import Phase
+    from gateway.supervision.engine_run import RunState
+    from gateway.supervision.group import RankState
+    from gateway.supervision.lifecycle import NodeStatus, State
+
+    enums: list[type[enum.Enum]] = [Capability, FollowerState, Phase, RunState, RankState, NodeStatus, State]
+    return frozenset(str(member.value) for kind in enums for member in kind)
+
+
+STATE_LIKE = re.compile(r"state|status|phase|rank|native|capab", re.IGNORECASE)
+
+
+def literal_comparisons(source: str, words: frozenset[str]) -> list[str]:
+    """Each comparison (==, !=, in, not in) of something that holds a state or capability (its source
+    names one: ``data.get("state")``, ``target.native``, ``self.ranks[r]``) with one of ``words`` as a
+    string literal, or a tuple, list or set of them: ``line: words``. The same words as JSON keys or
+    other fields' values (``"max_completion_tokens" in payload``, a tool_choice of ``"none"``) pass."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare) or not any(
+            isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops
+        ):
+            continue
+        sides = [node.left, *node.comparators]
+        literals = [e for s in sides for e in (s.elts if isinstance(s, ast.Tuple | ast.List | ast.Set) else [s])]
+        hits = [e.value for e in literals if isinstance(e, ast.Constant) and e.value in words]
+        held = " ".join(
+            ast.unparse(s) for s in sides if not isinstance(s, ast.Constant | ast.Tuple | ast.List | ast.Set)
+        )
+        if hits and STATE_LIKE.search(held):
+            found.append(f"{node.lineno}: {', '.join(map(repr, hits))}")
+    return found
+
+
+def test_states_and_capabilities_are_compared_by_member() -> None:
+    """A state or capability compared as a string literal drifts from the enum that declares it (a renamed
+    value leaves the comparison silently false): compare the member, or read the wire's words into it."""
+    words = _state_words()
+    offenders = [
+        f"{path.relative_to(ROOT)}:{where}"
+        for package in ("gateway", "backends")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for where in literal_comparisons(path.read_text(), words)
+    ]
+    assert not offenders, f"compare the enum's member (FollowerState.RUNNING, Capability.MESSAGES…): {offenders}"
+
+
+@pytest.mark.parametrize(
+    "seeded",
+    [
+        'if data.get("state") == "running":\n    pass\n',
+        'if "messages" in target.native:\n    pass\n',
+        'alive = ranks.get(0) in ("starting", "serving")\n',
+        'up = 1.0 if node.get("state") != "in use" else 0.0\n',
+    ],
+)
+def test_a_seeded_literal_comparison_is_caught(seeded: str) -> None:
+    assert literal_comparisons(seeded, _state_words())

@@ -11,7 +11,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from backends.base import Capability
 from gateway.cli.full_settings import Settings
+from gateway.core.errors import ConfigError
 from gateway.supervision.external import UNLIMITED, describe_server
 from tests.unit.http_harness import Served
 
@@ -46,3 +48,21 @@ def test_a_configured_capacity_wins(server: tuple[Served, int | None]) -> None:
     served, _ = server
     launch, _ = describe_server(Settings(backend_url=served.url, backend_max_concurrency=2))
     assert launch.max_concurrency == 2
+
+
+def test_native_apis_are_read_into_capabilities_and_a_typo_is_refused() -> None:
+    """The words of --backend-native-apis become the engine's capabilities; one that names none (a typo
+    the gateway would otherwise ignore, translating what the server does itself) is refused before it is
+    asked, naming the known ones."""
+    launch, _ = describe_server(
+        Settings(
+            backend_url="http://127.0.0.1:9",
+            model="m",
+            context_length=4096,
+            backend_max_concurrency=1,
+            backend_native_apis=["messages"],
+        )
+    )
+    assert launch.native == {Capability.MESSAGES}
+    with pytest.raises(ConfigError, match="unknown mesages; known: include_usage, max_completion_tokens"):
+        describe_server(Settings(backend_url="http://127.0.0.1:9", backend_native_apis=["mesages"]))

@@ -30,6 +30,7 @@ from backends.llamacpp.progress import slots_progress
 from backends.vllm.progress import metrics_progress
 from gateway.serving.app import create_app
 from gateway.serving.transport.proxy import EngineClient, Timeouts
+from gateway.supervision.group import http_canary
 from gateway.supervision.lifecycle import State
 from gateway.supervision.liveness import (
     Activity,
@@ -560,3 +561,33 @@ def test_cutting_ends_each_request_in_flight_in_its_dialect_and_later_requests_g
         name, last = sse_events(messages.text)[-1]
         assert name == "error" and last["type"] == "error" and last["error"]["message"] == why
     assert again.status_code == 200 and "Hello" in again.text and why not in again.text  # on a fresh connection
+
+
+def test_the_idle_canary_and_the_groups_canary_send_one_request() -> None:
+    """One canary (liveness.send_canary): the idle watch's and an engine group's readiness check send the same
+    one-token completion with the launch's key; each keeps its own verdict (the group's reason names the
+    status, the idle watch only logs it)."""
+    seen: list[tuple[str, str | None, Any]] = []
+
+    async def completions(request: Any) -> Response:
+        seen.append((request.url.path, request.headers.get("authorization"), json.loads(await request.body())))
+        return Response('{"error": "busy"}', status_code=503)
+
+    engine = Served(Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]), lifespan="off")
+    target = Launch("vllm", [], 0, "k", "m", 4096, "/health", "", base=engine.url)
+
+    async def scenario() -> tuple[bool, str | None]:
+        probe = HttpProbe(target)
+        try:
+            idle = await probe.canary()
+        finally:
+            await probe.aclose()
+        return idle, await http_canary(target, timeout_s=5.0)
+
+    try:
+        idle, group = asyncio.run(scenario())
+    finally:
+        engine.stop()
+    assert idle is True and group == 'the one-token canary was answered 503: {"error": "busy"}'
+    request = ("/v1/completions", "Bearer k", {"model": "m", "prompt": "Hi", "max_tokens": 1, "temperature": 0})
+    assert seen == [request, request]

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from backends.base import Capability
 from gateway.serving.dialects import custom_tools, messages_api, responses_api
 from gateway.serving.dialects import request_shapes as shapes
 from gateway.serving.dialects.responses_events import response_failed_event
@@ -22,7 +23,7 @@ log = logging.getLogger("gateway.handlers")
 class Dialect:
     """An agent API served by translation to chat completions when the engine does not speak it."""
 
-    native: str  # the engine's capability (EngineTarget.native) and its route, /v1/<native>
+    native: Capability  # the engine's capability (EngineTarget.native) and its route, /v1/<native>
     shape: type[BaseModel]  # the request fields the gateway reads (gateway.serving.dialects.request_shapes)
     to_chat: Callable[[dict[str, Any], str], dict[str, Any]]  # (request, served name) → chat request
     reply: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]  # (chat answer, request, fronted name)
@@ -53,7 +54,7 @@ def _grammars_described(payload: dict[str, Any]) -> bool:
 
 
 RESPONSES = Dialect(
-    "responses",
+    Capability.RESPONSES,
     shapes.ResponsesRequest,
     responses_api.to_chat,
     responses_api.from_chat,
@@ -64,7 +65,7 @@ RESPONSES = Dialect(
     opening_events=frozenset({"response.created", "response.in_progress"}),
 )
 MESSAGES = Dialect(
-    "messages",
+    Capability.MESSAGES,
     shapes.MessagesRequest,
     messages_api.to_chat,
     lambda answer, _request, model: messages_api.from_chat(answer, model),

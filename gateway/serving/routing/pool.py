@@ -158,6 +158,14 @@ class Replica(Generic[U]):
         return f"Replica({self.name!r}, {self.state.value}, load={self.load})"
 
 
+class Phase(enum.Enum):
+    """Where a placed request is in its replica's load."""
+
+    QUEUED = "queued"  # waiting for one of the replica's slots
+    ACTIVE = "active"  # in one of them
+    RELEASED = "released"  # over, or never counted
+
+
 class Placement(Generic[U]):
     """One request's place on a replica: counted in the replica's load from placement until
     :meth:`release` (idempotent), as queued until :meth:`admitted`. A placement on the only replica
@@ -181,18 +189,18 @@ class Placement(Generic[U]):
         self.new_tokens = new_tokens  # what the replica must prefill, by its own prefix estimate (None: not asked)
         self.tried = tried | {replica.name}  # replicas this request has been placed on
         self._counted = counted
-        self._phase = "queued" if counted else "released"
+        self._phase = Phase.QUEUED if counted else Phase.RELEASED
         if counted:
             replica.queued += 1
 
     @property
     def released(self) -> bool:
-        return self._phase == "released"
+        return self._phase is Phase.RELEASED
 
     def admitted(self) -> None:
         """The request got one of the replica's slots: from queued to active."""
-        if self._phase == "queued":
-            self._phase = "active"
+        if self._phase is Phase.QUEUED:
+            self._phase = Phase.ACTIVE
             self.replica.queued -= 1
             self.replica.active += 1
 
@@ -204,11 +212,11 @@ class Placement(Generic[U]):
 
     def release(self) -> None:
         """The request is over (answered, failed, or its client left): the replica's load drops."""
-        if self._phase == "queued":
+        if self._phase is Phase.QUEUED:
             self.replica.queued -= 1
-        elif self._phase == "active":
+        elif self._phase is Phase.ACTIVE:
             self.replica.active -= 1
-        self._phase = "released"
+        self._phase = Phase.RELEASED
 
 
 class Pool(Generic[U]):

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
+from backends.base import Capability
 from gateway.core.auth import bearer_header
 from gateway.serving.transport.stream_guard import checked_chunks
 from gateway.serving.wire.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
@@ -35,7 +36,6 @@ from gateway.supervision.liveness import Activity
 log = logging.getLogger("gateway.proxy")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-STREAM_KEEPALIVE = "stream_keepalive"  # in EngineTarget.native: a connection stays usable after a stream
 
 
 class ChunkFilter(Protocol):
@@ -165,7 +165,7 @@ class EngineClient:
         if self.stopping:
             raise unavailable(self.stopping)
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-        if stream and STREAM_KEEPALIVE not in target.native:
+        if stream and Capability.STREAM_KEEPALIVE not in target.native:
             headers["Connection"] = "close"
         if rid := request_id.get():
             headers["X-Request-Id"] = rid
