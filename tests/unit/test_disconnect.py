@@ -63,6 +63,8 @@ def test_a_client_that_leaves_the_queue_gives_up_its_place(served: tuple[FakeEng
     engine, runtime, gateway = served
     first = _raw_request(gateway.url, "SLOW")
     wait_until(lambda: runtime.admission.active == 1, what="the first request to hold the only slot")
+    # admitted is not yet sent: the count below is of the engine's requests, so the first must be there
+    wait_until(lambda: len(engine.requests_to("/v1/chat/completions")) == 1, what="the first to reach the engine")
     queued = _raw_request(gateway.url, "hi")
     wait_until(lambda: runtime.admission.queued == 1, what="the second request to queue")
     queued.close()
