@@ -23,6 +23,7 @@ from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement
 from backends.llamacpp.placement_query import PlacementQuery
 from backends.llamacpp.placement_search import best_placement
 from backends.llamacpp.speed import tokens_per_second
+from backends.sampling import Sampling, plan_json, plan_line
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.policy import DEFAULT_TARGET_CONTEXT, FALLBACK_CONTEXT, Goal
 
@@ -66,6 +67,7 @@ class LlamaCppCandidate:
     devices: tuple[Device, ...] = ()  # the placement's devices in llama.cpp's order (-ts, memory_terms)
     # a model whose cache cannot roll back: what a later turn prefills again (backends/llamacpp/warm_turns.py)
     warm_turn: warm_turns.WarmTurn | None = None
+    sampling: Sampling | None = None  # the model's recommended sampling, the server's defaults (argv.sampling_argv)
 
     @property
     def draft(self) -> str | None:
@@ -75,6 +77,16 @@ class LlamaCppCandidate:
     @property
     def label(self) -> str:
         return "llama.cpp"
+
+    @property
+    def sampling_applied(self) -> str:
+        """How its launcher applies the recommended sampling (or that its own defaults stand)."""
+        recommended = self.sampling is not None and self.sampling.recommends
+        return self.launcher.sampling_means if recommended else self.launcher.own_sampling
+
+    @property
+    def sampling_line(self) -> str:
+        return plan_line(self.sampling, self.sampling_applied)
 
     @property
     def context_length(self) -> int:
@@ -201,6 +213,7 @@ class LlamaCppCandidate:
             "rpc": list(self.rpc),
             "reasoning_format": self.reasoning_format,
             "draft": self._draft_json(),
+            "sampling": plan_json(self.sampling, self.sampling_applied),
         }
         if self.warm_turn:
             data["warm_turn"] = self.warm_turn.to_json()

@@ -71,6 +71,8 @@ def render(plan: Plan, port: int = 8000, *, verbose: bool = False) -> str:
     floor = f"floor {goal.floor:,}" + (" (hard: --min-context or a pinned context)" if goal.hard else "")
     top = f", at most {plan.policy.max_context:,}" if plan.policy.max_context else ""
     lines.append(f"context: {floor}, target {goal.target:,}{top}")
+    if chosen is not None:  # the model's recommended sampling, its source, and how the engine applies it
+        lines.append(chosen.sampling_line)
     if sessions := plan.sessions_line():
         lines.append(sessions)
     for engine in plan.engines:
