@@ -94,7 +94,8 @@ def checked(values: dict[str, Any], source: str) -> Sampling | None:
             continue
         number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
         if number is None or not math.isfinite(number) or not low <= number <= high:
-            notes.append(f"{source}: {name} = {shown(value)} left out (a number from {_number(low)} to {_number(high)})")
+            within = f"a number from {_number(low)} to {_number(high)}"
+            notes.append(f"{source}: {name} = {shown(value)} left out ({within})")
             continue
         if name == "top_k":
             if number != int(number):

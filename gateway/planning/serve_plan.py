@@ -113,6 +113,7 @@ def plan_serving(
         loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
         log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
         log.info("plan: why: %s", plan.why)
+        log.info("plan: %s", chosen.sampling_line)
     for note in plan.notes:
         if note not in machine.notes:  # the inventory's own notes were logged when it was read
             log.info("plan: %s", note)

@@ -160,14 +160,17 @@ def test_vllm_argv_never_carries_a_generation_config_flag(capsys: pytest.Capture
     assert vllm[0]["sampling"]["values"] == {"temperature": 1.0, "top_p": 0.95}
 
 
-def test_plan_shows_the_sampling_and_its_source_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--model", "smollm2-135m-instruct", "--ram", "16GiB", "--llama-launcher", "native"]) == 0
+def test_plan_shows_the_sampling_and_its_source_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    entry_dir(tmp_path, make_llama_shapes(tmp_path / "plain.gguf", TINY, "plain"))
+    argv = ["plan", "--catalog-dir", str(tmp_path / "catalog"), "--model", "tiny", "--llama-launcher", "native"]
+    assert main([*argv, "--ram", "16GiB"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sampling:")]
     assert lines == [
-        "sampling: temperature 0.2, top_p 0.9 (catalog: model card of HuggingFaceTB/SmolLM2-135M-Instruct); "
-        "llama-server's defaults (--temp, --top-p, --top-k, --min-p, --repeat-penalty...); a request's own "
-        "fields win"
+        "sampling: temperature 0.3, top_p 0.85 (catalog: model card of example/tiny); llama-server's defaults "
+        "(--temp, --top-p, --top-k, --min-p, --repeat-penalty...); a request's own fields win"
     ]
+    assert main([*argv, "--ram", "16GiB", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decision"]["sampling"] == lines[0]
 
 
 # -- a request's own fields win -------------------------------------------------------------------------
