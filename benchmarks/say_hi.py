@@ -3,6 +3,11 @@ field (what a chat UI or a curl line sends) to a fresh `gateway serve` with no m
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/say_hi.py [--requests 50] [--threads 1] [--cut 600] [--json FILE]
     PYTHONPATH=$PWD .venv/bin/python benchmarks/say_hi.py --url http://127.0.0.1:8000 --key KEY   # one running
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/say_hi.py --requests 300 --direct "--repeat-penalty 1"
+
+``--direct FLAGS``: llama-server alone with the default plan's argv and FLAGS after it (a later flag wins:
+``--repeat-penalty 1`` takes the catalog's loop guard off), each request with its own ``seed`` (0, 1, …),
+so a sampling's rate of loops is measured over the same seeds another's is.
 
 Each answer is streamed with usage; one that passes ``--cut`` tokens is dropped there (the gateway then
 stops the engine's request) and counted as running past the limit rather than followed to the context's
@@ -14,7 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,17 +34,20 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from backends.llamacpp.install import packaged_binary
 from benchmarks.rpc_vs_local import free_port, process, wait_ok
 
 PROMPT = "Say hi"
 LIMIT = 200  # the answer a greeting needs is a line; past this it is a loop
 
 
-def ask(client: httpx.Client, url: str, model: str, cut: int) -> dict[str, Any]:
+def ask(client: httpx.Client, url: str, model: str, cut: int, seed: int | None) -> dict[str, Any]:
     """One streamed answer: its finish reason, completion tokens (the usage chunk's, else the chunks
     counted), seconds, and its text's first 80 characters; ``finish`` "cut" when it passed ``cut``."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": True}
     body["stream_options"] = {"include_usage": True}
+    if seed is not None:
+        body["seed"] = seed
     started, chunks, finish, usage, text = time.monotonic(), 0, None, None, ""
     with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as answer:
         answer.raise_for_status()
@@ -56,15 +69,20 @@ def ask(client: httpx.Client, url: str, model: str, cut: int) -> dict[str, Any]:
     return {"finish": finish, "tokens": tokens, "seconds": round(time.monotonic() - started, 2), "text": text[:80]}
 
 
-def run(url: str, key: str | None, requests: int, cut: int) -> dict[str, Any]:
-    headers = {"authorization": f"Bearer {key}"} if key else {}
+def run(url: str, key: str | None, requests: int, cut: int, argv: list[str] | None = None) -> dict[str, Any]:
+    """The answers of a gateway (its engine's argv read from /status), or of a llama-server started
+    with ``argv`` (seeded requests)."""
+    # a fresh connection per answer: llama-server closes one after a stream, which a pooled client would reuse
+    headers = {"connection": "close"} | ({"authorization": f"Bearer {key}"} if key else {})
     with httpx.Client(headers=headers) as client:
         model = client.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
-        status = client.get(url + "/status", timeout=30).json()
-        answers = [ask(client, url, model, cut) for _ in range(requests)]
-    argv = (status.get("backend") or {}).get("argv") or []
+        if argv is None:
+            argv = (client.get(url + "/status", timeout=30).json().get("backend") or {}).get("argv") or []
+            answers = [ask(client, url, model, cut, None) for _ in range(requests)]
+        else:
+            answers = [ask(client, url, model, cut, seed) for seed in range(requests)]
     flags = ("--temp", "--top-p", "--top-k", "--min-p", "--repeat-penalty", "--presence-penalty", "--dry-multiplier")
-    sampling = {word: argv[i + 1] for i, word in enumerate(argv[:-1]) if word in flags}
+    sampling = {word: argv[i + 1] for i, word in enumerate(argv[:-1]) if word in flags}  # the last one wins
     tokens = [a["tokens"] for a in answers]
     return {
         "model": model,
@@ -81,6 +99,30 @@ def run(url: str, key: str | None, requests: int, cut: int) -> dict[str, Any]:
     }
 
 
+def direct(workdir: Path, flags: str, threads: int, requests: int, cut: int) -> dict[str, Any]:
+    """llama-server alone: the default plan's argv (`gateway plan --json`), ``flags`` after it."""
+    plan = subprocess.run(
+        [sys.executable, "-m", "gateway", "plan", "--json", "--llama-launcher", "native"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    data = json.loads(plan.stdout)
+    chosen = data["candidates"][data["decision"]["candidate"]]
+    port, key = free_port(), "say-hi-bench"
+    argv = [str(port) if word == "PORT" else word for word in chosen["argv"]]
+    argv[0] = shutil.which(argv[0]) or str(packaged_binary("llama-server"))  # `plan` shows the name alone
+    argv = [*argv, "-t", str(threads), *shlex.split(flags)]
+    env = {**os.environ, **{name: key for name in chosen["env"]}}
+    log = workdir / "llama-server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_ok(f"http://127.0.0.1:{port}/health", proc, log, timeout_s=600)
+        return run(f"http://127.0.0.1:{port}", key, requests, cut, argv)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=50)
@@ -89,10 +131,14 @@ def main() -> int:
     parser.add_argument("--url", help="a gateway already running (else a fresh `gateway serve` is started)")
     parser.add_argument("--key", help="its API key, if it has one")
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags")
+    parser.add_argument("--direct", metavar="FLAGS", help="llama-server alone, the plan's argv and these flags")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.url:
         result = run(args.url.rstrip("/"), args.key, args.requests, args.cut)
+    elif args.direct is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = direct(Path(tmp), args.direct, args.threads, args.requests, args.cut)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             port, log = free_port(), Path(tmp) / "serve.log"

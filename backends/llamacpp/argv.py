@@ -52,7 +52,6 @@ class LlamaCppConfig:
     draft: str | None = None  # native only: self-drafting speculative decoding, "mtp" or "ngram"
     warm: WarmSessions | None = None  # native only: KV room, prompt cache, checkpoints, as the plan sized them
     sampling: Sampling | None = None  # the model's recommended sampling: the server's defaults for every request
-    dry_multiplier: float | None = None  # native only: the catalog's DRY repetition guard (source.py)
 
 
 # the recommended sampling's fields → llama-server's flags (common/arg.cpp of build 11434), and llama-cpp-python's
@@ -149,8 +148,6 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     if config.draft:
         argv += DRAFT_ARGV[config.draft]
     argv += sampling_argv(config.sampling)  # a request's own fields still win
-    if config.dry_multiplier:
-        argv += ["--dry-multiplier", f"{config.dry_multiplier:g}"]
     if config.warm is not None:  # without it (a config made by hand) llama-server's own defaults stand
         argv += config.warm.argv()
     # slots share one unified KV cache (with -np alone each slot would get only -c / slots); -lv 4
@@ -250,7 +247,6 @@ def plan_argv(
     rpc: tuple[str, ...] = (),
     reasoning_format: str | None = None,
     sampling: Sampling | None = None,
-    dry_multiplier: float | None = None,
 ) -> list[str]:
     """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
     p, launcher = candidate.placement, candidate.launcher
@@ -269,6 +265,5 @@ def plan_argv(
         draft=candidate.draft if launcher.drafts else None,
         warm=candidate.warm if launcher.keeps_warm else None,
         sampling=sampling,
-        dry_multiplier=dry_multiplier if launcher.guards_repeats else None,
     )
     return _ARGV[launcher](config, command=command or list(launcher.shown_command), port="PORT")

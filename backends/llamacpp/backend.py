@@ -229,10 +229,8 @@ class LlamaCppBackend:
                 rpc=endpoints,
                 reasoning_format=thinking,
                 sampling=facts.sampling,
-                dry_multiplier=model.source.dry_multiplier,
             )
             candidate.sampling = facts.sampling
-            candidate.dry_multiplier = model.source.dry_multiplier if launcher.guards_repeats else None
             candidate.env = {launcher.key_variable: "KEY"}  # the placeholder `plan` prints
             if devices != inventory.gpus:
                 candidate.reason += remote_phrase(devices, candidate.placement.tensor_split)
@@ -358,7 +356,6 @@ class LlamaCppBackend:
             draft=chosen.draft if chosen.launcher.drafts else None,
             warm=chosen.warm if chosen.launcher.keeps_warm else None,
             sampling=chosen.sampling,
-            dry_multiplier=chosen.dry_multiplier,
         )
         on_disk = local is not None and local.is_file()
         fetch = None if on_disk else (lambda: ensure_gguf(gguf_source))

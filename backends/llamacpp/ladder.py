@@ -68,7 +68,6 @@ class LlamaCppCandidate:
     # a model whose cache cannot roll back: what a later turn prefills again (backends/llamacpp/warm_turns.py)
     warm_turn: warm_turns.WarmTurn | None = None
     sampling: Sampling | None = None  # the model's recommended sampling, the server's defaults (argv.sampling_argv)
-    dry_multiplier: float | None = None  # the catalog's DRY repetition guard, where the launcher has DRY
 
     @property
     def draft(self) -> str | None:
@@ -87,8 +86,7 @@ class LlamaCppCandidate:
 
     @property
     def sampling_line(self) -> str:
-        guard = f"; DRY repetition guard --dry-multiplier {self.dry_multiplier:g}" if self.dry_multiplier else ""
-        return plan_line(self.sampling, self.sampling_applied) + guard
+        return plan_line(self.sampling, self.sampling_applied)
 
     @property
     def context_length(self) -> int:
@@ -215,7 +213,7 @@ class LlamaCppCandidate:
             "rpc": list(self.rpc),
             "reasoning_format": self.reasoning_format,
             "draft": self._draft_json(),
-            "sampling": plan_json(self.sampling, self.sampling_applied) | {"dry_multiplier": self.dry_multiplier},
+            "sampling": plan_json(self.sampling, self.sampling_applied),
         }
         if self.warm_turn:
             data["warm_turn"] = self.warm_turn.to_json()

@@ -35,7 +35,6 @@ class Launcher:
     keeps_warm: bool  # room in the unified cache, prompt cache and checkpoints (backends.llamacpp.warm_sessions)
     experts_in_ram: bool  # MoE experts alone left in RAM (--n-cpu-moe)
     splits_reasoning: bool  # thinking split out of content by the server (--reasoning-format)
-    guards_repeats: bool  # has llama.cpp's DRY repetition sampler (--dry-multiplier)
     key_variable: str  # the variable the server reads its API key from (never argv: /proc/PID/cmdline)
     health_path: str  # answers 200 once the model is loaded
     native_apis: frozenset[str]  # what the server does itself, so the gateway does not redo it
@@ -62,7 +61,6 @@ NATIVE = Launcher(
     keeps_warm=True,
     experts_in_ram=True,
     splits_reasoning=True,
-    guards_repeats=True,
     key_variable="LLAMA_API_KEY",
     health_path="/health",
     # Not its /v1/responses and /v1/messages: measured with llm-comply against build 11434 they miss
@@ -89,7 +87,6 @@ PYTHON = Launcher(
     keeps_warm=False,
     experts_in_ram=False,
     splits_reasoning=False,
-    guards_repeats=False,
     key_variable="API_KEY",  # its server settings (pydantic, no prefix)
     health_path="/v1/models",  # answers once the model is loaded (the server loads it before it binds the port)
     native_apis=frozenset(),  # no Responses/Messages, no usage chunk

