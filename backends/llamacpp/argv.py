@@ -65,16 +65,20 @@ SAMPLING_FLAGS = {
     "presence_penalty": "--presence-penalty",
     "frequency_penalty": "--frequency-penalty",
 }
+SAMPLING_ALIASES = {"--temperature": "--temp"}  # the same flag's other names
 PYTHON_REQUEST_FIELDS = {"repetition_penalty": "repeat_penalty"}  # the others are named alike
 
 
-def sampling_argv(sampling: Sampling | None) -> list[str]:
+def sampling_argv(sampling: Sampling | None, given: list[str] | tuple[str, ...] = ()) -> list[str]:
     """llama-server's default sampling from the model's recommendation: every field set, those the
     authors leave unsaid off as vLLM leaves them (so llama.cpp's own top_k 40, min_p 0.05 and temperature
-    0.8 do not sample it differently from vLLM); nothing when nothing is recommended."""
+    0.8 do not sample it differently from vLLM); nothing when nothing is recommended. A flag the user's
+    own llama-server command (``given``) sets is left to it (a later flag would win over it)."""
     if sampling is None or not sampling.recommends:
         return []
-    return [word for name, value in sampling.complete().items() for word in (SAMPLING_FLAGS[name], f"{value:g}")]
+    taken = {SAMPLING_ALIASES.get(flag, flag) for word in given if (flag := word.split("=")[0])}
+    chosen = {SAMPLING_FLAGS[name]: value for name, value in sampling.complete().items()}
+    return [word for flag, value in chosen.items() if flag not in taken for word in (flag, f"{value:g}")]
 
 
 def sampling_fields(sampling: Sampling | None) -> dict[str, float]:
@@ -147,7 +151,7 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += ["--reasoning-format", config.reasoning_format]
     if config.draft:
         argv += DRAFT_ARGV[config.draft]
-    argv += sampling_argv(config.sampling)  # a request's own fields still win
+    argv += sampling_argv(config.sampling, given=command)  # a request's own fields still win
     if config.warm is not None:  # without it (a config made by hand) llama-server's own defaults stand
         argv += config.warm.argv()
     # slots share one unified KV cache (with -np alone each slot would get only -c / slots); -lv 4

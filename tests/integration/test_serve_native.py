@@ -193,11 +193,16 @@ def test_status_shows_the_engines_own_speed_beside_the_estimate(client: openai.O
 
 def test_llama_server_drafts_from_the_context_when_asked(tmp_path: Path, smollm2_gguf: Path) -> None:
     """Issue 22, `--llama-draft ngram`: llama-server runs ngram-mod speculative decoding (no second
-    model), a file asked back is drafted from the prompt, and the engine's acceptance reaches /status."""
+    model), a file asked back is drafted from the prompt, and the engine's acceptance reaches /status.
+    Greedy and without the catalog's loop guard (repetition_penalty 1.1 penalises the copy's repeated
+    tokens, so the answer leaves the file and nothing drafted is accepted): flags of the user's own
+    command stand over the plan's sampling (issue 49)."""
     args = ("--context-length", str(CONTEXT), "--llama-draft", "ngram", "--llama-server-command")
-    with GatewayProcess(tmp_path, *args, f"{shlex.quote(_llama_server())} --temp 0").serving() as process:
+    command = f"{shlex.quote(_llama_server())} --temp 0 --repeat-penalty 1"
+    with GatewayProcess(tmp_path, *args, command).serving() as process:
         argv = process.status()["backend"]["argv"]
         assert argv[argv.index("--spec-type") + 1] == "ngram-mod"
+        assert argv.count("--temp") == argv.count("--repeat-penalty") == 1  # the command's own, not the plan's
         code = "".join(f"def add_{i}(x):\n    return x + {i}\n\n" for i in range(20))
         question = [{"role": "user", "content": f"Repeat this file exactly:\n\n{code}"}]
         client = openai.OpenAI(base_url=process.url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backends.llamacpp.argv import SAMPLING_FLAGS, LlamaCppConfig, build_launch
+from backends.llamacpp.argv import SAMPLING_FLAGS, LlamaCppConfig, build_launch, native_argv
 from backends.llamacpp.launcher import PYTHON
 from backends.sampling import UNSAID, Sampling, checked, first, from_generation_config
 from gateway.cli.commands import main
@@ -202,3 +202,14 @@ def test_a_requests_own_temperature_reaches_the_engine_unchanged(
     sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
     assert sent[0]["temperature"] == 0.93 and sent[0].get("top_p") == defaults.get("top_p")
     assert (sent[1].get("temperature"), sent[1].get("top_p")) == (defaults.get("temperature"), defaults.get("top_p"))
+
+
+def test_a_flag_of_the_users_own_llama_server_command_is_left_to_it() -> None:
+    """llama_server_command = "llama-server --temp 0": the plan's --temp after it would win, so it is left out."""
+    config = LlamaCppConfig(
+        gguf=Path("m.gguf"), served_name="m", context_length=4096, sampling=Sampling(temperature=0.2)
+    )
+    for given in (["llama-server", "--temp", "0"], ["llama-server", "--temperature=0"]):
+        argv = native_argv(config, command=given, port="1")
+        assert sampling_flags(argv[len(given) :]) == {name: v for name, v in UNSAID.items() if name != "temperature"}
+    assert sampling_flags(native_argv(config, command=["llama-server"], port="1"))["temperature"] == 0.2
