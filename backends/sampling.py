@@ -59,7 +59,7 @@ class Sampling:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    source: str = ""  # "generation_config.json of Qwen/Qwen3-8B", "the GGUF's general.sampling.*", "catalog: …"
+    source: str = ""  # "generation_config.json of Qwen/Qwen3-8B", "general.sampling.* of m.gguf", "catalog: …"
     notes: tuple[str, ...] = field(default=(), compare=False)  # values left out, and why
 
     @property
@@ -78,9 +78,6 @@ class Sampling:
     def phrase(self) -> str:
         """ "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05" """
         return ", ".join(f"{name} {value:g}" for name, value in self.given().items())
-
-    def to_json(self) -> dict[str, Any]:
-        return {"values": self.given(), "source": self.source, "applied": self.complete()}
 
 
 def checked(values: dict[str, Any], source: str) -> Sampling | None:
@@ -165,8 +162,8 @@ def plan_json(sampling: Sampling | None, applied: str) -> dict[str, Any]:
 
 
 def plan_line(sampling: Sampling | None, applied: str) -> str:
-    """The plan's one line: "sampling: temperature 0.2, top_p 0.9 (catalog (…): the model card …);
-    llama-server's defaults, a request's own fields win"."""
+    """The plan's one line: "sampling: temperature 0.2, top_p 0.9 (catalog: model card of …); llama-server's
+    defaults (…); a request's own fields win"."""
     if sampling is None or not sampling.recommends:
         return f"sampling: none recommended (no generation_config.json, general.sampling.* or catalog); {applied}"
     return f"sampling: {sampling.phrase()} ({sampling.source}); {applied}"

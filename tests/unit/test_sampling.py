@@ -114,6 +114,23 @@ def test_a_hub_models_generation_config_reaches_llama_server_and_vllm_keeps_its_
     assert plan["decision"]["sampling"].startswith("sampling: temperature 0.7, top_p 0.8, top_k 20")
 
 
+def test_a_checkpoint_directorys_generation_config_is_what_the_vllm_plan_shows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local checkpoint: its own generation_config.json is read beside its config.json."""
+    configs = Path(__file__).resolve().parents[1] / "data" / "configs"
+    (tmp_path / "config.json").write_text((configs / "Qwen3-8B.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16 << 30}}))
+    published = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": [151645]}
+    (tmp_path / "generation_config.json").write_text(json.dumps(published))
+    assert main(["plan", "--model", str(tmp_path), "--gpus", "1x80GiB@9.0", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    chosen = plan["candidates"][plan["decision"]["candidate"]]
+    assert chosen["backend"] == "vllm" and not [word for word in chosen["argv"] if "generation" in word]
+    assert chosen["sampling"]["values"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert chosen["sampling"]["source"] == f"generation_config.json of {tmp_path}"
+
+
 def test_no_recommendation_leaves_the_engines_own_defaults(tmp_path: Path) -> None:
     plain = make_llama_shapes(tmp_path / "plain.gguf", TINY, "plain")
     chosen = llama_chosen(cpu_plan(str(plain)))
