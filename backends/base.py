@@ -94,6 +94,9 @@ class Launch:
     speed_metrics: Callable[[str], dict[str, tuple[float, float]]] | None = None
     metrics_path: str = "/metrics"
     scheduling: Scheduling = field(default_factory=Scheduling)
+    # fields the gateway adds to a request that leaves them out: the model's recommended sampling, for an
+    # engine that takes no server-wide sampling defaults (llama-cpp-python); empty where the engine has them
+    request_defaults: Mapping[str, Any] = field(default_factory=dict)
     # the engine's own account of work done, for the progress watch (gateway.supervision.liveness): GET
     # progress_path while requests are in flight, and ``progress`` reads it (None when the text says
     # nothing usable). None: the engine reports nothing, only relayed chunks count.
@@ -279,6 +282,8 @@ class Candidate(Protocol):
     def warm_tokens(self) -> int: ...  # prompt tokens kept between turns (KV, and a host prompt cache)
     @property
     def traits(self) -> Traits: ...  # what it gives and gives up, as the one objective ranks (backends/objective.py)
+    @property
+    def sampling_line(self) -> str: ...  # the recommended sampling, where it came from, how the engine applies it
     @property
     def devices(self) -> tuple[Device, ...]: ...  # what memory_terms' device positions name, in the engine's order
     @property

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.checked import integer
+from backends.sampling import Sampling
 from gateway.core.errors import ModelError
 
 # bytes per weight for linear layers by checkpoint quantization (scales and zero points included)
@@ -66,6 +67,9 @@ class ModelFacts:
     recurrent_kind: str = ""
     recurrent_dims: tuple[int, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # the sampling its authors recommend, from the most trusted source that gives one (backends/sampling.py);
+    # None: none says, and the engine's own defaults stand
+    sampling: Sampling | None = None
 
     @property
     def is_mla(self) -> bool:

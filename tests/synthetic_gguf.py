@@ -256,13 +256,15 @@ def make_llama_shapes(
     name: str = "llama-3-70b-q4_k_m-shapes",
     tokenizer_gguf: Path | None = None,
     long_rope: int = 0,
+    metadata: dict[str, float | int] | None = None,
 ) -> Path:
     """A llama of ``shape`` in Q4_K_M, shapes only (Llama 3 70B by default: about 39.6 GiB apparent, as the real
     file; nothing on disk). With ``tokenizer_gguf`` (its vocabulary must be ``shape["vocab"]``: llama.cpp's
     models/ggml-vocab-llama-bpe.gguf for Llama 3) llama-server loads and runs it on its zero weights,
     answering noise with the real model's buffers (benchmarks/gpu_llamacpp_memory.py). With ``long_rope`` (an
     original training context), LongRoPE as conversion/phi.py writes it: ``rope.scaling.original_context_length``
-    and the ``rope_factors_long`` / ``rope_factors_short`` tensors (head_dim / 2 floats each)."""
+    and the ``rope_factors_long`` / ``rope_factors_short`` tensors (head_dim / 2 floats each). ``metadata``: more
+    keys (an int is written as int32, a float as float32), such as ``general.sampling.temp``."""
     if tokenizer_gguf is None:
         writer, vocab = gguf.GGUFWriter(str(out), "llama"), shape["vocab"]
         writer.add_name(name)
@@ -275,6 +277,8 @@ def make_llama_shapes(
     writer.add_rope_dimension_count(shape["head_dim"])
     writer.add_vocab_size(vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    for key, value in (metadata or {}).items():
+        (writer.add_int32 if isinstance(value, int) else writer.add_float32)(key, value)
     embd, q, kv = shape["embd"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
     _shape_tensor(writer, "token_embd.weight", vocab, embd, _Q4_K)
     writer.add_tensor_info("output_norm.weight", (embd,), np.dtype(np.float32), embd * 4)

@@ -24,6 +24,7 @@ from backends.llamacpp.progress import SLOTS_PATH, slots_progress
 from backends.llamacpp.rpc import rpc_arguments
 from backends.llamacpp.scheduling import batch_argv, scheduling
 from backends.llamacpp.warm_sessions import WarmSessions
+from backends.sampling import Sampling
 
 # ggml's own variables (GGML_CUDA_*, GGML_SCHED_*...) reach the engine; LLAMA_ARG_* do not: the plan sets its flags
 INHERITED_ENV = ("GGML_",)
@@ -50,6 +51,42 @@ class LlamaCppConfig:
     reasoning_format: str | None = None  # native only: how thinking is split out of content (deepseek)
     draft: str | None = None  # native only: self-drafting speculative decoding, "mtp" or "ngram"
     warm: WarmSessions | None = None  # native only: KV room, prompt cache, checkpoints, as the plan sized them
+    sampling: Sampling | None = None  # the model's recommended sampling: the server's defaults for every request
+
+
+# the recommended sampling's fields → llama-server's flags (common/arg.cpp of build 11434), and llama-cpp-python's
+# request fields (llama_cpp/server/types.py: it has no server-wide sampling defaults, only per request)
+SAMPLING_FLAGS = {
+    "temperature": "--temp",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "repetition_penalty": "--repeat-penalty",
+    "presence_penalty": "--presence-penalty",
+    "frequency_penalty": "--frequency-penalty",
+}
+SAMPLING_ALIASES = {"--temperature": "--temp"}  # the same flag's other names
+PYTHON_REQUEST_FIELDS = {"repetition_penalty": "repeat_penalty"}  # the others are named alike
+
+
+def sampling_argv(sampling: Sampling | None, given: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """llama-server's default sampling from the model's recommendation: every field set, those the
+    authors leave unsaid off as vLLM leaves them (so llama.cpp's own top_k 40, min_p 0.05 and temperature
+    0.8 do not sample it differently from vLLM); nothing when nothing is recommended. A flag the user's
+    own llama-server command (``given``) sets is left to it (a later flag would win over it)."""
+    if sampling is None or not sampling.recommends:
+        return []
+    taken = {SAMPLING_ALIASES.get(flag, flag) for word in given if (flag := word.split("=")[0])}
+    chosen = {SAMPLING_FLAGS[name]: value for name, value in sampling.complete().items()}
+    return [word for flag, value in chosen.items() if flag not in taken for word in (flag, f"{value:g}")]
+
+
+def sampling_fields(sampling: Sampling | None) -> dict[str, float]:
+    """The same defaults as llama-cpp-python's request fields, which the gateway adds to a request
+    that does not set them (its server takes no defaults of its own)."""
+    if sampling is None or not sampling.recommends:
+        return {}
+    return {PYTHON_REQUEST_FIELDS.get(name, name): value for name, value in sampling.complete().items()}
 
 
 def installed_version() -> str | None:
@@ -114,6 +151,7 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += ["--reasoning-format", config.reasoning_format]
     if config.draft:
         argv += DRAFT_ARGV[config.draft]
+    argv += sampling_argv(config.sampling, given=command)  # a request's own fields still win
     if config.warm is not None:  # without it (a config made by hand) llama-server's own defaults stand
         argv += config.warm.argv()
     # slots share one unified KV cache (with -np alone each slot would get only -c / slots); -lv 4
@@ -194,6 +232,7 @@ def _python_launch(config: LlamaCppConfig, port: int, api_key: str, command: lis
         speed_line=speed_line,
         env={launcher.key_variable: api_key},
         inherit=INHERITED_ENV,
+        request_defaults=sampling_fields(config.sampling),  # its server has no sampling flags
     )
 
 
@@ -211,6 +250,7 @@ def plan_argv(
     chat_format: str | None = None,
     rpc: tuple[str, ...] = (),
     reasoning_format: str | None = None,
+    sampling: Sampling | None = None,
 ) -> list[str]:
     """argv for the candidate's launcher, with PORT/KEY placeholders that `serve` fills in."""
     p, launcher = candidate.placement, candidate.launcher
@@ -228,5 +268,6 @@ def plan_argv(
         reasoning_format=reasoning_format,
         draft=candidate.draft if launcher.drafts else None,
         warm=candidate.warm if launcher.keeps_warm else None,
+        sampling=sampling,
     )
     return _ARGV[launcher](config, command=command or list(launcher.shown_command), port="PORT")

@@ -232,7 +232,9 @@ class LlamaCppBackend:
                 chat_format=model.source.chat_format,
                 rpc=endpoints,
                 reasoning_format=thinking,
+                sampling=facts.sampling,
             )
+            candidate.sampling = facts.sampling
             candidate.env = {launcher.key_variable: "KEY"}  # the placeholder `plan` prints
             if devices != inventory.gpus:
                 candidate.reason += remote_phrase(devices, candidate.placement.tensor_split)
@@ -357,6 +359,7 @@ class LlamaCppBackend:
             reasoning_format=chosen.reasoning_format,
             draft=chosen.draft if chosen.launcher.drafts else None,
             warm=chosen.warm if chosen.launcher.keeps_warm else None,
+            sampling=chosen.sampling,
         )
         on_disk = local is not None and local.is_file()
         fetch = None if on_disk else (lambda: ensure_gguf(gguf_source))

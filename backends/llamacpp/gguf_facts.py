@@ -11,6 +11,7 @@ from typing import Any
 from backends.checked import integer
 from backends.llamacpp.gguf_reader import GgufHeader
 from backends.model_facts import ModelFacts, estimate_weight_bytes, recurrent_layout, text_config
+from backends.sampling import Sampling, checked
 from gateway.core.errors import ModelError
 
 # llama.cpp's sliding-window pattern per architecture, for GGUFs that carry a window but no per-layer
@@ -161,7 +162,25 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         long_rope_context=original if long_rope else 0,
         weight_count=sum(math.prod(t.shape) for t in header.tensors),
         main_weight_type=_main_type(header),
+        sampling=gguf_sampling(header, where or name),
     )
+
+
+# general.sampling.* (llama.cpp's LLM_KV_GENERAL_SAMPLING_*, applied by common_init_from_params over its
+# defaults where no flag was given) → the recommended sampling's fields
+GGUF_SAMPLING_KEYS = {
+    "temp": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "penalty_repeat": "repetition_penalty",
+}
+
+
+def gguf_sampling(header: GgufHeader, where: str) -> Sampling | None:
+    """The sampling a GGUF's ``general.sampling.*`` keys recommend (most GGUFs carry none)."""
+    values = {field: header.metadata.get(f"general.sampling.{key}") for key, field in GGUF_SAMPLING_KEYS.items()}
+    return checked(values, f"general.sampling.* of {where}")
 
 
 # ggml.h's ggml_type ids of the types a published GGUF's weights are stored in (the rest are named by id)

@@ -23,6 +23,7 @@ from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement
 from backends.llamacpp.placement_query import PlacementQuery
 from backends.llamacpp.placement_search import best_placement
 from backends.llamacpp.speed import decode_rate, tokens_per_second
+from backends.sampling import Sampling, plan_json, plan_line
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.policy import DEFAULT_TARGET_CONTEXT, FALLBACK_CONTEXT, Goal
 
@@ -68,6 +69,7 @@ class LlamaCppCandidate:
     warm_turn: warm_turns.WarmTurn | None = None
     facts: GgufFacts | None = None  # the GGUF's, for the estimate of many requests at once (decode_rate)
     host_scale: float = 1.0  # the host's decode term as calibrated on this machine (speed.host_calibration)
+    sampling: Sampling | None = None  # the model's recommended sampling, the server's defaults (argv.sampling_argv)
 
     @property
     def draft(self) -> str | None:
@@ -77,6 +79,16 @@ class LlamaCppCandidate:
     @property
     def label(self) -> str:
         return "llama.cpp"
+
+    @property
+    def sampling_applied(self) -> str:
+        """How its launcher applies the recommended sampling (or that its own defaults stand)."""
+        recommended = self.sampling is not None and self.sampling.recommends
+        return self.launcher.sampling_means if recommended else self.launcher.own_sampling
+
+    @property
+    def sampling_line(self) -> str:
+        return plan_line(self.sampling, self.sampling_applied)
 
     @property
     def context_length(self) -> int:
@@ -224,6 +236,7 @@ class LlamaCppCandidate:
             "rpc": list(self.rpc),
             "reasoning_format": self.reasoning_format,
             "draft": self._draft_json(),
+            "sampling": plan_json(self.sampling, self.sampling_applied),
         }
         if self.warm_turn:
             data["warm_turn"] = self.warm_turn.to_json()

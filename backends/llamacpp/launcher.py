@@ -41,6 +41,8 @@ class Launcher:
     native_apis: frozenset[Capability]  # what the server does itself, so the gateway does not redo it
     shown_command: tuple[str, ...]  # the argv prefix `plan` prints when none is installed
     missing: str  # what `serve` says when this launcher was chosen but is not installed
+    sampling_means: str  # how it applies a model's recommended sampling (backends/sampling.py)
+    own_sampling: str  # what samples a request without sampling fields when the model recommends nothing
 
     def flash_attention(self, gpus: tuple[Device, ...]) -> bool:
         """The native server turns it on by itself; with llama-cpp-python we turn it on for GPUs, where
@@ -70,6 +72,9 @@ NATIVE = Launcher(
     shown_command=("llama-server",),
     missing="llama-server was chosen (llama_launcher = native) but is not installed: set llama_server_command "
     "or pip install 'gateway[llamacpp-native]'",
+    sampling_means="llama-server's defaults (--temp, --top-p, --top-k, --min-p, --repeat-penalty...); a request's "
+    "own fields win",
+    own_sampling="llama-server's own defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)",
 )
 PYTHON = Launcher(
     name="python",
@@ -89,6 +94,11 @@ PYTHON = Launcher(
     shown_command=("python", "-m", "llama_cpp.server"),
     missing="llama-cpp-python is not installed in this environment: pip install 'gateway[llamacpp]' "
     "(or set llama_cpp_python_command to a Python that has it)",
+    # its server has no flags for default sampling (llama_cpp/server/settings.py): each request gets them
+    sampling_means="added by the gateway to each request that leaves them out (llama-cpp-python's server takes "
+    "no defaults); a request's own fields win",
+    own_sampling="llama-cpp-python's own request defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, "
+    "repeat_penalty 1.1)",
 )
 LAUNCHERS = {launcher.name: launcher for launcher in (PYTHON, NATIVE)}  # the setting's values
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,7 @@ from backends.llamacpp.gguf_reader import read_gguf_header
 from backends.llamacpp.hub_gguf import GgufVariant, gguf_variants
 from backends.llamacpp.hub_variants import ReadVariant, read_variant
 from backends.model_facts import facts_from_config
+from backends.sampling import Sampling, first, from_catalog, read_generation_config
 from gateway.core.errors import ModelError
 from gateway.hub.fetch import cached
 from gateway.hub.guard import guard_hub
@@ -123,8 +124,10 @@ def read(entry: ModelEntry) -> LlamaCppModel:
     if source.hub_model:
         remembered = (entry.remembered or {}).get("memo", {}).get("hub_variant")
         if remembered and (entry.remembered or {}).get("engine") == "llamacpp":
-            return _read_remembered(model, remembered, entry.bundled_config())
-        return _read_hub(model, source.hub_model, entry.bundled_config())
+            model = _read_remembered(model, remembered, entry.bundled_config())
+        else:
+            model = _read_hub(model, source.hub_model, entry.bundled_config())
+        return _with_sampling(model, read_generation_config(source.hub_model), from_catalog(entry))
     local = Path(source.gguf_path) if source.gguf_path else None
     if source.gguf_package or source.gguf_wheel:
         try:
@@ -142,6 +145,20 @@ def read(entry: ModelEntry) -> LlamaCppModel:
         model.notes.append("llama.cpp not planned: the GGUF is not local and its size cannot be estimated")
     if model.facts is not None:  # what was estimated rather than read reaches the plan's notes
         model.notes += [f"llama.cpp: {note}" for note in model.facts.notes if note not in model.notes]
+    return _with_sampling(model, None, from_catalog(entry))
+
+
+def _with_sampling(model: LlamaCppModel, generation: Sampling | None, catalog: Sampling | None) -> LlamaCppModel:
+    """Each GGUF's facts with the model's recommended sampling, in order of trust: the hub model's
+    generation_config.json, the GGUF's own general.sampling.* keys, the catalog's card values."""
+    for variant in model.variants:
+        variant.facts = replace(variant.facts, sampling=first(generation, variant.facts.sampling, catalog))
+    if model.variants:
+        model.facts = model.variants[0].facts
+    elif model.facts is not None:
+        model.facts = replace(model.facts, sampling=first(generation, model.facts.sampling, catalog))
+    found = first(generation, model.facts.sampling if model.facts else None, catalog)
+    model.notes += [note for note in (found.notes if found else ()) if note not in model.notes]
     return model
 
 

@@ -146,6 +146,7 @@ class VllmBackend:
             why = multinode.STARTED if startable else multinode.PLANNED_ONLY
             notes.add(f"vLLM fits across the nodes as TP×PP ({why}): steps below")
         for candidate in found:
+            candidate.sampling = model.sampling  # vLLM applies it itself: no flag (argv.py)
             if not candidate.startable:  # this release or these GPUs cannot run it: no command to print
                 notes.add(f"{candidate.reason}; no vLLM command")
                 continue

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import backends.vllm.releases as releases
 import backends.vllm.scheduling as scheduling
 from backends import objective
+from backends.sampling import Sampling, plan_json, plan_line
 from backends.vllm.checkpoint_facts import CheckpointFacts
 from backends.vllm.estimate import aggregate_tokens_per_s, decode_tokens_per_s
 from backends.vllm.group import GroupPlan
@@ -94,6 +95,26 @@ class VllmCandidate:
     warm_turn: WarmTurn | None = None  # a hybrid model's: what a later turn prefills again (warm_turns.py)
     link_rtt_s: float = 0.0  # across nodes: the slowest link's round trip, which every decode step crosses
     data_parallel: int = 1  # ranks of its data-parallel group (backends/vllm/data_parallel.py); 1: none
+    sampling: Sampling | None = None  # the model's recommended sampling (vLLM applies generation_config.json itself)
+
+    @property
+    def sampling_applied(self) -> str:
+        """How vLLM applies the recommended sampling: its own reading of the checkpoint's file, never a flag."""
+        if self.sampling is None or not self.sampling.recommends:
+            return (
+                "vLLM's own defaults (temperature 1.0, no top_k, top_p or min_p), or the checkpoint's "
+                "generation_config.json where vLLM finds one at start (--generation-config auto)"
+            )
+        if self.sampling.source.startswith("generation_config.json"):
+            return "vLLM reads the file itself (--generation-config auto, its default); a request's own fields win"
+        return (
+            f"vLLM reads {self.checkpoint.name}'s own generation_config.json, if it has one (--generation-config "
+            "auto), instead; a request's own fields win"
+        )
+
+    @property
+    def sampling_line(self) -> str:
+        return plan_line(self.sampling, self.sampling_applied)
 
     @property
     def headline(self) -> str:
@@ -240,6 +261,7 @@ class VllmCandidate:
             "tokens_per_s_estimate": round(self.tokens_per_s, 1),
             "argv": self.argv,
             "env": self.env,
+            "sampling": plan_json(self.sampling, self.sampling_applied),
             **({"warm_turn": self.warm_turn.to_json()} if self.warm_turn else {}),
             **({"data_parallel_size": self.data_parallel} if self.data_parallel > 1 else {}),
             **(

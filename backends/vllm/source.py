@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 import backends.vllm.parsers as parsers
 from backends.checked import json_object
+from backends.sampling import Sampling, first, from_catalog, read_generation_config
 from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts, facts_from_dir, facts_from_hub
 from backends.vllm.hub_checkpoints import checkpoint_variants, method_of
 from backends.vllm.memory import Checkpoint
@@ -57,6 +58,9 @@ class VllmModel:
     reasoning_parser: str | None = None
     notes: list[str] = field(default_factory=list)
     auto_parsers: Parsers | None = None  # chosen from the model's family and template (no catalog entry)
+    # the model's recommended sampling: the original checkpoint's generation_config.json (which vLLM itself
+    # applies at start, --generation-config auto), else the catalog's card values
+    sampling: Sampling | None = None
 
     @property
     def max_position(self) -> int | None:
@@ -104,6 +108,10 @@ def read(entry: ModelEntry) -> VllmModel:
         model.auto_parsers = parsers.choose(original.model_type, source.checkpoint, _chat_template(source.checkpoint))
         model.tool_call_parser = model.auto_parsers.tool
         model.reasoning_parser = model.auto_parsers.reasoning
+    # read where config.json is read: a bundled config plans offline, and leaves the file to vLLM
+    generation = read_generation_config(source.checkpoint) if bundled is None and model.checkpoints else None
+    model.sampling = first(generation, from_catalog(entry))
+    model.notes += [note for note in (model.sampling.notes if model.sampling else ()) if note not in model.notes]
     return model
 
 

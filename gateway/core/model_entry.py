@@ -20,6 +20,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SamplingTable(_Strict):
+    """The catalog's ``[sampling]`` table: the sampling the model's card recommends, and where it says so.
+    The least trusted source (backends/sampling.py): a checkpoint's generation_config.json and a GGUF's
+    general.sampling.* keys come first."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    source: str = Field(min_length=1)  # the card (its address) or the file the values were copied from
+
+
 class ModelEntry(_Strict):
     """One model as the gateway fronts it."""
 
@@ -28,6 +43,7 @@ class ModelEntry(_Strict):
     description: str = ""
     max_context: int | None = None  # the model's own limit when known without reading weights
     hf_config: str | None = None  # a config.json shipped beside the entry (relative to its file), for planning offline
+    sampling: SamplingTable | None = None  # the model card's recommended sampling (its source named)
     # one table per engine that can serve it ([vllm], [llamacpp]…), typed by that engine's backend
     engines: dict[str, Any] = Field(default_factory=dict)
     base_dir: Path | None = Field(default=None, exclude=True)  # the entry file's directory: relative paths start here

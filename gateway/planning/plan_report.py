@@ -143,11 +143,14 @@ def _machine_lines(plan: Plan) -> list[str]:
     goal = plan.policy.goal
     floor = f"floor {goal.floor:,}" + (" (hard: --min-context or a pinned context)" if goal.hard else "")
     top = f", at most {plan.policy.max_context:,}" if plan.policy.max_context else ""
-    return [
+    lines = [
         f"model {plan.model} on {_machine(plan)}",
         f"engines: {plan.versions()}",
         f"context: {floor}, target {goal.target:,}{top}",
     ]
+    if (chosen := plan.chosen) is not None:  # the model's recommended sampling, its source, how the engine applies it
+        lines.append(chosen.sampling_line)
+    return lines
 
 
 def _rows(plan: Plan, *, verbose: bool, notes: list[str] | None = None) -> list[str]:

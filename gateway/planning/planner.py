@@ -163,6 +163,8 @@ class Plan:
                     "reason": fallback.reason,
                 },
                 "installed": not self.not_installed(self.decision_backend),
+                # the chosen candidate's sampling in one line (its "sampling" object has the figures)
+                "sampling": None if (chosen := self.chosen) is None else chosen.sampling_line,
             },
             "engine_version": self.versions(),
             "inventory": self.inventory.to_json(),

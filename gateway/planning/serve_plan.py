@@ -113,6 +113,7 @@ def plan_serving(
         loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
         log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
         log.info("plan: why: %s", plan.why)
+        log.info("plan: %s", chosen.sampling_line)
     if (replication := plan.replication) is not None:  # what serve starts of the replicas: gateway.cli.startup
         log.info("plan: shape: %s", replication.why)
     for note in plan.notes:

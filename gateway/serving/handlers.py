@@ -202,10 +202,14 @@ class Inference:
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:
         """A long prefill carries what the engine needs to serve it after short turns (vLLM's priority,
-        llama-server's last slot: backends.base.Scheduling); True when the payload changed."""
+        llama-server's last slot: backends.base.Scheduling), and every request the sampling fields it
+        leaves out that the engine takes no defaults for (Launch.request_defaults); True when it changed."""
         fields = target.scheduling.long_fields if claim.long else {}
         payload.update(fields)
-        return bool(fields)
+        # the model's recommended sampling where the engine has no defaults of its own; a request's own win
+        unset = {name: value for name, value in target.request_defaults.items() if payload.get(name) is None}
+        payload.update(unset)
+        return bool(fields or unset)
 
     @contextlib.asynccontextmanager
     async def _admitted(self, request: Request, claim: Claim, admission: Admission) -> AsyncIterator[Ticket]:

@@ -12,6 +12,8 @@ import enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from backends.base import Capability, Scheduling
 
 
@@ -67,6 +69,8 @@ class EngineTarget(Protocol):
     def template_path(self) -> str | None: ...
     @property
     def scheduling(self) -> Scheduling: ...  # the engine's means for many sessions at once
+    @property
+    def request_defaults(self) -> Mapping[str, Any]: ...  # added to a request that leaves them out (sampling)
 
 
 class ServedBackend(Protocol):

@@ -193,11 +193,16 @@ def test_status_shows_the_engines_own_speed_beside_the_estimate(client: openai.O
 
 def test_llama_server_drafts_from_the_context_when_asked(tmp_path: Path, smollm2_gguf: Path) -> None:
     """Issue 22, `--llama-draft ngram`: llama-server runs ngram-mod speculative decoding (no second
-    model), a file asked back is drafted from the prompt, and the engine's acceptance reaches /status."""
+    model), a file asked back is drafted from the prompt, and the engine's acceptance reaches /status.
+    Greedy and without the catalog's loop guard (repetition_penalty 1.1 penalises the copy's repeated
+    tokens, so the answer leaves the file and nothing drafted is accepted): flags of the user's own
+    command stand over the plan's sampling (issue 49)."""
     args = ("--context-length", str(CONTEXT), "--llama-draft", "ngram", "--llama-server-command")
-    with GatewayProcess(tmp_path, *args, f"{shlex.quote(_llama_server())} --temp 0").serving() as process:
+    command = f"{shlex.quote(_llama_server())} --temp 0 --repeat-penalty 1"
+    with GatewayProcess(tmp_path, *args, command).serving() as process:
         argv = process.status()["backend"]["argv"]
         assert argv[argv.index("--spec-type") + 1] == "ngram-mod"
+        assert argv.count("--temp") == argv.count("--repeat-penalty") == 1  # the command's own, not the plan's
         code = "".join(f"def add_{i}(x):\n    return x + {i}\n\n" for i in range(20))
         question = [{"role": "user", "content": f"Repeat this file exactly:\n\n{code}"}]
         client = openai.OpenAI(base_url=process.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -224,6 +229,27 @@ def test_the_engine_key_is_in_its_environment_not_on_its_command_line(native: Ga
     url = native.status()["backend"]["url"]
     assert httpx.get(url + "/v1/models", timeout=5).status_code == 401  # around the gateway: refused
     assert httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code == 200
+
+
+def test_the_default_samples_as_its_card_says_and_a_requests_own_temperature_wins(
+    native: GatewayProcess, client: openai.OpenAI
+) -> None:
+    """Issue 49: llama-server starts with the catalog's values (the card's temperature 0.2 and top_p 0.9, and
+    repetition_penalty 1.1 against loops) as its defaults, as the engine itself reports them (/props); a
+    request's own temperature reaches the slot that serves it unchanged (/slots keeps its last parameters)."""
+    argv = native.status()["backend"]["argv"]
+    assert [argv[argv.index(flag) + 1] for flag in ("--temp", "--top-p", "--repeat-penalty")] == ["0.2", "0.9", "1.1"]
+    leader = int(native.status()["backend"]["pid"])
+    engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
+    url, headers = native.status()["backend"]["url"], {"Authorization": f"Bearer {engine.environ()['LLAMA_API_KEY']}"}
+    defaults = httpx.get(url + "/props", headers=headers, timeout=5).json()["default_generation_settings"]["params"]
+    assert [round(defaults[name], 3) for name in ("temperature", "top_p", "repeat_penalty")] == [0.2, 0.9, 1.1]
+    question = [{"role": "user", "content": "Say hi"}]
+    client.chat.completions.create(model=MODEL, messages=question, temperature=0.93, max_tokens=4)  # type: ignore[arg-type]
+    slots = httpx.get(url + "/slots", headers=headers, timeout=5).json()
+    # a slot never used has no parameters yet
+    served = [round(slot["params"]["temperature"], 3) for slot in slots if "params" in slot]
+    assert 0.93 in served, slots
 
 
 def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, client: openai.OpenAI) -> None:

@@ -358,6 +358,7 @@ def make_runtime(
     template_path: str | None = None,
     scheduling: Scheduling | None = None,
     per_key_limit: int = 0,
+    request_defaults: dict[str, Any] | None = None,
 ) -> Runtime:
     launch = Launch(
         engine="fake",
@@ -374,6 +375,7 @@ def make_runtime(
         template_path=template_path,
         base=engine_url,
         scheduling=scheduling or Scheduling(),
+        request_defaults=request_defaults or {},
     )
     return Runtime(
         route=ModelRoute(fronted=FRONTED, served=SERVED, aliases=("alias",)),

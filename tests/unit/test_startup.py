@@ -84,6 +84,7 @@ def test_serve_logs_the_decision_and_its_why_first(tmp_path: Path, caplog: pytes
     chosen = serve_plan.plan.chosen
     assert chosen is not None and lines[0] == f"plan: llamacpp: {chosen.headline}"
     assert lines[1] == f"plan: why: {serve_plan.plan.why}" and "meets the floor" in lines[1]
+    assert lines[2] == f"plan: {chosen.sampling_line}" and "top_k 64" in lines[2]  # the catalog's, from its card
 
 
 @needs_embedded_model
