@@ -106,3 +106,33 @@ def test_the_extractor_reads_chains_continuations_and_inline_code() -> None:
         ' && curl x | gateway models  # list\n```\n\n```json\n{"a": "gateway serve --nope"}\n```\n'
     )
     assert documented_commands(text) == ["gateway serve --port 8001", "gateway models", "gateway plan --json"]
+
+
+# a bash block holding one `gateway plan …` and, right after it, the plain block of what it prints
+PRINTED = re.compile(r"```bash\n(?:\.venv/bin/)?(gateway plan [^\n]+)\n```\n\n```\n(.*?)```", re.DOTALL)
+
+
+def _printed_cases() -> list[tuple[str, str, str]]:
+    return [
+        (document.relative_to(ROOT).as_posix(), match.group(1), match.group(2))
+        for document in DOCUMENTS
+        for match in PRINTED.finditer(document.read_text())
+    ]
+
+
+def test_the_docs_show_plan_outputs_to_check() -> None:
+    assert any(command.startswith("gateway plan --model glm-4.7-flash") for _, command, _ in _printed_cases())
+
+
+@pytest.mark.parametrize(("document", "command", "shown"), _printed_cases())
+def test_a_documented_plan_prints_what_the_docs_show(
+    document: str, command: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the docs show as a plan's output is what the command prints today (as on a machine with
+    llama-server installed: the launcher pinned, since this one may have only llama-cpp-python)."""
+    from gateway.cli.commands import main
+
+    argv = [*shlex.split(command)[1:], "--llama-launcher", "native"]
+    main(argv)
+    printed = capsys.readouterr().out
+    assert printed.strip() == shown.strip(), f"{document}: paste the output of `{command}` again"
