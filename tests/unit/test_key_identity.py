@@ -106,7 +106,11 @@ def test_the_per_key_cap_holds_with_a_bogus_bearer_beside_a_valid_key(
     first.close()
     wait_until(lambda: runtime.admission.queued == 0 and runtime.admission.active == 1, what="the second to go in")
     # admitted is not yet sent: closed before the gateway forwarded it, the engine would never see it
-    wait_until(lambda: len(engine.requests_to("/v1/chat/completions")) == 2, what="the second to reach the engine")
+    wait_until(
+        lambda: len(engine.requests_to("/v1/chat/completions")) == 2,
+        what="the second to reach the engine",
+        timeout_s=15,
+    )
     second.close()
     wait_until(lambda: runtime.admission.active == 0, what="the slots to be freed", timeout_s=5)
     assert len(engine.requests_to("/v1/chat/completions")) == 2
