@@ -18,11 +18,10 @@ import backends.llamacpp.warm_sessions as warm_sessions
 import backends.llamacpp.warm_turns as warm_turns
 from backends import objective
 from backends.llamacpp.gguf_facts import GgufFacts, gguf_bits_from_name
-from backends.llamacpp.launcher import NATIVE, Launcher
+from backends.llamacpp.launcher import Launcher
 from backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement
 from backends.llamacpp.placement_query import PlacementQuery
 from backends.llamacpp.placement_search import best_placement
-from backends.llamacpp.scheduling import Batch, batch
 from backends.llamacpp.speed import decode_rate, tokens_per_second
 from backends.sampling import Sampling, plan_json, plan_line
 from gateway.core.devices import GIB, MIB, Device
@@ -90,15 +89,6 @@ class LlamaCppCandidate:
     @property
     def sampling_line(self) -> str:
         return plan_line(self.sampling, self.sampling_applied)
-
-    @property
-    def batch(self) -> Batch | None:
-        """llama-server's batch size for many sessions and why (backends.llamacpp.scheduling); None for
-        llama-cpp-python, whose one slot runs nothing beside a long prefill."""
-        if self.launcher is not NATIVE:
-            return None
-        p = self.placement
-        return batch(len(p.tensor_split), on_cpu=p.n_gpu_layers == 0 and not self.rpc)
 
     @property
     def context_length(self) -> int:
@@ -247,7 +237,6 @@ class LlamaCppCandidate:
             "reasoning_format": self.reasoning_format,
             "draft": self._draft_json(),
             "sampling": plan_json(self.sampling, self.sampling_applied),
-            "batch": self.batch.why if self.batch else None,
         }
         if self.warm_turn:
             data["warm_turn"] = self.warm_turn.to_json()

@@ -14,71 +14,40 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   (server-context.cpp:1694-1745: with ``id_slot`` set, only that slot's own tokens are reused), which
   costs nothing for a prompt the engine does not hold; a short request is never pinned, so it still goes
   to the slot, or restores from the cache, that holds its prefix (``--slot-prompt-similarity``).
-- **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
-  generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
-  src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
-  token it decodes, for a step that carries up to ``-b`` tokens of that prompt. On one GPU ``-b 512``,
-  one ubatch a step (the default ``-b 2048`` computes four ubatches before anyone's next token: 4.1 s
-  against 1.4 s for a warm turn's 8-token answer beside a 20k-token prefill here, the prefill ~12 %
-  slower). On the CPU ``-b 64``: the CPU backend's flash attention runs tiled from 64 query rows up
-  (ggml-cpu/ops.cpp:9546, GGML_FA_TILE_Q 64 in ggml-cpu/common.h), so a 19k-token prefill takes the
-  same CPU time as with 512 (7.2 s against 8.0 s here; 21 s with 32), while a warm turn's 8-token
-  answer beside it went from 23x its time alone to 3-4x (benchmarks/agent_load.py --fairness). No
-  memory term grows: compute buffers are sized for the ubatch (src/llama-context.cpp reserves
-  n_ubatch). Across several devices the default stays: there a call's ubatches are pipelined from
-  device to device (llama-context.cpp:432-459), which one ubatch per call would give up (not measured
-  here).
+- **One ubatch per step on one device** (``-b 512``, the ubatch): a long prompt beside a warm turn then
+  adds at most 512 tokens to each of the warm turn's steps, prompt and every decoded token alike (the
+  default ``-b 2048`` computes four ubatches before anyone's next token: 4.1 s against 1.4 s for a warm
+  turn's 8-token answer beside a 20k-token prefill here, the prefill ~12 % slower). No memory term
+  changes: compute buffers are sized for the ubatch (src/llama-context.cpp reserves n_ubatch).
+  Across several devices the default stays: there a call's ubatches are pipelined from device to
+  device (llama-context.cpp:432-459), which one ubatch per call would give up (not measured here).
 A request's place in the queue is the gateway's (gateway/serving/scheduling/admission.py); llama-server itself
 takes them in arrival order and defers one whose slot is busy (server-context.cpp:2603-2620).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from backends.base import Scheduling
 
-GPU_BATCH = 512  # llama-server's -b on one GPU: one ubatch a step (b11434's default -ub)
-CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still runs tiled (GGML_FA_TILE_Q)
+INTERACTIVE_BATCH = 512  # llama-server's -b on one device: the ubatch (b11434's default -ub)
 
 
 BATCH_FLAGS = frozenset({"-b", "--batch-size", "-ub", "--ubatch-size"})
 
 
-@dataclass(frozen=True)
-class Batch:
-    """The plan's ``-b`` for many sessions and the reason it gives for it."""
-
-    argv: tuple[str, ...]
-    why: str
-
-
-def batch(devices: int, *, on_cpu: bool, given: list[str] | tuple[str, ...] = ()) -> Batch:
-    """``-b`` for many sessions: 64 tokens a step on the CPU, one ubatch on one GPU, llama-server's own
-    across several devices or when the user's own llama-server command (``given``) sets a batch size."""
-    if any(word.split("=")[0] in BATCH_FLAGS for word in given):
-        return Batch((), "batch: as your llama-server command sets it")
-    if devices > 1:
-        return Batch((), "batch: llama-server's own (its ubatches are pipelined across the devices)")
-    if on_cpu:
-        why = (
-            f"batch: -b {CPU_BATCH} on the CPU: a warm turn's every step waits for at most {CPU_BATCH} tokens "
-            f"of a long prompt beside it (attention runs tiled from {CPU_BATCH} tokens a step: the prefill "
-            "loses nothing)"
-        )
-        return Batch(("-b", str(CPU_BATCH)), why)
-    why = f"batch: -b {GPU_BATCH} on one GPU: a warm turn's every step waits for at most one ubatch of a long prompt"
-    return Batch(("-b", str(GPU_BATCH)), why)
+def batch_argv(devices: int, given: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """``-b`` for many sessions: one ubatch per step on one device (CPU or one GPU), the default across
+    several; none when the user's own llama-server command (``given``) sets a batch or ubatch size."""
+    if devices > 1 or any(word.split("=")[0] in BATCH_FLAGS for word in given):
+        return []
+    return ["-b", str(INTERACTIVE_BATCH)]
 
 
-def scheduling(slots: int, batch_why: str = "") -> Scheduling:
-    """The gateway's means on ``slots`` slots; ``batch_why``: the plan's batch size and its reason."""
+def scheduling(slots: int) -> Scheduling:
     if slots < 2:  # one slot: nothing runs beside a long prefill
         return Scheduling(means="one slot: requests in turn")
-    batch_part = f"; {batch_why}" if batch_why else ""
     return Scheduling(
         long_lane=1,
         long_fields={"id_slot": slots - 1},
-        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} (warm turns are batched first)"
-        + batch_part,
+        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} (warm turns are batched first)",
     )

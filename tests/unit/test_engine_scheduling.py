@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 
-from backends import llamacpp
-from backends.llamacpp.launcher import NATIVE
-from backends.llamacpp.scheduling import CPU_BATCH, batch
+from backends.llamacpp.scheduling import batch_argv
 from backends.llamacpp.scheduling import scheduling as llama_scheduling
 from backends.vllm.argv import build_argv
 from backends.vllm.checkpoint_facts import checkpoint_facts
@@ -56,51 +54,11 @@ def test_llama_server_pins_the_long_prefill_to_its_last_slot() -> None:
     assert (one.long_lane, dict(one.long_fields)) == (0, {})
 
 
-def _native(gpu_layers: int, split: tuple[float, ...] = (), command: tuple[str, ...] = ("llama-server",)) -> list[str]:
-    config = llamacpp.LlamaCppConfig(
-        gguf=Path("/m.gguf"), served_name="m", context_length=4096, gpu_layers=gpu_layers, tensor_split=split,
-        launcher=NATIVE,
-    )  # fmt: skip
-    return llamacpp.native_argv(config, command=list(command), port="1")
-
-
-def test_llama_server_on_the_cpu_takes_64_tokens_a_step_so_a_warm_turn_beside_a_long_prompt_waits_little() -> None:
-    assert _flag(_native(0), "-b") == str(CPU_BATCH) == "64"  # the CPU's attention runs tiled from 64 tokens
-    assert _flag(_native(33), "-b") == "512"  # one GPU: one ubatch a step
-    assert "-b" not in _native(33, (1, 1))  # several: the ubatches of a step are pipelined from device to device
-    assert _native(0, command=("llama-server", "-b", "16", "-ub", "16")).count("-b") == 1  # the user's own stands
-    assert _native(0, command=("llama-server", "--ubatch-size=64")).count("-b") == 0
-
-
-def test_the_plan_says_why_it_chose_llama_servers_batch() -> None:
-    assert batch(1, on_cpu=True).why.startswith("batch: -b 64 on the CPU: a warm turn's every step waits for")
-    assert batch(1, on_cpu=False).argv == ("-b", "512") and "one GPU" in batch(1, on_cpu=False).why
-    assert batch(1, on_cpu=True, given=["-b=128"]).why == "batch: as your llama-server command sets it"
-    launch = llamacpp.build_launch(
-        llamacpp.LlamaCppConfig(gguf=Path("/m.gguf"), served_name="m", context_length=4096, launcher=NATIVE),
-        port=1,
-        api_key="k",
-        command=["llama-server"],
-    )
-    assert launch.scheduling is not None and "batch: -b 64 on the CPU" in launch.scheduling.means
-
-
-@needs_native_llama_server
-@pytest.mark.parametrize(
-    ("gpus", "flag", "why"),
-    [
-        ("", "-b 64 ", "     batch: -b 64 on the CPU: a warm turn's every step waits for at most 64 tokens"),
-        ("1x24GiB", "-b 512 ", "     batch: -b 512 on one GPU: a warm turn's every step waits for at most one ubatch"),
-    ],
-)
-def test_the_plan_prints_llama_servers_batch_and_why(
-    gpus: str, flag: str, why: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr("gateway.core.devices.probe_nvml", lambda: ((), False, "none here"))  # a machine without GPUs
-    args = ["plan", "--model", "smollm2-135m-instruct", "--engine", "llamacpp", "--llama-launcher", "native"]
-    assert main([*args, "--ram", "32GiB", *(["--gpus", gpus] if gpus else [])]) == 0
-    out = capsys.readouterr().out
-    assert flag in out.splitlines()[3] and why in out
+def test_llama_server_takes_one_ubatch_a_step_on_one_device_unless_told_otherwise() -> None:
+    assert batch_argv(0) == batch_argv(1) == ["-b", "512"]  # CPU, one GPU
+    assert batch_argv(2) == []  # several: the ubatches of a step are pipelined from device to device
+    assert batch_argv(1, given=["llama-server", "-b", "16", "-ub", "16"]) == []  # the user's own batch stands
+    assert batch_argv(1, given=["llama-server", "--ubatch-size=64"]) == []
 
 
 def test_the_plan_says_how_many_sessions_it_keeps_warm() -> None:
