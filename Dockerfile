@@ -116,7 +116,6 @@ ENV PATH=/opt/llama.cpp/bin:$PATH
 WORKDIR /opt/gateway
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
-COPY backends ./backends
 COPY config ./config
 RUN --mount=type=secret,id=ca-bundle,required=false \
     python3 -m venv /opt/gateway/venv \

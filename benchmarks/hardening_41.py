@@ -128,7 +128,7 @@ def replan_recovery(source: Path, raising: bool) -> dict[str, Any]:
     sys.path.insert(0, str(source))
     from aiohttp import web
 
-    from backends.llamacpp.launcher import NATIVE
+    from gateway.backends.llamacpp.launcher import NATIVE
     from gateway.core.devices import GIB, Inventory
     from gateway.nodes import survey
     from gateway.supervision.lifecycle import State

@@ -254,7 +254,7 @@ def _worker_serve(port: int) -> None:
     """A worker whose vLLM ranks are sleeping Pythons, on ``port`` until killed."""
     import uvicorn
 
-    from backends.base import Installation
+    from gateway.backends.base import Installation
     from gateway.core.devices import GIB, Inventory
     from gateway.nodes.followers import Hosted
     from gateway.nodes.worker import Worker, WorkerConfig, create_app

@@ -120,8 +120,8 @@ class _Said(logging.Handler):
 
 
 def _option(cue: Path) -> Any:
-    from backends import llamacpp
-    from backends.llamacpp.launcher import NATIVE
+    from gateway.backends import llamacpp
+    from gateway.backends.llamacpp.launcher import NATIVE
 
     config = llamacpp.LlamaCppConfig(
         gguf=Path("/stand-in.gguf"), served_name="m", context_length=CONTEXT, launcher=NATIVE

@@ -159,7 +159,7 @@ def _in_process(source: Path, case: str) -> dict[str, Any]:
 def _warm_turns() -> dict[str, Any]:
     from starlette.testclient import TestClient
 
-    from backends.base import Scheduling
+    from gateway.backends.base import Scheduling
     from gateway.serving.app import create_app
     from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime
 
@@ -302,7 +302,7 @@ def _loop_stall() -> dict[str, Any]:
 
 
 def _lane() -> dict[str, Any]:
-    from backends.base import Scheduling
+    from gateway.backends.base import Scheduling
     from gateway.serving.app import create_app
     from tests.unit.http_harness import FRONTED, Served, make_runtime
 

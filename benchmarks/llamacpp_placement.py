@@ -39,11 +39,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.llamacpp import NATIVE, LlamaCppConfig, best, candidates, facts_from_gguf, native_argv
-from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.gguf_reader import read_gguf_header
-from backends.llamacpp.install import packaged_binary
-from backends.llamacpp.placement import GPU_MARGIN_BYTES
+from gateway.backends.llamacpp import NATIVE, LlamaCppConfig, best, candidates, facts_from_gguf, native_argv
+from gateway.backends.llamacpp.gguf_facts import GgufFacts
+from gateway.backends.llamacpp.gguf_reader import read_gguf_header
+from gateway.backends.llamacpp.install import packaged_binary
+from gateway.backends.llamacpp.placement import GPU_MARGIN_BYTES
 from gateway.core.devices import GIB, MIB, parse_gpu_spec
 from tests.replay.llamacpp_placement import (
     CASES,

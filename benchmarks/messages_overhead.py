@@ -47,12 +47,12 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backends.llamacpp.argv import LlamaCppConfig, build_launch
-from backends.llamacpp.install import packaged_binary
-from backends.llamacpp.launcher import NATIVE
-from backends.llamacpp.warm_sessions import WarmSessions
 from benchmarks.agent_sessions import MAX_TOKENS, SESSIONS, _usage, session
 from benchmarks.rpc_vs_local import free_port
+from gateway.backends.llamacpp.argv import LlamaCppConfig, build_launch
+from gateway.backends.llamacpp.install import packaged_binary
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.llamacpp.warm_sessions import WarmSessions
 from gateway.core.devices import MIB
 from gateway.serving.app import create_app
 from gateway.serving.dialects import messages_api

@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backends.llamacpp.install import packaged_binary
 from benchmarks.rpc_vs_local import free_port, process, wait_ok
+from gateway.backends.llamacpp.install import packaged_binary
 
 PROMPT = "Say hi"
 LIMIT = 200  # the answer a greeting needs is a line; past this it is a loop

@@ -5,7 +5,7 @@ Usage::
     python scripts/vllm_release_table.py /work/cache/vllm-sdists/vllm-0.21.0.tar.gz [...]
     python scripts/vllm_release_table.py --check /work/cache/vllm-sdists/vllm-*.tar.gz
 
-Writes (or with ``--check`` compares against) ``backends/vllm/release_data/<version>.json``. Adding a
+Writes (or with ``--check`` compares against) ``gateway/backends/vllm/release_data/<version>.json``. Adding a
 release is running this on its sdist and reviewing the diff. Every fact carries the file and line
 it was read from (``vllm/...py:LINE``) so tests and plans can cite it.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "backends" / "vllm" / "release_data"
+OUT = Path(__file__).resolve().parents[1] / "gateway" / "backends" / "vllm" / "release_data"
 # compute capabilities every table is evaluated for: Turing to Blackwell consumer parts
 CAPABILITIES = ((7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1))
 UNKNOWN = object()  # a value the interpreter cannot decide

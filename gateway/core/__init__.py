@@ -6,6 +6,6 @@
 an outside value cut to one line of a message), ``auth`` (the one API-key check, the Bearer header),
 ``files`` (atomic writes), ``process`` + ``reaper`` (a child in its own process group with an explicit
 environment, which cannot outlive the gateway), ``tls`` (the HTTP clients' one TLS context). Imports
-nothing from ``backends`` or above; what only the engines read (model facts, checked numbers from
-their files, bandwidths) is at the top of ``backends``.
+nothing from ``gateway.backends`` or above; what only the engines read (model facts, checked numbers from
+their files, bandwidths) is at the top of ``gateway.backends``.
 """

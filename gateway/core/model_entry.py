@@ -22,7 +22,7 @@ class _Strict(BaseModel):
 
 class SamplingTable(_Strict):
     """The catalog's ``[sampling]`` table: the sampling the model's card recommends, and where it says so.
-    The least trusted source (backends/sampling.py): a checkpoint's generation_config.json and a GGUF's
+    The least trusted source (gateway/backends/sampling.py): a checkpoint's generation_config.json and a GGUF's
     general.sampling.* keys come first."""
 
     temperature: float | None = None

@@ -62,7 +62,7 @@ class Pins:
 
 @dataclass(frozen=True)
 class Goal:
-    """The context a plan aims for (backends/objective.py ranks by it): at least ``floor`` (a rung
+    """The context a plan aims for (gateway/backends/objective.py ranks by it): at least ``floor`` (a rung
     below it is a last resort, taken only when nothing reaches it, unless ``hard``: then it does not
     fit at all), and more up to ``target`` before anything else but stability."""
 

@@ -7,7 +7,7 @@
 3. each publisher an engine trusts for its formats, searched for the name.
 
 Engine-neutral: which of these repositories an engine can load, and how it ranks them, is the engine's
-(``backends/<engine>/hub_*.py``), which asks with its own publishers. Each repository remembers which
+(``gateway/backends/<engine>/hub_*.py``), which asks with its own publishers. Each repository remembers which
 search found it, so an engine's answer does not depend on what another engine asked first. The search
 and the file listings read are kept beside the hub cache, so ``HF_HUB_OFFLINE=1`` plans again from them.
 """

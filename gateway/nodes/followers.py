@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.base import FollowerHost, Installation
+from gateway.backends.base import FollowerHost, Installation
 from gateway.core.netif import interface_of
 from gateway.core.process import ChildProcess
 from gateway.nodes.start_request import FollowerState, Refused, StartRequest

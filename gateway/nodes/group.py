@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from backends.base import Follower
+from gateway.backends.base import Follower
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import http_client

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from backends.registry import LENDER
+from gateway.backends.registry import LENDER
 from gateway.core.auth import bearer_header
 from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import ConfigError

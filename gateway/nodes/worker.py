@@ -6,7 +6,7 @@ the CPU on a machine without GPUs), each bound to ``--host`` only, and answers t
 engine build. The servers run under :mod:`gateway.core.reaper`, so they die with the worker even
 when it is SIGKILLed; a server that exits is started again (and reported as not running meanwhile).
 
-What a device server is comes from the engine that lends devices (``backends.registry.LENDER``,
+What a device server is comes from the engine that lends devices (``gateway.backends.registry.LENDER``,
 today llama.cpp's ``ggml-rpc-server``, which has no authentication: bind ``--host`` to an address on
 a private network between the nodes). This module is the engine-neutral shell around it.
 
@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from backends import registry
-from backends.registry import LENDER
+from gateway.backends import registry
+from gateway.backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess

@@ -6,5 +6,5 @@ makes a plan from the user's settings (installations, policy, the remembered cal
 ``serve_plan`` turns it into the options `serve` tries in order, ``remembered_repair`` puts the
 remembered configuration first or sets it aside where it no longer holds, ``plan_report`` prints and
 serializes the plan.
-Above ``gateway.core`` and ``backends``; nothing here starts a process or serves a request.
+Above ``gateway.core`` and ``gateway.backends``; nothing here starts a process or serves a request.
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backends import registry
+from gateway.backends import registry
 from gateway.core.errors import ModelError, shown
 from gateway.core.model_entry import ModelEntry, builtin_catalog_dir
 from gateway.hub.names import check_repo_id

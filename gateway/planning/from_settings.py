@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from backends import registry
+from gateway.backends import registry
 from gateway.core.devices import Inventory
 from gateway.core.model_entry import ModelEntry
 from gateway.core.policy import policy_for

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from backends.base import Candidate
+from gateway.backends.base import Candidate
 from gateway.core.devices import GIB, MIB
 from gateway.planning.planner import Plan, Replica, Replication, Shape
 from gateway.planning.replicas import sessions_line, shape_line, where

@@ -1,7 +1,7 @@
 """The fit planner: model + machine + policy in, every engine's candidates with reasons out, one chosen.
 
 Each registered backend reads the model its own way, evaluates its ladder and ranks it by the one
-objective (``backends/objective.py``). The engine: the first in the registry's order of preference
+objective (``gateway/backends/objective.py``). The engine: the first in the registry's order of preference
 whose best candidate meets the context floor without CPU offload (one whose agent turns stay warm
 before one that prefills thousands of tokens again every turn); otherwise the best of every
 engine's best by the same objective (a candidate below the floor is a last resort, and the decision
@@ -14,9 +14,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends import objective, registry
-from backends.base import RANK, Backend, Candidate, Evaluation, Installation, ModelFiles
-from backends.objective import Traits
+from gateway.backends import objective, registry
+from gateway.backends.base import RANK, Backend, Candidate, Evaluation, Installation, ModelFiles
+from gateway.backends.objective import Traits
 from gateway.core.devices import Device, Inventory
 from gateway.core.errors import GatewayError
 from gateway.core.model_entry import ModelEntry

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from backends.base import Option
+from gateway.backends.base import Option
 from gateway.core.devices import Inventory
 from gateway.core.errors import GatewayError
 from gateway.core.model_entry import ModelEntry

@@ -13,7 +13,7 @@ planned again on the best one's engine and the shortest of their contexts: any s
 
 Choice (README "More than one engine"). The one objective decides first, as it does between engines:
 floor, fragile settings, warm turns, context up to the target, a crawl, precision
-(:func:`backends.objective.standing`, of the worst replica). Then the sessions kept warm at an agent's
+(:func:`gateway.backends.objective.standing`, of the worst replica). Then the sessions kept warm at an agent's
 typical prompt, all replicas together, counted up to the sessions asked for (``--sessions``); then the
 aggregate decode of those sessions at once (each engine's own estimate, ``Candidate.decode_rate``):
 replicas must decode :data:`REPLICA_GAIN` times one engine's to be worth more engines than one.
@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from backends import objective, registry
-from backends.base import Candidate
+from gateway.backends import objective, registry
+from gateway.backends.base import Candidate
 from gateway.core.devices import Device, Inventory
 from gateway.core.errors import ConfigError
 from gateway.core.policy import AGENT_PROMPT_TOKENS
@@ -196,7 +196,7 @@ class _UnitPlans:
 def _worth_a_group(groups: list[Shape], alone: list[Shape]) -> list[Shape]:
     """The groups that meet the floor, or keep more sessions warm, where replicas of their own do not:
     ranks that step together wait for each other, which their decode estimate leaves out, and share one
-    fate (backends/vllm/data_parallel.py)."""
+    fate (gateway/backends/vllm/data_parallel.py)."""
     if not alone:
         return groups
     best = min(_holds(shape) for shape in alone)

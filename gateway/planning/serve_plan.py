@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from backends.base import Option
+from gateway.backends.base import Option
 from gateway.core.devices import Inventory
 from gateway.core.errors import BackendError, ConfigError
 from gateway.core.model_entry import ModelEntry

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from backends.base import Capability
+from gateway.backends.base import Capability
 from gateway.serving.dialects import messages_api
 from gateway.serving.dialects import request_shapes as shapes
 from gateway.serving.dialects.chat_fixups import (

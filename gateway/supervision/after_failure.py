@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from backends.base import Failure, FailureKind, Option
+from gateway.backends.base import Failure, FailureKind, Option
 
 MAX_RESTARTS = 5  # restarts within RESTART_WINDOW_S before the long retries
 RESTART_WINDOW_S = 600.0

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from backends.base import Failure, FailureKind, Launch, most_telling
+from gateway.backends.base import Failure, FailureKind, Launch, most_telling
 from gateway.core.auth import bearer_header
 from gateway.core.process import ChildProcess, LogNotWritable
 from gateway.core.tls import async_http_client

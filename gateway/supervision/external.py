@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from backends.base import Capability, Launch
+from gateway.backends.base import Capability, Launch
 from gateway.core.auth import bearer_header
 from gateway.core.errors import ConfigError
 from gateway.core.tls import async_http_client, http_get

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from backends.base import Failure, FailureKind, Follower, Launch
+from gateway.backends.base import Failure, FailureKind, Follower, Launch
 from gateway.core.errors import GatewayError
 from gateway.core.tls import async_http_client
 from gateway.supervision.engine_run import Run, RunState

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from backends.base import Capability, Scheduling
+    from gateway.backends.base import Capability, Scheduling
 
 
 class State(enum.Enum):
@@ -39,7 +39,7 @@ class NodeStatus(enum.StrEnum):
 
 class EngineTarget(Protocol):
     """Where requests go and what the engine there does itself: the request path's part of an engine
-    start (``backends.base.Launch`` is one: the start's argv and log readers are the supervisor's alone)."""
+    start (``gateway.backends.base.Launch`` is one: the start's argv and log readers are the supervisor's alone)."""
 
     @property
     def engine(self) -> str: ...  # the backend's name ("external" for --backend-url)

@@ -42,7 +42,7 @@ from typing import Protocol, TypeVar
 
 import httpx
 
-from backends.base import Launch, Progress
+from gateway.backends.base import Launch, Progress
 from gateway.core.auth import bearer_header
 from gateway.core.tls import async_http_client
 
@@ -88,7 +88,7 @@ PREFILL_MARGIN = 2.0  # the machine may be busier than planned, a long context's
 class LongestPrefill:
     """How long the plan's longest prompt (its whole context) may take to prefill, bounded from above:
     a prefilled token costs at most what a decoded one does (the same weights are read, once per batch
-    rather than once per token), so the plan's decode estimate (backends/*/speed.py) at half speed
+    rather than once per token), so the plan's decode estimate (gateway/backends/*/speed.py) at half speed
     (``PREFILL_MARGIN``) bounds the pace; without an estimate, ``UNKNOWN_SPEED_TOKENS_PER_S``."""
 
     tokens: int

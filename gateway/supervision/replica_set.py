@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backends.base import Failure, Launch, Option
+from gateway.backends.base import Failure, Launch, Option
 from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 
 

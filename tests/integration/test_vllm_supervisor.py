@@ -124,8 +124,8 @@ def test_a_plans_vllm_on_cpu_starts_it_and_serves(
 
 
 def _progress(status: dict[str, object]) -> object:
-    """The mark the gateway's progress watch reads from the live vLLM (backends/vllm/progress.py)."""
-    from backends.vllm.progress import PROGRESS_PATH, metrics_progress
+    """The mark the gateway's progress watch reads from the live vLLM (gateway/backends/vllm/progress.py)."""
+    from gateway.backends.vllm.progress import PROGRESS_PATH, metrics_progress
 
     backend = status["backend"]
     assert isinstance(backend, dict)
@@ -218,7 +218,7 @@ def test_a_gpu_weights_oom_replayed_by_a_stand_in_moves_on_to_llamacpp(tmp_path:
     replays that real log, and the supervisor must skip the rungs with the same weights."""
     import asyncio
 
-    from backends import llamacpp, vllm
+    from gateway.backends import llamacpp, vllm
     from gateway.supervision.supervisor import Supervisor
 
     log_file = ROOT / "tests" / "data" / "logs" / "vllm-0.21.0-gpu-fail-oom-loading-nvfp4-tp2.log"
@@ -255,7 +255,7 @@ def test_a_memory_failure_at_run_time_moves_down_the_options(tmp_path: Path, gem
     the supervisor restarts on the next option, here llama.cpp with the real Gemma model."""
     import asyncio
 
-    from backends import llamacpp, vllm
+    from gateway.backends import llamacpp, vllm
     from gateway.supervision.supervisor import Supervisor
 
     stand_in = (sys.executable, str(TOOLS / "flaky_engine.py"))

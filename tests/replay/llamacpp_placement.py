@@ -10,13 +10,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from backends.llamacpp import facts_from_gguf, place
-from backends.llamacpp.gguf_reader import GgufHeader, GgufTensor
-from backends.llamacpp.launcher import NATIVE
-from backends.llamacpp.logs import memory_line
-from backends.llamacpp.placement import Placement
-from backends.llamacpp.placement_query import PlacementQuery
-from backends.model_facts import ModelFacts
+from gateway.backends.llamacpp import facts_from_gguf, place
+from gateway.backends.llamacpp.gguf_reader import GgufHeader, GgufTensor
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.llamacpp.logs import memory_line
+from gateway.backends.llamacpp.placement import Placement
+from gateway.backends.llamacpp.placement_query import PlacementQuery
+from gateway.backends.model_facts import ModelFacts
 from gateway.core.devices import MIB, Device, parse_gpu_spec
 
 TOLERANCE = 0.05

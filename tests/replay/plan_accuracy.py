@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends import llamacpp, vllm
-from backends.llamacpp.launcher import NATIVE
-from backends.model_facts import facts_from_config
-from backends.vllm.checkpoint_facts import checkpoint_facts
-from backends.vllm.memory import cuda_total
+from gateway.backends import llamacpp, vllm
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.model_facts import facts_from_config
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends.vllm.memory import cuda_total
 from gateway.core.devices import GIB, MIB, Device
 from gateway.core.policy import Policy
 

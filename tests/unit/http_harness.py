@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from backends.base import Launch, Scheduling
+from gateway.backends.base import Launch, Scheduling
 from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.edge.middleware import ASGIApp
 from gateway.serving.runtime import Runtime

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends import llamacpp, vllm
-from backends.base import Installation
-from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.launcher import PYTHON, Launcher
+from gateway.backends import llamacpp, vllm
+from gateway.backends.base import Installation
+from gateway.backends.llamacpp.gguf_facts import GgufFacts
+from gateway.backends.llamacpp.launcher import PYTHON, Launcher
 from gateway.planning.planner import EnginePlan
 
 
@@ -36,7 +36,7 @@ def engine_plans(
 
 # ---------------------------------------------------------------------------------------------
 # The plan's objective restated from its JSON alone, so a test can tell when the ranking breaks
-# (backends/objective.py is the code; this is the README's order, written again independently).
+# (gateway/backends/objective.py is the code; this is the README's order, written again independently).
 # ---------------------------------------------------------------------------------------------
 
 ACCEPTABLE_TOKENS_PER_S = 10.0

@@ -1,4 +1,4 @@
-"""A model package's file (backends/llamacpp/artifacts.py): verified by the package once per process,
+"""A model package's file (gateway/backends/llamacpp/artifacts.py): verified by the package once per process,
 again whenever the file changed since, and assembled by one gateway of the machine at a time."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.llamacpp import artifacts
+from gateway.backends.llamacpp import artifacts
 from gateway.core.errors import ModelError
 
 

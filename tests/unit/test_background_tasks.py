@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.base import Launch
-from backends.llamacpp.launcher import NATIVE
+from gateway.backends.base import Launch
+from gateway.backends.llamacpp.launcher import NATIVE
 from gateway.nodes.survey import NodeReport, Nodes
 from gateway.supervision.external import ExternalBackend
 from gateway.supervision.lifecycle import State

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from backends.base import Scheduling
+from gateway.backends.base import Scheduling
 from gateway.serving.app import create_app
 from gateway.serving.scheduling import sessions
 from gateway.serving.scheduling.admission import AGING_S, Admission, Claim

@@ -26,7 +26,7 @@ def test_every_setting_is_a_serve_flag_and_plan_uses_the_same_names() -> None:
 def test_the_full_settings_are_the_gateways_and_every_registered_engines() -> None:
     """One declared class a reader and mypy can follow; the registry's mix of the engines' own
     settings must hold every backend's, in the registry's order."""
-    from backends import registry
+    from gateway.backends import registry
 
     assert registry.EngineSettings.__bases__ == tuple(backend.settings_model for backend in registry.BACKENDS)
     assert set(Settings.model_fields) == set(SERVE_SETTINGS)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from backends.base import Launch
+from gateway.backends.base import Launch
 from gateway.core.process import ChildProcess, free_port
 from gateway.serving import app as app_module
 from gateway.serving.app import create_app

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backends import vllm
-from backends.base import Failure, FailureKind, Launch
+from gateway.backends import vllm
+from gateway.backends.base import Failure, FailureKind, Launch
 from gateway.core.process import free_port
 from gateway.supervision import engine_run
 from gateway.supervision.engine_run import EngineRun, RunState

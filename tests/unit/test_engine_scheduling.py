@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from backends.llamacpp.scheduling import batch_argv
-from backends.llamacpp.scheduling import scheduling as llama_scheduling
-from backends.vllm.argv import build_argv
-from backends.vllm.checkpoint_facts import checkpoint_facts
-from backends.vllm.ladder import cpu_candidate
-from backends.vllm.memory import Checkpoint, VllmFlags
-from backends.vllm.scheduling import long_prefill_threshold
-from backends.vllm.scheduling import scheduling as vllm_scheduling
+from gateway.backends.llamacpp.scheduling import batch_argv
+from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
+from gateway.backends.vllm.argv import build_argv
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends.vllm.ladder import cpu_candidate
+from gateway.backends.vllm.memory import Checkpoint, VllmFlags
+from gateway.backends.vllm.scheduling import long_prefill_threshold
+from gateway.backends.vllm.scheduling import scheduling as vllm_scheduling
 from gateway.cli.commands import main
 from gateway.core.devices import GIB
 from gateway.core.policy import Goal, Policy

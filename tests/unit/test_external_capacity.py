@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from backends.base import Capability
+from gateway.backends.base import Capability
 from gateway.cli.full_settings import Settings
 from gateway.core.errors import ConfigError
 from gateway.supervision.external import UNLIMITED, describe_server

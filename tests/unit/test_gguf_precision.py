@@ -8,9 +8,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
-from backends.llamacpp.gguf_reader import parse_gguf_header
-from backends.llamacpp.ladder import precision_bits
+from gateway.backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
+from gateway.backends.llamacpp.gguf_reader import parse_gguf_header
+from gateway.backends.llamacpp.ladder import precision_bits
 from tests.integration.tools import gguf_shapes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hub" / "configs"

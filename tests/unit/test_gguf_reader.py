@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from backends.llamacpp.gguf_reader import read_gguf_header
+from gateway.backends.llamacpp.gguf_reader import read_gguf_header
 from gateway.core.errors import ModelError
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.llamacpp import hub_gguf
-from backends.llamacpp.gguf_reader import GgufHeader
-from backends.llamacpp.hub_gguf import GgufVariant, gguf_variants, group_gguf_files, quant_of
-from backends.llamacpp.hub_variants import checked_quant, read_variant
-from backends.llamacpp.remote_gguf import FIRST_READ, read_header
-from backends.vllm import hub_checkpoints
-from backends.vllm.hub_checkpoints import CheckpointVariant, checkpoint_variants, method_of
+from gateway.backends.llamacpp import hub_gguf
+from gateway.backends.llamacpp.gguf_reader import GgufHeader
+from gateway.backends.llamacpp.hub_gguf import GgufVariant, gguf_variants, group_gguf_files, quant_of
+from gateway.backends.llamacpp.hub_variants import checked_quant, read_variant
+from gateway.backends.llamacpp.remote_gguf import FIRST_READ, read_header
+from gateway.backends.vllm import hub_checkpoints
+from gateway.backends.vllm.hub_checkpoints import CheckpointVariant, checkpoint_variants, method_of
 from gateway.core.errors import ModelError
 from gateway.hub.search import named_after
 from tests.integration.tools import gguf_shapes
@@ -130,8 +130,8 @@ def test_a_header_is_read_with_range_requests_growing_until_the_tensor_table_end
 ) -> None:
     found = discover(CODER)
     q4 = next(v for v in found.gguf if v.quant == "Q4_K_M")
-    monkeypatch.setattr("backends.llamacpp.remote_gguf.FIRST_READ", 1 << 20)  # smaller than this header
-    monkeypatch.setattr("backends.llamacpp.remote_gguf._READ", {})  # not remembered from an earlier test
+    monkeypatch.setattr("gateway.backends.llamacpp.remote_gguf.FIRST_READ", 1 << 20)  # smaller than this header
+    monkeypatch.setattr("gateway.backends.llamacpp.remote_gguf._READ", {})  # not remembered from an earlier test
     hub.requests.clear()
     header = read_header(q4.repo, q4.files, (q4.size,))
     ranges = [r for method, path, r in hub.requests if path.endswith(q4.files[0]) and r]
@@ -211,7 +211,7 @@ def test_the_search_is_written_beside_the_cache_only_when_it_learned_something(
 def test_a_split_gguf_is_one_variant_and_its_parts_tensor_tables_are_joined(
     hub: LocalHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("backends.llamacpp.remote_gguf._READ", {})  # read here, not remembered from another test
+    monkeypatch.setattr("gateway.backends.llamacpp.remote_gguf._READ", {})  # read here, not remembered
 
     found = discover(CODER)
     bf16 = next(v for v in found.gguf if v.quant == "BF16")

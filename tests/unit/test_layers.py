@@ -1,21 +1,13 @@
 """The folder tree is the architecture: every import points down a layer, and no module circle exists.
 
-Layers, bottom first (README "Layout"): ``gateway.core`` < ``gateway.hub`` < ``backends`` < ``gateway.agents`` <
-``gateway.remembered`` (what started here, which both of the next read) < ``gateway.planning`` and
-``gateway.supervision`` < ``gateway.serving`` < ``gateway.nodes`` (the
-worker serves HTTP with the serving layer's parts) < ``gateway.cli`` < ``gateway`` itself (``__main__``).
-Packages on one level do not import each other. Inside ``backends`` each engine is a sealed room: the
-gateway reaches engines only through the modules at the top of ``backends`` (the contract, the registry,
-the shared objective, and what every engine reads: model facts, checked numbers, bandwidths), and one
-engine never imports the other. Imports under ``if TYPE_CHECKING:`` count too (a type from above is still an arrow up),
-relative imports are resolved, and ``from package import name`` is an arrow to the package's
-``__init__``: a circle through an ``__init__`` is a circle.
-
-Inside ``gateway.serving`` the rooms are floors too (SERVING_ROOMS): ``wire`` (errors, SSE, usage
-figures, the request id) < ``dialects``, ``transport`` and ``scheduling`` (which do not import each
-other: a translator knows no client, the client no dialect) < ``routing`` (which replica: it reads a
-replica's prefix estimate from ``scheduling``) < ``edge`` (the ASGI layers) < serving's top (runtime,
-handlers, app, metrics, drain: what ties the rooms together).
+The order is ``gateway.LAYERS`` (bottom first; ``gateway`` itself, its ``__main__``, on top), and inside
+``gateway.serving`` the rooms' order is ``gateway.serving.ROOMS``: this test reads both and writes neither.
+Packages on one level do not import each other. Inside ``gateway.backends`` each engine is a sealed room:
+the gateway reaches engines only through the modules at the top of ``gateway.backends`` (the contract, the
+registry, the shared objective, and what every engine reads: model facts, checked numbers, bandwidths), and
+one engine never imports the other. Imports under ``if TYPE_CHECKING:`` count too (a type from above is
+still an arrow up), relative imports are resolved, and ``from package import name`` is an arrow to the
+package's ``__init__``: a circle through an ``__init__`` is a circle.
 
 Each rule is a function over an import graph, so that a small seeded tree can prove the rule catches
 what it is meant to catch.
@@ -31,29 +23,18 @@ from pathlib import Path
 
 import pytest
 
+import gateway
+from gateway import serving
+
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {
-    "gateway.core": 0,
-    "gateway.hub": 0.5,
-    "backends": 1,
-    "gateway.agents": 2,
-    "gateway.remembered": 2.5,
-    "gateway.planning": 3,
-    "gateway.supervision": 3,
-    "gateway.serving": 4,
-    "gateway.nodes": 5,
-    "gateway.cli": 6,
-    "gateway": 7,
+LAYERS = {f"gateway.{name}": rank for rank, level in enumerate(gateway.LAYERS) for name in level} | {
+    "gateway": len(gateway.LAYERS)  # the package itself (``__main__``) sits on top
 }
 
 SERVING_ROOMS = {
-    "gateway.serving.wire": 0,
-    "gateway.serving.dialects": 1,
-    "gateway.serving.transport": 1,
-    "gateway.serving.scheduling": 1,
-    "gateway.serving.routing": 1.5,
-    "gateway.serving.edge": 2,
-    "gateway.serving": 3,
+    f"gateway.serving.{name}" if name else "gateway.serving": rank
+    for rank, level in enumerate(serving.ROOMS)
+    for name in level
 }
 
 Graph = dict[str, set[str]]
@@ -65,19 +46,19 @@ def _package(module: str, ranks: Mapping[str, float] = LAYERS) -> str | None:
 
 
 def _engines(graph: Graph) -> set[str]:
-    """The engines' rooms: each package directly under ``backends`` (a module there, such as the
+    """The engines' rooms: each package directly under ``gateway.backends`` (a module there, such as the
     contract, the shared objective or the model facts, belongs to no engine)."""
-    return {".".join(m.split(".")[:2]) for m in graph if m.startswith("backends.") and m.count(".") >= 2}
+    return {".".join(m.split(".")[:3]) for m in graph if m.startswith("gateway.backends.") and m.count(".") >= 3}
 
 
 def _engine(module: str, engines: set[str]) -> str | None:
-    """``backends.vllm`` for any module inside that engine's folder; None outside every engine."""
+    """``gateway.backends.vllm`` for any module inside that engine's folder; None outside every engine."""
     return next((e for e in engines if module == e or module.startswith(e + ".")), None)
 
 
 def modules(root: Path) -> dict[str, Path]:
     found = {}
-    for top in ("gateway", "backends"):
+    for top in ("gateway",):
         for path in (root / top).rglob("*.py"):
             parts = path.relative_to(root).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -192,7 +173,7 @@ def test_engines_are_reached_only_through_the_contract_and_the_registry() -> Non
     reaching = [
         arrow
         for arrow in engine_reach(GRAPH)
-        if not (arrow.startswith("backends.registry -> ") and arrow.split(" -> ")[1].count(".") == 1)
+        if not (arrow.startswith("gateway.backends.registry -> ") and arrow.split(" -> ")[1].count(".") == 2)
     ]
     assert not reaching, "imports into an engine from outside it:\n" + "\n".join(reaching)
 
@@ -214,14 +195,20 @@ SEEDED_VIOLATIONS = {
         "gateway.core.files -> gateway",
     ),
     "the generic layers importing an engine module": (
-        {"gateway/planning/planner.py": "from backends.vllm.ladder import ladder\n", "backends/vllm/ladder.py": ""},
+        {
+            "gateway/planning/planner.py": "from gateway.backends.vllm.ladder import ladder\n",
+            "gateway/backends/vllm/ladder.py": "",
+        },
         engine_reach,
-        "gateway.planning.planner -> backends.vllm.ladder",
+        "gateway.planning.planner -> gateway.backends.vllm.ladder",
     ),
     "one engine importing the other": (
-        {"backends/llamacpp/ladder.py": "import backends.vllm.memory\n", "backends/vllm/memory.py": ""},
+        {
+            "gateway/backends/llamacpp/ladder.py": "import gateway.backends.vllm.memory\n",
+            "gateway/backends/vllm/memory.py": "",
+        },
         engine_reach,
-        "backends.llamacpp.ladder -> backends.vllm.memory",
+        "gateway.backends.llamacpp.ladder -> gateway.backends.vllm.memory",
     ),
     "a dialect importing the transport": (
         {
@@ -249,12 +236,12 @@ SEEDED_VIOLATIONS = {
     ),
     "a circle through a package __init__": (
         {
-            "backends/vllm/__init__.py": "from backends.vllm.backend import VllmBackend\n",
-            "backends/vllm/backend.py": "from backends.vllm import releases\n",
-            "backends/vllm/releases.py": "",
+            "gateway/backends/vllm/__init__.py": "from gateway.backends.vllm.backend import VllmBackend\n",
+            "gateway/backends/vllm/backend.py": "from gateway.backends.vllm import releases\n",
+            "gateway/backends/vllm/releases.py": "",
         },
         circles,
-        "backends.vllm -> backends.vllm.backend -> backends.vllm",
+        "gateway.backends.vllm -> gateway.backends.vllm.backend -> gateway.backends.vllm",
     ),
 }
 
@@ -270,11 +257,17 @@ def test_each_rule_catches_its_seeded_violation(tmp_path: Path, files: dict[str,
 def test_every_package_says_what_it_holds() -> None:
     bare = [
         str(path.relative_to(ROOT))
-        for top in ("gateway", "backends")
+        for top in ("gateway",)
         for path in (ROOT / top).rglob("__init__.py")
         if path.parts[-3] != "tests" and not ast.get_docstring(_parsed(path))
     ]
     assert not bare, f"packages without a docstring: {bare}"
+
+
+def _generic_layers() -> list[Path]:
+    """Every module of the gateway outside ``gateway/backends/``, the one folder that knows engines."""
+    engines = ROOT / "gateway" / "backends"
+    return [path for path in sorted((ROOT / "gateway").rglob("*.py")) if engines not in path.parents]
 
 
 ENGINE_WORDS = re.compile(r"vllm|llama|gguf|ggml|\brpc\b|rpc_", re.IGNORECASE)
@@ -304,10 +297,10 @@ def _code_words(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_the_generic_layers_name_no_engine_outside_docstrings() -> None:
-    """Engine knowledge lives in backends/<engine>/; gateway/ asks the registry."""
+    """Engine knowledge lives in gateway/backends/; the rest of gateway/ asks the registry."""
     named = [
         f"{path.relative_to(ROOT)}:{line}: {word[:80]!r}"
-        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        for path in _generic_layers()
         for line, word in _code_words(_parsed(path))
         if ENGINE_WORDS.search(word)
     ]
@@ -334,11 +327,11 @@ ENGINE_OBJECTS = {"backend", "option", "candidate", "chosen", "installation"}
 
 
 def test_the_generic_layers_ask_engines_only_what_the_contract_says() -> None:
-    """``getattr(option, "x", None)`` on an engine object is a member the contract (backends/base.py) does
+    """``getattr(option, "x", None)`` on an engine object is a member the contract (gateway/backends/base.py) does
     not declare: the generic layers rely on it unseen, and a third engine would not know to provide it."""
     probes = [
         f"{path.relative_to(ROOT)}:{node.lineno}: getattr({node.args[0].id}, ...)"
-        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        for path in _generic_layers()
         for node in ast.walk(_parsed(path))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -348,3 +341,10 @@ def test_the_generic_layers_ask_engines_only_what_the_contract_says() -> None:
         and node.args[0].id in ENGINE_OBJECTS
     ]
     assert not probes, "probes around the engine contract:\n" + "\n".join(probes)
+
+
+def test_the_architecture_page_draws_the_layers_from_their_one_declaration() -> None:
+    """docs/architecture.md shows ``gateway.LAYERS`` as drawn by ``gateway.layer_diagram()``: reorder the
+    layers and the page must follow."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert f"```text\n{gateway.layer_diagram()}\n```" in page

@@ -25,9 +25,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from backends.base import Launch, Progress
-from backends.llamacpp.progress import slots_progress
-from backends.vllm.progress import metrics_progress
+from gateway.backends.base import Launch, Progress
+from gateway.backends.llamacpp.progress import slots_progress
+from gateway.backends.vllm.progress import metrics_progress
 from gateway.serving.app import create_app
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.group import http_canary

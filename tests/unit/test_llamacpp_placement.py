@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp
-from backends.llamacpp.compute_buffers import SCHED_COPIES, activation_bytes, pipeline_parallel
-from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.gguf_reader import GgufHeader
-from backends.llamacpp.kv_cache import is_sliding, kv_cells
-from backends.llamacpp.launcher import NATIVE, PYTHON, UBATCH
+from gateway.backends import llamacpp
+from gateway.backends.llamacpp.compute_buffers import SCHED_COPIES, activation_bytes, pipeline_parallel
+from gateway.backends.llamacpp.gguf_facts import GgufFacts
+from gateway.backends.llamacpp.gguf_reader import GgufHeader
+from gateway.backends.llamacpp.kv_cache import is_sliding, kv_cells
+from gateway.backends.llamacpp.launcher import NATIVE, PYTHON, UBATCH
 from gateway.core.devices import MIB, parse_gpu_spec
 from tests.replay.llamacpp_placement import (
     CASES,

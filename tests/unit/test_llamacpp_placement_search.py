@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.llamacpp import placement_search
-from backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
-from backends.llamacpp.gguf_reader import parse_gguf_header
-from backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
-from backends.llamacpp.placement import place
-from backends.llamacpp.placement_query import PlacementQuery
-from backends.llamacpp.placement_search import best_placement
+from gateway.backends.llamacpp import placement_search
+from gateway.backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
+from gateway.backends.llamacpp.gguf_reader import parse_gguf_header
+from gateway.backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
+from gateway.backends.llamacpp.placement import place
+from gateway.backends.llamacpp.placement_query import PlacementQuery
+from gateway.backends.llamacpp.placement_search import best_placement
 from gateway.core.devices import Device
 from tests.integration.tools import gguf_shapes
 

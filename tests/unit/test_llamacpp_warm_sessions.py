@@ -8,17 +8,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backends import llamacpp
-from backends.llamacpp import estimate_gguf_facts, warm_sessions
-from backends.llamacpp.argv import LlamaCppConfig, build_launch, plan_argv
-from backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
-from backends.llamacpp.gguf_reader import read_gguf_header
-from backends.llamacpp.ladder import LlamaCppCandidate, candidates
-from backends.llamacpp.launcher import NATIVE, PYTHON
-from backends.llamacpp.placement import GPU_MARGIN_BYTES, HOST_MARGIN_BYTES, place
-from backends.llamacpp.placement_query import PlacementQuery
-from backends.llamacpp.placement_search import best_placement
-from backends.model_facts import facts_from_config
+from gateway.backends import llamacpp
+from gateway.backends.llamacpp import estimate_gguf_facts, warm_sessions
+from gateway.backends.llamacpp.argv import LlamaCppConfig, build_launch, plan_argv
+from gateway.backends.llamacpp.gguf_facts import GgufFacts, facts_from_gguf
+from gateway.backends.llamacpp.gguf_reader import read_gguf_header
+from gateway.backends.llamacpp.ladder import LlamaCppCandidate, candidates
+from gateway.backends.llamacpp.launcher import NATIVE, PYTHON
+from gateway.backends.llamacpp.placement import GPU_MARGIN_BYTES, HOST_MARGIN_BYTES, place
+from gateway.backends.llamacpp.placement_query import PlacementQuery
+from gateway.backends.llamacpp.placement_search import best_placement
+from gateway.backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Policy
 from gateway.planning.planner import evaluate_and_choose

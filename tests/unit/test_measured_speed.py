@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp
-from backends.base import Launch
-from backends.llamacpp.gguf_facts import estimate_gguf_facts
-from backends.llamacpp.launcher import NATIVE
-from backends.llamacpp.logs import speed_line
-from backends.llamacpp.speed import host_calibration
-from backends.model_facts import facts_from_config
-from backends.vllm.speed import speed_totals as vllm_speed_totals
+from gateway.backends import llamacpp
+from gateway.backends.base import Launch
+from gateway.backends.llamacpp.gguf_facts import estimate_gguf_facts
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.llamacpp.logs import speed_line
+from gateway.backends.llamacpp.speed import host_calibration
+from gateway.backends.model_facts import facts_from_config
+from gateway.backends.vllm.speed import speed_totals as vllm_speed_totals
 from gateway.core.devices import GIB, Inventory
 from gateway.core.policy import Policy
 from gateway.core.process import free_port

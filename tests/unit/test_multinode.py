@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from backends import llamacpp
-from backends.base import Failure, FailureKind, Installation
-from backends.llamacpp.backend import ordered_devices
-from backends.llamacpp.launcher import NATIVE, PYTHON
-from backends.llamacpp.rpc import server_argv
-from backends.registry import LENDER
+from gateway.backends import llamacpp
+from gateway.backends.base import Failure, FailureKind, Installation
+from gateway.backends.llamacpp.backend import ordered_devices
+from gateway.backends.llamacpp.launcher import NATIVE, PYTHON
+from gateway.backends.llamacpp.rpc import server_argv
+from gateway.backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec, parse_remote_gpus
 from gateway.core.errors import ConfigError
 from gateway.core.policy import Pins, Policy

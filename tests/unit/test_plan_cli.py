@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.vllm.checkpoint_facts import facts_from_dir
+from gateway.backends.vllm.checkpoint_facts import facts_from_dir
 from gateway.cli.commands import main
 from tests.extras import needs_embedded_model, needs_native_llama_server
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from backends import registry
-from backends.base import Installation
-from backends.vllm import releases
+from gateway.backends import registry
+from gateway.backends.base import Installation
+from gateway.backends.vllm import releases
 from gateway.cli.commands import main
 from gateway.cli.full_settings import Settings
 from gateway.core.devices import GIB, Inventory, inventory
@@ -145,7 +145,7 @@ PARSERS = {
     KIMI: ("kimi_k2", None),
 }
 
-# Each row: the decision the plan's objective (backends/objective.py, README "Plan it") gives, and why
+# Each row: the decision the plan's objective (gateway/backends/objective.py, README "Plan it") gives, and why
 # where it is not the obvious one. The objective: the 65,536 floor (the model's maximum when smaller;
 # 32,768 on a CPU); no fragile setting (weights in RAM beside GPUs, < 4 bits, a raised utilization,
 # eager, < 4 sequences) before anything else; context up to 131,072; an acceptable speed; precision;
@@ -454,7 +454,7 @@ def test_the_headline_command_as_typed(
 
 
 def test_a_remembered_quantization_does_not_override_a_pinned_one() -> None:
-    from backends.llamacpp import LlamaCppConfig, LlamaCppOption
+    from gateway.backends.llamacpp import LlamaCppConfig, LlamaCppOption
 
     q8 = {"repo": "o/r", "files": ["m-Q8_0.gguf"], "size": 8, "quant": "Q8_0"}
     q5 = {"repo": "o/r", "files": ["m-Q5_K_M.gguf"], "size": 5, "quant": "Q5_K_M"}
@@ -522,7 +522,7 @@ def test_candidates_leave_the_model_as_read_and_options_take_what_they_found(hub
     second one's GGUF. Each evaluation now carries its own choice, and the model stays as read."""
     import copy
 
-    from backends import llamacpp, vllm
+    from gateway.backends import llamacpp, vllm
     from gateway.core.policy import Policy
 
     model = llamacpp.BACKEND.read(builtin_catalog().resolve(CODER))

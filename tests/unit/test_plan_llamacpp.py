@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp
-from backends.llamacpp import estimate_gguf_facts, facts_from_gguf
-from backends.llamacpp.gguf_facts import GgufFacts
-from backends.llamacpp.gguf_reader import read_gguf_header
-from backends.llamacpp.kv_cache import is_sliding, kv_bytes_per_token_layer
-from backends.llamacpp.launcher import NATIVE, PYTHON
-from backends.model_facts import facts_from_config
+from gateway.backends import llamacpp
+from gateway.backends.llamacpp import estimate_gguf_facts, facts_from_gguf
+from gateway.backends.llamacpp.gguf_facts import GgufFacts
+from gateway.backends.llamacpp.gguf_reader import read_gguf_header
+from gateway.backends.llamacpp.kv_cache import is_sliding, kv_bytes_per_token_layer
+from gateway.backends.llamacpp.launcher import NATIVE, PYTHON
+from gateway.backends.model_facts import facts_from_config
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Policy
 from gateway.planning.planner import EnginePlan, evaluate_and_choose
@@ -35,8 +35,8 @@ LLAMA_70B = {
 
 
 def _llama70b_engines() -> list[EnginePlan]:
-    from backends import vllm
-    from backends.vllm.checkpoint_facts import checkpoint_facts
+    from gateway.backends import vllm
+    from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
 
     facts = checkpoint_facts(LLAMA_70B, "meta-llama/Llama-3.1-70B-Instruct")
 
@@ -104,7 +104,7 @@ def test_experts_moved_to_ram_move_their_routed_share_of_the_reads_there() -> No
     """Decode reads a block's shared part and its routed experts' share: moving experts to RAM takes
     exactly that share off the GPU and puts it on the host, so the GPU never reads less than the
     blocks' non-expert part and more experts in RAM is never faster."""
-    from backends.llamacpp import speed
+    from gateway.backends.llamacpp import speed
 
     config = json.loads((CONFIGS / "Qwen3-30B-A3B.json").read_text())
     config.setdefault("vocab_size", 151936)
@@ -274,8 +274,8 @@ def test_a_pinned_context_is_kept_even_with_layers_in_ram(shape_ggufs: dict[str,
 
 
 def test_speed_uses_the_gpu_family_bandwidth_and_ram_for_layers_in_ram(shape_ggufs: dict[str, GgufFacts]) -> None:
-    from backends import bandwidth
-    from backends.llamacpp import speed
+    from gateway.backends import bandwidth
+    from gateway.backends.llamacpp import speed
     from gateway.core.devices import Device
 
     h100 = Device(0, "NVIDIA H100 80GB HBM3", 80 * GIB, 80 * GIB, (9, 0))

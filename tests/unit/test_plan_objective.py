@@ -1,4 +1,4 @@
-"""Issue 29: one objective for both engines (backends/objective.py), and the decisions it must give
+"""Issue 29: one objective for both engines (gateway/backends/objective.py), and the decisions it must give
 on the machines people own. The family × machine table is tests/unit/test_plan_hub_models.py; here
 the issue's own cases and the objective's order, step by step."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp, objective, vllm
-from backends.llamacpp.launcher import NATIVE
-from backends.vllm import releases
-from backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends import llamacpp, objective, vllm
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.vllm import releases
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.cli.full_settings import Settings
 from gateway.core.devices import GIB, Inventory, inventory, parse_gpu_spec
 from gateway.core.policy import DEFAULT_MIN_CONTEXT, Goal, Policy, policy_for

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from backends import vllm
-from backends.base import RANK, Installation
-from backends.llamacpp import estimate_gguf_facts
-from backends.llamacpp.launcher import NATIVE
-from backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends import vllm
+from gateway.backends.base import RANK, Installation
+from gateway.backends.llamacpp import estimate_gguf_facts
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.cli.commands import main
 from gateway.cli.full_settings import Settings as FullSettings
 from gateway.core.devices import GIB, Device, Inventory, Peer
@@ -282,7 +282,7 @@ def test_llamacpp_rpc_devices_on_another_node_pay_the_link() -> None:
     assert llama.best.decode_rate(1) < llama.best.tokens_per_s  # type: ignore[attr-defined]
 
 
-# --- vLLM's own data parallelism (backends/vllm/data_parallel.py) ------------------------------------------
+# --- vLLM's own data parallelism (gateway/backends/vllm/data_parallel.py) ------------------------------------------
 
 
 def test_a_moe_one_gpu_cannot_hold_runs_as_one_data_parallel_group_with_its_experts_spread() -> None:
@@ -343,7 +343,7 @@ def test_a_dense_model_is_never_a_data_parallel_group() -> None:
 def test_a_moe_step_reads_the_experts_its_requests_route_to() -> None:
     """One token reads k of E experts; a batch reads their union; a rank of a group reads its own share of the
     experts as every rank's tokens route to them."""
-    from backends.vllm.estimate import expert_fraction, routed_share
+    from gateway.backends.vllm.estimate import expert_fraction, routed_share
 
     facts = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints[0].facts
     experts, routed = expert_fraction(facts), facts.experts_per_token / facts.num_experts

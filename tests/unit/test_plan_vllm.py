@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import vllm
-from backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends import vllm
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog
@@ -175,7 +175,7 @@ def test_available_kv_matches_published_logs_within_10_percent(
 
 def test_allowing_cpu_offload_pins_no_flag() -> None:
     """allow_cpu_offload widens the ladder; only real pins make vLLM try a plan that does not fit."""
-    from backends.vllm.settings import VllmPins
+    from gateway.backends.vllm.settings import VllmPins
 
     assert not VllmPins.from_policy(Policy(pins=Pins(engine={"allow_cpu_offload": True})))
     assert VllmPins.from_policy(Policy(pins=Pins(engine={"allow_cpu_offload": True}))).allow_cpu_offload

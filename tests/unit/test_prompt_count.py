@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from backends.base import Launch
+from gateway.backends.base import Launch
 from gateway.serving.transport.prompt_count import PER_MESSAGE_OVERHEAD, PromptCount
 
 CHAT = {"messages": [{"role": "user", "content": "one two three"}], "tools": [{"type": "function"}]}

@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from backends.base import Failure, Launch
+from gateway.backends.base import Failure, Launch
 from gateway.serving.app import create_app
 from gateway.supervision.after_failure import RestartBudget
 from gateway.supervision.engine_run import RunState

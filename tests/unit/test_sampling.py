@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from backends.llamacpp.argv import SAMPLING_FLAGS, LlamaCppConfig, build_launch, native_argv
-from backends.llamacpp.launcher import PYTHON
-from backends.sampling import UNSAID, Sampling, checked, first, from_generation_config
+from gateway.backends.llamacpp.argv import SAMPLING_FLAGS, LlamaCppConfig, build_launch, native_argv
+from gateway.backends.llamacpp.launcher import PYTHON
+from gateway.backends.sampling import UNSAID, Sampling, checked, first, from_generation_config
 from gateway.cli.commands import main
 from gateway.cli.full_settings import Settings
 from gateway.core.devices import GIB, Inventory, inventory

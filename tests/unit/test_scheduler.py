@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from backends.base import Scheduling
+from gateway.backends.base import Scheduling
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime

@@ -79,7 +79,7 @@ def test_malformed_toml_is_a_clear_error(workdir: Path) -> None:
 
 
 def test_each_engines_own_settings_come_from_the_same_sources(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Declared in backends/<engine>/settings.py, read like the gateway's own: file, environment,
+    """Declared in gateway/backends/<engine>/settings.py, read like the gateway's own: file, environment,
     flags, with the engine's own validators; an unknown engine name is refused."""
     (workdir / "gateway.toml").write_text('threads = 3\nllama_launcher = "python"\n')
     monkeypatch.setenv("GATEWAY_KV_CACHE_MEMORY_BYTES", "4G")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp, vllm
+from gateway.backends import llamacpp, vllm
 from gateway.cli.full_settings import Settings
 from gateway.cli.startup import assemble
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
@@ -148,7 +148,7 @@ def test_a_configured_llama_server_is_started_natively_with_moe_experts_in_ram(t
 
 @needs_embedded_model
 def test_the_native_server_is_preferred_whenever_it_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from backends.llamacpp import backend
+    from gateway.backends.llamacpp import backend
 
     monkeypatch.setattr(backend, "packaged_binary", lambda name: Path(f"/pkg/bin/{name}"))
     monkeypatch.setattr(backend.shutil, "which", lambda name: None)
@@ -189,12 +189,12 @@ def test_a_remembered_configuration_with_a_malformed_field_is_dropped_with_a_war
 
 
 def test_an_engine_not_installed_offers_no_options_and_serve_names_its_fix(tmp_path: Path) -> None:
-    """options() is empty when the engine is not installed, as backends/base.py says (llama.cpp raised,
+    """options() is empty when the engine is not installed, as gateway/backends/base.py says (llama.cpp raised,
     so an engine the plan could fall back to stopped `serve` before the others were asked); when no
     engine has an option, the error carries the missing engine's own fix."""
     import json
 
-    from backends.base import Installation
+    from gateway.backends.base import Installation
     from gateway.core.policy import Policy
     from gateway.planning.planner import EnginePlan, evaluate_and_choose
     from gateway.planning.serve_plan import nothing_to_start, options_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from backends.base import Capability
+from gateway.backends.base import Capability
 from gateway.nodes.start_request import FollowerState
 from gateway.serving.metrics import _node_metrics
 from gateway.supervision.lifecycle import NodeStatus

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import llamacpp, vllm
-from backends.base import Failure, FailureKind, Option
+from gateway.backends import llamacpp, vllm
+from gateway.backends.base import Failure, FailureKind, Option
 from gateway.supervision.after_failure import (
     MAX_RESTARTS,
     GiveUp,

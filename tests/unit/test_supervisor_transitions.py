@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from backends import llamacpp, vllm
-from backends.base import Failure, Launch, Option, most_telling
+from gateway.backends import llamacpp, vllm
+from gateway.backends.base import Failure, Launch, Option, most_telling
 from gateway.remembered.known_good import KnownGood, KnownGoodSlot
 from gateway.supervision.after_failure import MAX_RESTARTS, RestartBudget
 from gateway.supervision.engine_run import RunState

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from backends import vllm
-from backends.vllm import releases
-from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
-from backends.vllm.release_table import table_for, versions
+from gateway.backends import vllm
+from gateway.backends.vllm import releases
+from gateway.backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
+from gateway.backends.vllm.release_table import table_for, versions
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Pins, Policy
 from gateway.planning.planner import evaluate_and_choose

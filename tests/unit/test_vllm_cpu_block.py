@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.vllm.argv import build_argv
-from backends.vllm.checkpoint_facts import checkpoint_facts
-from backends.vllm.ladder import cpu_candidate
-from backends.vllm.memory import Checkpoint, memory
+from gateway.backends.vllm.argv import build_argv
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends.vllm.ladder import cpu_candidate
+from gateway.backends.vllm.memory import Checkpoint, memory
 from gateway.core.devices import GIB, Device
 from gateway.core.policy import Policy
 

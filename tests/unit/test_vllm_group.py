@@ -19,13 +19,13 @@ from unittest.mock import ANY
 import pytest
 from starlette.testclient import TestClient
 
-from backends import vllm
-from backends.base import Follower, Installation
-from backends.vllm import multinode
-from backends.vllm.checkpoint_facts import checkpoint_facts
-from backends.vllm.follower import HOST
-from backends.vllm.group import GroupPlan
-from backends.vllm.memory import Checkpoint
+from gateway.backends import vllm
+from gateway.backends.base import Follower, Installation
+from gateway.backends.vllm import multinode
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends.vllm.follower import HOST
+from gateway.backends.vllm.group import GroupPlan
+from gateway.backends.vllm.memory import Checkpoint
 from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import GatewayError
 from gateway.core.policy import Policy

@@ -7,10 +7,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from backends import vllm
-from backends.vllm import releases
-from backends.vllm.checkpoint_facts import checkpoint_facts
-from backends.vllm.ladder import MAX_UTILIZATION
+from gateway.backends import vllm
+from gateway.backends.vllm import releases
+from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
+from gateway.backends.vllm.ladder import MAX_UTILIZATION
 from gateway.core.devices import GIB, MIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Pins, Policy
 from gateway.planning.catalog import builtin_catalog

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import vllm
-from backends.base import Installation
-from backends.vllm import multinode
+from gateway.backends import vllm
+from gateway.backends.base import Installation
+from gateway.backends.vllm import multinode
 from gateway.cli.full_settings import Settings
 from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.policy import Policy

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.vllm.argv import build_argv
-from backends.vllm.memory import VllmFlags
-from backends.vllm.parsers import REASONING_PARSERS_0_32_0, TOOL_PARSERS_0_32_0, Parsers, checked, choose
+from gateway.backends.vllm.argv import build_argv
+from gateway.backends.vllm.memory import VllmFlags
+from gateway.backends.vllm.parsers import REASONING_PARSERS_0_32_0, TOOL_PARSERS_0_32_0, Parsers, checked, choose
 from tests.integration.tools.local_hub import DATA
 
 TOOLS = "{% if tools %}{{ tools | tojson }}{% endif %}"

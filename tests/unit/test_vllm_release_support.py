@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from backends import vllm
-from backends.vllm import releases
-from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
-from backends.vllm.memory import capture_sizes, cuda_total, cudagraph_bytes
+from gateway.backends import vllm
+from gateway.backends.vllm import releases
+from gateway.backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
+from gateway.backends.vllm.memory import capture_sizes, cuda_total, cudagraph_bytes
 from gateway.cli.commands import build_parser
 from gateway.cli.full_settings import load_settings
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec

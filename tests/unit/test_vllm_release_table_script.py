@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "backends" / "vllm" / "release_data"
+DATA = ROOT / "gateway" / "backends" / "vllm" / "release_data"
 
 FILES = {
     "vllm/model_executor/models/registry.py": """

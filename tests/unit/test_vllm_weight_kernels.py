@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import vllm
-from backends.vllm import weight_kernels
-from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
+from gateway.backends import vllm
+from gateway.backends.vllm import weight_kernels
+from gateway.backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Policy
 from gateway.planning.catalog import builtin_catalog
@@ -96,7 +96,7 @@ def test_the_chosen_rung_decodes_at_the_marlin_share_of_the_native_estimate(
     quantization: dict[str, object], spec: str, share: float
 ) -> None:
     """The share reaches the rung the plan ranks and prints, not only the helper that names it."""
-    from backends.vllm.estimate import decode_tokens_per_s
+    from gateway.backends.vllm.estimate import decode_tokens_per_s
 
     facts = _qwen(quantization)
     chosen = _plan(facts, spec).chosen

@@ -1,5 +1,5 @@
 """Issue 42: what a later turn of an agent's session prefills again, per engine, and the plan deciding
-by it. vLLM's figures follow the releases' source (backends/vllm/warm_turns.py cites the lines): a
+by it. vLLM's figures follow the releases' source (gateway/backends/vllm/warm_turns.py cites the lines): a
 hybrid model's recurrent states are saved at whole attention blocks (544 tokens for Qwen3-Next at TP1
 with a 16-bit KV cache, README "Hybrid models"), hits land every ``--prefix-match-unit`` tokens from
 0.26, and before 0.26 a hybrid gets no prefix caching unless asked. llama-server resumes 4 tokens
@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from backends import objective, vllm
-from backends.llamacpp.gguf_facts import estimate_gguf_facts
-from backends.llamacpp.launcher import NATIVE
-from backends.llamacpp.warm_turns import turn as llama_turn
-from backends.vllm.argv import build_argv
-from backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
-from backends.vllm.memory import VllmFlags
-from backends.vllm.warm_turns import planned, turn
+from gateway.backends import objective, vllm
+from gateway.backends.llamacpp.gguf_facts import estimate_gguf_facts
+from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.llamacpp.warm_turns import turn as llama_turn
+from gateway.backends.vllm.argv import build_argv
+from gateway.backends.vllm.checkpoint_facts import CheckpointFacts, checkpoint_facts
+from gateway.backends.vllm.memory import VllmFlags
+from gateway.backends.vllm.warm_turns import planned, turn
 from gateway.core.devices import GIB, Inventory, parse_gpu_spec
 from gateway.core.policy import Goal, Policy
 from gateway.planning.planner import evaluate_and_choose

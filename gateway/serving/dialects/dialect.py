@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from backends.base import Capability
+from gateway.backends.base import Capability
 from gateway.serving.dialects import custom_tools, messages_api, responses_api
 from gateway.serving.dialects import request_shapes as shapes
 from gateway.serving.dialects.responses_events import response_failed_event

@@ -20,7 +20,7 @@ prefills. When a slot frees, the next request is, in order:
 
 Two limits hold a request back even with a slot free: a cap on each key's requests in flight (a
 setting; 0: none), and the **long-prefill lane**: at most ``long_lane()`` long prefills in the engine at
-once (the engine says how many it can run without starving short ones: :class:`backends.base.Scheduling`),
+once (the engine says how many it can run without starving short ones: :class:`gateway.backends.base.Scheduling`),
 so the other slots stay free for warm turns. A long request leaves the lane when the engine's first output
 comes (its prefill is over: :meth:`Ticket.prefilled`, called by the route), not when its answer ends.
 An aged request still waits for these limits (its key's own requests, a long prefill's first token).

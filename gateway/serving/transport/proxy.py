@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
-from backends.base import Capability
+from gateway.backends.base import Capability
 from gateway.core.auth import bearer_header
 from gateway.serving.transport.stream_guard import checked_chunks
 from gateway.serving.wire.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from backends.registry import context_overflow
+from gateway.backends.registry import context_overflow
 
 RETRY_AFTER_S = 5
 
@@ -91,7 +91,7 @@ def overflow_error(prompt_tokens: int | None, context_length: int) -> ApiError:
 
 
 def engine_overflow(answer: Any, context_length: int) -> ApiError | None:
-    """An engine's refusal of a too-long prompt (any engine's wording, see ``backends.*.overflow``) as
+    """An engine's refusal of a too-long prompt (any engine's wording, see ``gateway.backends.*.overflow``) as
     the canonical :func:`overflow_error`; None for any other answer."""
     error = answer.get("error") if isinstance(answer, dict) else None
     message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None

@@ -1,0 +1,207 @@
+"""Where llama.cpp puts each layer, and what that costs per device and in host RAM: one placement.
+
+Layer placement follows ``llama_model::load_tensors``: ``-ngl N`` offloads the last N slots (blocks,
+then the output layer as one more slot); the token embedding stays on the CPU; offloaded slots are
+split across devices by cumulative ``--tensor-split`` fractions. Pure arithmetic over the GGUF's
+per-tensor sizes, the KV cache (:mod:`gateway.backends.llamacpp.kv_cache`) and the compute buffers
+(:mod:`gateway.backends.llamacpp.compute_buffers`); the search for the best placement is
+:mod:`gateway.backends.llamacpp.placement_search`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
+
+import gateway.backends.llamacpp.drafting as drafting
+from gateway.backends.llamacpp.compute_buffers import GpuCompute, compute_buffer_bytes, host_compute_bytes
+from gateway.backends.llamacpp.gguf_facts import GgufFacts
+from gateway.backends.llamacpp.kv_cache import kv_layer_bytes
+from gateway.backends.llamacpp.launcher import Launcher
+from gateway.backends.llamacpp.placement_query import PlacementQuery
+from gateway.core.devices import GIB, MIB
+
+GPU_MARGIN_BYTES = 1024 * MIB  # kept free per GPU, like llama.cpp's --fit-target
+HOST_MARGIN_BYTES = 2 * GIB
+
+
+@dataclass(frozen=True)
+class Placement:
+    n_gpu_layers: int  # llama.cpp's -ngl (blocks + the output slot)
+    n_cpu_moe: int  # blocks whose expert tensors stay in RAM (native only)
+    tensor_split: tuple[float, ...]
+    device_model: tuple[int, ...]
+    device_kv: tuple[int, ...]
+    device_compute: tuple[int, ...]
+    device_usable: tuple[int, ...]
+    host_model: int
+    host_kv: int
+    host_compute: int
+    slot_devices: tuple[int | None, ...]  # each slot's device (blocks, then the output layer); None: host RAM
+    draft: str | None = None  # llama-server's self-drafting (backends.llamacpp.drafting), counted above
+    # what drafting adds, included in the terms above: weights, KV and compute on the GPUs, and in RAM
+    draft_bytes: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    @property
+    def host_total(self) -> int:
+        return self.host_model + self.host_kv + self.host_compute
+
+    def overflow(self) -> list[int]:
+        used = (m + k + c for m, k, c in zip(self.device_model, self.device_kv, self.device_compute, strict=True))
+        return [
+            index for index, (total, usable) in enumerate(zip(used, self.device_usable, strict=True)) if total > usable
+        ]
+
+
+def slot_costs(query: PlacementQuery, n_cpu_moe: int) -> tuple[tuple[int, int, int], ...]:
+    """Per slot (blocks, then the output layer): (weights on the GPU, expert weights kept in RAM, KV)
+    with ``n_cpu_moe`` blocks' experts in RAM (:func:`_slot_costs`)."""
+    return _slot_costs(query.facts, query.n_ctx, query.kv_type, query.launcher, n_cpu_moe, query.draft)
+
+
+@lru_cache(maxsize=256)
+def _slot_costs(
+    facts: GgufFacts, n_ctx: int, kv_type: str, launcher: Launcher, n_cpu_moe: int, draft: str | None = None
+) -> tuple[tuple[int, int, int], ...]:
+    """Per slot (blocks, then the output layer): (weights on the GPU, expert weights kept in RAM, KV).
+    A nextn (MTP) block costs nothing unless drafting loads it: then its weights, and the draft
+    context's cache of it (the target's cells and KV type). Cached: the placement search asks for
+    the same model, context and KV type once per placement it tries; each ``--n-cpu-moe`` it tries
+    is the all-in-RAM costs' first slots followed by the none-in-RAM costs' others."""
+    if 0 < n_cpu_moe < facts.num_layers:
+        in_ram = _slot_costs(facts, n_ctx, kv_type, launcher, facts.num_layers, draft)
+        return in_ram[:n_cpu_moe] + _slot_costs(facts, n_ctx, kv_type, launcher, 0, draft)[n_cpu_moe:]
+    kv = _layer_kv(facts, n_ctx, kv_type, launcher, draft)
+    costs = []
+    for slot in range(facts.num_layers):
+        if not drafting.loaded(facts, slot, draft):
+            costs.append((0, 0, 0))
+            continue
+        size = facts.layer_bytes[slot] if facts.layer_bytes else 0
+        experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and slot < n_cpu_moe else 0
+        costs.append((size - experts, experts, kv[slot]))
+    costs.append((facts.output_bytes, 0, 0))
+    return tuple(costs)
+
+
+@lru_cache(maxsize=64)
+def _layer_kv(facts: GgufFacts, n_ctx: int, kv_type: str, launcher: Launcher, draft: str | None) -> tuple[int, ...]:
+    """:func:`kv_layer_bytes` of every block (the same for each ``--n-cpu-moe`` the search tries)."""
+    return tuple(kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher, draft) for slot in range(facts.num_layers))
+
+
+def place(
+    query: PlacementQuery,
+    n_gpu_layers: int,
+    n_cpu_moe: int = 0,
+    split: tuple[float, ...] | None = None,
+    *,
+    op_offload: bool = True,
+) -> Placement:
+    """Memory per device for one placement of ``query`` (pure arithmetic; see
+    :func:`gateway.backends.llamacpp.placement_search.best_placement`).
+
+    ``split`` defaults to llama.cpp's own rule: proportional to each GPU's usable memory.
+    ``op_offload`` False: devices that do not run host-resident weights' products (RPC; a remote
+    ``Device`` never does)."""
+    facts, gpus = query.facts, query.gpus
+    layers = facts.num_layers
+    slots = min(n_gpu_layers, layers + 1) if gpus else 0
+    first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
+    terms = GpuCompute.of(query, n_gpu_layers, n_cpu_moe, op_offload)
+    usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
+    if split is None and gpus:
+        roles = [terms.role(i, first=i == 0, output=i == len(gpus) - 1) for i in range(len(gpus))]
+        room = [max(1, u - role) for u, role in zip(usable, roles, strict=True)]
+        split = tuple(round(r / sum(room), 4) for r in room)
+    split = split or ()
+    cumulative = [sum(split[: i + 1]) / sum(split) for i in range(len(split))] if sum(split) else []
+    model, kv = [0] * len(gpus), [0] * len(gpus)
+    blocks: list[list[int]] = [[] for _ in gpus]
+    host_model, host_kv = facts.embedding_bytes, 0
+    output_device: int | None = None
+    where: list[int | None] = []
+    edges = [edge - 1e-9 for edge in cumulative]  # a slot goes to the first device whose edge is past it
+    nextn = drafting.mtp_blocks(facts)
+    for slot, (on_gpu, in_ram, cache) in enumerate(slot_costs(query, n_cpu_moe)):
+        if slot < first_gpu_slot:
+            host_model += on_gpu + in_ram
+            host_kv += cache
+            where.append(None)
+            continue
+        position = (slot - first_gpu_slot) / slots
+        device = min(bisect_right(edges, position), len(gpus) - 1)
+        where.append(device)
+        model[device] += on_gpu
+        kv[device] += cache
+        host_model += in_ram
+        if slot == layers:
+            output_device = device
+        elif slot not in nextn:  # the trunk's graph never runs a nextn block
+            blocks[device].append(slot)
+    first_device = next((i for i, held in enumerate(blocks) if held), None)
+    compute = [
+        terms.device(i, first=i == first_device, output=i == output_device, blocks=blocks[i]) for i in range(len(gpus))
+    ]
+    flash = query.flash_attention
+    host_compute = host_compute_bytes(facts, query.n_ctx, query.launcher, flash, output_device is None, terms.copies)
+    extra = _draft_bytes(query, where)
+    if extra.compute_device is None:
+        host_compute += extra.compute
+    else:
+        compute[extra.compute_device] += extra.compute
+    return Placement(
+        n_gpu_layers=slots,
+        n_cpu_moe=n_cpu_moe,
+        tensor_split=split,
+        device_model=tuple(model),
+        device_kv=tuple(kv),
+        device_compute=tuple(compute),
+        device_usable=tuple(usable),
+        host_model=host_model,
+        host_kv=host_kv,
+        host_compute=host_compute,
+        slot_devices=tuple(where),
+        draft=query.draft,
+        draft_bytes=extra.totals(),
+    )
+
+
+@dataclass(frozen=True)
+class _DraftBytes:
+    weights_gpu: int = 0
+    kv_gpu: int = 0
+    host: int = 0  # weights and KV in RAM (already in the host terms)
+    compute: int = 0  # the draft's own buffers, on ``compute_device``
+    compute_device: int | None = None  # None: host RAM
+
+    def totals(self) -> tuple[int, int, int, int]:
+        """(weights, KV, compute on the GPUs; everything in RAM)."""
+        on_gpu = self.compute if self.compute_device is not None else 0
+        return (self.weights_gpu, self.kv_gpu, on_gpu, self.host + self.compute - on_gpu)
+
+
+def _draft_bytes(query: PlacementQuery, where: list[int | None]) -> _DraftBytes:
+    """What drafting adds. draft-mtp: the nextn blocks' weights and cache (already in the slots'
+    terms), and the MTP context's compute buffer on the device of the last nextn block: its masks,
+    one block's scratch and the logits of one row per slot (estimated the way the trunk's are; no
+    MTP GGUF runs on this machine to check it). ngram-mod: its table, in RAM."""
+    facts, draft = query.facts, query.draft
+    if draft == "ngram":
+        return _DraftBytes(compute=drafting.NGRAM_TABLE_BYTES)
+    if draft != "mtp" or not facts.mtp_layers:
+        return _DraftBytes()
+    nextn = list(drafting.mtp_blocks(facts))
+    weights_gpu = kv_gpu = host = 0
+    for slot in nextn:
+        size = facts.layer_bytes[slot] if facts.layer_bytes else 0
+        cache = kv_layer_bytes(facts, slot, query.kv_type, query.n_ctx, query.launcher)
+        if where[slot] is None:
+            host += size + cache
+        else:
+            weights_gpu, kv_gpu = weights_gpu + size, kv_gpu + cache
+    compute = compute_buffer_bytes(
+        facts, query.n_ctx, query.flash_attention, True, launcher=query.launcher, blocks=nextn
+    )
+    return _DraftBytes(weights_gpu, kv_gpu, host, compute, where[nextn[-1]])
