@@ -70,6 +70,7 @@ import benchmarks.hardening_47_edge as hardening_47_edge  # noqa: E402
 import benchmarks.hardening_47_identity as hardening_47_identity  # noqa: E402
 import benchmarks.hardening_47_recovery as hardening_47_recovery  # noqa: E402
 from benchmarks import hardening_41, hardening_47_waits  # noqa: E402 (after the path it needs)
+from benchmarks.peak_rss import PeakRss, rss_mb  # noqa: E402
 
 MB = 1024 * 1024
 ANSWER = {
@@ -174,31 +175,6 @@ def servers(source: Path, extra: list[str] | None = None) -> Iterator[tuple[str,
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=20)
                 process.kill()
-
-
-def rss_mb(process: psutil.Process) -> float:
-    return float(process.memory_info().rss) / MB
-
-
-class PeakRss:
-    """The highest RSS of a process while the block runs."""
-
-    def __init__(self, process: psutil.Process) -> None:
-        self.process, self.peak, self._stop = process, rss_mb(process), threading.Event()
-
-    def __enter__(self) -> PeakRss:
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            with contextlib.suppress(psutil.Error):
-                self.peak = max(self.peak, rss_mb(self.process))
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # -- the measurements ----------------------------------------------------------------------------------

@@ -372,7 +372,7 @@ def _in_own_process(source: Path, case: str) -> dict[str, Any]:
 
 
 def issue_47_edge(source: Path, wanted: set[str], peak_rss: Any) -> dict[str, Any]:
-    """The cases of this file that ``wanted`` names (``peak_rss``: hardening.py's PeakRss)."""
+    """The cases of this file that ``wanted`` names (``peak_rss``: benchmarks/peak_rss.py's PeakRss)."""
     results: dict[str, Any] = {}
     if "engine500" in wanted:
         results["engine500"] = engine_500(source)
@@ -401,7 +401,7 @@ def main() -> int:
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose gateway runs (default: this one)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from benchmarks.hardening import PeakRss
+    from benchmarks.peak_rss import PeakRss
 
     wanted = set(CASES) if "all" in args.what else set(args.what)
     print(json.dumps({"source": str(args.source), **issue_47_edge(args.source.resolve(), wanted, PeakRss)}, indent=2))
