@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import gateway.backends.llamacpp.drafting as drafting
 import gateway.backends.llamacpp.source as source
-from gateway.backends.base import Evaluation, Installation, NewNotes, Option
+from gateway.backends.base import Evaluation, Installation, NewNotes, Option, own_settings
 from gateway.backends.llamacpp.argv import LlamaCppConfig, installed_version, plan_argv, python_command
 from gateway.backends.llamacpp.chat import has_tools, reasoning_format
 from gateway.backends.llamacpp.hub_variants import ReadVariant
@@ -156,11 +156,12 @@ class LlamaCppBackend:
     def parse_section(self, table: dict[str, Any]) -> LlamaCppSource:
         return LlamaCppSource.model_validate(table)
 
-    def installation(self, settings: LlamaCppSettings, *, probe: bool) -> Installation:
+    def installation(self, settings: Settings, *, probe: bool) -> Installation:
         """The native server when configured, chosen or found (it is preferred); else llama-cpp-python."""
-        native = native_command(settings)
-        launcher = launcher_named(settings.llama_launcher) if settings.llama_launcher else NATIVE if native else PYTHON
-        command, version = _FOUND[launcher](settings, native, probe)
+        own = own_settings(self.settings_model, settings)
+        native = native_command(own)
+        launcher = launcher_named(own.llama_launcher) if own.llama_launcher else NATIVE if native else PYTHON
+        command, version = _FOUND[launcher](own, native, probe)
         return Installation(
             tuple(command) if command else None, version, launcher.server, launcher.name, launcher.missing
         )
