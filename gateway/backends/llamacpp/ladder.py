@@ -356,8 +356,7 @@ def _rungs(
     modes = [(draft, False)] + ([(optional_draft, True)] if optional_draft else [])
     rungs = [(n, k, m) for n in contexts for k in enumerate(("f16", "q8_0")) for m in modes]
     return [
-        shared.rung(n_ctx, kv_index, kv_type, mode, optional)
-        for n_ctx, (kv_index, kv_type), (mode, optional) in rungs
+        shared.rung(n_ctx, kv_index, kv_type, mode, optional) for n_ctx, (kv_index, kv_type), (mode, optional) in rungs
     ]
 
 
