@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
+    from gateway.core.settings import Settings
 
 
 class Capability(enum.StrEnum):
@@ -322,6 +323,17 @@ class Evaluation(Generic[C]):
 
 
 E = TypeVar("E", bound=Evaluation[Any])
+# an engine's own settings class (``Backend.settings_model``): the gateway's whole settings class derives
+# from every engine's, so each engine reads its own fields, typed, from the object the gateway passes
+S = TypeVar("S", bound=BaseModel, covariant=True)
+Own = TypeVar("Own", bound=BaseModel)
+
+
+def own_settings(model: type[Own], settings: Settings) -> Own:
+    """The engine's own settings (``model``) out of the gateway's: the same object where its class derives
+    from ``model`` (the gateway's full settings do), else its fields read one by one (those it lacks at
+    their defaults), validated either way, so the engine's code reads a typed object and no cast."""
+    return model.model_validate(settings, from_attributes=True)
 
 
 @dataclass
@@ -336,16 +348,17 @@ class NewNotes:
             self.lines.append(note)
 
 
-class Backend(Protocol[C, M, E]):
+class Backend(Protocol[C, M, E, S]):
     """One engine. Methods are pure unless they say otherwise (none changes its arguments); the
-    registry holds one of each."""
+    registry holds one of each. Those that take ``settings`` get the gateway's whole settings object
+    and read their own from it with :func:`own_settings` (``settings_model`` declares which)."""
 
     name: str  # catalog table, JSON "backend", Launch.engine
     title: str  # for people: "vLLM"
     needs: str  # what planning needs from the model, said when it has none ("" : the generic words)
 
     @property
-    def settings_model(self) -> type[BaseModel]:
+    def settings_model(self) -> type[S]:
         """This engine's own settings (fields with help and flags), mixed into the gateway's settings;
         the methods below get that whole settings object and read their own fields from it."""
         ...
@@ -391,7 +404,7 @@ class Backend(Protocol[C, M, E]):
         """The entry's ``[<name>]`` table as this engine's typed source (raises ValueError)."""
         ...
 
-    def installation(self, settings: Any, *, probe: bool) -> Installation:
+    def installation(self, settings: Settings, *, probe: bool) -> Installation:
         """Where its server is and which version; ``probe`` may run the engine's command to ask
         (serve), otherwise only package metadata is read (plan). Never imports the engine."""
         ...
@@ -418,7 +431,9 @@ class Backend(Protocol[C, M, E]):
         """The full report of its candidates (``gateway plan --verbose``); ``chosen`` is marked."""
         ...
 
-    def options(self, model: M, found: E, policy: Policy, installation: Installation, settings: Any) -> list[Option]:
+    def options(
+        self, model: M, found: E, policy: Policy, installation: Installation, settings: Settings
+    ) -> list[Option]:
         """What the supervisor may start of what :meth:`candidates` ``found``, best first. Empty when
         nothing fits, and when the engine is not installed (``installation.command`` None): it never
         raises for that, so another engine's options still serve, and ``serve`` says

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from gateway.backends import llamacpp, vllm
 from gateway.backends.base import Backend, ContextOverflow, DeviceLender, FollowerHost, first_overflow
 
-BACKENDS: tuple[Backend[Any, Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
+BACKENDS: tuple[Backend[Any, Any, Any, BaseModel], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
 
 class EngineSettings(vllm.VllmSettings, llamacpp.LlamaCppSettings):
@@ -20,7 +22,7 @@ def names() -> tuple[str, ...]:
     return tuple(backend.name for backend in BACKENDS)
 
 
-def get(name: str) -> Backend[Any, Any, Any]:
+def get(name: str) -> Backend[Any, Any, Any, BaseModel]:
     for backend in BACKENDS:
         if backend.name == name:
             return backend

@@ -10,7 +10,7 @@ setting, and a new engine brings its own without touching the gateway.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -46,4 +46,4 @@ SETTING_NAMES = (*core.Settings.model_fields, *ENGINE_SETTINGS)  # the gateway's
 
 def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
     """:func:`gateway.core.settings.load_settings` for the full settings."""
-    return cast(Settings, core.load_settings(overrides, config_file, Settings))
+    return core.load_settings(Settings, overrides, config_file)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
@@ -399,10 +399,12 @@ def parse_count_or_auto(text: str) -> int:
     return AUTO if text.strip() in ("-1", "auto", "AUTO", "Auto") else parse_count(text)
 
 
-def load_settings(
-    overrides: dict[str, Any] | None = None, config_file: Path | None = None, kind: type[Settings] = Settings
-) -> Settings:
-    """Build the settings; ``overrides`` are CLI flags (None values mean "not given").
+Kind = TypeVar("Kind", bound=Settings)
+
+
+def load_settings(kind: type[Kind], overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Kind:
+    """Build the settings of class ``kind`` (the gateway's full settings: gateway.cli.full_settings);
+    ``overrides`` are CLI flags (None values mean "not given").
 
     The config file is ``config_file``, else ``$GATEWAY_CONFIG``, else ``./gateway.toml`` if present.
     An explicitly named file that does not exist is an error rather than silently ignored.

@@ -36,6 +36,7 @@ from gateway.backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, host_ram, inventory, parse_size, probe_nvml
 from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.process import ChildProcess
+from gateway.core.settings import Settings
 from gateway.nodes import start_request
 from gateway.nodes.followers import Followers, Hosted, describe, hosted_engines
 from gateway.nodes.start_request import Refused, StartRequest
@@ -67,7 +68,7 @@ class WorkerConfig:
     api_keys: tuple[str, ...] = ()
     server_command: tuple[str, ...] | None = None  # the device server to run; unset: the one installed
     log_dir: Path = Path(".")
-    engine_settings: Any = None  # the settings the engines' installations are read from (vllm_command…)
+    engine_settings: Settings | None = None  # the settings the engines' installations are read from (vllm_command…)
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,7 @@ async def _start_body(request: Request) -> Any:
         raise Refused(400, refused.message.replace("request body", "the start request")) from None
 
 
-def hosted_here(settings: Any) -> dict[str, Hosted]:
+def hosted_here(settings: Settings) -> dict[str, Hosted]:
     """The engines whose ranks this node runs, each with its installation as ``settings`` find it (I/O:
     the engine's command is asked for its version, as ``serve`` asks it)."""
     installations = {name: registry.get(name).installation(settings, probe=True) for name in registry.FOLLOWER_HOSTS}

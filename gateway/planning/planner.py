@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from gateway.backends import objective, registry
 from gateway.backends.base import RANK, Backend, Candidate, Evaluation, Installation, ModelFiles
 from gateway.backends.objective import Traits
@@ -29,7 +31,7 @@ log = logging.getLogger("gateway.planner")
 class EnginePlan:
     """One engine's view of the model, its installation, and its candidates (fitting or not)."""
 
-    backend: Backend[Any, Any, Any]
+    backend: Backend[Any, Any, Any, BaseModel]
     installation: Installation
     model: ModelFiles | None  # None: the catalog entry has no table for this engine
     # what the engine's candidates() found (empty until evaluated); its options() takes it back
@@ -436,6 +438,6 @@ QUANTIZED_HINT = (
 )
 
 
-def _needs(backend: Backend[Any, Any, Any]) -> str:
+def _needs(backend: Backend[Any, Any, Any, BaseModel]) -> str:
     """What the engine needs to be planned, in its own words when it says (``needs``)."""
     return backend.needs or f"the model has no [{backend.name}] source in the catalog"

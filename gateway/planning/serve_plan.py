@@ -109,16 +109,7 @@ def plan_serving(
         plan, entry, remembered = plan_remembered(settings, entry, machine, remembered, store)
     else:
         plan = plan_given(settings, entry, machine, serving=True, remembered=remembered)
-    if (chosen := plan.chosen) is not None:
-        loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
-        log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
-        log.info("plan: why: %s", plan.why)
-        log.info("plan: %s", chosen.sampling_line)
-    if (replication := plan.replication) is not None:  # what serve starts of the replicas: gateway.cli.startup
-        log.info("plan: shape: %s", replication.why)
-    for note in plan.notes:
-        if note not in machine.notes:  # the inventory's own notes were logged when it was read
-            log.info("plan: %s", note)
+    _log_plan(plan, machine)
     options = options_of(plan, settings)
     if not options:
         raise nothing_to_start(entry, plan)
@@ -132,22 +123,47 @@ def plan_serving(
         # a memo that cannot be rebuilt is set aside, unless a pinned --quant is why it does not fit
         set_aside = None if settings.files_pinned() else partial(store.set_aside, entry.name, machine.fingerprint)
         options = remembered_first(options, slot, remembered, lambda memo: rebuilt(options, memo, set_aside))
-
     replanned: list[Callable[[Plan], None]] = []
-
-    def replan() -> tuple[list[Option], dict[str, Any]]:
-        """Ask the nodes again and plan over what answers (blocking: run it off the loop)."""
-        assert survey is not None
-        fresh = plan_for(settings, entry, survey(), serving=True)
-        for listener in replanned:
-            listener(fresh)
-        return options_of(fresh, settings), plan_summary(fresh)
-
     return ServePlan(
         entry=entry,
         options=options,
         plan=plan,
         remember=slot,
-        replan=replan if survey is not None else None,
+        replan=_replanner(settings, entry, survey, replanned),
         replanned=replanned,
     )
+
+
+def _log_plan(plan: Plan, machine: Inventory) -> None:
+    """Serve's start-up lines on the plan: the decision, why, its sampling, the shape and the notes."""
+    if (chosen := plan.chosen) is not None:
+        loud = " (LAST RESORT: below the context floor)" if plan.last_resort else ""
+        log.info("plan%s: %s: %s", loud, chosen.engine, chosen.headline)
+        log.info("plan: why: %s", plan.why)
+        log.info("plan: %s", chosen.sampling_line)
+    if (replication := plan.replication) is not None:  # what serve starts of the replicas: gateway.cli.startup
+        log.info("plan: shape: %s", replication.why)
+    for note in plan.notes:
+        if note not in machine.notes:  # the inventory's own notes were logged when it was read
+            log.info("plan: %s", note)
+
+
+def _replanner(
+    settings: Settings,
+    entry: ModelEntry,
+    survey: Callable[[], Inventory] | None,
+    replanned: list[Callable[[Plan], None]],
+) -> Callable[[], tuple[list[Option], dict[str, Any]]] | None:
+    """The plan made again over the nodes ``survey`` finds answering now, each listener in ``replanned``
+    told of it; None without other nodes (no ``survey``)."""
+    if survey is None:
+        return None
+
+    def replan() -> tuple[list[Option], dict[str, Any]]:
+        """Ask the nodes again and plan over what answers (blocking: run it off the loop)."""
+        fresh = plan_for(settings, entry, survey(), serving=True)
+        for listener in replanned:
+            listener(fresh)
+        return options_of(fresh, settings), plan_summary(fresh)
+
+    return replan

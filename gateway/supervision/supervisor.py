@@ -139,6 +139,10 @@ class Supervisor:
         self.liveness = liveness
         self.group = group
         self.group_run = group_run
+        self._nothing_run_yet()
+
+    def _nothing_run_yet(self) -> None:
+        """What it has started, seen and decided so far: nothing, for a new supervisor."""
         self.group_stops: list[dict[str, Any]] = []  # each group stopped because one of its ranks was gone
         self.hangs: list[dict[str, Any]] = []  # each hang detected: when, why, which engine
         self.progress_watch: ProgressWatch | None = None  # the live engine's, while it serves

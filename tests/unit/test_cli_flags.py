@@ -36,6 +36,22 @@ def test_the_full_settings_are_the_gateways_and_every_registered_engines() -> No
     }  # fmt: skip
 
 
+def test_each_engine_reads_its_own_settings_from_the_gateways() -> None:
+    """``Backend.settings_model`` types what an engine reads: from the full settings it is the very object
+    (its class derives from every engine's: nothing copied, the CLI's values seen); from settings without
+    the engine's fields, those fields at their defaults."""
+    from gateway.backends import registry
+    from gateway.backends.base import own_settings
+    from gateway.core.settings import Settings as GatewaySettings
+
+    full = Settings(vllm_version="0.11.0", llama_launcher="python")
+    for backend in registry.BACKENDS:
+        assert own_settings(backend.settings_model, full) is full
+    vllm_settings = registry.get("vllm").settings_model
+    assert own_settings(vllm_settings, GatewaySettings()) == vllm_settings()
+    assert registry.get("vllm").installation(full, probe=False).version_source == "given"
+
+
 def test_an_alias_lands_on_the_same_setting() -> None:
     args = _parse("plan", "--max-model-len", "4096", "--backend", "vllm", "--launcher", "native")
     assert given(args, PLAN_SETTINGS) == {"context_length": 4096, "engine": "vllm", "llama_launcher": "native"}

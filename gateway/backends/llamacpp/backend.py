@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gateway.backends.llamacpp.drafting as drafting
 import gateway.backends.llamacpp.source as source
-from gateway.backends.base import Evaluation, Installation, NewNotes, Option
+from gateway.backends.base import Evaluation, Installation, NewNotes, Option, own_settings
 from gateway.backends.llamacpp.argv import LlamaCppConfig, installed_version, plan_argv, python_command
 from gateway.backends.llamacpp.chat import has_tools, reasoning_format
 from gateway.backends.llamacpp.hub_variants import ReadVariant
@@ -156,11 +156,12 @@ class LlamaCppBackend:
     def parse_section(self, table: dict[str, Any]) -> LlamaCppSource:
         return LlamaCppSource.model_validate(table)
 
-    def installation(self, settings: LlamaCppSettings, *, probe: bool) -> Installation:
+    def installation(self, settings: Settings, *, probe: bool) -> Installation:
         """The native server when configured, chosen or found (it is preferred); else llama-cpp-python."""
-        native = native_command(settings)
-        launcher = launcher_named(settings.llama_launcher) if settings.llama_launcher else NATIVE if native else PYTHON
-        command, version = _FOUND[launcher](settings, native, probe)
+        own = own_settings(self.settings_model, settings)
+        native = native_command(own)
+        launcher = launcher_named(own.llama_launcher) if own.llama_launcher else NATIVE if native else PYTHON
+        command, version = _FOUND[launcher](own, native, probe)
         return Installation(
             tuple(command) if command else None, version, launcher.server, launcher.name, launcher.missing
         )
@@ -334,21 +335,12 @@ class LlamaCppBackend:
         chosen = best(found.candidates)
         if chosen is None or installation.command is None:
             return []
-        gguf_source = model.source
-        variant = found.variant
-        # a file on this machine only where the source names one; a hub file comes from the hub cache
-        # (downloaded if needed), never from a file of the same name in the current directory
-        local: Path | None = None
-        if variant is not None:
-            local = variant.local
-        elif gguf_source.gguf_path or gguf_source.gguf_package or gguf_source.gguf_wheel:
-            local = Path(chosen.checkpoint)
-        shown_as = local or Path(variant.variant.files[0] if variant else gguf_source.gguf_file or chosen.checkpoint)
+        local, shown_as = _gguf_paths(model.source, found.variant, chosen)
         config = LlamaCppConfig(
             gguf=shown_as,
             served_name=model.name,
             context_length=chosen.n_ctx,
-            chat_format=gguf_source.chat_format,
+            chat_format=model.source.chat_format,
             gpu_layers=chosen.placement.n_gpu_layers,
             tensor_split=chosen.placement.tensor_split,
             kv_type=chosen.kv_type,
@@ -361,11 +353,7 @@ class LlamaCppBackend:
             warm=chosen.warm if chosen.launcher.keeps_warm else None,
             sampling=chosen.sampling,
         )
-        on_disk = local is not None and local.is_file()
-        fetch = None if on_disk else (lambda: ensure_gguf(gguf_source))
-        if variant is not None and not on_disk:
-            picked = variant.variant
-            fetch = lambda: download(picked.repo, picked.files, picked.size)  # noqa: E731
+        variant = found.variant
         remembered = None
         if variant is not None:
             v = variant.variant
@@ -377,7 +365,7 @@ class LlamaCppBackend:
         option = LlamaCppOption(
             config=config,
             command=installation.command,
-            fetch=fetch,
+            fetch=_fetch(model.source, variant, local),
             variant=remembered,
             estimated_tokens_per_s=estimate,
         )
@@ -389,6 +377,32 @@ class LlamaCppBackend:
     def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
         """CUDA's variables: the replica's GPUs, numbered from 0 inside (gateway/backends/visible_devices.py)."""
         return cuda_visible(devices)
+
+
+def _gguf_paths(
+    gguf_source: LlamaCppSource, variant: ReadVariant | None, chosen: LlamaCppCandidate
+) -> tuple[Path | None, Path]:
+    """The chosen GGUF's file on this machine (None: not there yet) and the path the option shows.
+
+    A file on this machine only where the source names one; a hub file comes from the hub cache
+    (downloaded if needed), never from a file of the same name in the current directory."""
+    local: Path | None = None
+    if variant is not None:
+        local = variant.local
+    elif gguf_source.gguf_path or gguf_source.gguf_package or gguf_source.gguf_wheel:
+        local = Path(chosen.checkpoint)
+    return local, local or Path(variant.variant.files[0] if variant else gguf_source.gguf_file or chosen.checkpoint)
+
+
+def _fetch(gguf_source: LlamaCppSource, variant: ReadVariant | None, local: Path | None) -> Callable[[], Path] | None:
+    """What brings the GGUF onto this machine before a start (the hub quantization chosen, else the
+    source's file); None when it is on disk already."""
+    if local is not None and local.is_file():
+        return None
+    if variant is not None:
+        picked = variant.variant
+        return lambda: download(picked.repo, picked.files, picked.size)
+    return lambda: ensure_gguf(gguf_source)
 
 
 def _native_found(settings: LlamaCppSettings, native: list[str] | None, probe: bool) -> tuple[list[str] | None, str]:

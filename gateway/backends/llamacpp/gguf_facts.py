@@ -89,54 +89,36 @@ def _per_layer(found: Any, layers: int) -> tuple[Any, ...]:
 
 
 def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts:
-    """Facts from a GGUF header; per-layer bytes come from the tensor table.
-
-    Per-layer attention follows llama.cpp's loader: ``head_count_kv`` may be an array (one count per
-    layer; ``get_key_or_arr``), and ``attention.sliding_window_pattern`` an array of booleans (true:
-    the layer slides), as convert_hf_to_gguf.py writes them for Gemma 4 from ``layer_types`` and
-    ``num_global_key_value_heads``; the sliding layers' head sizes are ``key_length_swa`` /
-    ``value_length_swa`` (Gemma 4 31B: 50 sliding layers of 16 KV heads × 256, 10 full of 4 × 512)."""
+    """Facts from a GGUF header; per-layer bytes come from the tensor table, attention from
+    :func:`_attention`."""
     arch = header.architecture
     value = _Keys(header, where or name)
     if header.metadata.get(f"{arch}.block_count") is None:
         raise ModelError(f"{where or name}: GGUF has no {arch}.block_count")
     layers = int(value("block_count"))
     layer_bytes, expert_bytes, embedding, output = _tensor_bytes(header, layers)
-    head_array = value.per_layer("attention.head_count", layers)
-    heads = (max(head_array) if head_array else int(value("attention.head_count", 1))) or 1
     hidden = int(value("embedding_length"))
-    kv_array = value.per_layer("attention.head_count_kv", layers)
-    kv_heads = (max(kv_array) if kv_array else int(value("attention.head_count_kv", heads))) or heads
-    key_length = int(value("attention.key_length", hidden // heads))
-    window = int(value("attention.sliding_window")) or None
-    swa_pattern = header.metadata.get(f"{arch}.attention.sliding_window_pattern")
-    pattern = tuple(bool(v) for v in _per_layer(swa_pattern, layers))
-    total = sum(t.nbytes for t in header.tensors)
+    attention = _attention(header, value, layers, hidden)
     mtp = min(int(value("nextn_predict_layers")), layers)
-    recurrent, kind, dims = _recurrent(value, layers - mtp, kv_array)
-    names = {t.name for t in header.tensors}
-    # llama_model::get_rope_factors (src/llama-model.cpp:2343): rope_freqs first, else long past
-    # n_ctx_orig_yarn (rope.scaling.original_context_length, else context_length: llama-model.cpp:1412)
-    long_rope = "rope_factors_long.weight" in names and "rope_freqs.weight" not in names
-    original = int(value("rope.scaling.original_context_length")) or int(value("context_length"))
+    recurrent, kind, dims = _recurrent(value, layers - mtp, attention.kv_array)
     return GgufFacts(
         name=name,
         model_type=arch,
         num_layers=layers,
         hidden_size=hidden,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=key_length,
+        num_heads=attention.heads,
+        num_kv_heads=attention.kv_heads,
+        head_dim=attention.key_length,
         intermediate_size=int(value("feed_forward_length")),
         vocab_size=int(value("vocab_size")) or int(getattr(header.metadata.get("tokenizer.ggml.tokens"), "count", 0)),
         max_position=int(value("context_length")) or None,
         quantization=f"gguf file type {header.metadata.get('general.file_type', '?')}",
-        weight_bytes=total,
+        weight_bytes=sum(t.nbytes for t in header.tensors),
         weight_bytes_source="gguf tensor table",
         kv_lora_rank=int(value("attention.kv_lora_rank")),
         qk_rope_head_dim=int(value("rope.dimension_count")) if value("attention.kv_lora_rank") else 0,
-        sliding_window=window,
-        sliding_layers=_sliding_layers(arch, layers, window, pattern),
+        sliding_window=attention.window,
+        sliding_layers=_sliding_layers(arch, layers, attention.window, attention.pattern),
         num_experts=int(value("expert_count")),
         experts_per_token=int(value("expert_used_count")),
         moe_intermediate_size=int(value("expert_feed_forward_length")),
@@ -144,12 +126,10 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         expert_layer_bytes=tuple(expert_bytes),
         embedding_bytes=embedding,
         output_bytes=output,
-        cache_key_dim=int(value("attention.key_length_mla", key_length))
-        if value("attention.kv_lora_rank")
-        else key_length,
-        cache_value_dim=int(value("attention.value_length", key_length)),
-        kv_heads_per_layer=kv_array if len(set(kv_array)) > 1 else (),
-        sliding_per_layer=pattern if window else (),
+        cache_key_dim=attention.cache_key_dim,
+        cache_value_dim=int(value("attention.value_length", attention.key_length)),
+        kv_heads_per_layer=attention.kv_array if len(set(attention.kv_array)) > 1 else (),
+        sliding_per_layer=attention.pattern if attention.window else (),
         cache_key_dim_sliding=int(value("attention.key_length_swa")),
         cache_value_dim_sliding=int(value("attention.value_length_swa")),
         shared_kv_layers=int(value("attention.shared_kv_layers")),
@@ -159,11 +139,52 @@ def facts_from_gguf(header: GgufHeader, name: str, where: str = "") -> GgufFacts
         recurrent_kind=kind,
         recurrent_dims=dims,
         recurrent_pattern=recurrent,
-        long_rope_context=original if long_rope else 0,
+        long_rope_context=_long_rope_context(header, value),
         weight_count=sum(math.prod(t.shape) for t in header.tensors),
         main_weight_type=_main_type(header),
         sampling=gguf_sampling(header, where or name),
     )
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """A GGUF's attention heads and sizes, the largest where they vary per layer."""
+
+    heads: int
+    kv_heads: int
+    kv_array: tuple[int, ...]  # the KV heads of each layer, where the GGUF gives them per layer; else ()
+    key_length: int
+    window: int | None  # the sliding window; None: no layer slides
+    pattern: tuple[bool, ...]  # per layer: True where it slides, where the GGUF says; else ()
+    cache_key_dim: int  # what a cached key holds per head (MLA: its compressed size)
+
+
+def _attention(header: GgufHeader, value: _Keys, layers: int, hidden: int) -> _Attention:
+    """Per-layer attention as llama.cpp's loader reads it: ``head_count_kv`` may be an array (one count per
+    layer; ``get_key_or_arr``), and ``attention.sliding_window_pattern`` an array of booleans (true:
+    the layer slides), as convert_hf_to_gguf.py writes them for Gemma 4 from ``layer_types`` and
+    ``num_global_key_value_heads``; the sliding layers' head sizes are ``key_length_swa`` /
+    ``value_length_swa`` (Gemma 4 31B: 50 sliding layers of 16 KV heads × 256, 10 full of 4 × 512)."""
+    head_array = value.per_layer("attention.head_count", layers)
+    heads = (max(head_array) if head_array else int(value("attention.head_count", 1))) or 1
+    kv_array = value.per_layer("attention.head_count_kv", layers)
+    kv_heads = (max(kv_array) if kv_array else int(value("attention.head_count_kv", heads))) or heads
+    key_length = int(value("attention.key_length", hidden // heads))
+    window = int(value("attention.sliding_window")) or None
+    swa_pattern = header.metadata.get(f"{header.architecture}.attention.sliding_window_pattern")
+    pattern = tuple(bool(v) for v in _per_layer(swa_pattern, layers))
+    mla = value("attention.kv_lora_rank")
+    cache_key_dim = int(value("attention.key_length_mla", key_length)) if mla else key_length
+    return _Attention(heads, kv_heads, kv_array, key_length, window, pattern, cache_key_dim)
+
+
+def _long_rope_context(header: GgufHeader, value: _Keys) -> int:
+    """Where llama.cpp switches to the long RoPE factors (LongRoPE), else 0. llama_model::get_rope_factors
+    (src/llama-model.cpp:2343): rope_freqs first, else long past n_ctx_orig_yarn
+    (rope.scaling.original_context_length, else context_length: llama-model.cpp:1412)."""
+    names = {t.name for t in header.tensors}
+    original = int(value("rope.scaling.original_context_length")) or int(value("context_length"))  # checked always
+    return original if "rope_factors_long.weight" in names and "rope_freqs.weight" not in names else 0
 
 
 # general.sampling.* (llama.cpp's LLM_KV_GENERAL_SAMPLING_*, applied by common_init_from_params over its

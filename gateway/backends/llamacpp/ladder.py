@@ -352,77 +352,101 @@ def _rungs(
 ) -> list[LlamaCppCandidate]:
     """Each context with f16 and q8_0 KV, with ``draft`` and the ``optional_draft`` twin."""
     bits = precision_bits(facts, checkpoint)
-    out: list[LlamaCppCandidate] = []
+    shared = _RungGround(facts, checkpoint, gpus, ram_available, goal, launcher, host_scale, bits)
     modes = [(draft, False)] + ([(optional_draft, True)] if optional_draft else [])
     rungs = [(n, k, m) for n in contexts for k in enumerate(("f16", "q8_0")) for m in modes]
-    for n_ctx, (kv_index, kv_type), (mode, optional) in rungs:
-        query = PlacementQuery(facts, gpus, n_ctx, kv_type, launcher, mode)
+    return [
+        shared.rung(n_ctx, kv_index, kv_type, mode, optional) for n_ctx, (kv_index, kv_type), (mode, optional) in rungs
+    ]
+
+
+@dataclass(frozen=True)
+class _RungGround:
+    """What every rung of one ladder shares: the GGUF, the devices and RAM, the goal, the launcher."""
+
+    facts: GgufFacts
+    checkpoint: str
+    gpus: tuple[Device, ...]
+    ram_available: int
+    goal: Goal
+    launcher: Launcher
+    host_scale: float
+    weight_bits: float  # precision_bits of the GGUF
+
+    def rung(self, n_ctx: int, kv_index: int, kv_type: str, mode: str | None, optional: bool) -> LlamaCppCandidate:
+        """One context and KV type placed, with its figures, its reason and why it does not fit."""
+        query = PlacementQuery(self.facts, self.gpus, n_ctx, kv_type, self.launcher, mode)
         placement, how = best_placement(query)
-        host_need = placement.host_total + HOST_MARGIN_BYTES
-        problems = []
-        if host_need > ram_available:
-            have = ram_available / GIB
-            problems.append(f"needs {host_need / GIB:.1f} GiB of RAM (2 GiB margin included), {have:.1f} GiB available")
-        if short := goal.too_short(n_ctx):
-            problems.append(short)
+        problems = self._problems(placement, n_ctx)
         warm = warm_sessions.WarmSessions()
-        if launcher.keeps_warm:  # the placement with the room for sessions kept warm (same layers, more cells)
+        if self.launcher.keeps_warm:  # the placement with the room for sessions kept warm (same layers, more cells)
             warm, placement = warm_sessions.keep_warm(
-                query, placement, ram_available, fits=not problems, sessions=goal.sessions
+                query, placement, self.ram_available, fits=not problems, sessions=self.goal.sessions
             )
-        gpu_part = ", ".join(
-            f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
-            for i, (m, k, c, u) in enumerate(
-                zip(
-                    placement.device_model,
-                    placement.device_kv,
-                    placement.device_compute,
-                    placement.device_usable,
-                    strict=True,
-                )
-            )
-        )
-        ram = placement.host_total / GIB
-        summary = f"{how} ({gpu_part or 'no GPU'}), RAM {ram:.1f} GiB, context {n_ctx:,}, KV {kv_type}"
-        level = (
-            0
-            if placement.n_gpu_layers > facts.num_layers and not placement.n_cpu_moe
-            else 1
-            if placement.n_cpu_moe
-            else 2
-        ) + 4 * kv_index
-        speed = tokens_per_second(facts, placement, gpus, kv_type, n_ctx, host_scale=host_scale)
-        summary += f", ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
-        if not problems and n_ctx < goal.floor:
-            summary += f"; below the {goal.floor:,} floor: a last resort"
-        summary += warm.phrase(n_ctx) if launcher.keeps_warm else ""
+        speed = tokens_per_second(self.facts, placement, self.gpus, kv_type, n_ctx, host_scale=self.host_scale)
+        summary = f"{how} ({_gpu_part(placement) or 'no GPU'}), RAM {placement.host_total / GIB:.1f} GiB, "
+        summary += f"context {n_ctx:,}, KV {kv_type}, ~{_rate(speed)} tokens/s" + _draft_phrase(placement)
+        if not problems and n_ctx < self.goal.floor:
+            summary += f"; below the {self.goal.floor:,} floor: a last resort"
+        summary += warm.phrase(n_ctx) if self.launcher.keeps_warm else ""
         warm_turn = None
-        if launcher.keeps_warm:
-            needs = warm_sessions.checkpoint_bytes(facts, kv_type) > 0
+        if self.launcher.keeps_warm:
+            needs = warm_sessions.checkpoint_bytes(self.facts, kv_type) > 0
             if warm_turn := warm_turns.turn(needs, warm.checkpoints, n_ctx):
                 summary += f"; {warm_turn.phrase}"
-        out.append(
-            LlamaCppCandidate(
-                checkpoint,
-                launcher,
-                n_ctx,
-                kv_type,
-                placement,
-                not problems,
-                summary + ("; " + "; ".join(problems) if problems else ""),
-                level,
-                speed,
-                optional=optional,
-                goal=goal,
-                weight_bits=bits,
-                warm=warm,
-                devices=gpus,
-                warm_turn=warm_turn,
-                facts=facts,
-                host_scale=host_scale,
+        return LlamaCppCandidate(
+            self.checkpoint,
+            self.launcher,
+            n_ctx,
+            kv_type,
+            placement,
+            not problems,
+            summary + ("; " + "; ".join(problems) if problems else ""),
+            _offload_level(self.facts, placement) + 4 * kv_index,
+            speed,
+            optional=optional,
+            goal=self.goal,
+            weight_bits=self.weight_bits,
+            warm=warm,
+            devices=self.gpus,
+            warm_turn=warm_turn,
+            facts=self.facts,
+            host_scale=self.host_scale,
+        )
+
+    def _problems(self, placement: Placement, n_ctx: int) -> list[str]:
+        """Why the placement does not fit: the host RAM it needs, a context below what is planned at all."""
+        problems = []
+        host_need = placement.host_total + HOST_MARGIN_BYTES
+        if host_need > self.ram_available:
+            have = self.ram_available / GIB
+            problems.append(f"needs {host_need / GIB:.1f} GiB of RAM (2 GiB margin included), {have:.1f} GiB available")
+        if short := self.goal.too_short(n_ctx):
+            problems.append(short)
+        return problems
+
+
+def _gpu_part(placement: Placement) -> str:
+    """Each GPU's share of the placement: its weights, KV and compute buffers over what it can use."""
+    return ", ".join(
+        f"GPU{i} {(m + k + c) / GIB:.1f}/{u / GIB:.1f} GiB"
+        for i, (m, k, c, u) in enumerate(
+            zip(
+                placement.device_model,
+                placement.device_kv,
+                placement.device_compute,
+                placement.device_usable,
+                strict=True,
             )
         )
-    return out
+    )
+
+
+def _offload_level(facts: GgufFacts, placement: Placement) -> int:
+    """0: every layer on the GPUs; 1: MoE experts kept in RAM; 2: layers in RAM."""
+    if placement.n_gpu_layers > facts.num_layers and not placement.n_cpu_moe:
+        return 0
+    return 1 if placement.n_cpu_moe else 2
 
 
 def best(candidates: list[LlamaCppCandidate]) -> LlamaCppCandidate | None:

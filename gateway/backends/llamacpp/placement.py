@@ -106,9 +106,7 @@ def place(
     ``op_offload`` False: devices that do not run host-resident weights' products (RPC; a remote
     ``Device`` never does)."""
     facts, gpus = query.facts, query.gpus
-    layers = facts.num_layers
-    slots = min(n_gpu_layers, layers + 1) if gpus else 0
-    first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
+    slots = min(n_gpu_layers, facts.num_layers + 1) if gpus else 0
     terms = GpuCompute.of(query, n_gpu_layers, n_cpu_moe, op_offload)
     usable = [max(0, g.free_bytes - GPU_MARGIN_BYTES) for g in gpus]
     if split is None and gpus:
@@ -116,9 +114,57 @@ def place(
         room = [max(1, u - role) for u, role in zip(usable, roles, strict=True)]
         split = tuple(round(r / sum(room), 4) for r in room)
     split = split or ()
+    held = _held(query, n_cpu_moe, slots, split)
+    first_device = next((i for i, blocks in enumerate(held.blocks) if blocks), None)
+    output = held.output_device
+    compute = [
+        terms.device(i, first=i == first_device, output=i == output, blocks=held.blocks[i]) for i in range(len(gpus))
+    ]
+    flash = query.flash_attention
+    host_compute = host_compute_bytes(facts, query.n_ctx, query.launcher, flash, output is None, terms.copies)
+    extra = _draft_bytes(query, held.where)
+    if extra.compute_device is None:
+        host_compute += extra.compute
+    else:
+        compute[extra.compute_device] += extra.compute
+    return Placement(
+        n_gpu_layers=slots,
+        n_cpu_moe=n_cpu_moe,
+        tensor_split=split,
+        device_model=held.model,
+        device_kv=held.kv,
+        device_compute=tuple(compute),
+        device_usable=tuple(usable),
+        host_model=held.host_model,
+        host_kv=held.host_kv,
+        host_compute=host_compute,
+        slot_devices=held.where,
+        draft=query.draft,
+        draft_bytes=extra.totals(),
+    )
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Where one placement's slots went: each GPU's weights, KV and trunk blocks, the rest in host RAM."""
+
+    model: tuple[int, ...]
+    kv: tuple[int, ...]
+    blocks: tuple[list[int], ...]  # per GPU, the trunk's blocks it runs (compute buffers follow them)
+    host_model: int  # the token embedding, the blocks left in RAM and the experts kept there
+    host_kv: int
+    output_device: int | None  # None: the output layer stays in RAM
+    where: tuple[int | None, ...]  # each slot's device; None: host RAM
+
+
+def _held(query: PlacementQuery, n_cpu_moe: int, slots: int, split: tuple[float, ...]) -> _Held:
+    """The last ``slots`` slots on the GPUs, split by the cumulative fractions of ``split``; the others in RAM."""
+    facts, devices = query.facts, len(query.gpus)
+    layers = facts.num_layers
+    first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
     cumulative = [sum(split[: i + 1]) / sum(split) for i in range(len(split))] if sum(split) else []
-    model, kv = [0] * len(gpus), [0] * len(gpus)
-    blocks: list[list[int]] = [[] for _ in gpus]
+    model, kv = [0] * devices, [0] * devices
+    blocks: list[list[int]] = [[] for _ in range(devices)]
     host_model, host_kv = facts.embedding_bytes, 0
     output_device: int | None = None
     where: list[int | None] = []
@@ -131,7 +177,7 @@ def place(
             where.append(None)
             continue
         position = (slot - first_gpu_slot) / slots
-        device = min(bisect_right(edges, position), len(gpus) - 1)
+        device = min(bisect_right(edges, position), devices - 1)
         where.append(device)
         model[device] += on_gpu
         kv[device] += cache
@@ -140,32 +186,7 @@ def place(
             output_device = device
         elif slot not in nextn:  # the trunk's graph never runs a nextn block
             blocks[device].append(slot)
-    first_device = next((i for i, held in enumerate(blocks) if held), None)
-    compute = [
-        terms.device(i, first=i == first_device, output=i == output_device, blocks=blocks[i]) for i in range(len(gpus))
-    ]
-    flash = query.flash_attention
-    host_compute = host_compute_bytes(facts, query.n_ctx, query.launcher, flash, output_device is None, terms.copies)
-    extra = _draft_bytes(query, where)
-    if extra.compute_device is None:
-        host_compute += extra.compute
-    else:
-        compute[extra.compute_device] += extra.compute
-    return Placement(
-        n_gpu_layers=slots,
-        n_cpu_moe=n_cpu_moe,
-        tensor_split=split,
-        device_model=tuple(model),
-        device_kv=tuple(kv),
-        device_compute=tuple(compute),
-        device_usable=tuple(usable),
-        host_model=host_model,
-        host_kv=host_kv,
-        host_compute=host_compute,
-        slot_devices=tuple(where),
-        draft=query.draft,
-        draft_bytes=extra.totals(),
-    )
+    return _Held(tuple(model), tuple(kv), tuple(blocks), host_model, host_kv, output_device, tuple(where))
 
 
 @dataclass(frozen=True)
@@ -182,7 +203,7 @@ class _DraftBytes:
         return (self.weights_gpu, self.kv_gpu, on_gpu, self.host + self.compute - on_gpu)
 
 
-def _draft_bytes(query: PlacementQuery, where: list[int | None]) -> _DraftBytes:
+def _draft_bytes(query: PlacementQuery, where: tuple[int | None, ...]) -> _DraftBytes:
     """What drafting adds. draft-mtp: the nextn blocks' weights and cache (already in the slots'
     terms), and the MTP context's compute buffer on the device of the last nextn block: its masks,
     one block's scratch and the logits of one row per slot (estimated the way the trunk's are; no

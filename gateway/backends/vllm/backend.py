@@ -14,7 +14,7 @@ import gateway.backends.vllm.parsers as parsers
 import gateway.backends.vllm.releases as releases
 import gateway.backends.vllm.report as report
 import gateway.backends.vllm.source as source
-from gateway.backends.base import Evaluation, Installation, NewNotes, Option
+from gateway.backends.base import Evaluation, Installation, NewNotes, Option, own_settings
 from gateway.backends.visible_devices import cuda_visible
 from gateway.backends.vllm.argv import build_argv, build_env
 from gateway.backends.vllm.follower import HOST as FOLLOWER_HOST
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
+    from gateway.core.settings import Settings
 
 log = logging.getLogger("gateway.vllm")
 
@@ -65,15 +66,16 @@ class VllmBackend:
     def parse_section(self, table: dict[str, Any]) -> VllmSource:
         return VllmSource.model_validate(table)
 
-    def installation(self, settings: VllmSettings, *, probe: bool) -> Installation:
+    def installation(self, settings: Settings, *, probe: bool) -> Installation:
         """``probe``: ask the configured or found command for its version (serve); otherwise only
         the package metadata beside the gateway is read (plan: fast, nothing is started)."""
+        own = own_settings(self.settings_model, settings)
         if probe:
-            command, detected = install.detect(settings.vllm_command)
+            command, detected = install.detect(own.vllm_command)
         else:
-            command, detected = settings.vllm_command, install.installed_version()
-        if settings.vllm_version:
-            version, origin = settings.vllm_version, "given"
+            command, detected = own.vllm_command, install.installed_version()
+        if own.vllm_version:
+            version, origin = own.vllm_version, "given"
         elif detected:
             version, origin = detected, "installed"
         else:
@@ -241,7 +243,7 @@ class VllmBackend:
         found: VllmEvaluation,
         policy: Policy,
         installation: Installation,
-        settings: VllmSettings,
+        settings: Settings,
     ) -> list[Option]:
         """The best few fitting rungs; pinned flags that the plan rejects are still tried (warned). None
         when vLLM is not installed (``installation.missing`` says what to install)."""

@@ -468,56 +468,62 @@ def ladder(
             out.append(_not_startable(checkpoint, gpus, version, f"{checkpoint.name}: {why}", "unsupported checkpoint"))
             continue
         facts = checkpoint.facts
-        text_only = releases.language_model_only(facts, version)
-        model_max = min(facts.max_position or 1 << 20, policy.max_context or 1 << 30)
         sizes = [pins.tensor_parallel_size] if pins.tensor_parallel_size else valid_tp_sizes(facts, len(gpus))
         for tp in sizes:
             if tp > len(gpus) or facts.num_heads % tp:
                 out.append(_invalid_tp(checkpoint, gpus, tp, version))
                 continue
-            chosen = tuple(sorted(gpus, key=lambda g: -g.total_bytes)[:tp])
-            smallest = min(chosen, key=lambda g: g.total_bytes)
-            default_tokens, default_seqs = batch_defaults(smallest)
-            offload = [pins.cpu_offload_gb or 0.0]
-            if pins.allow_cpu_offload and pins.cpu_offload_gb is None:
-                offload.append(float(max(1, math.ceil(facts.weight_bytes / tp / GIB / 4))))
-            fp8_ok = all(releases.fp8_kv_supported(facts, g.compute_capability, version) for g in chosen)
-            if pins.kv_cache_dtype and pins.kv_cache_dtype != "auto" and not fp8_ok:
-                why = _no_fp8_kv(facts, chosen, version)
-                out.append(_not_startable(checkpoint, chosen, version, f"{checkpoint.name}: {why}", f"TP{tp}", tp))
-                continue
-            # --kv-cache-memory-bytes without a utilization: vLLM checks free memory against the
-            # release's default (CacheConfig.gpu_memory_utilization), which the argv leaves implied
-            utilization_pin = pins.gpu_memory_utilization
-            if pins.kv_cache_memory_bytes is not None and utilization_pin is None:
-                utilization_pin = releases.default_utilization(version)
-            mtp = _mtp_choices(facts, version, pins)
-            rungs = itertools.product(
-                _choices(utilization_pin, _utilizations(smallest, version)),
-                _choices(pins.enforce_eager, [False, True]),
-                _choices(pins.kv_cache_dtype, ["auto", "fp8"] if fp8_ok else ["auto"]),
-                list(enumerate(offload)),
-                _choices(pins.max_num_seqs, [default_seqs, *SEQS_LADDER]),
-                mtp,
-            )
-            for (util_i, util), (eager_i, eager), (kv_i, kv), (off_i, off), (seq_i, seqs), (mtp_i, drafts) in rungs:
-                if kv != "auto" and not fp8_ok:
-                    continue  # a pinned fp8 on GPUs without fp8 KV kernels
-                concessions = Concessions(off_i, ck_index, kv_i, eager_i, util_i, min(seq_i, 1), mtp_i)
-                flags = VllmFlags(
-                    tp,
-                    util,
-                    model_max,
-                    seqs,
-                    pins.max_num_batched_tokens or default_tokens,
-                    kv,
-                    eager,
-                    off,
-                    pins.kv_cache_memory_bytes,
-                    text_only,
-                    drafts,
-                )
-                out.append(_sized(checkpoint, chosen, flags, version, policy, concessions, model_max))
+            out += _tp_rungs(checkpoint, ck_index, gpus, tp, version, policy, pins)
+    return out
+
+
+def _tp_rungs(
+    checkpoint: Checkpoint,
+    ck_index: int,
+    gpus: tuple[Device, ...],
+    tp: int,
+    version: str,
+    policy: Policy,
+    pins: VllmPins,
+) -> list[VllmCandidate]:
+    """One checkpoint at one TP size on the largest GPUs: a rung for each utilization, eager mode, KV
+    type, CPU offload, sequence count and MTP drafting (the pinned ones as given)."""
+    facts = checkpoint.facts
+    text_only = releases.language_model_only(facts, version)
+    model_max = min(facts.max_position or 1 << 20, policy.max_context or 1 << 30)
+    chosen = tuple(sorted(gpus, key=lambda g: -g.total_bytes)[:tp])
+    smallest = min(chosen, key=lambda g: g.total_bytes)
+    default_tokens, default_seqs = batch_defaults(smallest)
+    offload = [pins.cpu_offload_gb or 0.0]
+    if pins.allow_cpu_offload and pins.cpu_offload_gb is None:
+        offload.append(float(max(1, math.ceil(facts.weight_bytes / tp / GIB / 4))))
+    fp8_ok = all(releases.fp8_kv_supported(facts, g.compute_capability, version) for g in chosen)
+    if pins.kv_cache_dtype and pins.kv_cache_dtype != "auto" and not fp8_ok:
+        why = _no_fp8_kv(facts, chosen, version)
+        return [_not_startable(checkpoint, chosen, version, f"{checkpoint.name}: {why}", f"TP{tp}", tp)]
+    # --kv-cache-memory-bytes without a utilization: vLLM checks free memory against the
+    # release's default (CacheConfig.gpu_memory_utilization), which the argv leaves implied
+    utilization_pin = pins.gpu_memory_utilization
+    if pins.kv_cache_memory_bytes is not None and utilization_pin is None:
+        utilization_pin = releases.default_utilization(version)
+    rungs = itertools.product(
+        _choices(utilization_pin, _utilizations(smallest, version)),
+        _choices(pins.enforce_eager, [False, True]),
+        _choices(pins.kv_cache_dtype, ["auto", "fp8"] if fp8_ok else ["auto"]),
+        list(enumerate(offload)),
+        _choices(pins.max_num_seqs, [default_seqs, *SEQS_LADDER]),
+        _mtp_choices(facts, version, pins),
+    )
+    out: list[VllmCandidate] = []
+    for (util_i, util), (eager_i, eager), (kv_i, kv), (off_i, off), (seq_i, seqs), (mtp_i, drafts) in rungs:
+        if kv != "auto" and not fp8_ok:
+            continue  # a pinned fp8 on GPUs without fp8 KV kernels
+        concessions = Concessions(off_i, ck_index, kv_i, eager_i, util_i, min(seq_i, 1), mtp_i)
+        tokens = pins.max_num_batched_tokens or default_tokens
+        flags = VllmFlags(
+            tp, util, model_max, seqs, tokens, kv, eager, off, pins.kv_cache_memory_bytes, text_only, drafts
+        )
+        out.append(_sized(checkpoint, chosen, flags, version, policy, concessions, model_max))
     return out
 
 

@@ -109,30 +109,11 @@ class VllmOption:
         env = build_env(on_cpu=self.on_cpu, api_key=api_key)
         followers: tuple[Follower, ...] = ()
         if (group := self.group) is not None:
-            stages, master = self.pipeline_parallel_size, free_port()
+            master = free_port()
+            stages = self.pipeline_parallel_size
             argv = group_argv(argv, nnodes=stages, rank=0, master_addr=group.head_address, master_port=master)
             env |= group_env(group.head_address, group.head_interface)
-            followers = tuple(
-                Follower(
-                    node,
-                    rank,
-                    ENGINE,
-                    self.version,
-                    rank_args(
-                        self.flags,
-                        self.checkpoint,
-                        served_name=self.served_name,
-                        tool_call_parser=self.tool_call_parser,
-                        reasoning_parser=self.reasoning_parser,
-                        stages=stages,
-                        rank=rank,
-                        master_addr=group.head_address,
-                        master_port=master,
-                        port=port,
-                    ),
-                )
-                for rank, node in enumerate(group.nodes, 1)
-            )
+            followers = self._followers(group, master, port)
         return Launch(
             engine=ENGINE,
             argv=argv,
@@ -156,6 +137,31 @@ class VllmOption:
             progress_path=PROGRESS_PATH,
             progress=metrics_progress,
             followers=followers,
+        )
+
+    def _followers(self, group: GroupPlan, master_port: int, port: int) -> tuple[Follower, ...]:
+        """The group's other ranks, one per node after the head's, each with the arguments that node's worker
+        puts after its own vLLM command (the head is rank 0, at ``master_port``)."""
+        return tuple(
+            Follower(
+                node,
+                rank,
+                ENGINE,
+                self.version,
+                rank_args(
+                    self.flags,
+                    self.checkpoint,
+                    served_name=self.served_name,
+                    tool_call_parser=self.tool_call_parser,
+                    reasoning_parser=self.reasoning_parser,
+                    stages=self.pipeline_parallel_size,
+                    rank=rank,
+                    master_addr=group.head_address,
+                    master_port=master_port,
+                    port=port,
+                ),
+            )
+            for rank, node in enumerate(group.nodes, 1)
         )
 
     def classify(self, line: str) -> Failure | None:

@@ -51,6 +51,23 @@ def _result_text(content: Any) -> str:
 
 def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
     """A chat-completions request carrying the same conversation, tools and limits."""
+    chat: dict[str, Any] = {"model": served, "messages": _chat_messages(body), "stream": bool(body.get("stream"))}
+    chat["max_tokens"] = body.get("max_tokens")
+    for key, target in (("temperature", "temperature"), ("top_p", "top_p"), ("stop_sequences", "stop")):
+        if body.get(key) is not None:
+            chat[target] = body[key]
+    if tools := _chat_tools(body.get("tools")):
+        chat["tools"] = tools
+        if choice := _chat_tool_choice(body.get("tool_choice")):
+            chat["tool_choice"] = choice
+    if chat["stream"]:
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation in chat's roles: the system prompt first, then each turn (a user turn's tool
+    results as tool messages before its text)."""
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     instructions = [system if isinstance(system, str) else "".join(b.get("text", "") for b in _blocks(system or []))]
@@ -69,73 +86,72 @@ def to_chat(body: dict[str, Any], served: str) -> dict[str, Any]:
             # change the prompt's first tokens, and the engine would prefill the whole conversation again.
             text = "".join(str(b.get("text", "")) for b in blocks)
             (later if any(m["role"] == "assistant" for m in messages) else instructions).append(text)
-            continue
-        if message["role"] == "assistant":
-            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-            calls = [
-                {
-                    "id": b.get("id"),
-                    "type": "function",
-                    "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})},
-                }
-                for b in blocks
-                if b.get("type") == "tool_use"
-            ]
-            entry: dict[str, Any] = {"role": "assistant", "content": text or None}
-            # the model's reasoning, resent as a thinking block, goes back as the engine gave it: templates
-            # that render it on tool turns then rebuild the prompt the engine already holds in its cache
-            thought = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
-            if thought:
-                entry["reasoning_content"] = thought
-            if calls:
-                entry["tool_calls"] = calls
-            messages.append(entry)
-            continue
-        text_parts: list[str] = []
-        for block in blocks:
-            if block.get("type") == "tool_result":
-                messages.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": block.get("tool_use_id"),
-                        "content": _result_text(block.get("content")),
-                    }
-                )
-            elif block.get("type") == "text":
-                text_parts.append(str(block.get("text", "")))
-        if text_parts or later:
-            parts = [*later, "".join(text_parts)] if text_parts else later
-            messages.append({"role": "user", "content": "\n\n".join(parts)})
-            later = []
+        elif message["role"] == "assistant":
+            messages.append(_assistant_message(blocks))
+        else:
+            messages += _tool_messages(blocks)
+            text_parts = [str(block.get("text", "")) for block in blocks if block.get("type") == "text"]
+            if text_parts or later:
+                parts = [*later, "".join(text_parts)] if text_parts else later
+                messages.append({"role": "user", "content": "\n\n".join(parts)})
+                later = []
     if later:
         messages.append({"role": "user", "content": "\n\n".join(later)})
     if leading := "\n\n".join(text for text in instructions if text):
         messages.insert(0, {"role": "system", "content": leading})
-    chat: dict[str, Any] = {"model": served, "messages": messages, "stream": bool(body.get("stream"))}
-    chat["max_tokens"] = body.get("max_tokens")
-    for key, target in (("temperature", "temperature"), ("top_p", "top_p"), ("stop_sequences", "stop")):
-        if body.get(key) is not None:
-            chat[target] = body[key]
-    tools = [
+    return messages
+
+
+def _assistant_message(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model's turn: its text, its reasoning and its tool calls."""
+    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    calls = [
+        {
+            "id": b.get("id"),
+            "type": "function",
+            "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})},
+        }
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+    # the model's reasoning, resent as a thinking block, goes back as the engine gave it: templates
+    # that render it on tool turns then rebuild the prompt the engine already holds in its cache
+    thought = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
+    if thought:
+        entry["reasoning_content"] = thought
+    if calls:
+        entry["tool_calls"] = calls
+    return entry
+
+
+def _tool_messages(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A user turn's tool results, one tool message each, in order."""
+    return [
+        {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": _result_text(block.get("content"))}
+        for block in blocks
+        if block.get("type") == "tool_result"
+    ]
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """The client's own tools as chat functions; server tools (web_search…) are dropped."""
+    return [
         {
             "type": "function",
             "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]},
         }
-        for t in body.get("tools") or []
-        if isinstance(t, dict) and "name" in t and "input_schema" in t  # server tools (web_search…) dropped
+        for t in tools or []
+        if isinstance(t, dict) and "name" in t and "input_schema" in t
     ]
-    if tools:
-        chat["tools"] = tools
-        choice = body.get("tool_choice") or {}
-        kind = choice.get("type") if isinstance(choice, dict) else None
-        mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
-        if kind == "tool":
-            chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
-        elif mapped:
-            chat["tool_choice"] = mapped
-    if chat["stream"]:
-        chat["stream_options"] = {"include_usage": True}
-    return chat
+
+
+def _chat_tool_choice(choice: Any) -> dict[str, Any] | str | None:
+    """Anthropic's tool_choice in chat's words (None: left to the engine's default)."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
 
 
 def usage_block(prompt: int, output_tokens: int, cached: int = 0) -> dict[str, Any]:
