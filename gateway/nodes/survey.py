@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -214,6 +215,10 @@ async def _handshake(address: str, timeout_s: float) -> _Link:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
     except TimeoutError as exc:
         raise TimeoutError("timed out") from exc  # the words the blocking socket said: "TimeoutError: timed out"
+    except ConnectionError as exc:  # asyncio says "Connect call failed (address)": the system's words, as before
+        if not exc.errno:
+            raise
+        raise type(exc)(exc.errno, os.strerror(exc.errno)) from exc
     rtt_ms = (time.monotonic() - started) * 1000
     try:
         return _Link(rtt_ms, str(writer.get_extra_info("sockname")[0]), str(writer.get_extra_info("peername")[0]))

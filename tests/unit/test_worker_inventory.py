@@ -146,3 +146,11 @@ def test_a_deeply_nested_inventory_is_a_report_not_a_recursion_error(
     monkeypatch.setattr(_Worker, "mode", "deep")
     report = asyncio.run(fetch(worker, "key"))
     assert not report.reachable and "not JSON" in (report.error or "")
+
+
+def test_a_worker_that_refuses_the_connection_is_named_in_the_systems_words() -> None:
+    from tests.integration.gatewayproc import free_port
+
+    report = asyncio.run(fetch(f"127.0.0.1:{free_port()}", "key"))  # nothing listens there
+    assert report.error is not None and report.error.startswith("unreachable (ConnectionRefusedError: ")
+    assert report.error.endswith("Connection refused)"), report.error  # not asyncio's "Connect call failed (…)"
