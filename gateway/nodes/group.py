@@ -3,11 +3,13 @@
 :class:`WorkerGroup` is the supervisor's ``GroupControl`` (gateway/supervision/group.py): it finds each
 rank's worker by the node name the last survey reported, and asks it, with the worker key, to start
 the rank (the worker's own engine, the head's arguments), to keep it (the lease), and to stop it.
-Blocking calls: the supervisor runs them off the loop.
+Each call is awaited on the head's event loop, within ``2 * timeout_s`` in all (httpx's timeout is per
+connect and per read).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,7 @@ import httpx
 from gateway.backends.base import Follower
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
-from gateway.core.tls import http_client
+from gateway.core.tls import async_http_client
 from gateway.nodes.start_request import FollowerState, StartRequest
 from gateway.nodes.survey import Nodes, NodeState
 from gateway.supervision.group import RankRefused
@@ -32,11 +34,11 @@ class WorkerGroup:
         nodes: Nodes,
         *,
         timeout_s: float = CALL_TIMEOUT_S,
-        client: Callable[[float], httpx.Client] | None = None,
+        client: Callable[[float], httpx.AsyncClient] | None = None,
     ) -> None:
         self.nodes = nodes
         self.timeout_s = timeout_s
-        self.client = client or (lambda timeout: http_client(timeout=timeout))
+        self.client = client or (lambda timeout: async_http_client(timeout=timeout))
 
     def _state(self, node: str) -> NodeState:
         for state in self.nodes.states:
@@ -44,21 +46,24 @@ class WorkerGroup:
                 return state
         raise GatewayError(f"no worker reported node {node!r} at the last survey")
 
-    def _post(self, node: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _post(self, node: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """One call to the node's worker; raises httpx.TimeoutException past ``2 * timeout_s`` in all."""
         state = self._state(node)
-        with self.client(self.timeout_s) as client:
-            return client.post(
-                f"http://{state.address}{path}", json=body or {}, headers=bearer_header(self.nodes.api_key)
-            )
+        async with self.client(self.timeout_s) as client:
+            url, headers = f"http://{state.address}{path}", bearer_header(self.nodes.api_key)
+            try:
+                return await asyncio.wait_for(client.post(url, json=body or {}, headers=headers), 2 * self.timeout_s)
+            except TimeoutError as exc:
+                raise httpx.TimeoutException(f"no answer within {2 * self.timeout_s:g} s") from exc
 
-    def start(self, follower: Follower, lease_s: float) -> None:
+    async def start(self, follower: Follower, lease_s: float) -> None:
         """Ask the node's worker to start the rank; raises RankRefused with the worker's words, or
         GatewayError when it cannot be reached."""
         report = self._state(follower.node).report
         host_ip = report.peer_address if report is not None else ""
         request = StartRequest(follower.engine, follower.version, follower.rank, follower.args, host_ip, lease_s)
         try:
-            answer = self._post(follower.node, "/group/start", request.to_json())
+            answer = await self._post(follower.node, "/group/start", request.to_json())
         except httpx.HTTPError as exc:
             raise GatewayError(f"worker {follower.node} cannot be reached ({type(exc).__name__}: {exc})") from exc
         if answer.status_code == 200:
@@ -69,11 +74,11 @@ class WorkerGroup:
             message = answer.text[:300]
         raise RankRefused(f"worker {follower.node} refused rank {follower.rank}: {message}")
 
-    def renew(self, node: str) -> str | None:
+    async def renew(self, node: str) -> str | None:
         """Renew the rank's lease: None while it runs; why not, when it exited or has none (its worker
         answered). Raises GatewayError when the worker does not answer (the caller counts the misses)."""
         try:
-            answer = self._post(node, "/group/lease")
+            answer = await self._post(node, "/group/lease")
             data = answer.json() if answer.status_code == 200 else None
         except (httpx.HTTPError, ValueError) as exc:
             raise GatewayError(f"worker {node} does not answer ({type(exc).__name__})") from exc
@@ -85,9 +90,9 @@ class WorkerGroup:
         lines = data.get("last_lines") or []
         return f"the rank on {node} {why}" + (f": {' | '.join(map(str, lines[-3:]))}" if lines else "")
 
-    def stop(self, node: str) -> None:
+    async def stop(self, node: str) -> None:
         """Ask the node's worker to stop the rank; a worker that does not answer is left to its lease."""
         try:
-            self._post(node, "/group/stop")
+            await self._post(node, "/group/stop")
         except (httpx.HTTPError, GatewayError):
             return

@@ -1,20 +1,22 @@
 """Other nodes as the head sees them: each ``gateway worker``'s inventory, merged into one Inventory.
 
-A survey asks every worker (``GET /inventory`` with the key, in parallel); a worker that does not
-answer is planned without, and the plan's notes say so. Parsing a worker's answer and merging are
-pure; :class:`Nodes` remembers what each survey found, so /status and /metrics can show a node that
-was lost while serving and one that came back (used again at the next re-plan).
+A survey asks every worker (``GET /inventory`` with the key, concurrently on the event loop, each call
+within its own deadline); a worker that does not answer is planned without, and the plan's notes say
+so. Parsing a worker's answer and merging are pure; :class:`Nodes` remembers what each survey found,
+so /status and /metrics can show a node that was lost while serving and one that came back (used
+again at the next re-plan).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import os
 import re
-import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,8 +26,8 @@ from gateway.backends.registry import LENDER
 from gateway.core.auth import bearer_header
 from gateway.core.devices import GIB, Device, Inventory, Peer
 from gateway.core.errors import ConfigError
-from gateway.core.netif import interface_of, local_address_towards
-from gateway.core.tls import http_client
+from gateway.core.netif import interface_of
+from gateway.core.tls import async_http_client
 from gateway.nodes.inventory_check import Malformed, check
 from gateway.supervision.lifecycle import NodeStatus
 
@@ -34,7 +36,9 @@ log = logging.getLogger("gateway.nodes")
 SURVEY_TIMEOUT_S = 5.0  # each connect and read
 SURVEY_DEADLINE_S = 10.0  # a worker's whole answer (each read may add up to SURVEY_TIMEOUT_S past it)
 MAX_INVENTORY_BYTES = 1024 * 1024  # a worker's answer with 64 devices is ~20 KB
+SURVEY_CALL_S = 2 * SURVEY_TIMEOUT_S + SURVEY_DEADLINE_S  # one worker's whole survey: handshake, answer, a read past it
 CHECK_TIMEOUT_S = 3.0
+CHECK_CALL_S = 2 * CHECK_TIMEOUT_S  # one health check: its connect and its answer's head
 MISSES_TO_LOSE = 2  # consecutive unanswered checks before a node in use counts as gone
 INVENTORY_PATH = "/inventory"
 _ADDRESS = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):\d{1,5}$")
@@ -136,29 +140,26 @@ def _printable(text: str) -> bool:
     return 0 < len(text) <= 64 and text.isprintable()
 
 
-def _group_addresses(report: NodeReport, address: str, timeout_s: float) -> NodeReport:
+def _group_addresses(report: NodeReport, link: _Link) -> NodeReport:
     """The report with the addresses a group's ranks use: the node's as reached, this machine's on the
-    way there and its interface (I/O); unchanged when the node runs no ranks or cannot be reached."""
+    way there (both from the survey's own handshake) and its interface; unchanged when the node runs no
+    ranks or cannot be reached."""
     if not report.engines or not report.reachable:
         return report
-    host, _, port = address.rpartition(":")
-    try:
-        head, peer = local_address_towards(host, int(port), timeout_s)
-    except OSError:
-        return report
+    head, peer = link.head_address, link.peer_address
     return replace(report, peer_address=peer, head_address=head, head_interface=interface_of(head) or "")
 
 
-def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S) -> NodeReport:
+async def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S) -> NodeReport:
     """Ask one worker for its inventory (I/O); an unreachable, refusing, slow or malformed worker is a
     report with an error. The answer is read within ``SURVEY_DEADLINE_S`` in all (a read timeout alone
     let a byte every 4 s run for ever) and up to ``MAX_INVENTORY_BYTES`` (a 600 MB body took 2 GB)."""
     headers = bearer_header(api_key)
     deadline = time.monotonic() + SURVEY_DEADLINE_S
     try:
-        rtt_ms = _connect_ms(address, timeout_s)
-        with (
-            http_client(timeout=timeout_s) as client,
+        link = await _handshake(address, timeout_s)
+        async with (
+            async_http_client(timeout=timeout_s) as client,
             client.stream("GET", f"http://{address}{INVENTORY_PATH}", headers=headers) as answer,
         ):
             if answer.status_code in (401, 403):
@@ -167,7 +168,7 @@ def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S
                 )
             if answer.status_code != 200:
                 return NodeReport(address, address, error=f"answered {answer.status_code} to {INVENTORY_PATH}")
-            body = _bounded_body(answer, deadline)
+            body = await _bounded_body(answer, deadline)
     except _TooSlowOrBig as exc:
         return NodeReport(address, address, error=str(exc))
     except (OSError, httpx.HTTPError) as exc:
@@ -176,17 +177,17 @@ def fetch(address: str, api_key: str | None, timeout_s: float = SURVEY_TIMEOUT_S
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
         return NodeReport(address, address, error=f"sent an inventory that is not JSON ({type(exc).__name__})")
-    return _group_addresses(report_from(address, data, rtt_ms), address, timeout_s)
+    return _group_addresses(report_from(address, data, link.rtt_ms), link)
 
 
 class _TooSlowOrBig(Exception):
     """A worker's answer past the survey's deadline or size cap."""
 
 
-def _bounded_body(answer: httpx.Response, deadline: float) -> bytes:
+async def _bounded_body(answer: httpx.Response, deadline: float) -> bytes:
     parts: list[bytes] = []
     size = 0
-    for part in answer.iter_raw():
+    async for part in answer.aiter_raw():
         size += len(part)
         if size > MAX_INVENTORY_BYTES:
             raise _TooSlowOrBig(f"sent an inventory over {MAX_INVENTORY_BYTES} bytes")
@@ -196,12 +197,35 @@ def _bounded_body(answer: httpx.Response, deadline: float) -> bytes:
     return b"".join(parts)
 
 
-def _connect_ms(address: str, timeout_s: float) -> float:
-    """One TCP handshake with the worker, in ms: the round trip the reasons call the link."""
+@dataclass(frozen=True)
+class _Link:
+    """One TCP handshake with a worker: its round trip in ms (what the reasons call the link), this
+    machine's address on that connection and the worker's as reached (names resolved)."""
+
+    rtt_ms: float
+    head_address: str
+    peer_address: str
+
+
+async def _handshake(address: str, timeout_s: float) -> _Link:
+    """Connect to the worker once and close (I/O); the name's resolution and the connect within ``timeout_s``."""
     host, _, port = address.rpartition(":")
     started = time.monotonic()
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-        return (time.monotonic() - started) * 1000
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+    except TimeoutError as exc:
+        raise TimeoutError("timed out") from exc  # the words the blocking socket said: "TimeoutError: timed out"
+    except ConnectionError as exc:  # asyncio says "Connect call failed (address)": the system's words, as before
+        if not exc.errno:
+            raise
+        raise type(exc)(exc.errno, os.strerror(exc.errno)) from exc
+    rtt_ms = (time.monotonic() - started) * 1000
+    try:
+        return _Link(rtt_ms, str(writer.get_extra_info("sockname")[0]), str(writer.get_extra_info("peername")[0]))
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 def _unique(reports: list[NodeReport]) -> list[NodeReport]:
@@ -250,11 +274,11 @@ def gone(states: Sequence[NodeState]) -> list[str]:
     return [s.report.name if s.report else s.address for s in states if s.in_use and s.misses >= MISSES_TO_LOSE]
 
 
-def answers(address: str, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
+async def answers(address: str, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
     """Whether a worker's HTTP side answers ``/health`` now (I/O)."""
     try:
-        with (
-            http_client(timeout=timeout_s) as client,
+        async with (
+            async_http_client(timeout=timeout_s) as client,
             client.stream("GET", f"http://{address}/health") as answer,
         ):
             return answer.status_code == 200  # its body is not read: a worker cannot hold the check with one
@@ -263,26 +287,31 @@ def answers(address: str, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
 
 
 class Nodes:
-    """The workers given to ``serve``/``plan`` and what each survey found; ``fetcher`` is the I/O."""
+    """The workers given to ``serve``/``plan`` and what each survey found; ``fetcher`` and ``prober``
+    are the I/O (coroutines: every call to a worker is awaited on the head's event loop)."""
 
     def __init__(
         self,
         addresses: Sequence[str],
         api_key: str | None,
-        fetcher: Callable[[str, str | None], NodeReport] = fetch,
-        prober: Callable[[str], bool] = answers,
+        fetcher: Callable[[str, str | None], Awaitable[NodeReport]] = fetch,
+        prober: Callable[[str], Awaitable[bool]] = answers,
+        *,
+        survey_call_s: float = SURVEY_CALL_S,
+        check_call_s: float = CHECK_CALL_S,
     ) -> None:
         self.states = [NodeState(address) for address in parse_workers(addresses)]
         self.api_key = api_key
         self.fetcher = fetcher
         self.prober = prober
+        self.survey_call_s = survey_call_s
+        self.check_call_s = check_call_s
         self.local: tuple[Device, ...] = ()  # this machine's GPUs at the last survey
 
-    def survey(self, machine: Inventory) -> Inventory:
-        """Ask every worker now and return ``machine`` with the reachable ones' devices; a worker in use
-        that no longer answers counts as lost, one that answers again is used again."""
-        with ThreadPoolExecutor(max_workers=max(1, len(self.states))) as pool:
-            reports = _unique(list(pool.map(lambda s: self._fetch(s.address), self.states)))
+    async def survey(self, machine: Inventory) -> Inventory:
+        """Ask every worker now (concurrently) and return ``machine`` with the reachable ones' devices; a
+        worker in use that no longer answers counts as lost, one that answers again is used again."""
+        reports = _unique(list(await asyncio.gather(*(self._fetch(s.address) for s in self.states))))
         stamp = time.strftime("%H:%M:%S")
         self.local = machine.gpus
         for state, report in zip(self.states, reports, strict=True):
@@ -303,23 +332,31 @@ class Nodes:
             state.misses = 0
         return merge(machine, reports)
 
-    def _fetch(self, address: str) -> NodeReport:
-        """One worker's report; a fetch that raised (a bug, or an answer no check foresaw) is a report
-        with the error, so that this worker is planned without and the others still are."""
+    async def _fetch(self, address: str) -> NodeReport:
+        """One worker's report, within ``survey_call_s``; a fetch that raised (a bug, or an answer no check
+        foresaw) is a report with the error, so that this worker is planned without and the others still are."""
         try:
-            return self.fetcher(address, self.api_key)
+            return await asyncio.wait_for(self.fetcher(address, self.api_key), self.survey_call_s)
+        except TimeoutError:
+            return NodeReport(address, address, error=f"unreachable (no answer within {self.survey_call_s:g} s)")
         except Exception as exc:
             log.exception("surveying worker %s failed", address)
             return NodeReport(address, address, error=f"could not be surveyed ({type(exc).__name__}; see the log)")
 
-    def check(self) -> list[str]:
-        """Ask every node in use whether it is still there (I/O, in parallel); the ones now gone."""
+    async def check(self) -> list[str]:
+        """Ask every node in use whether it is still there (I/O, concurrently, each within
+        ``check_call_s``: one that does not answer by then missed this check); the ones now gone."""
         in_use = [s for s in self.states if s.in_use]
-        if in_use:
-            with ThreadPoolExecutor(max_workers=len(in_use)) as pool:
-                for state, alive in zip(in_use, pool.map(lambda s: self.prober(s.address), in_use), strict=True):
-                    state.misses = 0 if alive else state.misses + 1
+        alive = await asyncio.gather(*(self._probe(s.address) for s in in_use))
+        for state, answered in zip(in_use, alive, strict=True):
+            state.misses = 0 if answered else state.misses + 1
         return gone(self.states)
+
+    async def _probe(self, address: str) -> bool:
+        try:
+            return await asyncio.wait_for(self.prober(address), self.check_call_s)
+        except TimeoutError:
+            return False
 
     def snapshot(self, memory_mib: Mapping[str, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
         """Each node (this machine first) with its devices and what the live engine placed on each

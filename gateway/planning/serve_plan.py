@@ -11,8 +11,9 @@ step down.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -41,7 +42,7 @@ class ServePlan:
     plan: Plan
     remember: KnownGoodSlot
     # the plan made again over the nodes that answer now: its options and summary (for the supervisor)
-    replan: Callable[[], tuple[list[Option], dict[str, Any]]] | None = field(default=None, compare=False)
+    replan: Callable[[], Awaitable[tuple[list[Option], dict[str, Any]]]] | None = field(default=None, compare=False)
     # told of every plan made again, so /status and /metrics show the plan being served, not the first
     replanned: list[Callable[[Plan], None]] = field(default_factory=list, compare=False)
 
@@ -92,13 +93,13 @@ def plan_serving(
     settings: Settings,
     machine: Inventory,
     *,
-    survey: Callable[[], Inventory] | None = None,
+    survey: Callable[[], Awaitable[Inventory]] | None = None,
     catalog: Catalog | None = None,
 ) -> ServePlan:
     """Plan what `serve` starts on ``machine`` (this one's devices and the other nodes' as they
     answered): the model, every engine's options in the order they are tried (the remembered
     configuration first), and where to remember what worked. ``survey``: the machine asked again, with
-    the other nodes that answer now (blocking), for the plan made again when one is lost or back; None
+    the other nodes that answer now (a coroutine), for the plan made again when one is lost or back; None
     without other nodes."""
     catalog = catalog or catalog_with(settings.catalog_dir)
     entry = choose_model(settings, catalog, len(machine.gpus))
@@ -151,17 +152,19 @@ def _log_plan(plan: Plan, machine: Inventory) -> None:
 def _replanner(
     settings: Settings,
     entry: ModelEntry,
-    survey: Callable[[], Inventory] | None,
+    survey: Callable[[], Awaitable[Inventory]] | None,
     replanned: list[Callable[[Plan], None]],
-) -> Callable[[], tuple[list[Option], dict[str, Any]]] | None:
+) -> Callable[[], Awaitable[tuple[list[Option], dict[str, Any]]]] | None:
     """The plan made again over the nodes ``survey`` finds answering now, each listener in ``replanned``
     told of it; None without other nodes (no ``survey``)."""
     if survey is None:
         return None
 
-    def replan() -> tuple[list[Option], dict[str, Any]]:
-        """Ask the nodes again and plan over what answers (blocking: run it off the loop)."""
-        fresh = plan_for(settings, entry, survey(), serving=True)
+    async def replan() -> tuple[list[Option], dict[str, Any]]:
+        """Ask the nodes again (on the loop) and plan over what answers (the planning off the loop: it reads
+        model files)."""
+        assert survey is not None
+        fresh = await asyncio.to_thread(plan_for, settings, entry, await survey(), serving=True)
         for listener in replanned:
             listener(fresh)
         return options_of(fresh, settings), plan_summary(fresh)

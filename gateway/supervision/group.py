@@ -61,18 +61,18 @@ class RankRefused(GatewayError):
 
 
 class GroupControl(Protocol):
-    """The ranks on other nodes (``gateway.nodes.group.WorkerGroup``); blocking, run off the loop."""
+    """The ranks on other nodes (``gateway.nodes.group.WorkerGroup``); coroutines, awaited on the loop."""
 
-    def start(self, follower: Follower, lease_s: float) -> None:
+    async def start(self, follower: Follower, lease_s: float) -> None:
         """Start the rank on its node; raises GatewayError (a refusal names both versions)."""
         ...
 
-    def renew(self, node: str) -> str | None:
+    async def renew(self, node: str) -> str | None:
         """Renew the rank's lease: None while it runs, else why it is gone; raises GatewayError when
         the node's worker does not answer."""
         ...
 
-    def stop(self, node: str) -> None:
+    async def stop(self, node: str) -> None:
         """Stop the rank on its node (a worker that does not answer is left to its lease)."""
         ...
 
@@ -174,7 +174,7 @@ class GroupRun:
         self.ranks[0] = RankState.STARTING
         for follower in self.followers:
             try:
-                await asyncio.to_thread(self.control.start, follower, self.lease_s)
+                await self.control.start(follower, self.lease_s)
             except GatewayError as exc:
                 kind = FailureKind.ENGINE_FAILED if isinstance(exc, RankRefused) else FailureKind.DEVICE_UNREACHABLE
                 fix = (
@@ -277,7 +277,7 @@ class GroupRun:
                 await watch
         started, self.started = self.started, []
         if started:
-            await asyncio.gather(*(asyncio.to_thread(self.control.stop, f.node) for f in started))
+            await asyncio.gather(*(self.control.stop(f.node) for f in started))
         for follower in started:
             if self.ranks.get(follower.rank) in ALIVE:
                 self.ranks[follower.rank] = RankState.STOPPED
@@ -292,7 +292,7 @@ class GroupRun:
             await self.sleep(self.renew_s)
             for follower in self.followers:
                 try:
-                    gone = await asyncio.to_thread(self.control.renew, follower.node)
+                    gone = await self.control.renew(follower.node)
                 except GatewayError as exc:
                     missed[follower.node] += 1
                     log.warning(

@@ -51,8 +51,8 @@ RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 class NodeWatch(Protocol):
     """The other nodes a plan runs on (``gateway.nodes.survey.Nodes``, given by the caller)."""
 
-    def check(self) -> list[str]:
-        """The nodes in use that are gone now (blocking: the supervisor runs it off the loop)."""
+    async def check(self) -> list[str]:
+        """The nodes in use that are gone now (asked on the loop, each within its own deadline)."""
         ...
 
     def snapshot(self, memory_mib: Mapping[str, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
@@ -67,9 +67,9 @@ EVENTS_KEPT = 100  # the latest attempts, hangs and group stops kept: one that r
 STOPPED_FOR_NODES = -1  # the "exit status" of an engine stopped because a node it used is gone
 STOPPED_HUNG = -2  # ... and of one stopped because it made no progress (gateway.supervision.liveness)
 UNEXPECTED = -3  # ... and the cause of a restart after an unexpected error in the supervisor itself
-# Makes the plan again over the nodes that answer now (blocking; run off the loop): the options and
-# the plan's summary for /status.
-Replanner = Callable[[], tuple[list[Option], dict[str, Any]]]
+# Makes the plan again over the nodes that answer now (a coroutine: the nodes are asked on the loop):
+# the options and the plan's summary for /status.
+Replanner = Callable[[], Awaitable[tuple[list[Option], dict[str, Any]]]]
 
 
 @dataclass
@@ -348,7 +348,7 @@ class Supervisor:
         while True:
             await self.sleep(self.node_check_s)
             try:
-                lost = await asyncio.to_thread(nodes.check)
+                lost = await nodes.check()
             except Exception as exc:  # a bug in the check must not end serving, nor pass silently
                 log.error("checking the nodes failed (%s: %s)", type(exc).__name__, exc, exc_info=not failing)
                 failing = True
@@ -512,7 +512,7 @@ class Supervisor:
         log.warning("re-planning: %s", why)
         del self.replans[: -MAX_REPLANS_SHOWN + 1]  # retried with backoff while a cause lasts: the last few
         try:
-            options, summary = await asyncio.to_thread(self.replan)
+            options, summary = await self.replan()
         except GatewayError as exc:
             log.error("re-planning failed: %s", exc)
             self.replans.append({"at": time.strftime("%H:%M:%S"), "why": why, "error": str(exc)})

@@ -5,6 +5,7 @@ the supervisor task silently: "starting" with no reason, every request 503, for 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from gateway.backends.llamacpp.launcher import NATIVE
 from gateway.nodes.survey import NodeReport, Nodes
 from gateway.supervision.external import ExternalBackend
 from gateway.supervision.lifecycle import State
-from tests.unit.test_multinode import _answer_if, _cpu_head, serves_then_dies_lost
+from tests.unit.test_multinode import _answer_if, _cpu_head, answering, serves_then_dies_lost
 from tests.unit.test_supervisor_transitions import Clock, Engines, _llama, _run, _supervisor, _until, fails, serves
 
 
@@ -27,7 +28,7 @@ def _flaky_replan(failures: int, exc: BaseException) -> tuple[Any, list[int]]:
     calls: list[int] = []
     left = _llama(rpc=("a:50052",), launcher=NATIVE)
 
-    def replan() -> tuple[list[Any], dict[str, Any]]:
+    async def replan() -> tuple[list[Any], dict[str, Any]]:
         calls.append(1)
         if len(calls) <= failures:
             raise exc
@@ -101,11 +102,16 @@ def test_a_start_that_fails_after_an_unexpected_error_is_restarted_not_given_up_
 def test_a_node_check_that_raises_is_logged_and_serving_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    nodes = Nodes(["a:1"], "key", fetcher=lambda address, key: _answer_if(True, address), prober=lambda a: True)
-    nodes.survey(_cpu_head())
+    nodes = Nodes(
+        ["a:1"],
+        "key",
+        fetcher=answering(lambda address, key: _answer_if(True, address)),
+        prober=answering(lambda a: True),
+    )
+    asyncio.run(nodes.survey(_cpu_head()))
     checks: list[int] = []
 
-    def broken_check() -> list[str]:
+    async def broken_check() -> list[str]:
         checks.append(1)
         raise TypeError("a bug in the check")
 
@@ -119,7 +125,7 @@ def test_a_node_check_that_raises_is_logged_and_serving_goes_on(
 
     async def scenario() -> None:
         await supervisor.start()
-        # three failures logged (the check runs in a thread: it has counted a call before its error is logged)
+        # three failures logged (each counted its call before its error was logged)
         await _until(lambda: len(failed()) >= 3)
         assert supervisor.state is State.READY and not engines.runs[0].stopped and len(checks) >= 3
         await supervisor.stop()
@@ -130,14 +136,14 @@ def test_a_node_check_that_raises_is_logged_and_serving_goes_on(
 
 
 def test_a_survey_whose_fetch_raises_plans_without_that_worker_and_names_it(caplog: pytest.LogCaptureFixture) -> None:
-    def fetcher(address: str, _key: str | None) -> NodeReport:
+    async def fetcher(address: str, _key: str | None) -> NodeReport:
         if address == "b:1":
             raise RecursionError("maximum recursion depth exceeded")
         return _answer_if(True, address)
 
     nodes = Nodes(["a:1", "b:1"], "key", fetcher=fetcher)
     with caplog.at_level(logging.WARNING, "gateway.nodes"):
-        inventory = nodes.survey(_cpu_head())
+        inventory = asyncio.run(nodes.survey(_cpu_head()))
     assert [d.node for d in inventory.remote] == ["a"]
     assert any("b:1" in note and "RecursionError" in note for note in inventory.notes)
     assert any(r.exc_info and "b:1" in r.getMessage() for r in caplog.records)

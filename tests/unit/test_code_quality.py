@@ -148,3 +148,78 @@ def test_a_seeded_long_function_is_caught() -> None:
     grown = f"async def grows():\n{body}    y = 1\n"
     assert long_functions(grown) == ["grows (61)"]
     assert long_functions("class Engine:\n" + textwrap.indent(grown, "    ")) == ["grows (61)"]  # a method too
+
+
+# The head's calls to its workers (surveys, health checks, a group's ranks) are coroutines on its event
+# loop, each within its own deadline: once they were blocking httpx run in threads (``to_thread``, a
+# thread pool) beside async clients, three styles for one job.
+HEAD_TO_WORKER = ("gateway/nodes", "gateway/supervision")
+BLOCKING = frozenset(
+    {"http_client", "http_get", "Client", "to_thread", "run_in_executor", "ThreadPoolExecutor", "Thread"}
+)
+NOT_A_WORKER_CALL = {
+    # (file, name, its first argument; "*": any): blocking for a reason that is not a call to a worker
+    ("gateway/supervision/supervisor.py", "to_thread", "option.prepare"),  # a model download before a start
+    ("gateway/supervision/external.py", "http_get", "*"),  # --backend-url: the user's server, read before serving
+}
+
+
+def blocking_uses(source: str) -> list[tuple[int, str, str]]:
+    """Each use of a blocking client or a thread in ``source``: (line, name, its first argument when
+    called, else ""), imports included (``from gateway.core.tls import http_client``)."""
+    tree = ast.parse(source)
+    called = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            found += [(node.lineno, a.name.rpartition(".")[2], "") for a in node.names]
+            continue
+        if isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute) and (node.attr != "Client" or ast.unparse(node.value) == "httpx"):
+            name = node.attr
+        else:
+            continue
+        call = called.get(id(node))
+        found.append((node.lineno, name, ast.unparse(call.args[0]) if call is not None and call.args else ""))
+    return [use for use in found if use[1] in BLOCKING]
+
+
+def test_the_heads_calls_to_its_workers_are_async() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {name}({argument})"
+        for package in HEAD_TO_WORKER
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, name, argument in blocking_uses(path.read_text())
+        if not {(str(path.relative_to(ROOT)), name, argument), (str(path.relative_to(ROOT)), name, "*")}
+        & NOT_A_WORKER_CALL
+    ]
+    assert not offenders, (
+        f"await the worker with gateway.core.tls.async_http_client (asyncio.gather with per-call timeouts "
+        f"for several): {offenders}"
+    )
+
+
+@pytest.mark.parametrize(
+    "seeded",
+    [
+        "lost = await asyncio.to_thread(nodes.check)\n",
+        "await asyncio.gather(*(asyncio.to_thread(self.control.stop, f.node) for f in started))\n",
+        "with ThreadPoolExecutor(max_workers=2) as pool:\n    pool.map(fetch, addresses)\n",
+        "from concurrent.futures import ThreadPoolExecutor\n",
+        "with http_client(timeout=timeout_s) as client:\n    client.get(url)\n",
+        "self.client = client or (lambda timeout: http_client(timeout=timeout))\n",
+        "answer = httpx.Client(timeout=5).get(url)\n",
+        "await loop.run_in_executor(None, fetch, address)\n",
+        "option = await asyncio.to_thread(nodes.survey, machine)\n",  # to_thread with another first argument
+    ],
+)
+def test_a_seeded_blocking_call_to_a_worker_is_caught(seeded: str) -> None:
+    uses = blocking_uses(seeded)
+    where = "gateway/supervision/supervisor.py"
+    assert uses and any((where, name, argument) not in NOT_A_WORKER_CALL for _, name, argument in uses)
+
+
+def test_the_async_client_is_not_mistaken_for_a_blocking_one() -> None:
+    assert blocking_uses("async with async_http_client(timeout=5) as client:\n    await client.get(url)\n") == []
+    assert blocking_uses("client = httpx.AsyncClient()\nother = aiohttp.Client()\n") == []

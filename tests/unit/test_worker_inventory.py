@@ -4,6 +4,7 @@ node name printable and bounded; a malformed worker is planned without, and the 
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import threading
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from gateway.nodes import survey
 from gateway.nodes.survey import Nodes, fetch, report_from
-from tests.unit.test_multinode import _cpu_head, _inventory_answer
+from tests.unit.test_multinode import _cpu_head, _inventory_answer, answering
 
 
 def _with(**changes: Any) -> dict[str, Any]:
@@ -66,8 +67,10 @@ def test_a_well_formed_inventory_still_lends_its_devices() -> None:
 
 def test_a_malformed_worker_is_planned_without_and_named_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     answers = {"a:1": _inventory_answer("a", "a", [2000]), "b:1": _with(device={"endpoint": "x:1,evil:2"})}
-    nodes = Nodes(["a:1", "b:1"], "key", fetcher=lambda address, _key: report_from(address, answers[address], 0.2))
-    inventory = nodes.survey(_cpu_head())
+    nodes = Nodes(
+        ["a:1", "b:1"], "key", fetcher=answering(lambda address, _key: report_from(address, answers[address], 0.2))
+    )
+    inventory = asyncio.run(nodes.survey(_cpu_head()))
     assert [d.endpoint for d in inventory.remote] == ["a:50052"]
     assert any("b:1" in note and "one host:port" in note for note in inventory.notes)
     assert any("b:1" in r.getMessage() and "planning without it" in r.getMessage() for r in caplog.records)
@@ -126,14 +129,14 @@ def test_a_trickling_worker_is_cut_at_the_surveys_deadline(worker: str, monkeypa
     monkeypatch.setattr(_Worker, "mode", "trickle")
     monkeypatch.setattr(survey, "SURVEY_DEADLINE_S", 0.5)  # a byte every 0.2 s would take 20 s
     started = time.monotonic()
-    report = fetch(worker, "key")
+    report = asyncio.run(fetch(worker, "key"))
     assert time.monotonic() - started < 2.5
     assert not report.reachable and "within 0.5 s" in (report.error or "")
 
 
 def test_a_huge_inventory_is_refused_at_its_cap(worker: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_Worker, "mode", "huge")
-    report = fetch(worker, "key")
+    report = asyncio.run(fetch(worker, "key"))
     assert not report.reachable and f"over {survey.MAX_INVENTORY_BYTES} bytes" in (report.error or "")
 
 
@@ -141,5 +144,13 @@ def test_a_deeply_nested_inventory_is_a_report_not_a_recursion_error(
     worker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_Worker, "mode", "deep")
-    report = fetch(worker, "key")
+    report = asyncio.run(fetch(worker, "key"))
     assert not report.reachable and "not JSON" in (report.error or "")
+
+
+def test_a_worker_that_refuses_the_connection_is_named_in_the_systems_words() -> None:
+    from tests.integration.gatewayproc import free_port
+
+    report = asyncio.run(fetch(f"127.0.0.1:{free_port()}", "key"))  # nothing listens there
+    assert report.error is not None and report.error.startswith("unreachable (ConnectionRefusedError: ")
+    assert report.error.endswith("Connection refused)"), report.error  # not asyncio's "Connect call failed (…)"
