@@ -194,9 +194,8 @@ class FakeEngine:
     async def apply_template(self, request: Request) -> Response:
         payload = await self._record(request)
         if self.template_waits_for_chat:
-            for _ in range(200):
-                if self.requests_to("/v1/chat/completions"):
-                    break
+            deadline = time.monotonic() + 2  # a chat sent only after the count would come after this
+            while not self.requests_to("/v1/chat/completions") and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             self.chat_came_before_template = bool(self.requests_to("/v1/chat/completions"))
         lines = [f"{m.get('role')} {m.get('content')}" for m in payload.get("messages") or []]
