@@ -196,7 +196,7 @@ class FakeEngine:
         if self.template_waits_for_chat:
             deadline = time.monotonic() + 2  # a chat sent only after the count would come after this
             while not self.requests_to("/v1/chat/completions") and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # polled until the deadline above
             self.chat_came_before_template = bool(self.requests_to("/v1/chat/completions"))
         lines = [f"{m.get('role')} {m.get('content')}" for m in payload.get("messages") or []]
         if self.template_renders_tools:
@@ -248,7 +248,7 @@ class FakeEngine:
                 if await request.is_disconnected():
                     self.disconnected.set()
                     return Response(status_code=499)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # a token's time
         message = {"role": "assistant", "content": "Hello world"}
         return JSONResponse(
             {

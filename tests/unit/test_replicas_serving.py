@@ -273,7 +273,7 @@ def test_the_replica_set_settles_when_the_first_replica_is_ready() -> None:
             self.outcome, self.after_s = outcome, after_s
 
         async def wait_settled(self) -> State:
-            await asyncio.sleep(self.after_s)
+            await asyncio.sleep(self.after_s)  # the stand-in's time to settle, the test's input
             self.state = self.outcome
             return self.outcome
 

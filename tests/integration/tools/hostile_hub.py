@@ -140,7 +140,7 @@ def slow_json(sent: Sent, every_s: float = 0.2) -> Answer:
     async def trickle() -> Any:
         yield b'{"id": "x/y", "siblings": ['
         while sent.bytes < ENDLESS:
-            await asyncio.sleep(every_s)
+            await asyncio.sleep(every_s)  # the hostile answer's pace, not a wait
             sent.bytes += 8
             yield b"1,2,3,4,"
 
