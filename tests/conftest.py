@@ -14,9 +14,12 @@ import pytest
 # and rewrote the test modules' asserts afresh, 3.7 s of CPU of the fast suite.
 sys.dont_write_bytecode = False
 
-# The whole suite runs on two workers, a module at a time each (scripts/test: -n 2 --dist loadfile
-# --no-loadscope-reorder); its longest modules start first, so that neither worker is left with a long
-# one at the end. Measured serially on this 2-core machine, in seconds; the rest keep their order after.
+# The suite runs on two workers, a module at a time each (-n 2 --dist loadfile); its longest modules
+# start first, so that neither worker is left with a long one at the end (pytest_configure keeps this
+# order: xdist's own puts the modules with the most tests first, and the fast suite's few-test modules
+# that wait on clocks, 1.5-2.5 s each, came last: one worker ran on 2-3 s after the other had finished).
+# Measured on this 2-core machine, in seconds: the engines' serially, the fast ones on two workers
+# beside other work; the rest keep their order after.
 LONGEST_MODULES = (
     "tests/integration/test_agents_real.py",  # ~540: the default model reads each agent's prompt on one thread
     "tests/integration/test_vllm_supervisor.py",  # ~300: four vLLM starts
@@ -25,10 +28,32 @@ LONGEST_MODULES = (
     "tests/integration/test_image.py",  # ~105
     "tests/integration/test_serve_native.py",
     "tests/integration/test_multinode.py",
+    "tests/unit/test_plan_hub_models.py",  # ~13: the planner on 72 (model, machine) rows
+    "tests/unit/test_http_connections.py",  # ~4.5: clocks of 0.5 s
+    "tests/unit/test_plan_replicas.py",  # ~2.8
+    "tests/unit/test_http_timeouts.py",  # ~2.6: clocks of 0.3 s
+    "tests/unit/test_http_drain.py",  # ~2.3: a grace of 1 s
+    "tests/unit/test_bounded_waits.py",  # ~2.1
+    "tests/unit/test_worker_hardening.py",  # ~2.1
+    "tests/unit/test_agent_requests_replay.py",  # ~2.0
+    "tests/unit/test_engine_run.py",  # ~1.9
+    "tests/unit/test_known_good.py",  # ~1.9
+    "tests/unit/test_stop_signals.py",  # ~1.7: two gateway processes
+    "tests/unit/test_hub_hostile.py",  # ~1.6
+    "tests/unit/test_http_bad_input.py",  # ~1.4
+    "tests/unit/test_code_quality.py",  # ~1.4: ruff and mypy
+    "tests/unit/test_layers.py",  # ~1.3; every other fast module ~1 s or less
 )
 
 _LEAKY_PREFIXES = ("GATEWAY_",)
 _LEAKY_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``--dist loadfile`` the modules go out in collection order (LONGEST_MODULES first), as if
+    ``--no-loadscope-reorder`` were given, unless ``--loadscope-reorder`` is."""
+    if config.getoption("dist", None) == "loadfile" and "--loadscope-reorder" not in config.invocation_params.args:
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -38,7 +38,7 @@ def wait_until(
             raise AssertionError(f"gave up waiting for {what}: {reason}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(interval_s)
+        time.sleep(interval_s)  # between looks at the condition
 
 
 def holds_within(condition: Callable[[], object], timeout_s: float, interval_s: float = 0.02) -> bool:
@@ -58,7 +58,7 @@ async def async_wait_until(
     while not (result := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(interval_s)  # between looks at the condition
     return result
 
 

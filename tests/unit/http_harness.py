@@ -8,7 +8,6 @@ must watch a stream while it is still open.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import socket
@@ -29,6 +28,7 @@ from gateway.serving.edge.middleware import ASGIApp
 from gateway.serving.runtime import Runtime
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.lifecycle import State
+from tests.served_thread import WakeableServer
 from tests.waiting import wait_until
 
 FRONTED = "front-model"
@@ -194,10 +194,9 @@ class FakeEngine:
     async def apply_template(self, request: Request) -> Response:
         payload = await self._record(request)
         if self.template_waits_for_chat:
-            for _ in range(200):
-                if self.requests_to("/v1/chat/completions"):
-                    break
-                await asyncio.sleep(0.01)
+            deadline = time.monotonic() + 2  # a chat sent only after the count would come after this
+            while not self.requests_to("/v1/chat/completions") and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # polled until the deadline above
             self.chat_came_before_template = bool(self.requests_to("/v1/chat/completions"))
         lines = [f"{m.get('role')} {m.get('content')}" for m in payload.get("messages") or []]
         if self.template_renders_tools:
@@ -249,7 +248,7 @@ class FakeEngine:
                 if await request.is_disconnected():
                     self.disconnected.set()
                     return Response(status_code=499)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # a token's time
         message = {"role": "assistant", "content": "Hello world"}
         return JSONResponse(
             {
@@ -392,47 +391,6 @@ def make_runtime(
     )
 
 
-class _WakeableServer(uvicorn.Server):
-    """uvicorn's server, stopped at once: uvicorn's main loop looks at ``should_exit`` every 0.1 s and
-    its shutdown pauses 0.1 s more, and the suite stops some 50 servers (5 s of pauses)."""
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._woken = asyncio.Event()
-        await super().startup(sockets=sockets)
-
-    async def main_loop(self) -> None:
-        counter = 0
-        while not await self.on_tick(counter):  # the Date header each second, should_exit
-            counter = (counter + 1) % 864000
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), 0.1)
-
-    def stop(self) -> None:
-        self.should_exit = True
-        with contextlib.suppress(AttributeError, RuntimeError):  # not started yet, or its loop already closed
-            self._loop.call_soon_threadsafe(self._woken.set)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's shutdown without its fixed pause after asking each connection to close: the wait
-        for the connections and tasks that follows lasts as long as they take."""
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        for connection in list(self.server_state.connections):
-            connection.shutdown()
-        await asyncio.sleep(0)  # the closed connections' callbacks
-        try:
-            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
-                await self._wait_tasks_to_complete()
-        except TimeoutError:
-            for task in self.server_state.tasks:
-                task.cancel()
-        if not self.force_exit:
-            await self.lifespan.shutdown()
-
-
 class Served:
     """An ASGI app on a real loopback port, served by uvicorn in a daemon thread."""
 
@@ -442,7 +400,7 @@ class Served:
         self.address = self._socket.getsockname()
         self.url = f"http://127.0.0.1:{self.address[1]}"
         config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none", http=http)
-        self.server = _WakeableServer(config)
+        self.server = WakeableServer(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._thread.start()
         wait_until(lambda: self.server.started, what="uvicorn to start")

@@ -30,7 +30,7 @@ def package(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
             with target.open("wb") as out:
                 out.write(b"GGUF")
                 out.flush()
-                time.sleep(half_written_s)
+                time.sleep(half_written_s)  # the half-written moment, the test's input
                 out.write(b"-good")
         calls.append(target)
         return target

@@ -149,7 +149,7 @@ class PrefillingEngine:
         if path == "/v1/responses":
             yield _event("response.created", {"type": "response.created", "response": {"id": "r"}})
             yield _event("response.in_progress", {"type": "response.in_progress", "response": {"id": "r"}})
-        while not self.prefilled.is_set():
+        while not self.prefilled.is_set():  # prefilling until the test says (the fixture's end says it too)
             await asyncio.sleep(0.01)
         if path == "/v1/messages":
             yield _event("content_block_start", {"type": "content_block_start", "index": 0})

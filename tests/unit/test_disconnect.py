@@ -80,7 +80,7 @@ def test_a_request_that_completes_is_not_cancelled_by_the_disconnect_that_follow
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the app's own work before it answers, not a wait
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
         finished.append("done")

@@ -35,10 +35,10 @@ lines = open(sys.argv[1]).read().splitlines()
 for number, line in enumerate(lines, 1):
     print(line, flush=True)
     if number == int(sys.argv[2]):
-        time.sleep(float(sys.argv[3]))
+        time.sleep(float(sys.argv[3]))  # the replayed engine's pause, the test's input
 if sys.argv[4] != "sleep":
     sys.exit(int(sys.argv[4]))
-time.sleep(30)
+time.sleep(30)  # an engine that never exits by itself
 """
 
 # answers 200 to every GET on the port in argv[1]
@@ -58,10 +58,11 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
 STUBBORN = """
 import signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# a helper that outlives SIGTERM
 code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
 helper = subprocess.Popen([sys.executable, "-c", code])
 print("helper", helper.pid, flush=True)
-time.sleep(30)
+time.sleep(30)  # an engine that never exits by itself
 """
 
 
@@ -175,6 +176,7 @@ def test_an_exit_while_starting_fails_with_the_status_and_its_last_lines_classif
 
 
 def test_an_engine_that_never_answers_fails_at_the_startup_timeout(tmp_path: Path) -> None:
+    # never answers
     run = _engine_run(_launch([sys.executable, "-c", "import time; time.sleep(30)"]), tmp_path, startup_timeout_s=0.25)
     settled = _settle(run)
     assert settled.state is RunState.FAILED and run.reason == "engine not ready after 0 s (startup_timeout_s)"

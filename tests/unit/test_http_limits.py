@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from gateway.serving.edge.http_limits import bounded_protocol
 from gateway.serving.edge.middleware import ApiKeys
+from tests.served_thread import WakeableServer
 from tests.waiting import wait_until
 
 MAX_BYTES = 8192
@@ -34,12 +35,12 @@ def address() -> Iterator[tuple[str, int]]:
     config = uvicorn.Config(
         app, log_level="warning", lifespan="off", ws="none", http=bounded_protocol(MAX_BYTES, MAX_HEADERS)
     )
-    server = uvicorn.Server(config)
+    server = WakeableServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     wait_until(lambda: server.started, what="uvicorn to start")
     yield sock.getsockname()
-    server.should_exit = True
+    server.stop()
     thread.join(timeout=10)
     sock.close()
 

@@ -57,10 +57,10 @@ async def _scripted(request: Request) -> Response:
 
     async def stream() -> AsyncIterator[bytes]:
         if "MUTE" in cue:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # mute: the gateway's clock ends it
         yield _chunk("Hello")
         if "STALL" in cue:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # stalled: the gateway's clock ends it
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream")

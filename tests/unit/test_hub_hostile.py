@@ -130,11 +130,11 @@ def test_an_endless_model_info_or_listing_is_cut_off(
 
 
 def test_an_answer_that_trickles_forever_is_cut_at_its_deadline(hub: LocalHub, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A few bytes every 0.2 s never trips a read timeout; the deadline (here 1 s plus the cap at the
-    minimum rate) ends it."""
+    """A few bytes every 0.2 s never trips a read timeout; the deadline (here 0.5 s plus the cap at the
+    minimum rate, said rounded: 1 s) ends it."""
     from gateway.hub import guard
 
-    monkeypatch.setattr(guard, "BASE_SECONDS", 1.0)
+    monkeypatch.setattr(guard, "BASE_SECONDS", 0.5)
     monkeypatch.setattr(guard, "DEFAULT_BYTES", 1024)
     sent = Sent()
     monkeypatch.setitem(hub.hostile, "/api/models/evil/slow", slow_json(sent))

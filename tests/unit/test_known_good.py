@@ -10,7 +10,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -152,15 +151,15 @@ RECORDER = """
 import sys, time
 from pathlib import Path
 from gateway.remembered import known_good
-state, name, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-start_at, write_s = float(sys.argv[4]), float(sys.argv[5])
+state, name, count, write_s = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 written = known_good.replace_atomically
 def slow_disk(*args, **kwargs):  # a write that takes write_s (a busy disk's fsync)
     time.sleep(write_s)
     written(*args, **kwargs)
 known_good.replace_atomically = slow_disk
 store = known_good.KnownGood(state)
-time.sleep(max(0.0, start_at - time.time()))  # both start recording at once, imports done
+print("ready", flush=True)
+sys.stdin.read()  # the driver closes every recorder's stdin at once, when all are ready: all start together
 for n in range(count):
     store.put(f"{name}-{n}", "fp", "llamacpp", "1", {"gguf": f"/{name}-{n}.gguf"})
 """
@@ -171,16 +170,25 @@ def record_at_once(state_dir: Path, processes: int, each: int, write_s: float = 
     configurations into one store at once, each write taking at least ``write_s``: how many the file
     holds after (benchmarks/hardening_47_edge.py reports it too)."""
     root = root or Path(__file__).resolve().parents[2]
-    start_at = time.time() + 2.0
     recorders = [
         subprocess.Popen(
-            [sys.executable, "-c", RECORDER, str(state_dir), f"gateway{n}", str(each), str(start_at), str(write_s)],
+            [sys.executable, "-c", RECORDER, str(state_dir), f"gateway{n}", str(each), str(write_s)],
             env={**os.environ, "PYTHONPATH": str(root)},
             cwd=root,  # ``-c`` puts the working folder first on the path: its gateway would be the one run
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         for n in range(processes)
     ]
+    # a barrier, not a fixed start time: each says "ready" once its imports are done (or ends: EOF)
+    assert [recorder.stdout.readline() for recorder in recorders if recorder.stdout] == [b"ready\n"] * processes
+    for recorder in recorders:
+        if recorder.stdin:
+            recorder.stdin.close()
     assert [recorder.wait(timeout=120) for recorder in recorders] == [0] * processes
+    for recorder in recorders:
+        if recorder.stdout:
+            recorder.stdout.close()
     return len(json.loads((state_dir / FILE_NAME).read_text()))
 
 
@@ -188,19 +196,19 @@ def record_at_once(state_dir: Path, processes: int, each: int, write_s: float = 
 def test_two_processes_recording_at_once_keep_every_record(tmp_path: Path) -> None:
     """Two gateways recording at once each read the file, added theirs and wrote it back: one record was
     lost. Unlocked, 30 + 30 records at once kept 30 to 36 of the 60 here; with each write taking 20 ms,
-    as on a busy disk (how the writes fall no longer decides it), 30 of 60 every time."""
-    assert record_at_once(tmp_path, processes=2, each=30, write_s=0.02) == 60
+    as on a busy disk (how the writes fall no longer decides it), 30 of 60 every time (10 of the 20 here)."""
+    assert record_at_once(tmp_path, processes=2, each=10, write_s=0.02) == 20
 
 
 def test_a_store_held_too_long_by_another_is_an_error_for_a_write_and_nothing_for_a_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A stuck holder costs a warning (and the plan made afresh), not a start-up that waits for ever."""
-    monkeypatch.setattr(known_good, "LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(known_good, "LOCK_WAIT_S", 0.1)
     store = KnownGood(tmp_path)
     store.put("m", "fp", "llamacpp", "1", {"gguf": "/m.gguf"})
     with exclusive(store.lock_path):  # another holder (a lock of its own on the file, as another process's)
-        with pytest.raises(OSError, match="held by another process for over 0.2 s"):
+        with pytest.raises(OSError, match="held by another process for over 0.1 s"):
             store.put("m2", "fp", "llamacpp", "1", {"gguf": "/m2.gguf"})
         assert store.get("m", "fp") is None
     assert any("cannot read the remembered configurations" in r.getMessage() for r in caplog.records)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 import pytest
@@ -125,9 +126,14 @@ def _watch(engine: StandInEngine, limits: Limits = WATCHED, prefill: LongestPref
 
 
 async def _watch_until(watch: ProgressWatch, time: FakeTime, until_s: float) -> str | None:
-    """The watch's verdict if it came before the fake clock reached ``until_s``, else None."""
+    """The watch's verdict if it came before the fake clock reached ``until_s``, else None; a watch that
+    neither decides nor moves the fake clock fails after 10 real seconds instead of spinning on."""
     task = asyncio.create_task(watch.watch())
+    deadline = monotonic() + 10
     while not task.done() and time.now < until_s:
+        if monotonic() > deadline:
+            task.cancel()
+            raise AssertionError(f"the watch neither decided nor moved the fake clock past {time.now:g} s")
         await asyncio.sleep(0)
     if task.done():
         return task.result()

@@ -440,7 +440,7 @@ def test_a_worker_that_holds_a_group_call_is_unreachable_within_the_calls_deadli
     sending a byte at a time would hold the group's watch)."""
 
     async def holds(_request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # holds the call: the group's deadline ends it
         return httpx.Response(200)
 
     report = replace(_answer_if(True, "a:1"), name="node-a")

@@ -25,10 +25,11 @@ from tests.waiting import holds_within
 ENGINE = """
 import signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# a helper that outlives SIGTERM
 code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 helper = subprocess.Popen([sys.executable, "-c", code])
 print("pids", __import__("os").getpid(), helper.pid, flush=True)
-time.sleep(60)
+time.sleep(60)  # an engine that never exits by itself
 """
 
 # the stand-in gateway: starts the engine as the gateway does, relays its first line, then waits
@@ -41,7 +42,7 @@ async def main():
     child = ChildProcess([sys.executable, "-c", sys.argv[1]], Path(sys.argv[2]), on_line=lambda l: print(l, flush=True))
     await child.start()
     print("reaper", child.pid, flush=True)
-    await asyncio.sleep(60)
+    await asyncio.sleep(60)  # the stand-in gateway lives until the test kills it
 
 asyncio.run(main())
 """
@@ -105,6 +106,7 @@ def test_an_engine_whose_reaper_is_killed_dies_too_even_while_it_ignores_sigterm
     weaker would leave it running once its reaper is gone."""
     engine = "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True)"
     reaper = subprocess.Popen(
+        # outlives SIGTERM
         [sys.executable, "-m", "gateway.core.reaper", sys.executable, "-c", engine + "; time.sleep(60)"],
         stdout=subprocess.PIPE,
         text=True,

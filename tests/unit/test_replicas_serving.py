@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +27,7 @@ from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.lifecycle import ServedBackend, State
 from gateway.supervision.replica_set import ReplicaSet, WithEnv, with_env
 from tests.unit.http_harness import FRONTED, FakeBackend, FakeEngine, Served, make_runtime, sse_events
+from tests.waiting import wait_until
 
 
 @dataclass
@@ -237,7 +237,7 @@ def test_the_per_key_count_is_one_over_the_pool() -> None:
         held = await first.enter(Claim("team", "s1"))
         waiting = asyncio.ensure_future(second.enter(Claim("team", "s2")))
         other_key = await second.enter(Claim("other", "s3"))  # another key is not held back
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # a few turns of the loop in which a wrongly admitted request would start
         assert not waiting.done() and second.queued == 1
         held.release()
         ticket = await asyncio.wait_for(waiting, 1)  # before: it waited for activity on its own replica
@@ -273,7 +273,7 @@ def test_the_replica_set_settles_when_the_first_replica_is_ready() -> None:
             self.outcome, self.after_s = outcome, after_s
 
         async def wait_settled(self) -> State:
-            await asyncio.sleep(self.after_s)
+            await asyncio.sleep(self.after_s)  # the stand-in's time to settle, the test's input
             self.state = self.outcome
             return self.outcome
 
@@ -342,10 +342,8 @@ def test_a_started_stream_on_a_replica_cut_for_a_hang_ends_with_its_error_event_
         hung = pair.runtime.pool[str(alpha_on + 1)].upstream.client
         thread = threading.Thread(target=lambda: answers.update(hang=turn(http, "alpha", "HANG", stream=True)))
         thread.start()
-        deadline = time.monotonic() + 5
-        while hung.activity().chunks < 2:  # the first turn's answer, then the hanging stream's first chunk
-            assert time.monotonic() < deadline, hung.activity()
-            time.sleep(0.01)
+        # the first turn's answer, then the hanging stream's first chunk
+        wait_until(lambda: hung.activity().chunks >= 2, what="the hanging stream's first chunk")
         assert http.portal is not None
         http.portal.call(hung.cut, why)
         thread.join(5)

@@ -26,6 +26,7 @@ from gateway.supervision.lifecycle import State
 from gateway.supervision.supervisor import Supervisor
 from tests.unit.http_harness import FRONTED, make_runtime
 from tests.unit.test_supervisor_transitions import ReplayRun, Script, _llama, _run, _supervisor, _until
+from tests.waiting import wait_until
 
 KEY = "sk-window"
 FAILS = "fails"  # a start that fails (the engine exits before it answers)
@@ -185,10 +186,7 @@ def test_ready_says_restarting_then_gave_up_with_the_next_try_then_serves(engine
         gave_up = client.get("/ready"), client.get("/ready", headers=keyed)
         refused = client.post("/v1/chat/completions", json=chat, headers=keyed)
         timeline.release()
-        deadline = time.monotonic() + 5
-        while not supervisor.ready:
-            assert time.monotonic() < deadline, supervisor.state
-            time.sleep(0.01)
+        wait_until(lambda: supervisor.ready, what="the engine to be ready again")
     assert [r.status_code for r in (*restarting, *gave_up)] == [503] * 4
     assert restarting[0].json() == {"status": "restarting"}
     assert restarting[1].json()["reason"] == (

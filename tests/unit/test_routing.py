@@ -502,7 +502,7 @@ def test_a_cancelled_request_is_not_retried() -> None:
 
         async def waits(attempt: Attempt[str]) -> str:
             started.set()
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # never answers: the test cancels it
             return "never"
 
         call = engines({"r0": waits, "r1": waits})

@@ -143,7 +143,7 @@ class FakeHost:
         return {"VLLM_HOST_IP": host_ip, "GLOO_SOCKET_IFNAME": interface}
 
 
-SLEEPER = (sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))")
+SLEEPER = (sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))")  # a rank that lives argv[1] s
 
 
 class Clock:

@@ -38,7 +38,7 @@ print("Starting RPC server v3.0.0", flush=True)
 print("devices: CPU", flush=True)
 if knob("exit", ""):
     sys.exit(7)
-time.sleep(float(knob("delay", "0")))
+time.sleep(float(knob("delay", "0")))  # slow to listen: the test's input
 server = socket.socket()
 server.bind((args[args.index("-H") + 1], port))
 server.listen(8)

@@ -108,7 +108,7 @@ class _Worker(http.server.BaseHTTPRequestHandler):
                 self.wfile.flush()
             except OSError:
                 return
-            time.sleep(0.2)
+            time.sleep(0.2)  # the trickle's pace, the test's input
 
     def log_message(self, *args: Any) -> None:
         return

@@ -30,7 +30,7 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 def die() -> None:
-    time.sleep(die_after)
+    time.sleep(die_after)  # the stand-in's life before it dies, not a wait
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 15.47 GiB"
     print(line, flush=True)
     os._exit(1)

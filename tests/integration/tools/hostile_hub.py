@@ -31,6 +31,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.integration.tools.local_hub import LocalHub, free_port
+from tests.served_thread import WakeableServer
 from tests.waiting import wait_until
 
 CHUNK = 1 << 20
@@ -139,7 +140,7 @@ def slow_json(sent: Sent, every_s: float = 0.2) -> Answer:
     async def trickle() -> Any:
         yield b'{"id": "x/y", "siblings": ['
         while sent.bytes < ENDLESS:
-            await asyncio.sleep(every_s)
+            await asyncio.sleep(every_s)  # the hostile answer's pace, not a wait
             sent.bytes += 8
             yield b"1,2,3,4,"
 
@@ -166,7 +167,7 @@ def recorder(sent: Sent, body: bytes) -> Starlette:
 def serving(app: Any) -> Iterator[str]:
     """``app`` on a free loopback port in a thread while the block runs: its URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = WakeableServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(
@@ -178,5 +179,5 @@ def serving(app: Any) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(timeout=10)

@@ -51,6 +51,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.integration.tools.gguf_shapes import ShapedGguf, build
+from tests.served_thread import WakeableServer
 from tests.waiting import wait_until
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "hub"
@@ -322,7 +323,7 @@ def running(real: dict[str, Path] | None = None, port: int | None = None) -> Ite
     """The hub on 127.0.0.1 in a thread, for as long as the block runs: (endpoint URL, hub)."""
     hub = LocalHub(load_repos(real))
     port = port or free_port()
-    server = uvicorn.Server(
+    server = WakeableServer(
         uvicorn.Config(hub.app, host="127.0.0.1", port=port, log_level="warning", interface="asgi3")
     )
     thread = threading.Thread(target=server.run, daemon=True)
@@ -336,7 +337,7 @@ def running(real: dict[str, Path] | None = None, port: int | None = None) -> Ite
     try:
         yield f"http://127.0.0.1:{port}", hub
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(timeout=10)
 
 

@@ -12,5 +12,5 @@ from pathlib import Path
 
 for line in Path(sys.argv[1]).read_text().splitlines():
     print(line, flush=True)
-    time.sleep(0.005)
+    time.sleep(0.005)  # the recorded log's pace, not a wait
 sys.exit(1)

@@ -325,18 +325,18 @@ async def _stream(
         if "CRASH" in cue:
             for word in ("one ", "two ", "three "):
                 yield _chunk(cid, {"content": word})
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # the stream's pace before it crashes
             os._exit(1)
         if "HANG" in cue:
             yield _chunk(cid, {"content": "waiting"})
             while True:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # hanging: looks for the hang-up now and then
                 if await request.is_disconnected():
                     _record("disconnect")
                     return
         if "SLOW" in cue:
             for index in range(10):
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # a slow stream's pace, what the test times
                 yield _chunk(cid, {"content": f"{index} {time.time():.3f} "})
         elif tool_call:
             function = tool_call["function"]
