@@ -62,7 +62,7 @@ class Launch:
     """A fully decided engine start: the supervisor runs ``argv`` with ``env`` added and polls health."""
 
     engine: str  # the backend's name ("external" for --backend-url)
-    argv: list[str]  # RANK in it: a rank of a group of replicas, which whoever starts them fills (its index)
+    argv: list[str]
     port: int
     api_key: str
     served_name: str  # the model name the engine answers to
@@ -253,17 +253,12 @@ class Installation:
     missing: str = ""  # when not installed: the one-line fix (what to install or set), for `serve`'s error
 
 
-# In a candidate's argv: the index of the rank it runs as, in a group of engines that share one model (vLLM's
-# data-parallel ranks of a MoE); each replica of the plan puts its own in
-RANK = "RANK"
-
-
 class Candidate(Protocol):
     """One evaluated configuration of one engine: fits or not, with the reason in numbers."""
 
     fits: bool
     reason: str
-    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan` (and RANK for a rank of a group)
+    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan`
     env: dict[str, str]
 
     @property

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from functools import partial
 
+from gateway.backends.base import Option
 from gateway.core.devices import Inventory, inventory
 from gateway.core.settings import Settings
 from gateway.nodes.group import WorkerGroup
@@ -74,12 +75,13 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
     )
     if replicated := _replicas(settings, serve_plan, keys, timeouts):
         return replicated
+    group = _data_parallel_group(settings, serve_plan)
     supervisor = Supervisor(
-        serve_plan.options,
+        group or serve_plan.options,
         log_dir=settings.backend_log_dir,
         startup_timeout_s=settings.startup_timeout_s,
         shutdown_grace_s=ENGINE_TERM_WAIT_S,
-        remember=serve_plan.remember,
+        remember=None if group else serve_plan.remember,  # what is remembered is the one engine's form
         plan_summary=plan_summary(serve_plan.plan),
         restart_budget=RestartBudget(settings.restart_limit, settings.restart_window_s, settings.restart_retry_s),
         replan=serve_plan.replan,
@@ -91,8 +93,8 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
             end_requests=client.cut,
         ),
     )
-    for number, option in enumerate(serve_plan.options, 1):
-        log.info("option %d of %d: %s", number, len(serve_plan.options), option.label)
+    for number, option in enumerate(supervisor.options, 1):
+        log.info("option %d of %d: %s", number, len(supervisor.options), option.label)
     entry = serve_plan.entry
     route = ModelRoute(fronted=entry.name, served=entry.name, aliases=entry.aliases)
     runtime = _runtime(settings, route, supervisor, client, keys)
@@ -111,9 +113,6 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
         return None
     if any(replica.node for replica in planned):
         log.info("plan: replicas on other nodes are not started yet: serving the one engine above")
-        return None
-    if any(replica.chosen.ranks > 1 for replica in planned):  # ranks step together: one fate, not one each
-        log.info("plan: a data-parallel group is not started yet: serving the one engine above")
         return None
     log.info("plan: %d replicas planned: serve starts each, supervised on its own", len(planned))
     per_replica = settings
@@ -150,6 +149,25 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
     runtime = _runtime(settings, route, backend, engines[0].client, keys, tuple(engines))
     runtime.show_plan(plan_figures(serve_plan.plan))
     return Serving(runtime, None, route.fronted, replica_set)
+
+
+def _data_parallel_group(settings: Settings, serve_plan: ServePlan) -> list[Option] | None:
+    """The options of a data-parallel group the plan chose (vLLM's, of a MoE on one node): ONE engine over
+    every rank's GPUs (one `vllm serve` with the group's flags: one fate, one upstream for the router); None
+    where the plan is not a group, or the group is on another node (not started yet: the one engine is)."""
+    planned = serve_plan.plan.replicas
+    if len(planned) != 1 or planned[0].ranks < 2:
+        return None
+    group = planned[0]
+    if group.node:
+        log.info("plan: a data-parallel group on %s is not started yet: serving the one engine above", group.node)
+        return None
+    options = [with_env(option, group.env) for option in options_of(group.plan, settings)]
+    if not options:
+        raise nothing_to_start(serve_plan.entry, group.plan)
+    pins = " ".join(f"{k}={v}" for k, v in group.env.items())
+    log.info("plan: one engine over a data-parallel group of %d ranks (%s): %s", group.ranks, pins, options[0].label)
+    return options
 
 
 def _runtime(
