@@ -429,6 +429,11 @@ class Backend(Protocol[C, M, E]):
         replica on part of a node's GPUs; each device by its index on that node)."""
         ...
 
+    def rank_headers(self, rank: int) -> dict[str, str]:
+        """What a request carries to be served by ``rank`` of a group this engine runs as one process (a
+        session kept on the rank that holds its cache); {} for an engine that runs no such group."""
+        ...
+
 
 class DeviceLender(Protocol):
     """How an engine serves one of this node's devices to a head on another node (``gateway worker``):

@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass
 from functools import partial
 
-from gateway.backends.base import Option
 from gateway.core.devices import Inventory, inventory
 from gateway.core.settings import Settings
 from gateway.nodes.group import WorkerGroup
@@ -27,7 +26,7 @@ from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.after_failure import RestartBudget
 from gateway.supervision.external import ExternalBackend, describe_server
 from gateway.supervision.lifecycle import ServedBackend
-from gateway.supervision.liveness import Limits, Liveness
+from gateway.supervision.liveness import Activity, Limits, Liveness
 from gateway.supervision.replica_set import ReplicaSet, with_env
 from gateway.supervision.supervisor import Supervisor
 
@@ -73,15 +72,14 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
         with_other_nodes(local, settings, nodes=nodes),
         survey=partial(nodes.survey, local) if nodes is not None else None,
     )
-    if replicated := _replicas(settings, serve_plan, keys, timeouts):
+    if replicated := _replicas(settings, serve_plan, keys, timeouts) or _group(settings, serve_plan, keys, timeouts):
         return replicated
-    group = _data_parallel_group(settings, serve_plan)
     supervisor = Supervisor(
-        group or serve_plan.options,
+        serve_plan.options,
         log_dir=settings.backend_log_dir,
         startup_timeout_s=settings.startup_timeout_s,
         shutdown_grace_s=ENGINE_TERM_WAIT_S,
-        remember=None if group else serve_plan.remember,  # what is remembered is the one engine's form
+        remember=serve_plan.remember,
         plan_summary=plan_summary(serve_plan.plan),
         restart_budget=RestartBudget(settings.restart_limit, settings.restart_window_s, settings.restart_retry_s),
         replan=serve_plan.replan,
@@ -93,8 +91,8 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
             end_requests=client.cut,
         ),
     )
-    for number, option in enumerate(supervisor.options, 1):
-        log.info("option %d of %d: %s", number, len(supervisor.options), option.label)
+    for number, option in enumerate(serve_plan.options, 1):
+        log.info("option %d of %d: %s", number, len(serve_plan.options), option.label)
     entry = serve_plan.entry
     route = ModelRoute(fronted=entry.name, served=entry.name, aliases=entry.aliases)
     runtime = _runtime(settings, route, supervisor, client, keys)
@@ -151,10 +149,11 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
     return Serving(runtime, None, route.fronted, replica_set)
 
 
-def _data_parallel_group(settings: Settings, serve_plan: ServePlan) -> list[Option] | None:
-    """The options of a data-parallel group the plan chose (vLLM's, of a MoE on one node): ONE engine over
-    every rank's GPUs (one `vllm serve` with the group's flags: one fate, one upstream for the router); None
-    where the plan is not a group, or the group is on another node (not started yet: the one engine is)."""
+def _group(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], timeouts: Timeouts) -> Serving | None:
+    """A data-parallel group the plan chose (vLLM's, of a MoE on one node) as ONE supervised engine over every
+    rank's GPUs (one `vllm serve` with the group's flags: one fate, one port), and each rank a replica for the
+    router, its requests naming the rank (the engine's ``rank_headers``), so that a session stays on the rank
+    that holds its cache; None where the plan is no group, or a group on another node (not started yet)."""
     planned = serve_plan.plan.replicas
     if len(planned) != 1 or planned[0].ranks < 2:
         return None
@@ -163,11 +162,52 @@ def _data_parallel_group(settings: Settings, serve_plan: ServePlan) -> list[Opti
         log.info("plan: a data-parallel group on %s is not started yet: serving the one engine above", group.node)
         return None
     options = [with_env(option, group.env) for option in options_of(group.plan, settings)]
-    if not options:
+    engine = group.plan.engine(group.chosen.engine)
+    if not options or engine is None:
         raise nothing_to_start(serve_plan.entry, group.plan)
+    clients = [
+        EngineClient(timeouts, max_answer_bytes=settings.max_answer_bytes, headers=engine.backend.rank_headers(rank))
+        for rank in range(group.ranks)
+    ]
+    supervisor = Supervisor(
+        options,
+        log_dir=settings.backend_log_dir,
+        startup_timeout_s=settings.startup_timeout_s,
+        shutdown_grace_s=ENGINE_TERM_WAIT_S,
+        plan_summary=plan_summary(group.plan),  # nothing remembered: what is, is the one engine's form
+        restart_budget=RestartBudget(settings.restart_limit, settings.restart_window_s, settings.restart_retry_s),
+        liveness=Liveness(
+            Limits(stall_s=settings.stall_timeout_s, canary_s=settings.canary_interval_s),
+            activity=partial(_together, clients),
+            end_requests=partial(_cut_each, clients),
+        ),
+    )
     pins = " ".join(f"{k}={v}" for k, v in group.env.items())
     log.info("plan: one engine over a data-parallel group of %d ranks (%s): %s", group.ranks, pins, options[0].label)
-    return options
+    each = len(group.devices) // group.ranks
+    engines = tuple(
+        Engine(
+            f"rank-{rank}", supervisor, client, group.node, tuple(d.label for d in group.devices[rank * each :][:each])
+        )
+        for rank, client in enumerate(clients)
+    )
+    entry = serve_plan.entry
+    route = ModelRoute(fronted=entry.name, served=entry.name, aliases=entry.aliases)
+    runtime = _runtime(settings, route, supervisor, clients[0], keys, engines)
+    runtime.show_plan(plan_figures(serve_plan.plan))
+    return Serving(runtime, supervisor, route.fronted)
+
+
+def _together(clients: list[EngineClient]) -> Activity:
+    """The engine's work through every rank's client: what its liveness watches."""
+    each = [client.activity() for client in clients]
+    return Activity(sum(a.in_flight for a in each), sum(a.chunks for a in each), sum(a.waiting for a in each))
+
+
+async def _cut_each(clients: list[EngineClient], why: str) -> None:
+    """The engine hung: every rank's requests end (one engine, one fate)."""
+    for client in clients:
+        await client.cut(why)
 
 
 def _runtime(

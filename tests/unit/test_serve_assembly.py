@@ -161,15 +161,25 @@ def test_each_replica_on_gpus_launches_with_its_own_devices(tmp_path: Path) -> N
 
 def test_a_data_parallel_group_starts_as_one_engine_over_all_its_gpus(tmp_path: Path) -> None:
     """GLM-4.7-Flash on the seed rig with 16 sessions: the plan's vLLM data-parallel group (two ranks, the
-    experts spread over them) is ONE `vllm serve` over both GPUs, one upstream for the router. Before: serve
-    logged "a data-parallel group is not started yet" and started the plan's one TP2 engine."""
+    experts spread over them) is ONE `vllm serve` over both GPUs, one fate; each rank is a replica for the
+    router, its requests naming the rank (vLLM's X-data-parallel-rank), so a session stays where its cache is.
+    Before: serve logged "a data-parallel group is not started yet" and started the plan's one TP2 engine."""
     settings = _settings(
         tmp_path, model="glm-4.7-flash", vllm_command=["vllm", "serve"], vllm_version="0.32.0", sessions=16
     )
     machine = Inventory(parse_gpu_spec("2x32GiB@12.0"), 64 * GIB, 64 * GIB, source="simulated")
     served = assemble(settings, machine=machine)
     assert served.replicas is None and served.supervisor is not None
-    assert served.runtime.pool.single is not None and served.runtime.pool.single.upstream.backend is served.supervisor
+    runtime = served.runtime
+    assert runtime.backend is served.supervisor  # started and stopped once
+    assert [r.name for r in runtime.pool.replicas] == ["rank-0", "rank-1"]
+    assert [r.devices for r in runtime.pool.replicas] == [("0",), ("1",)]
+    assert all(upstream.backend is served.supervisor for upstream in runtime.upstreams)
+    assert [upstream.client.headers for upstream in runtime.upstreams] == [
+        {"X-data-parallel-rank": "0"},
+        {"X-data-parallel-rank": "1"},
+    ]
+    assert len({id(upstream.admission) for upstream in runtime.upstreams}) == 2  # each rank its own slots
     options = served.supervisor.options
     assert options and all(option.engine == "vllm" for option in options)
     assert served.supervisor.remember is None  # the remembered form is the one engine's, not the group's

@@ -84,3 +84,10 @@ def group_args(ranks: int) -> list[str]:
     """The flags of one engine that runs a group of ``ranks`` on this node, its own front end spreading the
     requests (internal balancing): each rank takes the next TP GPUs of those the engine sees."""
     return ["--data-parallel-size", str(ranks), "--data-parallel-size-local", str(ranks), "--enable-expert-parallel"]
+
+
+def rank_headers(rank: int) -> dict[str, str]:
+    """A request for ``rank`` of the group: vLLM's front end sends it there instead of to the shortest queue
+    (``vllm/entrypoints/generate/base/serving.py:225``, honoured by chat completions, completions and
+    Anthropic messages), so the gateway's router keeps each session on the rank that holds its prefix."""
+    return {"X-data-parallel-rank": str(rank)}
