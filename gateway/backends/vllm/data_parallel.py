@@ -49,11 +49,11 @@ Which case gets which here:
   where tensor parallelism would copy an MLA model's cache onto every GPU): ONE engine, internal balancing
   (:func:`group_args`: ``--data-parallel-size N --data-parallel-size-local N --enable-expert-parallel``), over
   every rank's GPUs through ``CUDA_VISIBLE_DEVICES``: one process tree, one port, one fate (the ranks step
-  together and die together anyway), one upstream for the gateway's router. The plan takes the group only
-  where it meets the floor or keeps more sessions warm than replicas of their own
-  (gateway/planning/replicas.py): its decode estimate leaves out the steps a rank waits for the others, and
-  vLLM's front end places a session's next turn by queue length, not by the rank that holds its prefix (the
-  ``X-data-parallel-rank`` header could keep it there: not sent yet).
+  together and die together anyway). Each rank is still a replica for the gateway's router: its requests
+  carry :func:`rank_headers`, so a session's turns reach the rank that holds its prefix, where vLLM's own
+  front end would pick the shortest queue each time. The plan takes the group only where it meets the floor
+  or keeps more sessions warm than replicas of their own (gateway/planning/replicas.py): its decode estimate
+  leaves out the steps a rank waits for the others.
 - **A group across nodes** (internal with ``--headless`` ranks on the workers, or hybrid): not planned, so
   not started. Ranks that share experts exchange every token twice per MoE layer (47 layers of
   GLM-4.7-Flash: 94 crossings a step, ~24 ms at a LAN's 0.5 ms round trip, where pipeline stages cross
