@@ -326,11 +326,11 @@ def _compare(chosen: Shape, other: Shape) -> str:
     asked = chosen.sessions
     typical = f"{min(chosen.context, AGENT_PROMPT_TOKENS):,}"
     ratio = chosen.decode / other.decode if other.decode else 0.0
-    decodes = "decodes" if chosen.count == 1 else "decode"
+    decodes = "decodes" if _one(chosen) else "decode"
     speed = f"{decodes} ~{chosen.decode:,.0f} tokens/s with the {asked} at once ({other_name}: ~{other.decode:,.0f}"
     speed += f", ×{ratio:.2f})" if ratio else ")"
     if _warm_step(chosen) != _warm_step(other):
-        keep = "keeps" if chosen.count == 1 else "keep"
+        keep = "keeps" if _one(chosen) else "keep"
         warm = f"{keep} {_warm(chosen)} of the {asked} sessions asked for warm at {typical} tokens"
         return f"{name} {warm} ({other_name}: {_warm(other)}) and {speed}"
     if _warm(chosen) == _warm(other):
@@ -367,10 +367,11 @@ def _why_not(chosen: Shape, weighed: tuple[Shape, ...]) -> str:
             f"{asked} asked for against {_warm(rival)}"
         )
     ratio = f", ×{chosen.decode / rival.decode:.2f}" if rival.decode else ""
+    decodes = "decodes" if _one(chosen) else "decode"
     return (
         f"{rival_name}: both reach {reach} and keep {_warm(chosen)} of the {asked} sessions asked for warm at "
-        f"{typical} tokens; {name} decode ~{chosen.decode:,.0f} tokens/s with the {asked} at once, {rival_name} "
-        f"~{rival.decode:,.0f}{ratio}{_slower_alone(chosen, rival, rival_name)}"
+        f"{typical} tokens; {name} {decodes} ~{chosen.decode:,.0f} tokens/s with the {asked} at once, "
+        f"{rival_name} ~{rival.decode:,.0f}{ratio}{_slower_alone(chosen, rival, rival_name)}"
     )
 
 
@@ -393,7 +394,7 @@ def _slower_alone(chosen: Shape, other: Shape, other_name: str) -> str:
     most = faster[-1]
     requests = "1 request" if most == 1 else f"{most} requests or fewer"
     return (
-        f"; {other_name} {'is' if other.count == 1 else 'are'} faster only with {requests} at once "
+        f"; {other_name} {'is' if _one(other) else 'are'} faster only with {requests} at once "
         f"(~{decode_at(other, most):,.0f} against ~{decode_at(chosen, most):,.0f})"
     )
 
@@ -421,6 +422,11 @@ def _as_asked(asked: int, chosen: Shape, other: Shape) -> str:
 def _title_of(shape: Shape) -> str:
     first = shape.replicas[0]
     return _title(first.plan, first.chosen.engine)
+
+
+def _one(shape: Shape) -> bool:
+    """Named in the singular: one engine, or a group (one engine of several ranks)."""
+    return shape.count == 1 or shape.grouped
 
 
 def _kind(shape: Shape) -> str:
