@@ -267,7 +267,8 @@ class Shape:
     @property
     def engines(self) -> tuple[Replica, ...]:
         """What `serve` starts: each replica, or a group's ranks as ONE engine over all their GPUs (vLLM's
-        data parallelism: one `vllm serve` with the group's flags, one fate, one upstream for the router)."""
+        data parallelism: one `vllm serve` with the group's flags, one fate; the router still places each
+        session on a rank, gateway.cli.startup)."""
         if not self.grouped:
             return self.replicas
         first = self.replicas[0]
