@@ -126,6 +126,35 @@ def test_two_nodes_plan_replicas_each_on_one_node_not_pipeline_stages_across_the
     assert data["decision"]["backend"] == "vllm"  # the one engine `serve` starts until it can start replicas
 
 
+def test_the_plan_says_why_four_single_gpu_replicas_and_not_one_tp2_replica_per_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The done-when expected two TP2 replicas. By the objective's order both reach the 131,072 target (the
+    comparison counts context up to it) and keep every session warm; four TP1 decode more with the 16 at once,
+    and the plan says where two TP2 would be faster. Before: two TP2 showed only as "also weighed", no why."""
+    data = _plan_json(capsys, *GLM, *TWO_NODES)
+    shape = data["replicas"]
+    assert shape["engines"] == 4 and all(len(r["devices"]) == 1 for r in shape["replicas"])
+    rival = shape["weighed"][0]
+    assert rival["engines"] == 2 and rival["warm_at_typical_prompt"] >= 16 and rival["context_length"] == 202752
+    assert shape["context_length"] >= 131072 and shape["decode_tokens_per_s"] > rival["decode_tokens_per_s"]
+    why_not = shape["why_not"]
+    assert why_not.startswith("2 replicas of 2 GPUs: both reach the 131,072-token target")
+    assert "keep 16 of the 16 sessions asked for warm" in why_not
+    assert "2 replicas of 2 GPUs are faster only with 2 requests or fewer at once" in why_not
+    assert main(["plan", *GLM, *TWO_NODES]) == 0
+    assert f"\nwhy not {why_not}\n" in capsys.readouterr().out
+
+
+def test_one_node_of_two_gpus_says_where_its_one_engine_would_be_faster(capsys: pytest.CaptureFixture[str]) -> None:
+    """The seed rig with the default 4 sessions: two TP1 replicas by the objective (both keep the 4 warm, ×1.47
+    with the 4 at once); the why line says the TP2 engine is faster with one request alone."""
+    seed = ["--model", "glm-4.7-flash", "--vllm-version", "0.32.0", "--gpus", "2x32GiB@12.0", "--ram", "64GiB"]
+    shape = _plan_json(capsys, *seed)["replicas"]
+    assert shape["engines"] == 2 and shape["other"]["engines"] == 1
+    assert "one engine is faster only with 1 request at once" in shape["why"]
+
+
 def test_replicas_2_runs_one_tp2_engine_on_each_node(capsys: pytest.CaptureFixture[str]) -> None:
     data = _plan_json(capsys, *GLM, *TWO_NODES, "--replicas", "2")
     shape = data["replicas"]
