@@ -63,7 +63,7 @@ class Launch:
     """A fully decided engine start: the supervisor runs ``argv`` with ``env`` added and polls health."""
 
     engine: str  # the backend's name ("external" for --backend-url)
-    argv: list[str]  # RANK in it: a rank of a group of replicas, which whoever starts them fills (its index)
+    argv: list[str]
     port: int
     api_key: str
     served_name: str  # the model name the engine answers to
@@ -254,17 +254,12 @@ class Installation:
     missing: str = ""  # when not installed: the one-line fix (what to install or set), for `serve`'s error
 
 
-# In a candidate's argv: the index of the rank it runs as, in a group of engines that share one model (vLLM's
-# data-parallel ranks of a MoE); each replica of the plan puts its own in
-RANK = "RANK"
-
-
 class Candidate(Protocol):
     """One evaluated configuration of one engine: fits or not, with the reason in numbers."""
 
     fits: bool
     reason: str
-    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan` (and RANK for a rank of a group)
+    argv: list[str]  # with PORT/KEY placeholders, for `gateway plan`
     env: dict[str, str]
 
     @property
@@ -447,6 +442,11 @@ class Backend(Protocol[C, M, E, S]):
     def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
         """What one of its processes needs in its environment to see only ``devices`` of its node (a
         replica on part of a node's GPUs; each device by its index on that node)."""
+        ...
+
+    def rank_headers(self, rank: int) -> dict[str, str]:
+        """What a request carries to be served by ``rank`` of a group this engine runs as one process (a
+        session kept on the rank that holds its cache); {} for an engine that runs no such group."""
         ...
 
 

@@ -26,7 +26,7 @@ from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.after_failure import RestartBudget
 from gateway.supervision.external import ExternalBackend, describe_server
 from gateway.supervision.lifecycle import ServedBackend
-from gateway.supervision.liveness import Limits, Liveness
+from gateway.supervision.liveness import Activity, Limits, Liveness
 from gateway.supervision.replica_set import ReplicaSet, with_env
 from gateway.supervision.supervisor import Supervisor
 
@@ -72,7 +72,7 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
         with_other_nodes(local, settings, nodes=nodes),
         survey=partial(nodes.survey, local) if nodes is not None else None,
     )
-    if replicated := _replicas(settings, serve_plan, keys, timeouts):
+    if replicated := _replicas(settings, serve_plan, keys, timeouts) or _group(settings, serve_plan, keys, timeouts):
         return replicated
     supervisor = Supervisor(
         serve_plan.options,
@@ -112,9 +112,6 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
     if any(replica.node for replica in planned):
         log.info("plan: replicas on other nodes are not started yet: serving the one engine above")
         return None
-    if any(replica.chosen.ranks > 1 for replica in planned):  # ranks step together: one fate, not one each
-        log.info("plan: a data-parallel group is not started yet: serving the one engine above")
-        return None
     log.info("plan: %d replicas planned: serve starts each, supervised on its own", len(planned))
     per_replica = settings
     if not any(replica.devices for replica in planned) and settings.threads is None:  # CPU: its share of the cores
@@ -150,6 +147,67 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
     runtime = _runtime(settings, route, backend, engines[0].client, keys, tuple(engines))
     runtime.show_plan(plan_figures(serve_plan.plan))
     return Serving(runtime, None, route.fronted, replica_set)
+
+
+def _group(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], timeouts: Timeouts) -> Serving | None:
+    """A data-parallel group the plan chose (vLLM's, of a MoE on one node) as ONE supervised engine over every
+    rank's GPUs (one `vllm serve` with the group's flags: one fate, one port), and each rank a replica for the
+    router, its requests naming the rank (the engine's ``rank_headers``), so that a session stays on the rank
+    that holds its cache; None where the plan is no group, or a group on another node (not started yet)."""
+    planned = serve_plan.plan.replicas
+    if len(planned) != 1 or planned[0].ranks < 2:
+        return None
+    group = planned[0]
+    if group.node:
+        log.info("plan: a data-parallel group on %s is not started yet: serving the one engine above", group.node)
+        return None
+    options = [with_env(option, group.env) for option in options_of(group.plan, settings)]
+    engine = group.plan.engine(group.chosen.engine)
+    if not options or engine is None:
+        raise nothing_to_start(serve_plan.entry, group.plan)
+    clients = [
+        EngineClient(timeouts, max_answer_bytes=settings.max_answer_bytes, headers=engine.backend.rank_headers(rank))
+        for rank in range(group.ranks)
+    ]
+    supervisor = Supervisor(
+        options,
+        log_dir=settings.backend_log_dir,
+        startup_timeout_s=settings.startup_timeout_s,
+        shutdown_grace_s=ENGINE_TERM_WAIT_S,
+        plan_summary=plan_summary(group.plan),  # nothing remembered: what is, is the one engine's form
+        restart_budget=RestartBudget(settings.restart_limit, settings.restart_window_s, settings.restart_retry_s),
+        liveness=Liveness(
+            Limits(stall_s=settings.stall_timeout_s, canary_s=settings.canary_interval_s),
+            activity=partial(_together, clients),
+            end_requests=partial(_cut_each, clients),
+        ),
+    )
+    pins = " ".join(f"{k}={v}" for k, v in group.env.items())
+    log.info("plan: one engine over a data-parallel group of %d ranks (%s): %s", group.ranks, pins, options[0].label)
+    each = len(group.devices) // group.ranks
+    engines = tuple(
+        Engine(
+            f"rank-{rank}", supervisor, client, group.node, tuple(d.label for d in group.devices[rank * each :][:each])
+        )
+        for rank, client in enumerate(clients)
+    )
+    entry = serve_plan.entry
+    route = ModelRoute(fronted=entry.name, served=entry.name, aliases=entry.aliases)
+    runtime = _runtime(settings, route, supervisor, clients[0], keys, engines)
+    runtime.show_plan(plan_figures(serve_plan.plan))
+    return Serving(runtime, supervisor, route.fronted)
+
+
+def _together(clients: list[EngineClient]) -> Activity:
+    """The engine's work through every rank's client: what its liveness watches."""
+    each = [client.activity() for client in clients]
+    return Activity(sum(a.in_flight for a in each), sum(a.chunks for a in each), sum(a.waiting for a in each))
+
+
+async def _cut_each(clients: list[EngineClient], why: str) -> None:
+    """The engine hung: every rank's requests end (one engine, one fate)."""
+    for client in clients:
+        await client.cut(why)
 
 
 def _runtime(

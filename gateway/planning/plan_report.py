@@ -45,17 +45,17 @@ def to_json(plan: Plan, port: int) -> dict[str, Any]:
     replication = plan.replication
     if replication is not None and replication.shown:
         ports = _ports(replication.chosen, port)
-        for replica, shown in zip(replication.chosen.replicas, data["replicas"]["replicas"], strict=True):
+        for replica, shown in zip(replication.chosen.engines, data["replicas"]["replicas"], strict=True):
             shown["port"] = ports[replica.index]
             shown["command"] = _command(replica, ports[replica.index])
     return data
 
 
 def _ports(shape: Shape, port: int) -> dict[int, int]:
-    """Each replica's port in the pasteable commands: the replicas on one node one port after another."""
+    """Each engine's port in the pasteable commands: the engines on one node one port after another."""
     seen: dict[str, int] = {}
     ports = {}
-    for replica in shape.replicas:
+    for replica in shape.engines:
         ports[replica.index] = port + seen.get(replica.node, 0)
         seen[replica.node] = seen.get(replica.node, 0) + 1
     return ports
@@ -102,18 +102,25 @@ def _render_replicas(plan: Plan, replication: Replication, port: int, *, verbose
     shape = replication.chosen
     first = shape.replicas[0]
     chosen = first.chosen
-    group = f" as one {_title(plan, chosen.engine)} group (its ranks step together: one fate)" if shape.grouped else ""
+    title = _title(plan, chosen.engine)
+    what = f"{shape.count} replicas, each {title}"
+    if shape.grouped:
+        group = f"a data-parallel group of {shape.count} ranks (they step together: one fate)"
+        what = f"one {title} engine, {group}, each rank"
     lines = [
-        f"decision: {shape.count} replicas{group}, each {_title(plan, chosen.engine)}: {chosen.headline}",
+        f"decision: {what}: {chosen.headline}",
         f"why: {replication.why}",
-        f"each replica: {first.plan.why}",
     ]
+    if replication.why_not:
+        lines.append(f"why not {replication.why_not}")
+    lines.append(f"each {'rank' if shape.grouped else 'replica'}: {first.plan.why}")
     lines += [f"other shape: {shape_line(plan, s)}" for s in (replication.other, replication.pooled) if s]
     lines += [f"also weighed: {shape_line(plan, s)}" for s in replication.weighed]
     lines.append(f"commands (each engine alone on its node, its key from ${API_KEY_VARIABLE}):")
     ports = _ports(shape, port)
-    for replica in shape.replicas:
-        lines.append(f"  replica {replica.index + 1} on {where(replica)}, port {ports[replica.index]}:")
+    for replica in shape.engines:
+        name = f"the group's engine ({replica.ranks} ranks)" if replica.ranks > 1 else f"replica {replica.index + 1}"
+        lines.append(f"  {name} on {where(replica)}, port {ports[replica.index]}:")
         lines.append("    " + _command(replica, ports[replica.index]))
     lines += _fallback_lines(first.plan, port, each=True)
     lines += ["", *_machine_lines(plan), sessions_line(shape)]

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gateway.backends import objective, registry
-from gateway.backends.base import RANK, Backend, Candidate, Evaluation, Installation, ModelFiles
+from gateway.backends.base import Backend, Candidate, Evaluation, Installation, ModelFiles
 from gateway.backends.objective import Traits
 from gateway.core.devices import Device, Inventory
 from gateway.core.errors import GatewayError
@@ -88,7 +88,7 @@ class Plan:
         """The engines to start, each with its own plan, devices and environment: the chosen shape's
         replicas, else this plan's decision as the one engine (empty when nothing fits)."""
         if self.replication is not None:
-            return self.replication.chosen.replicas
+            return self.replication.chosen.engines
         chosen = self.chosen
         if chosen is None:
             return ()
@@ -196,6 +196,9 @@ class Replica:
     plan: Plan
     env: dict[str, str]  # added to its engine's environment: the backend's words for its GPUs alone
     sessions: int  # the agent sessions it is planned for: its share of --sessions
+    # a data-parallel group started as this one engine (vLLM's, of a MoE): its ranks, each planned as ``plan``
+    # on an equal share of ``devices``; 1: an engine of its own
+    ranks: int = 1
 
     @property
     def chosen(self) -> Candidate:
@@ -205,18 +208,23 @@ class Replica:
 
     @property
     def argv(self) -> list[str]:
-        """Its engine's argv, its own rank in where a group of engines has one (``RANK``)."""
-        return [str(self.index) if word == RANK else word for word in self.chosen.argv]
+        return list(self.chosen.argv)
 
     @property
     def warm(self) -> int:
-        """Sessions it keeps warm at an agent's typical prompt."""
-        return self.plan.policy.goal.warm_sessions(self.chosen.warm_tokens, self.chosen.context_length)[1]
+        """Sessions it keeps warm at an agent's typical prompt (every rank's cache, in a group)."""
+        return self.ranks * self.plan.policy.goal.warm_sessions(self.chosen.warm_tokens, self.chosen.context_length)[1]
+
+    @property
+    def at_once(self) -> int:
+        return self.ranks * self.chosen.at_once
 
     @property
     def decode(self) -> float:
-        """Estimated tokens/s of its sessions decoding at once (at most what it runs at once)."""
-        return self.chosen.decode_rate(min(self.sessions, self.chosen.at_once)) if self.sessions else 0.0
+        """Estimated tokens/s of its sessions decoding at once (at most what it runs at once; a group's spread
+        evenly over its ranks)."""
+        shares = [self.sessions // self.ranks + (1 if i < self.sessions % self.ranks else 0) for i in range(self.ranks)]
+        return sum(self.chosen.decode_rate(min(share, self.chosen.at_once)) for share in shares if share)
 
     def to_json(self) -> dict[str, Any]:
         """What the runtime (and a person) needs to start it: where, the engine's argv with PORT and KEY
@@ -230,7 +238,8 @@ class Replica:
             "label": chosen.label,
             "headline": chosen.headline,
             "context_length": chosen.context_length,
-            "at_once": chosen.at_once,
+            "at_once": self.at_once,
+            **({"ranks": self.ranks} if self.ranks > 1 else {}),
             "sessions": self.sessions,
             "warm_at_typical_prompt": self.warm,
             "decode_tokens_per_s": round(self.decode, 1),
@@ -258,6 +267,19 @@ class Shape:
         return any(r.chosen.ranks > 1 for r in self.replicas)
 
     @property
+    def engines(self) -> tuple[Replica, ...]:
+        """What `serve` starts: each replica, or a group's ranks as ONE engine over all their GPUs (vLLM's
+        data parallelism: one `vllm serve` with the group's flags, one fate; the router still places each
+        session on a rank, gateway.cli.startup)."""
+        if not self.grouped:
+            return self.replicas
+        first = self.replicas[0]
+        devices = tuple(d for r in self.replicas for d in r.devices)
+        engine = first.plan.engine(first.chosen.engine)
+        env = engine.backend.device_env(devices) if engine is not None else {}
+        return (Replica(0, first.node, devices, first.plan, env, self.sessions, ranks=self.count),)
+
+    @property
     def warm(self) -> int:
         """Sessions kept warm at an agent's typical prompt, all replicas together."""
         return sum(r.warm for r in self.replicas)
@@ -283,8 +305,9 @@ class Shape:
     def figures(self) -> dict[str, Any]:
         """What the choice weighs, and where each engine runs."""
         return {
-            "engines": self.count,
+            "engines": len(self.engines),
             "group": self.grouped,
+            **({"ranks": self.count} if self.grouped else {}),
             "where": [{"node": r.node, "devices": [d.label for d in r.devices]} for r in self.replicas],
             "context_length": self.context,
             "at_once": self.at_once,
@@ -293,7 +316,7 @@ class Shape:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.figures(), "replicas": [r.to_json() for r in self.replicas]}
+        return {**self.figures(), "replicas": [r.to_json() for r in self.engines]}
 
 
 @dataclass(frozen=True)
@@ -308,6 +331,7 @@ class Replication:
     asked: int | None  # --replicas; None: auto
     why: str
     weighed: tuple[Shape, ...] = ()  # the other layouts of replicas weighed, best first
+    why_not: str = ""  # replicas chosen: why not the runner-up layout of replicas (the first of ``weighed``)
 
     @property
     def shown(self) -> bool:
@@ -318,6 +342,7 @@ class Replication:
         return {
             "asked": "auto" if self.asked is None else self.asked,
             "why": self.why,
+            **({"why_not": self.why_not} if self.why_not else {}),
             **self.chosen.to_json(),
             "other": None if self.other is None else self.other.to_json(),
             "pooled": None if self.pooled is None else self.pooled.to_json(),

@@ -107,7 +107,7 @@ def weigh(plan: Plan, asked: int | None) -> Replication | None:
         why = "one engine: the engine flags given pool the nodes (--replicas 2 or more to weigh replicas)"
         return Replication(one, best, pooled, asked, why, weighed)
     if _replicas_win(best, one):
-        return Replication(best, one, pooled, asked, _compare(best, one), weighed)
+        return Replication(best, one, pooled, asked, _compare(best, one), weighed, _why_not(best, weighed))
     return Replication(one, best, pooled, asked, _compare(one, best), weighed)
 
 
@@ -326,11 +326,11 @@ def _compare(chosen: Shape, other: Shape) -> str:
     asked = chosen.sessions
     typical = f"{min(chosen.context, AGENT_PROMPT_TOKENS):,}"
     ratio = chosen.decode / other.decode if other.decode else 0.0
-    decodes = "decodes" if chosen.count == 1 else "decode"
+    decodes = "decodes" if _one(chosen) else "decode"
     speed = f"{decodes} ~{chosen.decode:,.0f} tokens/s with the {asked} at once ({other_name}: ~{other.decode:,.0f}"
     speed += f", ×{ratio:.2f})" if ratio else ")"
     if _warm_step(chosen) != _warm_step(other):
-        keep = "keeps" if chosen.count == 1 else "keep"
+        keep = "keeps" if _one(chosen) else "keep"
         warm = f"{keep} {_warm(chosen)} of the {asked} sessions asked for warm at {typical} tokens"
         return f"{name} {warm} ({other_name}: {_warm(other)}) and {speed}"
     if _warm(chosen) == _warm(other):
@@ -339,7 +339,73 @@ def _compare(chosen: Shape, other: Shape) -> str:
         both = f"{_warm(chosen)} and {_warm(other)} of the {asked} sessions asked for kept warm count alike"
     faster = other.count > 1 and other.decode > chosen.decode
     gain = f"; replicas must decode ×{REPLICA_GAIN:g} one engine's to be worth more engines" if faster else ""
-    return f"{name}: {both}; {name} {speed}{gain}"
+    return f"{name}: {both}; {name} {speed}{gain}{_slower_alone(chosen, other, other_name)}"
+
+
+def _why_not(chosen: Shape, weighed: tuple[Shape, ...]) -> str:
+    """Why the chosen replicas and not the runner-up layout of replicas (e.g. one replica per node where one
+    per GPU won), by the same order: the engine rule and the objective, sessions kept warm, aggregate decode."""
+    if not weighed:
+        return ""
+    rival = weighed[0]
+    name, rival_name = _layout(chosen), _layout(rival)
+    mine, theirs = _standing(chosen), _standing(rival)
+    if mine != theirs and (lost := objective.lost_on(chosen.traits, rival.traits)):
+        return f"{rival_name}: {lost}"
+    goal = chosen.traits.goal
+    contexts = sorted({chosen.context, rival.context})
+    reach = (
+        f"the {goal.target:,}-token target (context {' and '.join(f'{c:,}' for c in contexts)}: past it, more counts "
+        "for nothing here)"
+        if min(contexts) >= goal.target
+        else f"context {contexts[0]:,} alike"
+    )
+    asked, typical = chosen.sessions, f"{min(chosen.context, AGENT_PROMPT_TOKENS):,}"
+    if _warm_step(chosen) != _warm_step(rival):
+        return (
+            f"{rival_name}: both reach {reach}; sessions kept warm at {typical} tokens: {_warm(chosen)} of the "
+            f"{asked} asked for against {_warm(rival)}"
+        )
+    ratio = f", ×{chosen.decode / rival.decode:.2f}" if rival.decode else ""
+    decodes = "decodes" if _one(chosen) else "decode"
+    return (
+        f"{rival_name}: both reach {reach} and keep {_warm(chosen)} of the {asked} sessions asked for warm at "
+        f"{typical} tokens; {name} {decodes} ~{chosen.decode:,.0f} tokens/s with the {asked} at once, "
+        f"{rival_name} ~{rival.decode:,.0f}{ratio}{_slower_alone(chosen, rival, rival_name)}"
+    )
+
+
+def decode_at(shape: Shape, requests: int) -> float:
+    """The shape's aggregate decode with ``requests`` decoding at once, spread as the router spreads new sessions
+    (each engine's own estimate, at most what it runs at once)."""
+    total = 0.0
+    for replica, share in zip(shape.replicas, _shares(requests, shape.count), strict=True):
+        if share:
+            total += replica.chosen.decode_rate(min(share, replica.chosen.at_once))
+    return total
+
+
+def _slower_alone(chosen: Shape, other: Shape, other_name: str) -> str:
+    """Where ``other`` decodes faster than ``chosen`` with fewer requests at once than the sessions asked for
+    (one request alone on a TP2 engine, say): up to how many, in the plan's figures; "" where never."""
+    faster = [n for n in range(1, chosen.sessions) if decode_at(other, n) > decode_at(chosen, n)]
+    if not faster or faster != list(range(1, faster[-1] + 1)):
+        return ""
+    most = faster[-1]
+    requests = "1 request" if most == 1 else f"{most} requests or fewer"
+    return (
+        f"; {other_name} {'is' if _one(other) else 'are'} faster only with {requests} at once "
+        f"(~{decode_at(other, most):,.0f} against ~{decode_at(chosen, most):,.0f})"
+    )
+
+
+def _layout(shape: Shape) -> str:
+    """ "4 replicas of 1 GPU", "2 replicas of 2 GPUs", "a group of 2 ranks of 1 GPU", "one engine"."""
+    if shape.count == 1:
+        return "one engine"
+    gpus = len(shape.replicas[0].devices)
+    size = f"{gpus} GPU{'s' if gpus != 1 else ''}"
+    return f"a group of {shape.count} ranks of {size}" if shape.grouped else f"{shape.count} replicas of {size}"
 
 
 def _as_asked(asked: int, chosen: Shape, other: Shape) -> str:
@@ -358,7 +424,14 @@ def _title_of(shape: Shape) -> str:
     return _title(first.plan, first.chosen.engine)
 
 
+def _one(shape: Shape) -> bool:
+    """Named in the singular: one engine, or a group (one engine of several ranks)."""
+    return shape.count == 1 or shape.grouped
+
+
 def _kind(shape: Shape) -> str:
+    if shape.grouped:
+        return f"a group of {shape.count} ranks"
     return "one engine" if shape.count == 1 else f"{shape.count} replicas"
 
 
@@ -414,8 +487,9 @@ def sessions_line(shape: Shape) -> str:
     """The plan's line on sessions for replicas: each one's share, what they run at once and keep warm."""
     typical = min(shape.context, AGENT_PROMPT_TOKENS)
     shares = sorted({r.sessions for r in shape.replicas}, reverse=True)
+    kind = "ranks" if shape.grouped else "replicas"
     line = (
-        f"sessions: {shape.sessions} asked, {'-'.join(map(str, shares))} on each of {shape.count} replicas; "
+        f"sessions: {shape.sessions} asked, {'-'.join(map(str, shares))} on each of {shape.count} {kind}; "
         f"{shape.at_once:,} at once, {shape.warm} kept warm at {typical:,} tokens in all"
     )
     if shape.sessions > shape.warm:

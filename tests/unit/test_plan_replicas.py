@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.backends import vllm
-from gateway.backends.base import RANK, Installation
+from gateway.backends.base import Installation
 from gateway.backends.llamacpp import estimate_gguf_facts
 from gateway.backends.llamacpp.launcher import NATIVE
 from gateway.backends.vllm.checkpoint_facts import checkpoint_facts
@@ -124,6 +124,35 @@ def test_two_nodes_plan_replicas_each_on_one_node_not_pipeline_stages_across_the
     assert one["engines"] == 1 and one["where"] == [{"node": "", "devices": ["0", "1"]}]
     assert one["warm_at_typical_prompt"] < 16 and "one engine: 10" in shape["why"]
     assert data["decision"]["backend"] == "vllm"  # the one engine `serve` starts until it can start replicas
+
+
+def test_the_plan_says_why_four_single_gpu_replicas_and_not_one_tp2_replica_per_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The done-when expected two TP2 replicas. By the objective's order both reach the 131,072 target (the
+    comparison counts context up to it) and keep every session warm; four TP1 decode more with the 16 at once,
+    and the plan says where two TP2 would be faster. Before: two TP2 showed only as "also weighed", no why."""
+    data = _plan_json(capsys, *GLM, *TWO_NODES)
+    shape = data["replicas"]
+    assert shape["engines"] == 4 and all(len(r["devices"]) == 1 for r in shape["replicas"])
+    rival = shape["weighed"][0]
+    assert rival["engines"] == 2 and rival["warm_at_typical_prompt"] >= 16 and rival["context_length"] == 202752
+    assert shape["context_length"] >= 131072 and shape["decode_tokens_per_s"] > rival["decode_tokens_per_s"]
+    why_not = shape["why_not"]
+    assert why_not.startswith("2 replicas of 2 GPUs: both reach the 131,072-token target")
+    assert "keep 16 of the 16 sessions asked for warm" in why_not
+    assert "2 replicas of 2 GPUs are faster only with 2 requests or fewer at once" in why_not
+    assert main(["plan", *GLM, *TWO_NODES]) == 0
+    assert f"\nwhy not {why_not}\n" in capsys.readouterr().out
+
+
+def test_one_node_of_two_gpus_says_where_its_one_engine_would_be_faster(capsys: pytest.CaptureFixture[str]) -> None:
+    """The seed rig with the default 4 sessions: two TP1 replicas by the objective (both keep the 4 warm, ×1.47
+    with the 4 at once); the why line says the TP2 engine is faster with one request alone."""
+    seed = ["--model", "glm-4.7-flash", "--vllm-version", "0.32.0", "--gpus", "2x32GiB@12.0", "--ram", "64GiB"]
+    shape = _plan_json(capsys, *seed)["replicas"]
+    assert shape["engines"] == 2 and shape["other"]["engines"] == 1
+    assert "one engine is faster only with 1 request at once" in shape["why"]
 
 
 def test_replicas_2_runs_one_tp2_engine_on_each_node(capsys: pytest.CaptureFixture[str]) -> None:
@@ -244,7 +273,8 @@ def test_the_runtime_gets_each_replica_with_its_own_plan(capsys: pytest.CaptureF
     plan = _glm_plan(_machine(4), sessions=16)
     shaped = weigh(plan, 2)
     assert shaped is not None
-    plan.replication = shaped
+    pairs = next(s for s in (shaped.chosen, *shaped.weighed) if not s.grouped)  # two engines of their own
+    plan.replication = replace(shaped, chosen=pairs)
     first, second = plan.replicas
     assert [d.index for d in first.devices] == [0, 1] and [d.index for d in second.devices] == [2, 3]
     assert second.env["CUDA_VISIBLE_DEVICES"] == "2,3"
@@ -288,32 +318,37 @@ def test_llamacpp_rpc_devices_on_another_node_pay_the_link() -> None:
 def test_a_moe_one_gpu_cannot_hold_runs_as_one_data_parallel_group_with_its_experts_spread() -> None:
     """GLM-4.7-Flash in BF16 on one node of 4×24 GB: no GPU or pair holds it alone; four ranks that each hold a
     quarter of the experts and a whole cache keep every session warm, where one TP4 engine copies the MLA
-    cache onto every GPU. Each rank is its own process and API server (external rank), on its own GPU."""
+    cache onto every GPU. The group is ONE engine over the four GPUs (one `vllm serve`, one fate, one port)."""
     plan = _glm_plan(_machine(4), bf16_only=True)
     shaped = weigh(plan, None)
     assert shaped is not None and shaped.chosen.grouped and shaped.chosen.count == 4
     assert shaped.other is not None and shaped.other.count == 1 and shaped.chosen.warm > shaped.other.warm
     plan.replication = shaped
     data = plan.to_json()["replicas"]
-    assert data["group"] is True
-    for index, replica in enumerate(data["replicas"]):
-        argv = replica["argv"]
-        assert argv[argv.index("--data-parallel-size") + 1] == "4"
-        assert argv[argv.index("--data-parallel-rank") + 1] == str(index) and "--enable-expert-parallel" in argv
-        assert "--data-parallel-address" not in argv and "--headless" not in argv  # one node, a server per rank
-        assert replica["env"]["CUDA_VISIBLE_DEVICES"] == str(index) and replica["candidate"]["data_parallel_size"] == 4
+    assert data["group"] is True and data["engines"] == 1 and data["ranks"] == 4
+    (engine_json,) = data["replicas"]  # what serve starts: one engine over every rank's GPUs
+    argv = engine_json["argv"]
+    assert argv[argv.index("--data-parallel-size") + 1] == "4" == argv[argv.index("--data-parallel-size-local") + 1]
+    assert "--enable-expert-parallel" in argv and argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    assert not {"--data-parallel-rank", "--data-parallel-address", "--headless"} & set(argv)  # vLLM balances
+    assert engine_json["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and engine_json["ranks"] == 4
+    assert engine_json["warm_at_typical_prompt"] == shaped.chosen.warm == data["warm_at_typical_prompt"]
+    assert engine_json["decode_tokens_per_s"] == pytest.approx(shaped.chosen.decode, abs=0.1)
+    assert plan.replicas == shaped.chosen.engines and len(plan.replicas) == 1
     rank = shaped.chosen.replicas[0].chosen
     assert isinstance(rank, vllm.VllmCandidate)
     whole = vllm.BACKEND.read(builtin_catalog().resolve("glm-4.7-flash")).checkpoints[0]
     assert rank.checkpoint.name == whole.name and rank.memory.weights < whole.facts.weight_bytes / 2
-    assert render(plan).startswith("decision: 4 replicas as one vLLM group (its ranks step together: one fate)")
-    first = shaped.chosen.replicas[0]  # what a runtime starts: the rank's option, RANK filled per replica
+    text = render(plan)
+    assert text.startswith("decision: one vLLM engine, a data-parallel group of 4 ranks (they step together")
+    assert "  the group's engine (4 ranks) on this machine's GPUs 0,1,2,3, port 8000:" in text
+    first = shaped.chosen.engines[0]  # what a runtime starts: the group's option over its GPUs
     engine = first.plan.engine("vllm")
     assert engine is not None and engine.model is not None
     installed = replace(engine.installation, command=("vllm", "serve"))
     option = vllm.BACKEND.options(engine.model, engine.evaluation, first.plan.policy, installed, FullSettings())[0]
     launched = option.launch(8001, "key").argv
-    assert launched[launched.index("--data-parallel-rank") + 1] == RANK and "one of DP4 with EP" in option.label
+    assert launched[launched.index("--data-parallel-size-local") + 1] == "4" and "DP4 with EP" in option.label
 
 
 def test_no_group_spans_nodes_and_none_is_taken_where_replicas_of_their_own_do_as_well(

@@ -356,3 +356,38 @@ def test_a_started_stream_on_a_replica_cut_for_a_hang_ends_with_its_error_event_
     assert hangs == [pair.engines[alpha_on]]  # sent once, to its own replica
     assert other.status_code == 200 and why not in other.text
     assert all(replica.load == 0 for replica in pair.runtime.pool.replicas)
+
+
+def test_a_data_parallel_group_is_one_engine_whose_ranks_keep_their_sessions(engines: Any) -> None:
+    """A vLLM data-parallel group (gateway.cli.startup._group): one engine, one backend, and each rank a replica
+    whose client names it (vLLM's X-data-parallel-rank), so every turn of a session reaches the rank that holds
+    its prefix; without the header vLLM's front end would pick the shortest queue each time."""
+    from gateway.backends import vllm
+
+    (engine, url), _ = engines
+    engine.reset()
+    backend = make_runtime(url).backend
+    ranks = tuple(
+        Engine(f"rank-{rank}", backend, EngineClient(Timeouts(connect_s=5, answer_s=30), headers=headers))
+        for rank, headers in enumerate(vllm.BACKEND.rank_headers(rank) for rank in range(2))
+    )
+    one = make_runtime(url)
+    runtime = Runtime(
+        route=one.route,
+        backend=backend,
+        engine_client=ranks[0].client,
+        max_body_bytes=one.max_body_bytes,
+        allowed_hosts=("testserver",),
+        engines=ranks,
+    )
+    with TestClient(create_app(runtime)) as http:
+        for number in range(3):
+            for session in ("alpha", "beta"):
+                assert turn(http, session, f"turn {number}").status_code == 200
+    chats = engine.requests_to("/v1/chat/completions")
+    rank_of: dict[str, set[str]] = {}
+    for seen in chats:
+        session = str(seen["body"]["messages"][-1]["content"]).split(":")[0]
+        rank_of.setdefault(session, set()).add(seen["headers"]["x-data-parallel-rank"])
+    assert len(chats) == 6 and all(len(seen) == 1 for seen in rank_of.values())  # each session on one rank
+    assert rank_of["alpha"] != rank_of["beta"]  # and both ranks serve

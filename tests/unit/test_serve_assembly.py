@@ -10,7 +10,7 @@ import pytest
 from gateway.cli.full_settings import Settings
 from gateway.cli.startup import assemble
 from gateway.core import settings as settings_module
-from gateway.core.devices import GIB, Inventory, inventory
+from gateway.core.devices import GIB, Inventory, inventory, parse_gpu_spec
 from gateway.nodes.pooled import with_other_nodes
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.from_settings import plan_for
@@ -157,3 +157,36 @@ def test_each_replica_on_gpus_launches_with_its_own_devices(tmp_path: Path) -> N
     assert [env.get("CUDA_VISIBLE_DEVICES") for env in envs] == ["0", "1"]
     assert all(env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" for env in envs)
     assert [r.devices for r in served.runtime.pool.replicas] == [("0",), ("1",)]
+
+
+def test_a_data_parallel_group_starts_as_one_engine_over_all_its_gpus(tmp_path: Path) -> None:
+    """GLM-4.7-Flash on the seed rig with 16 sessions: the plan's vLLM data-parallel group (two ranks, the
+    experts spread over them) is ONE `vllm serve` over both GPUs, one fate; each rank is a replica for the
+    router, its requests naming the rank (vLLM's X-data-parallel-rank), so a session stays where its cache is.
+    Before: serve logged "a data-parallel group is not started yet" and started the plan's one TP2 engine."""
+    settings = _settings(
+        tmp_path, model="glm-4.7-flash", vllm_command=["vllm", "serve"], vllm_version="0.32.0", sessions=16
+    )
+    machine = Inventory(parse_gpu_spec("2x32GiB@12.0"), 64 * GIB, 64 * GIB, source="simulated")
+    served = assemble(settings, machine=machine)
+    assert served.replicas is None and served.supervisor is not None
+    runtime = served.runtime
+    assert runtime.backend is served.supervisor  # started and stopped once
+    assert [r.name for r in runtime.pool.replicas] == ["rank-0", "rank-1"]
+    assert [r.devices for r in runtime.pool.replicas] == [("0",), ("1",)]
+    assert all(upstream.backend is served.supervisor for upstream in runtime.upstreams)
+    assert [upstream.client.headers for upstream in runtime.upstreams] == [
+        {"X-data-parallel-rank": "0"},
+        {"X-data-parallel-rank": "1"},
+    ]
+    assert len({id(upstream.admission) for upstream in runtime.upstreams}) == 2  # each rank its own slots
+    options = served.supervisor.options
+    assert options and all(option.engine == "vllm" for option in options)
+    assert served.supervisor.remember is None  # the remembered form is the one engine's, not the group's
+    launch = options[0].launch(1, "k")
+    argv = launch.argv
+    assert argv[argv.index("--data-parallel-size") + 1] == "2" == argv[argv.index("--data-parallel-size-local") + 1]
+    assert "--enable-expert-parallel" in argv and "--data-parallel-rank" not in argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"  # each rank: one GPU
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "0,1" and launch.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert all("DP2 with EP" in option.label for option in options)  # every step-down keeps the group

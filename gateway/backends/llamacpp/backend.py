@@ -374,6 +374,9 @@ class LlamaCppBackend:
     def memo_version(self, installation: Installation) -> str:
         return installation.version
 
+    def rank_headers(self, rank: int) -> dict[str, str]:
+        return {}  # one llama-server is never a rank of a group
+
     def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
         """CUDA's variables: the replica's GPUs, numbered from 0 inside (gateway/backends/visible_devices.py)."""
         return cuda_visible(devices)

@@ -51,8 +51,8 @@ class VllmOption:
     # across nodes: one pipeline stage per node, rank 0 here and the others through the nodes' workers
     group: GroupPlan | None = None
     pipeline_parallel_size: int = 1
-    # one rank of a data-parallel group of a MoE on one node (gateway/backends/vllm/data_parallel.py): its launch
-    # argv holds RANK, which whoever starts the group's replicas fills with each one's index
+    # a data-parallel group of a MoE on one node, this many ranks each as planned (backends/vllm/data_parallel.py):
+    # ONE `vllm serve` over every rank's GPUs, whose own front end spreads the requests over the ranks
     data_parallel: int = 1
 
     @property
@@ -66,7 +66,7 @@ class VllmOption:
         if self.group is not None:
             parts.insert(2, f"PP{self.pipeline_parallel_size} over this machine and {', '.join(self.group.nodes)}")
         if self.data_parallel > 1:
-            parts.insert(2, f"one of DP{self.data_parallel} with EP")
+            parts.insert(2, f"DP{self.data_parallel} with EP")
         parts.append(
             f"--kv-cache-memory-bytes {f.kv_cache_memory_bytes}"
             if f.kv_cache_memory_bytes

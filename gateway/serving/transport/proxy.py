@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -89,8 +89,15 @@ class EngineClient:
     aiohttp's client rather than httpx on this path: measured in benchmarks/proxy_overhead.py, the
     same passthrough costs 3-10x less CPU per request with it (httpx's pool dominates the profile)."""
 
-    def __init__(self, timeouts: Timeouts | None = None, *, max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts | None = None,
+        *,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.timeouts = timeouts or Timeouts()
+        self.headers = dict(headers or {})  # sent with every request (a rank of an engine's group: its name)
         self.max_answer_bytes = max_answer_bytes
         self.stopping: str | None = None  # why every request is being cut (the gateway shuts down)
         self._session: aiohttp.ClientSession | None = None
@@ -169,6 +176,7 @@ class EngineClient:
             headers["Connection"] = "close"
         if rid := request_id.get():
             headers["X-Request-Id"] = rid
+        headers |= self.headers
         headers |= bearer_header(target.api_key)
         if deadline is None:
             deadline = _after(self.timeouts.first_byte_s if stream else self.timeouts.answer_s)
