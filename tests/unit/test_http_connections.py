@@ -9,6 +9,8 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import pytest
 from starlette.applications import Starlette
@@ -55,12 +57,15 @@ def _fill_to_the_cap(
     return held
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Served]:
-    protocol = bounded_protocol(
+def _protocol() -> type[BoundedHttpToolsProtocol]:
+    return bounded_protocol(
         8192, 20, header_timeout_s=TIMEOUT_S, body_timeout_s=TIMEOUT_S, send_timeout_s=TIMEOUT_S, max_connections=CAP
     )
-    served = Served(Starlette(routes=[Route("/v1/messages", _echo, methods=["GET", "POST"])]), http=protocol)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    served = Served(Starlette(routes=[Route("/v1/messages", _echo, methods=["GET", "POST"])]), http=_protocol())
     yield served
     served.stop()
 
@@ -79,47 +84,112 @@ def _closed_within(conn: socket.socket, seconds: float) -> tuple[bool, bytes]:
     return True, answer
 
 
-def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(server: Served) -> None:
-    with socket.create_connection(server.address) as conn:
-        closed, answer = _closed_within(conn, 5)
-    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
+class Clocked(NamedTuple):
+    """What one clock scenario saw: whether the server closed the connection, what it answered, how
+    many pieces went before it answered or hung up, and the seconds from the first slow piece to the close."""
+
+    closed: bool
+    answer: bytes
+    sent: int
+    took: float
 
 
-def test_headers_sent_slowly_are_cut_by_the_header_timeout_in_the_routes_dialect(server: Served) -> None:
-    with socket.create_connection(server.address) as conn:
-        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
-        started = time.monotonic()
-        trickle(conn, b"X-Slow: 1\r\n", times=8, every_s=0.2)  # a header line every 0.2 s: never silent, never done
-        closed, answer = _closed_within(conn, 5)
-    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
-    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["type"] == "error"  # Anthropic's shape on /v1/messages
-    assert time.monotonic() - started < 4
+def _nothing_sent(conn: socket.socket) -> Clocked:
+    started = time.monotonic()
+    closed, answer = _closed_within(conn, 5)
+    return Clocked(closed, answer, 0, time.monotonic() - started)
 
 
-def test_a_body_that_stops_coming_is_cut_by_the_body_timeout(server: Served) -> None:
-    with socket.create_connection(server.address) as conn:
-        conn.sendall(b'POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"a": ')
-        closed, answer = _closed_within(conn, 5)
-    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
+def _headers_slowly(conn: socket.socket) -> Clocked:
+    conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
+    started = time.monotonic()
+    sent = trickle(conn, b"X-Slow: 1\r\n", times=8, every_s=0.2)  # a header line every 0.2 s: never silent, never done
+    closed, answer = _closed_within(conn, 5)
+    return Clocked(closed, answer, sent, time.monotonic() - started)
 
 
-def test_a_body_that_keeps_coming_is_not_cut(server: Served) -> None:
-    with socket.create_connection(server.address) as conn:
-        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 10240\r\nConnection: close\r\n\r\n")
-        sent = trickle(conn, b"x" * 2048, times=5, every_s=0.2)  # 1 s in all, twice the timeout
-        assert sent == 5, f"the server hung up after {sent} of 5 pieces"
-        _, answer = _closed_within(conn, 5)
-    assert answer.startswith(b"HTTP/1.1 200") and b'"bytes":10240' in answer, answer
+def _body_stops(conn: socket.socket) -> Clocked:
+    conn.sendall(b'POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"a": ')
+    started = time.monotonic()
+    closed, answer = _closed_within(conn, 5)
+    return Clocked(closed, answer, 0, time.monotonic() - started)
 
 
-def test_a_body_sent_a_byte_at_a_time_is_cut(server: Served) -> None:
-    with socket.create_connection(server.address) as conn:
-        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
-        started = time.monotonic()
-        trickle(conn, b"x", times=40, every_s=0.1)  # never silent for long, never a KiB (4 s if never cut)
-        closed, answer = _closed_within(conn, 5)
-    assert closed and answer.startswith(b"HTTP/1.1 408"), answer
-    assert time.monotonic() - started < 3.5  # cut by the 1 s body clock, with room for a loaded machine
+def _body_keeps_coming(conn: socket.socket) -> Clocked:
+    conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 10240\r\nConnection: close\r\n\r\n")
+    started = time.monotonic()
+    sent = trickle(conn, b"x" * 2048, times=5, every_s=0.2)  # 1 s in all, twice the timeout
+    closed, answer = _closed_within(conn, 5)
+    return Clocked(closed, answer, sent, time.monotonic() - started)
+
+
+def _byte_at_a_time(conn: socket.socket) -> Clocked:
+    conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+    started = time.monotonic()
+    sent = trickle(conn, b"x", times=40, every_s=0.1)  # never silent for long, never a KiB (4 s if never cut)
+    closed, answer = _closed_within(conn, 5)
+    return Clocked(closed, answer, sent, time.monotonic() - started)
+
+
+SCENARIOS: dict[str, Callable[[socket.socket], Clocked]] = {
+    "nothing sent": _nothing_sent,
+    "headers slowly": _headers_slowly,
+    "body stops": _body_stops,
+    "body keeps coming": _body_keeps_coming,
+    "a byte at a time": _byte_at_a_time,
+}
+
+
+@pytest.fixture(scope="module")
+def clocked() -> Iterator[dict[str, Future[Clocked]]]:
+    """Each clock scenario on a connection of its own, all at once (each waits on the server's clocks,
+    independent of the others: one after another they took 3 s, together 1 s); each test reads its
+    scenario's result. On a server of their own, so the cap tests' connections never share it; its
+    cap is the module's, and the five scenarios are five connections: none is ever made to give way."""
+    served = Served(Starlette(routes=[Route("/v1/messages", _echo, methods=["GET", "POST"])]), http=_protocol())
+
+    def run(scenario: Callable[[socket.socket], Clocked]) -> Clocked:
+        with socket.create_connection(served.address) as conn:
+            return scenario(conn)
+
+    try:
+        with ThreadPoolExecutor(len(SCENARIOS)) as pool:
+            yield {name: pool.submit(run, scenario) for name, scenario in SCENARIOS.items()}
+    finally:
+        served.stop()
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
+    clocked: dict[str, Future[Clocked]],
+) -> None:
+    seen = clocked["nothing sent"].result(timeout=30)
+    assert seen.closed and seen.answer.startswith(b"HTTP/1.1 408"), seen.answer
+
+
+def test_headers_sent_slowly_are_cut_by_the_header_timeout_in_the_routes_dialect(
+    clocked: dict[str, Future[Clocked]],
+) -> None:
+    seen = clocked["headers slowly"].result(timeout=30)
+    assert seen.closed and seen.answer.startswith(b"HTTP/1.1 408"), seen.answer
+    assert json.loads(seen.answer.split(b"\r\n\r\n", 1)[1])["type"] == "error"  # Anthropic's shape on /v1/messages
+    assert seen.took < 4
+
+
+def test_a_body_that_stops_coming_is_cut_by_the_body_timeout(clocked: dict[str, Future[Clocked]]) -> None:
+    seen = clocked["body stops"].result(timeout=30)
+    assert seen.closed and seen.answer.startswith(b"HTTP/1.1 408"), seen.answer
+
+
+def test_a_body_that_keeps_coming_is_not_cut(clocked: dict[str, Future[Clocked]]) -> None:
+    seen = clocked["body keeps coming"].result(timeout=30)
+    assert seen.sent == 5, f"the server hung up after {seen.sent} of 5 pieces"
+    assert seen.answer.startswith(b"HTTP/1.1 200") and b'"bytes":10240' in seen.answer, seen.answer
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut(clocked: dict[str, Future[Clocked]]) -> None:
+    seen = clocked["a byte at a time"].result(timeout=30)
+    assert seen.closed and seen.answer.startswith(b"HTTP/1.1 408"), seen.answer
+    assert seen.took < 3.5  # cut by the 1 s body clock, with room for a loaded machine
 
 
 def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -97,9 +98,42 @@ def _ask(runtime: Runtime, path: str, cue: str, *, stream: bool) -> tuple[Any, f
     return answer, time.monotonic() - started
 
 
+DIALECTS = {
+    "chat-passthrough": ("/v1/chat/completions", frozenset()),
+    "messages-translated": ("/v1/messages", frozenset()),
+    "messages-passthrough": ("/v1/messages", frozenset({"messages"})),
+}
+IDLE_READ = Timeouts(connect_s=CLOCK_S, first_byte_s=LONG_S, stream_idle_s=CLOCK_S, answer_s=LONG_S)
+FIRST_BYTE_READ = Timeouts(connect_s=CLOCK_S, first_byte_s=CLOCK_S, stream_idle_s=LONG_S, answer_s=LONG_S)
+# each scenario that waits out a clock: (path, cue, streamed, the clocks, the routes served natively)
+SCENARIOS: dict[str, tuple[str, str, bool, Timeouts | None, frozenset[str]]] = {
+    **{
+        f"headless {path}": (path, "HEADLESS", False, None, frozenset())
+        for path in ("/v1/chat/completions", "/v1/messages")
+    },
+    "mute": ("/v1/chat/completions", "MUTE", True, None, frozenset()),
+    **{f"stall {name}": (path, "STALL", True, None, native) for name, (path, native) in DIALECTS.items()},
+    "stall, idle clock read": ("/v1/chat/completions", "STALL", True, IDLE_READ, frozenset()),
+    "mute, first-byte clock read": ("/v1/chat/completions", "MUTE", True, FIRST_BYTE_READ, frozenset()),
+}
+
+
+@pytest.fixture(scope="module")
+def clocked(engine_url: str) -> Iterator[dict[str, Future[tuple[Any, float]]]]:
+    """Every scenario that waits out a clock, each with a runtime and a client of its own, all at once:
+    each waits on its own clocks (one after another they took 2.5 s, together about 0.4 s); each test
+    reads its scenario's answer and time."""
+
+    def ask(path: str, cue: str, stream: bool, timeouts: Timeouts | None, native: frozenset[str]) -> tuple[Any, float]:
+        return _ask(_runtime(engine_url, timeouts, native=native), path, cue, stream=stream)
+
+    with ThreadPoolExecutor(len(SCENARIOS)) as pool:
+        yield {name: pool.submit(ask, *scenario) for name, scenario in SCENARIOS.items()}
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
-def test_no_answer_at_all_is_a_504_naming_the_limit(engine_url: str, path: str) -> None:
-    answer, took = _ask(_runtime(engine_url), path, "HEADLESS", stream=False)
+def test_no_answer_at_all_is_a_504_naming_the_limit(clocked: dict[str, Future[tuple[Any, float]]], path: str) -> None:
+    answer, took = clocked[f"headless {path}"].result(timeout=30)
     assert answer.status_code == 504 and took < 5, answer.text
     if path == "/v1/messages":
         assert answer.json()["error"]["type"] == "timeout_error"
@@ -108,22 +142,21 @@ def test_no_answer_at_all_is_a_504_naming_the_limit(engine_url: str, path: str) 
         assert "request_timeout_s" in answer.json()["error"]["message"]
 
 
-def test_a_stream_whose_first_byte_never_comes_ends_with_an_error_event(engine_url: str) -> None:
-    answer, took = _ask(_runtime(engine_url), "/v1/chat/completions", "MUTE", stream=True)
+def test_a_stream_whose_first_byte_never_comes_ends_with_an_error_event(
+    clocked: dict[str, Future[tuple[Any, float]]],
+) -> None:
+    answer, took = clocked["mute"].result(timeout=30)
     assert answer.status_code == 200 and took < 5
     [(name, data)] = sse_events(answer.text)
     assert name is None and "first_byte_timeout_s" in data["error"]["message"]
 
 
-@pytest.mark.parametrize(
-    ("path", "native"),
-    [("/v1/chat/completions", frozenset()), ("/v1/messages", frozenset()), ("/v1/messages", frozenset({"messages"}))],
-    ids=["chat-passthrough", "messages-translated", "messages-passthrough"],
-)
+@pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_stream_that_goes_silent_ends_with_an_error_event_in_the_dialect(
-    engine_url: str, path: str, native: frozenset[str]
+    clocked: dict[str, Future[tuple[Any, float]]], dialect: str
 ) -> None:
-    answer, took = _ask(_runtime(engine_url, native=native), path, "STALL", stream=True)
+    path, _ = DIALECTS[dialect]
+    answer, took = clocked[f"stall {dialect}"].result(timeout=30)
     assert answer.status_code == 200 and took < 5
     events = sse_events(answer.text)
     name, last = events[-1]
@@ -149,17 +182,19 @@ def test_an_answer_too_big_to_hold_is_a_502_in_the_dialect(engine_url: str, path
         assert "max_answer_bytes" in body["error"]["message"]
 
 
-def test_the_silence_between_chunks_is_timed_by_the_idle_clock_not_the_first_byte_clock(engine_url: str) -> None:
-    timeouts = Timeouts(connect_s=CLOCK_S, first_byte_s=LONG_S, stream_idle_s=CLOCK_S, answer_s=LONG_S)
-    answer, took = _ask(_runtime(engine_url, timeouts), "/v1/chat/completions", "STALL", stream=True)
+def test_the_silence_between_chunks_is_timed_by_the_idle_clock_not_the_first_byte_clock(
+    clocked: dict[str, Future[tuple[Any, float]]],
+) -> None:
+    answer, took = clocked["stall, idle clock read"].result(timeout=30)
     _, last = sse_events(answer.text)[-1]
     assert "Hello" in answer.text and "stream_idle_timeout_s" in last["error"]["message"]
     assert took < LONG_S / 2, f"the idle clock ({CLOCK_S} s) was not the one read: {took:.1f} s"
 
 
-def test_the_first_byte_is_timed_by_the_first_byte_clock_not_the_idle_clock(engine_url: str) -> None:
-    timeouts = Timeouts(connect_s=CLOCK_S, first_byte_s=CLOCK_S, stream_idle_s=LONG_S, answer_s=LONG_S)
-    answer, took = _ask(_runtime(engine_url, timeouts), "/v1/chat/completions", "MUTE", stream=True)
+def test_the_first_byte_is_timed_by_the_first_byte_clock_not_the_idle_clock(
+    clocked: dict[str, Future[tuple[Any, float]]],
+) -> None:
+    answer, took = clocked["mute, first-byte clock read"].result(timeout=30)
     [(_, data)] = sse_events(answer.text)
     assert "first_byte_timeout_s" in data["error"]["message"] and took < LONG_S / 2, took
 

@@ -91,6 +91,20 @@ def hub(hub: LocalHub, module_cache: tuple[Path, dict[Any, Any]], monkeypatch: p
     return hub
 
 
+@pytest.fixture(scope="module")
+def planned() -> dict[tuple[str, str], dict[str, Any]]:
+    """Each (model, machine)'s plan JSON as :func:`plan_json` first made it in this module: the tests
+    below that only read a row's plan read the row's own (the same settings and inputs) instead of
+    planning it again."""
+    return {}
+
+
+def plan_of(planned: dict[tuple[str, str], dict[str, Any]], model: str, machine: str) -> dict[str, Any]:
+    if (model, machine) not in planned:
+        planned[model, machine] = plan_json(model, machine)
+    return planned[model, machine]
+
+
 def plan_json(model: str, machine: str) -> dict[str, Any]:
     spec = MACHINES[machine]
     if spec is None:
@@ -317,6 +331,7 @@ TABLE = [
 def test_each_family_on_each_machine(
     hub: LocalHub,
     read_once: None,
+    planned: dict[tuple[str, str], dict[str, Any]],
     monkeypatch: pytest.MonkeyPatch,
     model: str,
     machine: str,
@@ -326,7 +341,7 @@ def test_each_family_on_each_machine(
     context: int,
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_test")  # Llama is gated: the local hub wants a token, any token
-    data = plan_json(model, machine)
+    data = plan_of(planned, model, machine)
     assert summary(data) == (engine, loads, gpus), data["decision"]["why"] or data["decision"]["reason"]
     assert objective_broken(data, releases.default_utilization("0.32.0")) is None
     if engine is not None:
@@ -501,7 +516,9 @@ def test_a_gated_model_without_a_token_plans_llamacpp_from_a_public_gguf_and_nam
     assert stdout.startswith("decision: llama.cpp: bartowski/Meta-Llama-3.1-8B-Instruct-GGUF/")
 
 
-def test_a_discovered_nvfp4_checkpoint_meets_the_capability_gate(hub: LocalHub) -> None:
+def test_a_discovered_nvfp4_checkpoint_meets_the_capability_gate(
+    hub: LocalHub, planned: dict[tuple[str, str], dict[str, Any]]
+) -> None:
     """The NVFP4 rung is on the ladder and judged by the release's gate: refused below 7.5 with the
     source line it rests on, taken on 8.9 (weight-only through Marlin) and 12.0."""
     data = plan_json(GEMMA4, "2x16@7.0")
@@ -510,9 +527,9 @@ def test_a_discovered_nvfp4_checkpoint_meets_the_capability_gate(hub: LocalHub) 
     assert all("7.5" in c["reason"] and "7.0" in c["reason"] for c in nvfp4), [c["reason"] for c in nvfp4]
     assert any(
         c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4" and c["fits"]
-        for c in plan_json(GEMMA4, "2x24@8.9")["candidates"]
+        for c in plan_of(planned, GEMMA4, "2x24@8.9")["candidates"]
     )
-    ok = plan_json(GEMMA4, "2x32@12.0")
+    ok = plan_of(planned, GEMMA4, "2x32@12.0")
     assert any(c.get("checkpoint") == "nvidia/Gemma-4-31B-IT-NVFP4" and c["fits"] for c in ok["candidates"])
 
 
@@ -553,9 +570,9 @@ HYBRID_ROWS = [
 
 @pytest.mark.parametrize(("model", "machine", "tokens", "setting"), HYBRID_ROWS)
 def test_a_hybrid_row_names_what_a_later_turn_re_prefills_on_each_engine(
-    hub: LocalHub, model: str, machine: str, tokens: int, setting: str
+    hub: LocalHub, planned: dict[tuple[str, str], dict[str, Any]], model: str, machine: str, tokens: int, setting: str
 ) -> None:
-    data = plan_json(model, machine)
+    data = plan_of(planned, model, machine)
     decision = data["decision"]
     chosen = data["candidates"][decision["candidate"]]
     assert chosen["warm_turn"]["tokens"] == tokens and setting in chosen["reason"]
@@ -567,8 +584,8 @@ def test_a_hybrid_row_names_what_a_later_turn_re_prefills_on_each_engine(
     assert objective_broken(data, releases.default_utilization("0.32.0")) is None
 
 
-def test_gpt_oss_on_a_cpu_plans_its_native_mxfp4(hub: LocalHub) -> None:
-    data = plan_json(OSS, "cpu")
+def test_gpt_oss_on_a_cpu_plans_its_native_mxfp4(hub: LocalHub, planned: dict[tuple[str, str], dict[str, Any]]) -> None:
+    data = plan_of(planned, OSS, "cpu")
     chosen = data["candidates"][data["decision"]["candidate"]]
     assert chosen["gguf_variant"]["quant"] == "MXFP4"
     # ranked by the file's real bits, not its name's 4.85: the hub's stand-in Q4_K_M of gpt-oss stores its

@@ -41,6 +41,18 @@ def _plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]
     return data
 
 
+@pytest.fixture(scope="module")
+def two_nodes_auto() -> dict[str, dict[str, Any]]:
+    """The issue's rig's plan (``GLM`` on ``TWO_NODES``, replicas auto) once it is made: three tests read it."""
+    return {}
+
+
+def _auto_plan(capsys: pytest.CaptureFixture[str], made: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if "plan" not in made:
+        made["plan"] = _plan_json(capsys, *GLM, *TWO_NODES)
+    return made["plan"]
+
+
 def _gpus(count: int, node: str = "", gib: int = 24) -> tuple[Device, ...]:
     return tuple(Device(i, "RTX 4090", gib * GIB, gib * GIB, (8, 9), node=node) for i in range(count))
 
@@ -100,11 +112,11 @@ def test_four_gpus_of_one_node_offer_four_singles_or_two_pairs_and_one_gpu_offer
 
 
 def test_two_nodes_plan_replicas_each_on_one_node_not_pipeline_stages_across_them(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], two_nodes_auto: dict[str, dict[str, Any]]
 ) -> None:
     """The issue's rig: two workstations of 2×32 GB and 16 sessions. Every replica stays on one node's GPUs;
     pooling both nodes (TP2×PP2) is weighed, shown, and decodes less: every step crosses the link."""
-    data = _plan_json(capsys, *GLM, *TWO_NODES)
+    data = _auto_plan(capsys, two_nodes_auto)
     shape = data["replicas"]
     assert shape["asked"] == "auto" and shape["engines"] >= 2
     for replica in shape["replicas"]:
@@ -177,8 +189,10 @@ def test_replicas_2_runs_one_tp2_engine_on_each_node(capsys: pytest.CaptureFixtu
     assert first["port"] == second["port"] == 8000  # each on its own node
 
 
-def test_replicas_1_keeps_the_one_engine_and_shows_the_replicas_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
-    auto = _plan_json(capsys, *GLM, *TWO_NODES)
+def test_replicas_1_keeps_the_one_engine_and_shows_the_replicas_beside_it(
+    capsys: pytest.CaptureFixture[str], two_nodes_auto: dict[str, dict[str, Any]]
+) -> None:
+    auto = _auto_plan(capsys, two_nodes_auto)
     data = _plan_json(capsys, *GLM, *TWO_NODES, "--replicas", "1")
     shape = data["replicas"]
     assert (
@@ -352,11 +366,11 @@ def test_a_moe_one_gpu_cannot_hold_runs_as_one_data_parallel_group_with_its_expe
 
 
 def test_no_group_spans_nodes_and_none_is_taken_where_replicas_of_their_own_do_as_well(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], two_nodes_auto: dict[str, dict[str, Any]]
 ) -> None:
     """Ranks on two nodes would exchange every token over the network twice per MoE layer: never planned. On
     the seed rig with 4 sessions, replicas of their own keep every session warm: no group either."""
-    data = _plan_json(capsys, *GLM, *TWO_NODES)
+    data = _auto_plan(capsys, two_nodes_auto)
     shapes = [data["replicas"], data["replicas"]["other"], *data["replicas"]["weighed"]]
     assert not any(s["group"] and len({w["node"] for w in s["where"]}) > 1 for s in shapes)
     seed = _plan_json(capsys, "--model", "glm-4.7-flash", "--gpus", "2x32GiB@12.0", "--ram", "64GiB", "--sessions", "4")

@@ -74,6 +74,16 @@ class GgufFacts(ModelFacts):
     def is_recurrent(self, layer: int) -> bool:
         return layer < len(self.recurrent_pattern) and self.recurrent_pattern[layer]
 
+    def __hash__(self) -> int:
+        """The fields' hash, worked out once: the planner's caches are keyed by the facts (41 fields,
+        per-block tuples), and hashing them afresh on each of a plan's ~100,000 lookups cost more than
+        most of what those caches hold."""
+        known: int | None = self.__dict__.get("_hash")
+        if known is None:
+            known = hash(tuple(getattr(self, field.name) for field in fields(self) if field.compare))
+            object.__setattr__(self, "_hash", known)
+        return known
+
     @classmethod
     def from_config(cls, facts: ModelFacts, config: dict[str, Any]) -> GgufFacts:
         """config.json's facts, before the GGUF layout is filled in: which layers are recurrent, as the

@@ -8,6 +8,8 @@ backend for the KV dtype on these GPUs, says so and prints no command.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from packaging.version import InvalidVersion, Version
 
 from gateway.backends.vllm.checkpoint_facts import CheckpointFacts
@@ -37,15 +39,19 @@ LANGUAGE_MODEL_ONLY_SINCE = "0.17.0"
 CUDAGRAPH_RESERVED_SINCE = "0.21.0"
 
 
+@lru_cache(maxsize=64)
 def parse_version(text: str) -> Version:
+    """A release's version (a local suffix dropped; the default where it does not parse). Cached: a plan's
+    vLLM ladder asks about the same one or two releases tens of thousands of times."""
     try:
         return Version(text.split("+")[0])
     except InvalidVersion:
         return Version(DEFAULT_VERSION)
 
 
+@lru_cache(maxsize=256)
 def at_least(version: str, since: str) -> bool:
-    return parse_version(version) >= Version(since)
+    return parse_version(version) >= parse_version(since)
 
 
 def cannot_load(facts: CheckpointFacts, version: str) -> str | None:
