@@ -7,6 +7,7 @@ from typing import Any
 
 from gateway.backends import llamacpp, vllm
 from gateway.backends.base import Backend, ContextOverflow, DeviceLender, FollowerHost, first_overflow
+from gateway.backends.server_host import ServerHost
 
 BACKENDS: tuple[Backend[Any, Any, Any], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
@@ -44,3 +45,9 @@ def context_overflow(text: str) -> ContextOverflow | None:
         if found := first_overflow(backend.overflow_patterns, text):
             return found
     return None
+
+
+# the engines whose whole server a worker runs for a head (a replica on its node)
+SERVER_HOSTS: dict[str, ServerHost] = {
+    backend.name: backend.server_host for backend in BACKENDS if backend.server_host is not None
+}
