@@ -98,7 +98,9 @@ class Nodes:
         headers = {"X-Claude-Code-Session-Id": session}
         return self.inside.call(httpx.post, self.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
 
-    def stream(self, session: str, max_tokens: int, out: dict[str, Any]) -> threading.Thread:
+    def stream(
+        self, session: str, max_tokens: int, out: dict[str, Any], extra: dict[str, Any] | None = None
+    ) -> threading.Thread:
         """A streamed turn of ``session`` on a thread inside the head's namespace: ``out`` gets the replica,
         the events read and whether the stream ended with an error event or [DONE]."""
         own = " ".join(f"{session}{i}" for i in range(40))
@@ -107,7 +109,7 @@ class Nodes:
             "messages": [{"role": "user", "content": f"{own}: count from one to a thousand"}],
             "max_tokens": max_tokens,
             "stream": True,
-        }
+        } | (extra or {})
 
         def run() -> None:
             with httpx.stream(
@@ -134,11 +136,13 @@ class Nodes:
             return None
 
         try:
-            return wait_until(
+            found = wait_until(
                 matching, what=what, timeout_s=timeout_s, interval_s=0.5, abort=exited(self.procs["head"])
             )
         except AssertionError as failed:
             raise AssertionError(f"{failed}:\n{self.log('head')[-6000:]}") from None
+        assert found is not None
+        return found
 
 
 def both_ready(status: dict[str, Any]) -> bool:
@@ -192,7 +196,9 @@ def two_nodes(
             inside.close()
 
 
-def serve_and_lose_a_node(nodes: Nodes, stall_s: float, back_s: float) -> None:
+def serve_and_lose_a_node(
+    nodes: Nodes, stall_s: float, back_s: float, stream_tokens: int = 2000, extra: dict[str, Any] | None = None
+) -> None:
     """The scenario both engine modules run: two replicas, one per node, both serving and sessions kept; the
     worker node killed mid-stream; the stream on it ends with its error event, every other request is
     answered, its sessions by the head's replica within the stall limit; the node returns and takes a new
@@ -218,7 +224,7 @@ def serve_and_lose_a_node(nodes: Nodes, stall_s: float, back_s: float) -> None:
 
     on_remote = next(session for session, replica in on.items() if replica == remote)
     streamed: dict[str, Any] = {}
-    thread = nodes.stream(on_remote, 2000, streamed)
+    thread = nodes.stream(on_remote, stream_tokens, streamed, extra)
     wait_until(lambda: len(streamed.get("events", [])) >= 3, what="the stream's first tokens", timeout_s=120)
     assert streamed["replica"] == remote
     lost = time.monotonic()
