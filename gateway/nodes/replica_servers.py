@@ -143,6 +143,11 @@ class ReplicaServers:
             if request.replica not in self.replicas and len(self.live()) >= MAX_REPLICAS_HERE:
                 raise Refused(409, f"this node runs {MAX_REPLICAS_HERE} replicas already")
             await self._stop(request.replica, "replaced by a new start from the head")
+            for name in [n for n in self.replicas if n != request.replica and n not in self.live()]:
+                if len(self.replicas) < MAX_REPLICAS_HERE:
+                    break
+                await self._stop(name, "")  # the oldest ended ones make room: their names are not kept for ever
+                del self.replicas[name]
             port = self.port(self.host)
             argv = served.host.argv(served.installation.command, request.args, self.host, port)
             self.starts += 1
@@ -230,6 +235,7 @@ class ReplicaServers:
                     await self.stop(name, "the head renewed no lease: it is gone")
                 elif not running.running and running.ended is None and id(running) not in reported:
                     reported.add(id(running))
+                    shutil.rmtree(running.temp_dir, ignore_errors=True)
                     log.error("replica %s exited: %s", name, " | ".join(list(running.lines.kept)[-3:]))
 
     async def close(self) -> None:
