@@ -86,17 +86,31 @@ class Nodes:
     def engines(self) -> dict[str, dict[str, Any]]:
         return {row["replica"]: row for row in self.status().get("engines", [])}
 
-    def turn(self, session: str, text: str, max_tokens: int = 4) -> httpx.Response:
+    def turn(self, session: str, text: str, max_tokens: int = 4, extra: dict[str, Any] | None = None) -> httpx.Response:
         """One turn of ``session``, its prompt opening with words of its own (so a new session is placed by
         load, not by a chat template another replica holds)."""
+        return self.inside.call(self._turn, session, text, max_tokens, extra)
+
+    def _turn(self, session: str, text: str, max_tokens: int, extra: dict[str, Any] | None) -> httpx.Response:
         own = " ".join(f"{session}{i}" for i in range(40))
-        body = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": f"{own}: {text}"}],
-            "max_tokens": max_tokens,
-        }
+        content = f"{own}: {text}"
+        body = {"model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
         headers = {"X-Claude-Code-Session-Id": session}
-        return self.inside.call(httpx.post, self.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+        return httpx.post(self.url + "/v1/chat/completions", json=body | (extra or {}), headers=headers, timeout=300)
+
+    def in_background(self, call: Callable[[], None]) -> threading.Thread:
+        """``call`` on a thread of its own inside the head's namespace."""
+
+        def run() -> None:
+            inside = Inside(self.head_ns)
+            try:
+                inside.call(call)
+            finally:
+                inside.close()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
 
     def stream(
         self, session: str, max_tokens: int, out: dict[str, Any], extra: dict[str, Any] | None = None
@@ -124,9 +138,7 @@ class Nodes:
                         out["events"].append(line[6:])
             out["done"] = True
 
-        thread = threading.Thread(target=lambda: self.inside.call(run), daemon=True)
-        thread.start()
-        return thread
+        return self.in_background(run)
 
     def status_when(self, holds: Callable[[dict[str, Any]], bool], what: str, timeout_s: float) -> dict[str, Any]:
         def matching() -> dict[str, Any] | None:
@@ -224,15 +236,24 @@ def serve_and_lose_a_node(
 
     on_remote = next(session for session, replica in on.items() if replica == remote)
     streamed: dict[str, Any] = {}
+    held: dict[str, httpx.Response] = {}  # a whole answer (not streamed) in flight on node-b when it goes
+
+    def whole() -> None:
+        held["answer"] = nodes._turn(on_remote, "count from one to a thousand", stream_tokens, extra)
+
+    waiting = nodes.in_background(whole)
     thread = nodes.stream(on_remote, stream_tokens, streamed, extra)
     wait_until(lambda: len(streamed.get("events", [])) >= 3, what="the stream's first tokens", timeout_s=120)
-    assert streamed["replica"] == remote
+    assert streamed["replica"] == remote and "answer" not in held
     lost = time.monotonic()
     nodes.nets.kill_all(nodes.node_ns)  # node-b is gone: its worker and its engine
     thread.join(timeout=stall_s + 60)
     assert streamed.get("done"), streamed
     assert streamed["events"][-1] != "[DONE]" and '"error"' in streamed["events"][-1], streamed["events"][-3:]
     nodes.times["stream_ended_s"] = round(time.monotonic() - lost, 1)
+    waiting.join(timeout=300)  # it had sent no byte: sent again to the head's replica, answered whole
+    assert held["answer"].status_code == 200 and held["answer"].headers["x-gateway-replica"] == local, held
+    nodes.times["whole_answer_moved_s"] = round(time.monotonic() - lost, 1)
 
     for session in on:  # every session answered, those of node-b by the head's replica, within the stall limit
         asked = time.monotonic()
@@ -241,7 +262,8 @@ def serve_and_lose_a_node(
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-gateway-replica"] == local
         assert took <= stall_s, (session, took)
-        nodes.times.setdefault("first_moved_answer_s", round(time.monotonic() - lost, 1))
+        if on[session] == remote:
+            nodes.times["moved_turn_max_s"] = max(nodes.times.get("moved_turn_max_s", 0.0), round(took, 2))
     nodes.times["all_answered_after_loss_s"] = round(time.monotonic() - lost, 1)
     nodes.status_when(
         lambda s: (s.get("engines") or [{}, {}])[int(remote) - 1].get("state") != "ready",
