@@ -140,6 +140,7 @@ def _replicas(
         supervisor = Supervisor(
             options,
             run_factory=run_factory,
+            wait_for_node=bool(replica.node),
             log_dir=settings.backend_log_dir / f"replica-{name}",
             startup_timeout_s=settings.startup_timeout_s,
             shutdown_grace_s=ENGINE_TERM_WAIT_S,

@@ -432,3 +432,56 @@ def test_cpu_replicas_go_one_per_node_in_turn_each_planned_for_its_own_machine()
     assert all(r.plan is alone for r in replicas) and not alone.inventory.remote
     assert alone.chosen is not None and not alone.chosen.nodes
     assert "2 nodes" in replication.why
+
+
+def test_a_replica_whose_node_is_down_at_the_first_start_waits_for_it_and_serves_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    """Before: the first start failed (the worker unreachable) and the replica gave up for good, so a node
+    started after the head never served."""
+
+    class LateNode(Control):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = 2  # starts that find the worker unreachable
+
+        async def start(self, *args: Any) -> Started:
+            if self.down:
+                self.down -= 1
+                self.calls.append(("start", "unreachable"))
+                raise GatewayError("worker node-b cannot be reached (ConnectError)")
+            return await super().start(*args)
+
+    async def scenario(wait_for_node: bool) -> Supervisor:
+        control = LateNode()
+        factory = remote_runs(control, "node-b", "2", INSTALLED)
+        waits: list[float] = []
+
+        def runs(launch: Any, **kwargs: Any) -> RemoteRun:
+            run = factory(launch, **kwargs)
+            run.renew_s, run.health = 0.01, _healthy
+            return run
+
+        async def _healthy(_launch: Any) -> bool:
+            return True
+
+        async def sleep(delay: float) -> None:
+            waits.append(delay)
+            await asyncio.sleep(0)
+
+        supervisor = Supervisor(
+            [_vllm()], log_dir=tmp_path, startup_timeout_s=5, shutdown_grace_s=1, run_factory=runs, sleep=sleep,
+            wait_for_node=wait_for_node,
+        )  # fmt: skip
+        await supervisor.start()
+        assert await supervisor.wait_settled() is State.FAILED  # the other replicas serve meanwhile
+        if wait_for_node:
+            await _until(lambda: supervisor.state is State.READY)
+            assert waits[:2] == [30.0, 60.0] and supervisor.live is not None
+            assert supervisor.live.launch.base_url == "http://10.0.0.2:41234"
+        await supervisor.stop()
+        return supervisor
+
+    given_up = asyncio.run(scenario(wait_for_node=False))
+    assert given_up.state is State.FAILED
+    asyncio.run(scenario(wait_for_node=True))
