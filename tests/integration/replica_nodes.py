@@ -74,6 +74,15 @@ class Nodes:
             abort=exited(self.procs["worker"]),
         )
 
+    def start_head(self, *serve_args: str) -> None:
+        """`serve` in the head's namespace: two replicas, the worker's node for the second."""
+        self.start(
+            "head", self.head_ns,
+            "serve", "--port", str(HEAD_PORT), "--workers", f"{NODE}:{WORKER_PORT}", "--worker-api-key", KEY,
+            "--replicas", "2", "--threads", "1", "--state-dir", str(self.workdir / "state-head"),
+            "--log-dir", str(self.workdir / "logs-head"), *serve_args,
+        )  # fmt: skip
+
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
 
@@ -178,12 +187,7 @@ def two_nodes(
         nodes = Nodes(nets, head_ns, node_ns, inside, workdir, model, worker_args, env)
         nodes.start_worker()
         started = time.monotonic()
-        nodes.start(
-            "head", head_ns,
-            "serve", "--port", str(HEAD_PORT), "--workers", f"{NODE}:{WORKER_PORT}", "--worker-api-key", KEY,
-            "--replicas", "2", "--threads", "1", "--state-dir", str(workdir / "state-head"),
-            "--log-dir", str(workdir / "logs-head"), *serve_args,
-        )  # fmt: skip
+        nodes.start_head(*serve_args)
         nodes.status_when(both_ready, "both replicas to serve", timeout_s=ready_s)
         nodes.times["ready_s"] = round(time.monotonic() - started, 1)
         yield nodes
