@@ -20,7 +20,7 @@ from gateway.nodes.start_request import FollowerState, ServerStart
 from gateway.nodes.survey import Nodes, NodeState
 from gateway.supervision.remote_run import Lease, ReplicaRefused, ServerState, Started
 
-CALL_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 5.0  # a renewal is a few hundred bytes: a node that takes longer counts as a miss
 UNSPECIFIED = ("", "0.0.0.0", "::")  # a worker bound to every interface: reached where the head reaches it
 
 
