@@ -21,6 +21,7 @@ from gateway.nodes.survey import Nodes, NodeState
 from gateway.supervision.remote_run import Lease, ReplicaRefused, ServerState, Started
 
 CALL_TIMEOUT_S = 5.0  # a renewal is a few hundred bytes: a node that takes longer counts as a miss
+START_TIMEOUT_S = 30.0  # a start first stops the replica's engine that runs (its grace: 10 s)
 UNSPECIFIED = ("", "0.0.0.0", "::")  # a worker bound to every interface: reached where the head reaches it
 
 
@@ -46,10 +47,10 @@ class WorkerReplicas:
                 return state
         raise GatewayError(f"no worker reported node {self.node!r} at the last survey")
 
-    async def _post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
+    async def _post(self, path: str, body: Mapping[str, Any], timeout_s: float | None = None) -> httpx.Response:
         state = self._state()
         try:
-            async with self.client(self.timeout_s) as client:
+            async with self.client(timeout_s or self.timeout_s) as client:
                 return await client.post(
                     f"http://{state.address}{path}", json=dict(body), headers=bearer_header(self.nodes.api_key)
                 )
@@ -60,7 +61,7 @@ class WorkerReplicas:
         self, replica: str, engine: str, version: str, args: tuple[str, ...], env: Mapping[str, str], lease_s: float
     ) -> Started:
         request = ServerStart(replica, engine, version, args, dict(env), lease_s)
-        answer = await self._post("/replica/start", request.to_json())
+        answer = await self._post("/replica/start", request.to_json(), max(self.timeout_s, START_TIMEOUT_S))
         data = _json(answer)
         if answer.status_code != 200 or not isinstance(data, dict):
             raise ReplicaRefused(f"worker {self.node} refused replica {replica}: {_message(answer, data)}")
@@ -94,7 +95,7 @@ class WorkerReplicas:
         )
 
     async def stop(self, replica: str) -> None:
-        await self._post("/replica/stop", {"replica": replica})
+        await self._post("/replica/stop", {"replica": replica}, max(self.timeout_s, START_TIMEOUT_S))
 
 
 def _json(answer: httpx.Response) -> Any:
