@@ -40,6 +40,7 @@ RENEW_S = 1.0  # also how soon its log lines reach the head
 MISSES = 3  # renewals in a row without an answer before the node counts as lost
 HEALTH_POLL_S = 0.5
 NODE_LOST = -3  # the "exit status" of a replica whose node stopped answering
+NODE_POLL_S = 2.0  # a start whose node does not answer asks it again this often (until node_wait_s)
 
 
 class ServerState(enum.Enum):
@@ -110,7 +111,11 @@ class RemoteRun:
         renew_s: float = RENEW_S,
         misses: int = MISSES,
         health: Callable[[Launch], Any] | None = None,
+        node_wait_s: float | None = None,
     ) -> None:
+        """``node_wait_s``: how long a start waits for a node whose worker does not answer (its start is part of
+        the replica's start; default ``startup_timeout_s``), so that a node that comes back is served again
+        within :data:`NODE_POLL_S`, not at the restart budget's growing backoff."""
         self._launch = launch
         self.control = control
         self.node = node
@@ -121,6 +126,7 @@ class RemoteRun:
         self.label = label or launch.engine
         self.lease_s, self.renew_s, self.misses = lease_s, renew_s, misses
         self.health = health or _health
+        self.node_wait_s = startup_timeout_s if node_wait_s is None else node_wait_s
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.log_path = log_dir / f"{launch.engine}-{stamp}-{node}.log"
         self.state = RunState.STARTING
@@ -197,16 +203,24 @@ class RemoteRun:
             self._fail(f"{launch.engine} cannot run as a replica on another node", FailureKind.ENGINE_FAILED)
             return
         args = host.args(launch.argv, installation.command)
-        try:
-            self.started = await self.control.start(
-                self.replica, launch.engine, installation.version, args, launch.env, self.lease_s
-            )
-        except ReplicaRefused as exc:
-            self._fail(str(exc), FailureKind.ENGINE_FAILED, "install the head's engine version on the node")
-            return
-        except GatewayError as exc:
-            self._fail(str(exc), FailureKind.DEVICE_UNREACHABLE, "check that the node's worker runs and answers")
-            return
+        waited_until = time.monotonic() + self.node_wait_s
+        while self.started is None:
+            try:
+                self.started = await self.control.start(
+                    self.replica, launch.engine, installation.version, args, launch.env, self.lease_s
+                )
+            except ReplicaRefused as exc:
+                self._fail(str(exc), FailureKind.ENGINE_FAILED, "install the head's engine version on the node")
+                return
+            except GatewayError as exc:  # the node is down: its start waits for it (the others serve meanwhile)
+                if time.monotonic() + NODE_POLL_S > waited_until:
+                    self._fail(str(exc), FailureKind.DEVICE_UNREACHABLE, "check that the node's worker runs")
+                    return
+                if self.reason is None:
+                    self.reason = f"waiting for node {self.node}: {exc}"
+                    log.warning("%s; asking again every %g s", self.reason, NODE_POLL_S)
+                await asyncio.sleep(NODE_POLL_S)
+        self.reason = None
         base = f"http://{_for_url(self.started.address)}:{self.started.port}"
         self._launch = replace(launch, port=self.started.port, base=base)
         self._watch = asyncio.create_task(self._follow(), name=f"replica {self.replica} on {self.node}")
@@ -332,7 +346,11 @@ async def _health(launch: Launch) -> bool:
 
 
 def remote_runs(
-    control: ReplicaControl, node: str, replica: str, installations: Mapping[str, Installation]
+    control: ReplicaControl,
+    node: str,
+    replica: str,
+    installations: Mapping[str, Installation],
+    node_wait_s: float | None = None,
 ) -> Callable[..., RemoteRun]:
     """The supervisor's ``run_factory`` for a replica on ``node``: each attempt a :class:`RemoteRun`."""
 
@@ -356,6 +374,7 @@ def remote_runs(
             startup_timeout_s=startup_timeout_s,
             shutdown_grace_s=shutdown_grace_s,
             label=label,
+            node_wait_s=node_wait_s,
         )
 
     return factory
