@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from gateway.backends.objective import Traits
+    from gateway.backends.server_host import ServerHost
     from gateway.core.devices import Device, Inventory
     from gateway.core.model_entry import ModelEntry
     from gateway.core.policy import Policy
@@ -389,6 +390,12 @@ class Backend(Protocol[C, M, E, S]):
     def follower_host(self) -> FollowerHost | None:
         """How a worker runs one rank of its engine group for a head on another node; None: it runs
         no ranks for others."""
+        ...
+
+    @property
+    def server_host(self) -> ServerHost | None:
+        """How a worker runs a whole server of this engine for a head on another node (a replica there);
+        None: it runs none for others."""
         ...
 
     def section_for(self, spec: str) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from gateway.backends import llamacpp, vllm
 from gateway.backends.base import Backend, ContextOverflow, DeviceLender, FollowerHost, first_overflow
+from gateway.backends.server_host import ServerHost
 
 BACKENDS: tuple[Backend[Any, Any, Any, BaseModel], ...] = (vllm.BACKEND, llamacpp.BACKEND)
 
@@ -46,3 +47,9 @@ def context_overflow(text: str) -> ContextOverflow | None:
         if found := first_overflow(backend.overflow_patterns, text):
             return found
     return None
+
+
+# the engines whose whole server a worker runs for a head (a replica on its node)
+SERVER_HOSTS: dict[str, ServerHost] = {
+    backend.name: backend.server_host for backend in BACKENDS if backend.server_host is not None
+}

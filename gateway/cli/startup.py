@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from functools import partial
 
 from gateway.core.devices import Inventory, inventory
+from gateway.core.errors import ConfigError
 from gateway.core.settings import Settings
 from gateway.nodes.group import WorkerGroup
 from gateway.nodes.pooled import with_other_nodes, worker_key
+from gateway.nodes.replica_client import WorkerReplicas
 from gateway.nodes.survey import Nodes
 from gateway.planning.serve_plan import ServePlan, nothing_to_start, options_of, plan_serving, plan_summary
 from gateway.serving.dialects.model_names import ModelRoute
@@ -24,9 +26,11 @@ from gateway.serving.routing.pool import Balance
 from gateway.serving.runtime import Engine, Runtime
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.after_failure import RestartBudget
+from gateway.supervision.engine_run import EngineRun, RunFactory
 from gateway.supervision.external import ExternalBackend, describe_server
 from gateway.supervision.lifecycle import ServedBackend
 from gateway.supervision.liveness import Activity, Limits, Liveness
+from gateway.supervision.remote_run import remote_runs
 from gateway.supervision.replica_set import ReplicaSet, with_env
 from gateway.supervision.supervisor import Supervisor
 
@@ -72,7 +76,8 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
         with_other_nodes(local, settings, nodes=nodes),
         survey=partial(nodes.survey, local) if nodes is not None else None,
     )
-    if replicated := _replicas(settings, serve_plan, keys, timeouts) or _group(settings, serve_plan, keys, timeouts):
+    replicated = _replicas(settings, serve_plan, keys, timeouts, nodes) or _group(settings, serve_plan, keys, timeouts)
+    if replicated:
         return replicated
     supervisor = Supervisor(
         serve_plan.options,
@@ -102,20 +107,20 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
     return Serving(runtime, supervisor, route.fronted)
 
 
-def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], timeouts: Timeouts) -> Serving | None:
+def _replicas(
+    settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], timeouts: Timeouts, nodes: Nodes | None = None
+) -> Serving | None:
     """The plan's replicas, each its own supervised engine on its own devices and port with its own client,
-    behind one router; None where the plan is one engine, or where a replica is on another node (a whole
-    engine through a worker is not started yet: the one engine above is)."""
+    behind one router; None where the plan is one engine. A replica on another node is a whole engine server
+    that node's worker runs (gateway/nodes/replica_client.py), supervised here as the others are."""
     planned = serve_plan.plan.replicas
     if len(planned) < 2:
-        return None
-    if any(replica.node for replica in planned):
-        log.info("plan: replicas on other nodes are not started yet: serving the one engine above")
         return None
     log.info("plan: %d replicas planned: serve starts each, supervised on its own", len(planned))
     per_replica = settings
     if not any(replica.devices for replica in planned) and settings.threads is None:  # CPU: its share of the cores
-        per_replica = settings.model_copy(update={"threads": max(1, (os.cpu_count() or 1) // len(planned))})
+        here = sum(1 for replica in planned if not replica.node)  # a worker's share: assumed as this machine's
+        per_replica = settings.model_copy(update={"threads": max(1, (os.cpu_count() or 1) // max(1, here))})
     engines: list[Engine] = []
     for replica in planned:
         name = str(replica.index + 1)
@@ -123,8 +128,17 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
         if not options:
             raise nothing_to_start(serve_plan.entry, replica.plan)
         client = EngineClient(timeouts, max_answer_bytes=settings.max_answer_bytes)
+        run_factory: RunFactory = EngineRun
+        if replica.node:  # started by that node's worker
+            if nodes is None:
+                raise ConfigError(f"replica {name} is planned on node {replica.node}: pass --workers with its address")
+            installations = {engine.backend.name: engine.installation for engine in replica.plan.engines}
+            control = WorkerReplicas(nodes, replica.node)
+            run_factory = remote_runs(control, replica.node, name, installations)
         supervisor = Supervisor(
             options,
+            run_factory=run_factory,
+            wait_for_node=bool(replica.node),
             log_dir=settings.backend_log_dir / f"replica-{name}",
             startup_timeout_s=settings.startup_timeout_s,
             shutdown_grace_s=ENGINE_TERM_WAIT_S,
@@ -136,7 +150,8 @@ def _replicas(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], 
                 end_requests=client.cut,
             ),
         )
-        log.info("replica %s (%s): %s", name, " ".join(f"{k}={v}" for k, v in replica.env.items()) or "this machine",
+        where = f"node {replica.node}" if replica.node else "this machine"
+        log.info("replica %s (%s): %s", name, " ".join([where, *(f"{k}={v}" for k, v in replica.env.items())]),
                  options[0].label)  # fmt: skip
         devices = tuple(device.label for device in replica.devices)
         engines.append(Engine(name, supervisor, client, replica.node, devices))

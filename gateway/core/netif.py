@@ -32,9 +32,3 @@ def interface_of(address: str) -> str | None:
                 return name
     return None
 
-
-def local_address_towards(host: str, port: int, timeout_s: float = 3.0) -> tuple[str, str]:
-    """(this machine's address, the peer's address) of a TCP connection to ``host:port``: the address
-    the other side sees this machine at, and the one it is reached at (names resolved)."""
-    with socket.create_connection((host.strip("[]"), port), timeout=timeout_s) as sock:
-        return str(sock.getsockname()[0]), str(sock.getpeername()[0])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import time
 from dataclasses import dataclass, replace
@@ -39,7 +40,8 @@ from gateway.core.process import ChildProcess
 from gateway.core.settings import Settings
 from gateway.nodes import start_request
 from gateway.nodes.followers import Followers, Hosted, describe, hosted_engines
-from gateway.nodes.start_request import Refused, StartRequest
+from gateway.nodes.replica_servers import ReplicaServers, Served, served_engines
+from gateway.nodes.start_request import REPLICA_NAME, Refused, ServerStart, StartRequest
 from gateway.serving.edge.http_limits import bounded_protocol
 from gateway.serving.edge.middleware import ApiKeys, ASGIApp
 from gateway.serving.edge.request_body import parse_object, read_body
@@ -181,10 +183,16 @@ class Worker:
     """This node's servers and its inventory; one task watches the servers and restarts the dead."""
 
     def __init__(
-        self, config: WorkerConfig, machine: Inventory, command: list[str], hosted: dict[str, Hosted] | None = None
+        self,
+        config: WorkerConfig,
+        machine: Inventory,
+        command: list[str],
+        hosted: dict[str, Hosted] | None = None,
+        served: dict[str, Served] | None = None,
     ) -> None:
         self.config = config
         self.followers = Followers(hosted or {}, config.log_dir)
+        self.replicas = ReplicaServers(served or {}, config.log_dir, config.host)
         self.machine = machine
         self.name = config.name or socket.gethostname()
         self.servers = [
@@ -200,6 +208,7 @@ class Worker:
         self.build = LENDER.build()
         self._watch: asyncio.Task[None] | None = None
         self._lease: asyncio.Task[None] | None = None
+        self._replica_lease: asyncio.Task[None] | None = None
         self._stopping = False
 
     async def start(self) -> None:
@@ -213,6 +222,7 @@ class Worker:
             raise
         self._watch = asyncio.create_task(self._keep_running(), name="device servers")
         self._lease = asyncio.create_task(self.followers.keep_lease(), name="follower lease")
+        self._replica_lease = asyncio.create_task(self.replicas.keep_lease(), name="replica leases")
 
     async def _keep_running(self) -> None:
         while not self._stopping:
@@ -231,12 +241,13 @@ class Worker:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in (self._watch, self._lease):
+        for task in (self._watch, self._lease, self._replica_lease):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.followers.close()
+        await self.replicas.close()
         for server in self.servers:
             await server.stop()
 
@@ -256,6 +267,8 @@ class Worker:
             # engine groups (vLLM across nodes): the engines this node runs ranks of, with their versions,
             # and the address it serves on (the head sends the one it reached, which may be a name)
             "group_engines": self.followers.engines(),
+            # the engines whose whole server it runs for a head (a replica on this node), with their versions
+            "replica_engines": self.replicas.engines(),
             "address": self.config.host,
             "devices": [
                 server.device.gpu.to_json()
@@ -291,6 +304,21 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
     async def inventory_route(_request: Request) -> Response:
         return JSONResponse(worker.inventory())
 
+    app = Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/inventory", inventory_route),
+            *_group_routes(worker),
+            *_replica_routes(worker),
+        ],
+        exception_handlers={HTTPException: _error, Exception: _error},
+    )
+    return ApiKeys(app, keys)
+
+
+def _group_routes(worker: Worker) -> list[Route]:
+    """/group: the ranks of an engine over nodes that this worker runs for the head."""
+
     async def group_state(_request: Request) -> Response:
         return JSONResponse(worker.followers.state())
 
@@ -298,7 +326,7 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
         try:
             started = await worker.followers.start(StartRequest.from_json(await _start_body(request)))
         except Refused as refused:
-            return JSONResponse({"error": {"message": str(refused), "type": "refused"}}, status_code=refused.status)
+            return _refused(refused)
         return JSONResponse(started)
 
     async def group_lease(_request: Request) -> Response:
@@ -307,18 +335,62 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
     async def group_stop(_request: Request) -> Response:
         return JSONResponse(await worker.followers.stop())
 
-    app = Starlette(
-        routes=[
-            Route("/health", health),
-            Route("/inventory", inventory_route),
-            Route("/group", group_state),
-            Route("/group/start", group_start, methods=["POST"]),
-            Route("/group/lease", group_lease, methods=["POST"]),
-            Route("/group/stop", group_stop, methods=["POST"]),
-        ],
-        exception_handlers={HTTPException: _error, Exception: _error},
-    )
-    return ApiKeys(app, keys)
+    return [
+        Route("/group", group_state),
+        Route("/group/start", group_start, methods=["POST"]),
+        Route("/group/lease", group_lease, methods=["POST"]),
+        Route("/group/stop", group_stop, methods=["POST"]),
+    ]
+
+
+def _replica_routes(worker: Worker) -> list[Route]:
+    """/replica: whole engine servers this worker runs for the head, each one replica."""
+
+    async def replica_states(_request: Request) -> Response:
+        return JSONResponse(worker.replicas.all_states())
+
+    async def replica_start(request: Request) -> Response:
+        try:
+            started = await worker.replicas.start(ServerStart.from_json(await _start_body(request)))
+        except Refused as refused:
+            return _refused(refused)
+        return JSONResponse(started)
+
+    async def replica_lease(request: Request) -> Response:
+        try:
+            name, since = _replica_named(await _start_body(request))
+        except Refused as refused:
+            return _refused(refused)
+        return JSONResponse(worker.replicas.renew(name, since))
+
+    async def replica_stop(request: Request) -> Response:
+        try:
+            name, _ = _replica_named(await _start_body(request))
+        except Refused as refused:
+            return _refused(refused)
+        return JSONResponse(await worker.replicas.stop(name))
+
+    return [
+        Route("/replica", replica_states),
+        Route("/replica/start", replica_start, methods=["POST"]),
+        Route("/replica/lease", replica_lease, methods=["POST"]),
+        Route("/replica/stop", replica_stop, methods=["POST"]),
+    ]
+
+
+def _refused(refused: Refused) -> Response:
+    return JSONResponse({"error": {"message": str(refused), "type": "refused"}}, status_code=refused.status)
+
+
+def _replica_named(body: Any) -> tuple[str, int]:
+    """A lease or stop request's replica name and the first log line the head has not read (checked)."""
+    name = body.get("replica") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not re.fullmatch(REPLICA_NAME, name):
+        raise Refused(400, "replica: the name the head started it with")
+    since = body.get("since", 0)
+    if not isinstance(since, int) or isinstance(since, bool) or since < 0:
+        raise Refused(400, "since: the number of the first log line not read yet (0 or more)")
+    return name, since
 
 
 async def _start_body(request: Request) -> Any:
@@ -342,6 +414,12 @@ def hosted_here(settings: Settings) -> dict[str, Hosted]:
     the engine's command is asked for its version, as ``serve`` asks it)."""
     installations = {name: registry.get(name).installation(settings, probe=True) for name in registry.FOLLOWER_HOSTS}
     return hosted_engines(installations, registry.FOLLOWER_HOSTS)
+
+
+def served_here(settings: Any) -> dict[str, Served]:
+    """The engines whose whole server this node runs for a head, each with its installation here (I/O)."""
+    installations = {name: registry.get(name).installation(settings, probe=True) for name in registry.SERVER_HOSTS}
+    return served_engines(installations, registry.SERVER_HOSTS)
 
 
 def run(config: WorkerConfig) -> int:
@@ -371,9 +449,13 @@ def run(config: WorkerConfig) -> int:
             machine, gpus=tuple(replace(g, name=f"simulated {g.total_bytes / MIB:.0f} MiB (CPU)") for g in machine.gpus)
         )
     hosted = hosted_here(config.engine_settings) if config.engine_settings is not None else {}
+    served = served_here(config.engine_settings) if config.engine_settings is not None else {}
     for line in describe(hosted):
         log.info("%s", line)
-    worker = Worker(config, machine, command, hosted)
+    for engine in served.values():
+        how = " ".join(engine.installation.command) if engine.installation.command else engine.installation.missing
+        log.info("%s replicas: %s (%s)", engine.host.title, engine.installation.version, how)
+    worker = Worker(config, machine, command, hosted, served)
     for device_server in worker.servers:
         gpu = device_server.device.gpu
         log.info(

@@ -236,12 +236,29 @@ def _has_gpus(plan: Plan) -> bool:
 
 
 def _cpu_replicas(plan: Plan, one: Shape, asked: int) -> Replication:
-    """``asked`` copies of the CPU plan on this machine, only where the user asks for them (each shares the
-    cores: serve gives each its share of the threads): no GPU to weigh, so never chosen by auto."""
+    """``asked`` copies of the CPU plan, only where the user asks for them (no GPU to weigh, so never chosen by
+    auto): one on this machine, then one on each worker that lends its CPU, in turn (a worker runs its copy
+    as a whole engine server; those on one machine share its cores: serve gives each its share of the
+    threads). Each copy is this machine's plan alone (never pooled over the others' devices), the worker's
+    RAM taken as this machine's, as for a GPU replica."""
     sessions = _each(plan.policy.sessions, asked)
-    replicas = tuple(Replica(i, "", (), plan, {}, sessions) for i in range(asked))
-    why = f"{asked} replicas as asked, on this machine's CPU (each its share of the cores)"
+    alone = _alone(plan, sessions)
+    nodes = ["", *sorted({d.node for d in plan.inventory.remote if d.is_cpu and d.node})]
+    replicas = tuple(Replica(i, nodes[i % len(nodes)], (), alone, {}, sessions) for i in range(asked))
+    where = "this machine's CPU" if len(nodes) == 1 else f"the CPUs of {len(nodes)} nodes, one each in turn"
+    why = f"{asked} replicas as asked, on {where} (each its share of its node's cores)"
     return Replication(Shape(replicas, plan.policy.sessions), one, None, asked, why)
+
+
+def _alone(plan: Plan, sessions: int) -> Plan:
+    """``plan`` for this machine's devices alone (the other nodes' left out), for ``sessions``."""
+    whole = plan.inventory
+    if not whole.remote:
+        return plan
+    machine = Inventory(whole.gpus, whole.ram_total_bytes, whole.ram_available_bytes, source=whole.source)
+    policy = replace(plan.policy, sessions=sessions, pool_nodes=False)
+    fresh = [EnginePlan(e.backend, e.installation, e.model) for e in plan.engines]
+    return evaluate_and_choose(plan.model, fresh, machine, policy)
 
 
 def _one_engine(plan: Plan) -> Shape | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from gateway.backends.base import Launch, Option
+from gateway.backends.base import FailureKind, Launch, Option
 from gateway.core.errors import GatewayError
 from gateway.core.process import free_port
 from gateway.remembered.known_good import KnownGoodSlot
@@ -113,6 +113,7 @@ class Supervisor:
         liveness: Liveness | None = None,
         group: GroupControl | None = None,
         group_run: Callable[[Run, GroupControl], Run] = GroupRun,
+        wait_for_node: bool = False,
     ) -> None:
         """``run_factory`` makes each attempt's run, ``sleep`` waits out the restart backoff and ``clock``
         places each restart in the budget's window: the real engine and clock by default, stand-ins in
@@ -121,8 +122,11 @@ class Supervisor:
         shown in /status. ``liveness`` watches a serving engine's progress: one that hangs is stopped and
         restarted as if it died.
         ``group`` starts an engine's ranks on other nodes (through their workers): an option whose launch
-        has followers runs as one group (``group_run``, gateway/supervision/group.py), one fate for all."""
+        has followers runs as one group (``group_run``, gateway/supervision/group.py), one fate for all.
+        ``wait_for_node``: a replica on another node whose first start found its node unreachable is tried
+        again at the budget's long backoff (the other replicas serve meanwhile), not given up for good."""
         self.options = list(options)
+        self.wait_for_node = wait_for_node
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
         self.shutdown_grace_s = shutdown_grace_s
@@ -281,13 +285,21 @@ class Supervisor:
             )
             if not await self._climb(options):
                 if not (resume and self.ever_ready and self.live is not None and self.live_option is not None):
-                    self._give_up()  # the first start: nothing ever served, `serve` exits with the attempts
-                    return
+                    if not await self._node_back():
+                        self._give_up()  # the first start: nothing ever served, `serve` exits with the attempts
+                        return
+                    self.state, self.reason, self._unexpected = State.READY, None, 0
+                    self._settled.set()
+                    return await self._serve_on()
                 await self._restart(UNEXPECTED)  # it served once: restarts within the budget, then long retries
                 if self._stopping or self.state is not State.READY:
                     return
         self.state, self.reason, self._unexpected = State.READY, None, 0
         self._settled.set()
+        await self._serve_on()
+
+    async def _serve_on(self) -> None:
+        """Serve, and restart the engine each time it dies, until stopped or given up."""
         while not self._stopping:
             assert self.live is not None
             code = await self._serving()
@@ -560,6 +572,30 @@ class Supervisor:
             except OSError as exc:
                 log.warning("could not store the measured speed: %s", exc)
         return speed
+
+    async def _node_back(self) -> bool:
+        """With ``wait_for_node``, after a first start that failed because its node did not answer: settled
+        as failed (serve goes on with the other replicas), then tried at the budget's long backoff until an
+        engine serves (True); False at once for any other failure."""
+        tries = 0
+        while self.wait_for_node and not self._stopping:
+            failure = self.live.failure if self.live is not None else None
+            if failure is None or failure.kind is not FailureKind.DEVICE_UNREACHABLE:
+                return False
+            delay = self.restart_budget.retry_delay(tries)
+            self.state, self.retry_at = State.FAILED, time.time() + delay
+            self.reason = (
+                f"not started: its node did not answer ({failure.line}); "
+                f"trying again at {_clock_utc(self.retry_at)} UTC (in {delay:g} s)"
+            )
+            log.error("%s", self.reason)
+            self._settled.set()
+            await self.sleep(delay)
+            tries += 1
+            self.state, self.retry_at = State.STARTING, None
+            if await self._climb(self.options):
+                return True
+        return False
 
     def _give_up(self, reason: str | None = None) -> None:
         self.state = State.FAILED

@@ -190,3 +190,28 @@ def test_a_data_parallel_group_starts_as_one_engine_over_all_its_gpus(tmp_path: 
     assert argv[argv.index("--tensor-parallel-size") + 1] == "1"  # each rank: one GPU
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "0,1" and launch.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert all("DP2 with EP" in option.label for option in options)  # every step-down keeps the group
+
+
+@needs_embedded_model
+def test_a_replica_planned_on_a_worker_node_is_started_through_that_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: serve logged "replicas on other nodes are not started yet" and started the one engine."""
+    from gateway.cli import startup
+    from gateway.core.devices import Device
+    from gateway.supervision.engine_run import EngineRun
+
+    worker_cpu = Device(0, "CPU", 8 * GIB, 8 * GIB, (0, 0), kind="cpu", node="node-b", endpoint="10.0.0.2:50052")
+    monkeypatch.setattr(startup, "with_other_nodes", lambda local, *_a, **_k: Inventory(
+        local.gpus, local.ram_total_bytes, local.ram_available_bytes, source=local.source, remote=(worker_cpu,)
+    ))  # fmt: skip
+    settings = _settings(tmp_path, replicas="2", threads=1, workers=["10.0.0.2:50100"])
+    served = assemble(settings, machine=CPU)
+    assert served.replicas is not None
+    here, there = served.runtime.engines
+    assert (here.node, there.node) == ("", "node-b")
+    assert isinstance(here.backend, Supervisor) and isinstance(there.backend, Supervisor)
+    assert here.backend.run_factory is EngineRun and not here.backend.wait_for_node
+    assert there.backend.run_factory is not EngineRun and there.backend.wait_for_node  # its worker starts it
+    argv = there.backend.options[0].launch(1, "k").argv
+    assert "--rpc" not in argv and argv[argv.index("--n_threads") + 1] == "1"  # its own plan, not pooled

@@ -23,6 +23,7 @@ from gateway.backends.llamacpp.option import LlamaCppOption
 from gateway.backends.llamacpp.overflow import OVERFLOW_PATTERNS
 from gateway.backends.llamacpp.quants import alternative, choose
 from gateway.backends.llamacpp.rpc import LENDER as RPC_LENDER
+from gateway.backends.llamacpp.server import SERVER_HOST
 from gateway.backends.llamacpp.settings import FILE_PINS, PINS, LlamaCppSettings, draft_setting, pinned_quant
 from gateway.backends.llamacpp.source import LlamaCppModel, LlamaCppSource, ensure_gguf
 from gateway.backends.llamacpp.speed import host_calibration
@@ -147,6 +148,7 @@ class LlamaCppBackend:
     overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
     lender = RPC_LENDER  # a worker's ggml-rpc-server per device, which the head adds with --rpc
     follower_host = None  # one llama-server on the head runs every layer: no ranks elsewhere
+    server_host = SERVER_HOST  # a worker runs a whole llama-server: a replica on its node
     # what planning needs, said when the model has none (the planner's "not planned" note)
     needs = "no GGUF for this model: pass --model FILE.gguf, or a catalog entry with gguf_repo + gguf_file"
 

