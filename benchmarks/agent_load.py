@@ -659,8 +659,19 @@ def gateway(args: argparse.Namespace, workdir: Path, keys: list[str], replicas: 
         url = f"http://127.0.0.1:{port}"
         wait_ok(url + "/ready", proc, log, timeout_s=900)
         auth = {"authorization": f"Bearer {keys[0]}"} if keys else {}
-        status = httpx.get(url + "/status", headers=auth, timeout=10).json()["backend"]
-        yield Target(url, status.get("served_name") or model, status["argv"], keys=keys)
+        deadline = time.monotonic() + 900
+        while True:  # /ready answers once one replica serves: the run waits for all of them
+            status = httpx.get(url + "/status", headers=auth, timeout=10).json()
+            engines = status.get("engines") or []
+            if all(row.get("state") == "ready" for row in engines) and len(engines) == (
+                replicas if replicas > 1 else 0
+            ):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"not every replica is ready: {[row.get('state') for row in engines]}; see {log}")
+            time.sleep(0.5)
+        backend = status["backend"]
+        yield Target(url, backend.get("served_name") or model, backend["argv"], keys=keys)
 
 
 def engine_argv(argv: list[str], port: int) -> list[str]:
