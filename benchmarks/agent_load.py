@@ -102,6 +102,8 @@ from benchmarks.agent_sessions import (
     streamed,
 )
 from benchmarks.replica_figures import comparison, kill_figures, percentile, schedule, shares, stayed
+from benchmarks.replica_nodes import NODE_NAME, TwoNodes, enter, run_in, two_nodes
+from benchmarks.replica_nodes import serve_args as node_serve_args
 from benchmarks.rpc_vs_local import free_port, process, wait_ok
 from gateway.core.settings import Settings
 from gateway.serving.dialects import messages_api, responses_api
@@ -148,6 +150,8 @@ class Target:
     direct: bool = False  # to the engine: each request made what the gateway would send it
     translate: bool = False  # direct to llama-server: Messages and Responses become chat completions
     keys: list[str] = field(default_factory=list)
+    netns: str | None = None  # --nodes: the head node's network namespace, where its address is reachable
+    nodes: TwoNodes | None = None  # --nodes with two replicas: the node that can be lost
 
 
 def _recorded(agent: str) -> dict[str, Any]:
@@ -356,6 +360,8 @@ def concurrently(jobs: Sequence[tuple[Conversation, range]], target: Target, **k
     gate = threading.Barrier(len(jobs))
 
     def one(conv: Conversation, turns: range) -> None:
+        if target.netns is not None:
+            enter(target.netns)  # this thread only: the session's requests go from the head node's network
         gate.wait()
         got = play(target, conv, turns, **kw)
         with lock:
@@ -507,7 +513,7 @@ def fairness(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 
 def _status(target: Target) -> dict[str, Any]:
     auth = {"authorization": f"Bearer {target.keys[0]}"} if target.keys else {}
-    status: dict[str, Any] = httpx.get(target.url + "/status", headers=auth, timeout=10).json()
+    status: dict[str, Any] = run_in(target.netns, httpx.get, target.url + "/status", headers=auth, timeout=10).json()
     return status
 
 
@@ -560,6 +566,8 @@ class HalfTimeKill:
         threading.Thread(target=self._kill, daemon=True).start()
 
     def _victim(self) -> str:
+        if self.target.nodes is not None:  # the node that can be lost: the worker's (the head serves the rest)
+            return next(name for name, row in _engines(self.target).items() if row["backend"].get("node") == NODE_NAME)
         bound = {str(row["name"]): int(row.get("sessions_bound") or 0) for row in pool_rows(self.target)}
         with self.lock:
             answered = shares(self.seen)
@@ -570,14 +578,20 @@ class HalfTimeKill:
     def _kill(self) -> None:
         try:
             victim = self._victim()
-            pid = int(_engines(self.target)[victim]["backend"]["pid"])
-            self.kill_s = time.perf_counter() - self.origin
-            try:
-                os.killpg(pid, signal.SIGKILL)  # the engine leads its own group (gateway.core.reaper)
-            except (ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-            self.killed = victim
-            print(f"killed replica {victim}'s engine (pid {pid}) at {self.kill_s:.1f} s", flush=True)
+            if self.target.nodes is not None:
+                self.kill_s = time.perf_counter() - self.origin
+                self.killed = victim
+                print(f"node of replica {victim} lost at {self.kill_s:.1f} s", flush=True)
+                self.target.nodes.lose_node()  # back (its worker started again) after --node-down
+            else:
+                pid = int(_engines(self.target)[victim]["backend"]["pid"])
+                self.kill_s = time.perf_counter() - self.origin
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # the engine leads its own group (gateway.core.reaper)
+                except (ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                self.killed = victim
+                print(f"killed replica {victim}'s engine (pid {pid}) at {self.kill_s:.1f} s", flush=True)
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
@@ -607,7 +621,7 @@ def after_kill(
     for number in range(args.new_after_kill):  # short new sessions, one after another, once it is back
         conv = conversation(f"aider#{100 + number}", 1)
         conv.key = 0 if target.keys else None
-        fresh += play(target, conv, range(1), origin=kill.origin, **kw)
+        fresh += run_in(target.netns, play, target, conv, range(1), origin=kill.origin, **kw)
     figures["new_sessions_by"] = [row.get("replica") or row.get("error") for row in fresh]
     return figures
 
@@ -643,7 +657,26 @@ def vllm_threads(threads: int) -> dict[str, str]:
 
 @contextlib.contextmanager
 def gateway(args: argparse.Namespace, workdir: Path, keys: list[str], replicas: int = 1) -> Iterator[Target]:
-    """``gateway serve`` on the plan's own flags, as agent_sessions.py starts it; stopped at the end."""
+    """``gateway serve`` on the plan's own flags, as agent_sessions.py starts it, in the shape asked
+    (``replicas`` on this machine, or with ``--nodes`` on two network-namespace nodes); stopped at the end."""
+    if not args.nodes:
+        with _serve(args, workdir, keys, replicas, None) as target:
+            yield target
+        return
+    worker_args = ["--threads", str(args.threads or 1)]
+    if args.engine == "vllm":
+        worker_args += ["--vllm-command", f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server"]
+    with (
+        two_nodes(workdir, worker_args, with_worker=replicas > 1, down_s=args.node_down) as nodes,
+        _serve(args, workdir, keys, replicas, nodes) as target,
+    ):
+        yield target
+
+
+@contextlib.contextmanager
+def _serve(
+    args: argparse.Namespace, workdir: Path, keys: list[str], replicas: int, nodes: TwoNodes | None
+) -> Iterator[Target]:
     cache = Path(os.environ.get("GATEWAY_TEST_CACHE", Path.home() / ".cache" / "gateway-tests"))
     model_args, model = _model_path(args, cache)
     model_args += serve_shape(args, replicas)
@@ -654,14 +687,18 @@ def gateway(args: argparse.Namespace, workdir: Path, keys: list[str], replicas: 
         "--state-dir", str(state), "--replan", "--engine", args.engine, *model_args,
     ]  # fmt: skip
     argv += [part for key in keys for part in ("--api-key", key)] + shlex.split(args.serve_args)
+    netns = None
+    if nodes is not None:  # the head node's gateway; the worker's replica with two
+        netns = nodes.head
+        argv = ["ip", "netns", "exec", netns, *argv] + (node_serve_args() if replicas > 1 else [])
     log = workdir / f"gateway-{port}.log"
     with process(argv, log) as proc:
         url = f"http://127.0.0.1:{port}"
-        wait_ok(url + "/ready", proc, log, timeout_s=900)
+        run_in(netns, wait_ok, url + "/ready", proc, log, timeout_s=900)
         auth = {"authorization": f"Bearer {keys[0]}"} if keys else {}
         deadline = time.monotonic() + 900
         while True:  # /ready answers once one replica serves: the run waits for all of them
-            status = httpx.get(url + "/status", headers=auth, timeout=10).json()
+            status = run_in(netns, httpx.get, url + "/status", headers=auth, timeout=10).json()
             engines = status.get("engines") or []
             if all(row.get("state") == "ready" for row in engines) and len(engines) == (
                 replicas if replicas > 1 else 0
@@ -671,7 +708,8 @@ def gateway(args: argparse.Namespace, workdir: Path, keys: list[str], replicas: 
                 raise RuntimeError(f"not every replica is ready: {[row.get('state') for row in engines]}; see {log}")
             time.sleep(0.5)
         backend = status["backend"]
-        yield Target(url, backend.get("served_name") or model, backend["argv"], keys=keys)
+        served = backend.get("served_name") or model
+        yield Target(url, served, backend["argv"], keys=keys, netns=netns, nodes=nodes if replicas > 1 else None)
 
 
 def engine_argv(argv: list[str], port: int) -> list[str]:
@@ -744,6 +782,13 @@ def main() -> int:
         "sessions once it is back",
     )
     parser.add_argument("--kill-after", type=float, default=None, help="seconds into the kill run to kill")
+    parser.add_argument(
+        "--nodes",
+        action="store_true",
+        help="two replicas on two network-namespace nodes (the head's own and a worker's; root), one engine on "
+        "the head node alone; the kill run loses the worker's node (every process in it) instead",
+    )
+    parser.add_argument("--node-down", type=float, default=5.0, help="seconds a lost node stays down (--nodes)")
     parser.add_argument("--new-after-kill", type=int, default=2, help="short new sessions sent once it is back")
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags (e.g. '--sessions 8')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one request may take")
@@ -756,8 +801,10 @@ def main() -> int:
     keys = [key for key in args.api_keys.split(",") if key]
     if args.target == "direct" and keys:
         parser.error("--api-keys is the gateway's; the engine alone takes none")
-    if args.target == "direct" and shapes != [1]:
-        parser.error("--replicas is the gateway's; --target direct runs the one engine")
+    if args.target == "direct" and (shapes != [1] or args.nodes):
+        parser.error("--replicas and --nodes are the gateway's; --target direct runs the one engine")
+    if args.nodes and (max(shapes) > 2 or args.fairness):
+        parser.error("--nodes runs one engine or two replicas (--replicas 1,2), not --fairness")
     args.stall_limit = stall_limit(args.serve_args)
     if args.engine == "vllm":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
