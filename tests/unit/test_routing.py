@@ -252,6 +252,28 @@ def test_a_new_conversation_goes_to_the_least_loaded_and_of_equals_where_its_sta
     assert spread.new_tokens is not None and spread.new_tokens >= spread.units.total_chars // 4 - 1  # type: ignore[union-attr]
 
 
+def test_sessions_that_start_together_are_spread_by_what_they_must_prefill_not_only_by_count() -> None:
+    """Before: of equally loaded replicas the first in order took the next new session, so eight agents'
+    first turns started at once went one by one in turn, and one replica of two got Claude Code's,
+    Qwen Code's and Cline's (a 20k, 18k, 6k-token prefill) and the other Codex's, opencode's and aider's
+    (9k, 8k, under 1k): the slow one set the run's end (agent_load --replicas 2, 8 sessions)."""
+    pool = pool_of(2)
+    big = pool.route(*_routed(recorded("claude", 1)))  # held open: their prefills are under way
+    small = pool.route(*_routed(recorded("aider", 1)))
+    assert big.replica is not small.replica
+    third = pool.route(*_routed(recorded("codex", 1)))  # one request on each: the one with less to prefill
+    assert (third.replica, third.why) == (small.replica, Why.LEAST_LOADED)
+    assert big.replica.pending_tokens > 10 * (small.replica.pending_tokens - third.new_tokens) > 0  # type: ignore[operator]
+    for placement in (big, small, third):
+        placement.release()
+        placement.release()  # once only
+    assert all(replica.pending_tokens == 0 and replica.load == 0 for replica in pool.replicas)
+
+
+def _routed(turn: Turn) -> tuple[dict[str, str], str, PromptUnits]:
+    return turn.headers, turn.session, turn.units
+
+
 # -- failover ----------------------------------------------------------------------------------------
 def test_a_down_replicas_sessions_move_counted_and_a_returning_one_takes_new_sessions() -> None:
     pool = pool_of(2)
