@@ -617,12 +617,12 @@ def after_kill(
     figures = kill_figures(rows, killed=kill.killed, kill_s=kill.kill_s, stall_s=args.stall_limit)
     figures["back_s_after_kill"] = round(kill.back_s, 1) if kill.back_s is not None else None
     kw = {"max_tokens": args.max_tokens, "retries": args.max_retries, "timeout": args.timeout}
-    fresh = []
-    for number in range(args.new_after_kill):  # short new sessions, one after another, once it is back
-        conv = conversation(f"aider#{100 + number}", 1)
+    fresh = [conversation(f"aider#{100 + number}", 1) for number in range(args.new_after_kill)]
+    for conv in fresh:
         conv.key = 0 if target.keys else None
-        fresh += run_in(target.netns, play, target, conv, range(1), origin=kill.origin, **kw)
-    figures["new_sessions_by"] = [row.get("replica") or row.get("error") for row in fresh]
+    # short new sessions, all at once, once it is back: where a new session goes when both serve
+    got = concurrently([(conv, range(1)) for conv in fresh], target, origin=kill.origin, **kw)
+    figures["new_sessions_by"] = [row.get("replica") or row.get("error") for row in got]
     return figures
 
 
@@ -789,7 +789,7 @@ def main() -> int:
         "the head node alone; the kill run loses the worker's node (every process in it) instead",
     )
     parser.add_argument("--node-down", type=float, default=5.0, help="seconds a lost node stays down (--nodes)")
-    parser.add_argument("--new-after-kill", type=int, default=2, help="short new sessions sent once it is back")
+    parser.add_argument("--new-after-kill", type=int, default=4, help="short new sessions sent at once once it is back")
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags (e.g. '--sessions 8')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one request may take")
     parser.add_argument("--json", type=Path)
