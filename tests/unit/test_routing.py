@@ -270,6 +270,24 @@ def test_sessions_that_start_together_are_spread_by_what_they_must_prefill_not_o
     assert all(replica.pending_tokens == 0 and replica.load == 0 for replica in pool.replicas)
 
 
+def test_a_start_whose_prefill_is_under_way_does_not_gather_the_sessions_that_share_it() -> None:
+    """Before: four Claude Code conversations started together (one user's subagents with their own
+    session ids, or four users) went where the first one's system prompt and tools had been sent, as if
+    held: the engine prefilled the 20k-token start four times on one replica while the other idled
+    (agent_load --replicas 2, 16 sessions: 109k tokens to prefill on one, 80k on the other)."""
+    pool = pool_of(2)
+    first = recorded("claude", 1)
+    home = pool.route(*_routed(first))  # its prefill under way
+    other = pool.route(*_routed(recorded("codex", 1)))  # a shorter one on the other replica
+    assert other.replica is not home.replica
+    sibling = pool.route(*_routed(first.with_task("Write the tests").with_headers(x_claude_code_session_id="s2")))
+    assert (sibling.replica, sibling.why) == (other.replica, Why.LEAST_LOADED)
+    for placement in (home, other, sibling):
+        placement.release()
+    again = place(pool, first.with_task("Fix the build").with_headers(x_claude_code_session_id="s3"))
+    assert again.why is Why.PREFIX  # nothing under way: where its start is held
+
+
 def _routed(turn: Turn) -> tuple[dict[str, str], str, PromptUnits]:
     return turn.headers, turn.session, turn.units
 

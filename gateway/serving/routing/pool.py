@@ -4,12 +4,13 @@ A turn goes to the replica that served its conversation's last turn: that replic
 conversation, and anywhere else the whole prompt (20k tokens and more for a coding agent) is prefilled
 again. A new conversation goes where its parent's is (an agent's subagents and threads share its system
 prompt and tools: :mod:`gateway.serving.routing.affinity`), else to the least loaded replica; of equally
-loaded ones, to the one with the least prefill ahead of its first token (what the requests placed there
-and not over yet must prefill, plus what this prompt must prefill there, each by the replica's own
-:class:`KnownPrefixes`, the estimate the scheduler orders by, a replica that holds less than 30 % of the
-prompt counted as holding none: sessions that start together are spread by their size, not only their
-count — a 20k-token Claude Code turn outweighs an 800-token aider one), then to one that holds at least
-30 % of its prompt, then to the one with the fewest conversations bound. Unrelated
+loaded ones, to the one with the least prefill under way (what the requests placed there and not over
+yet must prefill, by each replica's own :class:`KnownPrefixes`, the estimate the scheduler orders by:
+sessions that start together are spread by their size, not only their count — a 20k-token Claude Code
+turn outweighs an 800-token aider one), then to one that holds at least 30 % of its prompt, then to
+the one with the fewest conversations bound. A start held where a prefill is still under way may be
+that very prefill, which the engine cannot share yet (eight sessions of one agent started together each
+prefill the whole start), so it decides only between replicas with as much under way. Unrelated
 conversations that share only an agent's system prompt and tools are spread, not gathered where that
 start is held: it is prefilled once per replica, while gathering them would leave the other replicas
 idle until the thresholds below are passed (64 requests). A conversation leaves its
@@ -371,7 +372,7 @@ class Pool(Generic[U]):
     ) -> tuple[Replica[U], Why]:
         """Where a conversation with no replica goes: its nearest parent's, unless that replica is loaded past
         the thresholds; else the least loaded, and of equally loaded ones the one with the least prefill
-        ahead of this prompt's first token (its own included), then one that holds the prompt's start."""
+        under way, then one that holds the prompt's start."""
         for parent in affinity.parents:
             replica = self._bound(parent, serving)
             if replica is not None:
@@ -380,16 +381,12 @@ class Pool(Generic[U]):
                 return replica, Why.PARENT
         if units is None or not units.total_chars:
             return least, Why.LEAST_LOADED
-        new = {replica.name: replica.prefixes.new_tokens(units) for replica in serving}
-        shares = {name: self._held_share(tokens, units) for name, tokens in new.items()}
+        shares = {replica.name: self._held_share(replica.prefixes.new_tokens(units), units) for replica in serving}
         held = {name: share if share >= self.prefix_share else 0.0 for name, share in shares.items()}
-
-        whole = units.total_chars // CHARS_PER_TOKEN  # a start held below the share counts as none
 
         def rank(replica: Replica[U]) -> tuple[int, int, float, int, int]:
             load, bound, position = self._lightness(replica)
-            own = new[replica.name] if held[replica.name] else whole
-            return load, replica.pending_tokens + own, -held[replica.name], bound, position
+            return load, replica.pending_tokens, -held[replica.name], bound, position
 
         best = min(serving, key=rank)
         return best, Why.PREFIX if held[best.name] else Why.LEAST_LOADED
