@@ -55,8 +55,9 @@ each run records the load average as it began, the replica that answered each tu
 two replicas in which the replica with the most sessions has its engine SIGKILLed at half the two-replica
 runs' time: errors are split into streams already started (allowed) and the rest, the killed replica's
 sessions are followed to their next answer (by whom, how soon, against the stall limit), and once it is
-back new sessions are sent one after another to see that it takes them. The arithmetic is in
-``replica_figures.py`` (tested in tests/unit/test_replica_figures.py).
+back short new sessions are sent at once to see that it takes them. The arithmetic is in
+tests/integration/tools/replica_figures.py (tested by tests/unit/test_replica_figures.py; tests never
+import benchmarks).
 
 The model: ``--model tiny`` (tests/integration/tools/session_models.py), SmolLM2's tokenizer and tool
 template on a tiny random body: real prompt sizes and cache hits, prefill fast enough for 20k-token
@@ -101,7 +102,6 @@ from benchmarks.agent_sessions import (
     session,
     streamed,
 )
-from benchmarks.replica_figures import comparison, kill_figures, percentile, schedule, shares, stayed
 from benchmarks.replica_nodes import NODE_NAME, TwoNodes, enter, run_in, two_nodes
 from benchmarks.replica_nodes import serve_args as node_serve_args
 from benchmarks.rpc_vs_local import free_port, process, wait_ok
@@ -109,6 +109,7 @@ from gateway.core.settings import Settings
 from gateway.serving.dialects import messages_api, responses_api
 from gateway.serving.dialects.prompt_prefix import strip_billing_header
 from tests.integration.tools import session_models
+from tests.integration.tools.replica_figures import comparison, kill_figures, percentile, schedule, shares, stayed
 
 # the conversations of a run, in order: issue 39's eight, then more of each (Claude Code's subagents first)
 MIX = (

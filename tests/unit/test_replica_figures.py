@@ -1,5 +1,6 @@
-"""The arithmetic of ``benchmarks/agent_load.py --replicas`` (benchmarks/replica_figures.py), on rows made by
-hand: where turns went, the affinity read from the answers, one replica against two, and a kill's cost."""
+"""The arithmetic of ``benchmarks/agent_load.py --replicas`` (tests/integration/tools/replica_figures.py), on
+rows made by hand: where turns went, the affinity read from the answers, one replica against two, and a
+kill's cost."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.replica_figures import comparison, kill_figures, percentile, schedule, shares, stayed
+from tests.integration.tools.replica_figures import comparison, kill_figures, percentile, schedule, shares, stayed
 
 
 def turn(session: str, number: int, replica: str | None, sent_s: float = 0.0, total_ms: int = 100) -> dict[str, Any]:

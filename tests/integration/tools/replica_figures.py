@@ -1,6 +1,6 @@
 """The arithmetic of ``agent_load.py --replicas``: where turns went, one replica against two, and what a
 replica lost at half time cost. Kept apart from the runs (no engine, no HTTP) so that a fast test can
-check it on rows made by hand (tests/unit/test_replica_figures.py).
+check it on rows made by hand (tests/unit/test_replica_figures.py; tests never import benchmarks/).
 
 A row is one turn as ``agent_load.play`` records it: ``session``, ``turn`` (1-based), ``sent_s`` (since
 the run began), ``replica`` (the ``x-gateway-replica`` that answered, when the gateway named one),
