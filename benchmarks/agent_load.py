@@ -877,6 +877,9 @@ def main() -> int:
                     run["pool"] = pool_rows(target) if args.target == "gateway" else []
                     run["load_after"] = os.getloadavg()
                 results["runs"].append(run)
+                if args.json:  # each run as it ends: a later run that hangs loses nothing measured
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.write_text(json.dumps(results, indent=1))
                 print(table([run]), flush=True)
                 if kill is not None:
                     print(json.dumps(run["kill_figures"]), flush=True)
