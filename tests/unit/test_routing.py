@@ -252,6 +252,46 @@ def test_a_new_conversation_goes_to_the_least_loaded_and_of_equals_where_its_sta
     assert spread.new_tokens is not None and spread.new_tokens >= spread.units.total_chars // 4 - 1  # type: ignore[union-attr]
 
 
+def test_sessions_that_start_together_are_spread_by_what_they_must_prefill_not_only_by_count() -> None:
+    """Before: of equally loaded replicas the first in order took the next new session, so eight agents'
+    first turns started at once went one by one in turn, and one replica of two got Claude Code's,
+    Qwen Code's and Cline's (a 20k, 18k, 6k-token prefill) and the other Codex's, opencode's and aider's
+    (9k, 8k, under 1k): the slow one set the run's end (agent_load --replicas 2, 8 sessions)."""
+    pool = pool_of(2)
+    big = pool.route(*_routed(recorded("claude", 1)))  # held open: their prefills are under way
+    small = pool.route(*_routed(recorded("aider", 1)))
+    assert big.replica is not small.replica
+    third = pool.route(*_routed(recorded("codex", 1)))  # one request on each: the one with less to prefill
+    assert (third.replica, third.why) == (small.replica, Why.LEAST_LOADED)
+    assert big.replica.pending_tokens > 10 * (small.replica.pending_tokens - third.new_tokens) > 0  # type: ignore[operator]
+    for placement in (big, small, third):
+        placement.release()
+        placement.release()  # once only
+    assert all(replica.pending_tokens == 0 and replica.load == 0 for replica in pool.replicas)
+
+
+def test_a_start_whose_prefill_is_under_way_does_not_gather_the_sessions_that_share_it() -> None:
+    """Before: four Claude Code conversations started together (one user's subagents with their own
+    session ids, or four users) went where the first one's system prompt and tools had been sent, as if
+    held: the engine prefilled the 20k-token start four times on one replica while the other idled
+    (agent_load --replicas 2, 16 sessions: 109k tokens to prefill on one, 80k on the other)."""
+    pool = pool_of(2)
+    first = recorded("claude", 1)
+    home = pool.route(*_routed(first))  # its prefill under way
+    other = pool.route(*_routed(recorded("codex", 1)))  # a shorter one on the other replica
+    assert other.replica is not home.replica
+    sibling = pool.route(*_routed(first.with_task("Write the tests").with_headers(x_claude_code_session_id="s2")))
+    assert (sibling.replica, sibling.why) == (other.replica, Why.LEAST_LOADED)
+    for placement in (home, other, sibling):
+        placement.release()
+    again = place(pool, first.with_task("Fix the build").with_headers(x_claude_code_session_id="s3"))
+    assert again.why is Why.PREFIX  # nothing under way: where its start is held
+
+
+def _routed(turn: Turn) -> tuple[dict[str, str], str, PromptUnits]:
+    return turn.headers, turn.session, turn.units
+
+
 # -- failover ----------------------------------------------------------------------------------------
 def test_a_down_replicas_sessions_move_counted_and_a_returning_one_takes_new_sessions() -> None:
     pool = pool_of(2)

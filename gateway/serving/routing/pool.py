@@ -4,8 +4,13 @@ A turn goes to the replica that served its conversation's last turn: that replic
 conversation, and anywhere else the whole prompt (20k tokens and more for a coding agent) is prefilled
 again. A new conversation goes where its parent's is (an agent's subagents and threads share its system
 prompt and tools: :mod:`gateway.serving.routing.affinity`), else to the least loaded replica; of equally
-loaded ones, to one that holds at least 30 % of its prompt (each replica's own :class:`KnownPrefixes`,
-the estimate the scheduler orders by), then to the one with the fewest conversations bound. Unrelated
+loaded ones, to the one with the least prefill under way (what the requests placed there and not over
+yet must prefill, by each replica's own :class:`KnownPrefixes`, the estimate the scheduler orders by:
+sessions that start together are spread by their size, not only their count — a 20k-token Claude Code
+turn outweighs an 800-token aider one), then to one that holds at least 30 % of its prompt, then to
+the one with the fewest conversations bound. A start held where a prefill is still under way may be
+that very prefill, which the engine cannot share yet (eight sessions of one agent started together each
+prefill the whole start), so it decides only between replicas with as much under way. Unrelated
 conversations that share only an agent's system prompt and tools are spread, not gathered where that
 start is held: it is prefilled once per replica, while gathering them would leave the other replicas
 idle until the thresholds below are passed (64 requests). A conversation leaves its
@@ -132,6 +137,7 @@ class Replica(Generic[U]):
         self.prefixes_generation = self.generation  # the generation whose prompts ``prefixes`` remembers
         self.queued = 0  # placed here, waiting for one of its slots
         self.active = 0  # in its engine
+        self.pending_tokens = 0  # what the requests placed here and not over yet must prefill (their estimates)
         self.suspect_until = float("-inf")
         self.counters = ReplicaCounters()
         self.ttft = TtftRecord()  # its first outputs: a histogram for /metrics, the latest for the p95
@@ -190,8 +196,10 @@ class Placement(Generic[U]):
         self.tried = tried | {replica.name}  # replicas this request has been placed on
         self._counted = counted
         self._phase = Phase.QUEUED if counted else Phase.RELEASED
+        self._pending = (new_tokens or 0) if counted else 0
         if counted:
             replica.queued += 1
+            replica.pending_tokens += self._pending
 
     @property
     def released(self) -> bool:
@@ -216,6 +224,8 @@ class Placement(Generic[U]):
             self.replica.queued -= 1
         elif self._phase is Phase.ACTIVE:
             self.replica.active -= 1
+        if self._phase is not Phase.RELEASED:
+            self.replica.pending_tokens -= self._pending
         self._phase = Phase.RELEASED
 
 
@@ -361,7 +371,8 @@ class Pool(Generic[U]):
         self, affinity: Affinity, units: PromptUnits | None, serving: list[Replica[U]], least: Replica[U]
     ) -> tuple[Replica[U], Why]:
         """Where a conversation with no replica goes: its nearest parent's, unless that replica is loaded past
-        the thresholds; else the least loaded, and of equally loaded ones, one that holds the prompt's start."""
+        the thresholds; else the least loaded, and of equally loaded ones the one with the least prefill
+        under way, then one that holds the prompt's start."""
         for parent in affinity.parents:
             replica = self._bound(parent, serving)
             if replica is not None:
@@ -370,20 +381,20 @@ class Pool(Generic[U]):
                 return replica, Why.PARENT
         if units is None or not units.total_chars:
             return least, Why.LEAST_LOADED
-        shares = {replica.name: self._held_share(replica, units) for replica in serving}
+        shares = {replica.name: self._held_share(replica.prefixes.new_tokens(units), units) for replica in serving}
         held = {name: share if share >= self.prefix_share else 0.0 for name, share in shares.items()}
 
-        def rank(replica: Replica[U]) -> tuple[int, float, int, int]:
+        def rank(replica: Replica[U]) -> tuple[int, int, float, int, int]:
             load, bound, position = self._lightness(replica)
-            return load, -held[replica.name], bound, position
+            return load, replica.pending_tokens, -held[replica.name], bound, position
 
         best = min(serving, key=rank)
         return best, Why.PREFIX if held[best.name] else Why.LEAST_LOADED
 
     @staticmethod
-    def _held_share(replica: Replica[U], units: PromptUnits) -> float:
-        """The share of the prompt the replica likely holds (what it need not prefill)."""
-        new_chars = min(replica.prefixes.new_tokens(units) * CHARS_PER_TOKEN, units.total_chars)
+    def _held_share(new_tokens: int, units: PromptUnits) -> float:
+        """The share of the prompt a replica likely holds (what it need not prefill: all but ``new_tokens``)."""
+        new_chars = min(new_tokens * CHARS_PER_TOKEN, units.total_chars)
         return 1.0 - new_chars / units.total_chars
 
     def _bind(self, affinity: Affinity, chosen: Replica[U]) -> None:
