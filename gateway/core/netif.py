@@ -31,4 +31,3 @@ def interface_of(address: str) -> str | None:
             if ipv4_of(name) == address:
                 return name
     return None
-
