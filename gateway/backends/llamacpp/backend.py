@@ -298,6 +298,7 @@ class LlamaCppBackend:
             "llama.cpp, its best placement:",
             f"  {mark} {Path(found.checkpoint).name}: {found.where}, context {found.n_ctx:,}, KV {found.kv_type}, "
             f"~{found.tokens_per_s:,.0f} tokens/s" + (f" (gives up: {', '.join(lost)})" if lost else ""),
+            *([f"     {found.batch.why}"] if found.batch else []),
         ]
 
     def rows(self, candidates: list[LlamaCppCandidate], chosen: object) -> list[str]:
