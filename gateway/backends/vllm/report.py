@@ -41,7 +41,7 @@ def summary(candidates: list[VllmCandidate], chosen: object) -> list[str]:
         figures += f", ~{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else ""
         fragile = best.traits.shortfalls()
         lines.append(f"  {mark} {what}: {figures}" + (f" (gives up: {', '.join(fragile)})" if fragile else ""))
-        if best is chosen:  # what a step holds, and why (gateway/backends/vllm/scheduling.py)
+        if best is chosen and f.long_prefill_tokens:  # the plan's own step share, and why (scheduling.py)
             lines.append(f"     {step_phrase(f)}")
     across = [c for c in candidates if c.planned_only]
     return lines + (_across_nodes(across) if any(c.fits for c in across) else [])
