@@ -449,6 +449,7 @@ def fairness(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     kw = {"max_tokens": args.max_tokens, "retries": args.max_retries, "timeout": args.timeout}
     warm = conversation(f"{args.fairness_session}#1", args.turns + args.burst_turns)
     warm.key = 0 if target.keys else None
+    every_replica_ready(target)  # a replica still loading would slow the turns measured alone
     origin = time.perf_counter()
     alone = play(target, warm, range(args.turns), origin=origin, **kw)
     times = [(row.get("ttft_ms"), row.get("total_ms")) for row in alone]
@@ -476,6 +477,21 @@ def fairness(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     turn, later = under[0], under[1:]
     figures = fairness_figures(alone, turn, rows) | later_figures(alone, under)
     return {"alone": alone, "burst_turn": turn, "later_turns": later, "burst": rows, "figures": figures}
+
+
+def every_replica_ready(target: Target, timeout_s: float = 900) -> None:
+    """Wait until every replica /status lists (``engines``, with several) is ready: /ready answers as soon
+    as one serves."""
+    if target.direct:
+        return
+    auth = {"authorization": f"Bearer {target.keys[0]}"} if target.keys else {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        engines = httpx.get(target.url + "/status", headers=auth, timeout=10).json().get("engines") or []
+        if all(engine.get("state") == "ready" for engine in engines):
+            return
+        time.sleep(1)
+    raise RuntimeError(f"not every replica ready after {timeout_s:.0f} s")
 
 
 def later_figures(alone: Rows, under: Rows) -> dict[str, Any]:
