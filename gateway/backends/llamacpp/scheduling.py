@@ -22,8 +22,11 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   against 1.4 s for a warm turn's 8-token answer beside a 20k-token prefill here, the prefill ~12 %
   slower). On the CPU ``-b 64``: the CPU backend's flash attention runs tiled from 64 query rows up
   (ggml-cpu/ops.cpp:9546, GGML_FA_TILE_Q 64 in ggml-cpu/common.h), so a 19k-token prefill takes the
-  same CPU time as with 512 (7.2 s against 8.0 s here; 21 s with 32), while a warm turn's 8-token
-  answer beside it went from 23x its time alone to 3-4x (benchmarks/agent_load.py --fairness). A step
+  same CPU time as with 512 (7.2 s against 8.0 s here; 21 s with 32; measured on a dense model: an
+  MoE's experts each see fewer of a step's tokens, not measured), while a warm turn's 8-token answer
+  beside eight cold 20k-token prompts went from 17-37x its time alone to 3.1x for the first turn and
+  4-7x for later ones, deeper into the prefills (benchmarks/agent_load.py --fairness --burst-turns 6;
+  docs/many-agents.md). A step
   must also hold every generating slot's draft: llama-server aborts when they do not fit
   (server-context.cpp:576), and one n-gram draft is up to 64 tokens, so with ``-b 64`` each slot
   drafts at most 15 (4 slots x 16 = 64; backends.llamacpp.drafting.step_bound). No
