@@ -1,8 +1,8 @@
 """Many agent sessions at once on one engine: does a warm turn stay warm and quick when others arrive?
 
     PYTHONPATH=. .venv/bin/python benchmarks/agent_load.py [--target gateway|direct] [--engine llamacpp|vllm]
-        [--sessions 1,4,8,16] [--turns 4] [--fairness] [--api-keys k1,k2] [--json FILE]
-        [--replicas 1,2 --rounds 2 --threads 1 [--kill-at-half]]
+        [--sessions 1,4,8,16] [--turns 4] [--fairness [--burst-turns K]] [--api-keys k1,k2] [--json FILE]
+        [--logs DIR] [--replicas 1,2 --rounds 2 --threads 1 [--kill-at-half]]
 
 agent_sessions.py measures one conversation at a time; coding agents are used several at once (Claude
 Code's parallel subagents, a developer's two or three agents, a team on one node). This runs N
@@ -35,7 +35,12 @@ sees it. A 429 without Retry-After, any other status, or a broken stream is an e
 eight cold ~20k-token Claude Code first turns are sent at once, each a new user's conversation with
 its own project notes after the system prompt (before the tools, which the template renders after
 it, so no two share more of the cache than the system prompt), and ``--burst-lead`` seconds later
-the warm session's next turn. Reported: that turn's TTFT against the median of its warm turns alone.
+the warm session's next turn. Reported: that turn's first output and its whole answer (``--max-tokens``
+tokens; the figure that counts when every step of the answer may wait for the cold prompts) against
+the median of its warm turns alone, and the burst's cold turns: TTFT and the tokens the engine
+prefilled per second from the first sent to the last answered. ``--burst-turns K``: K - 1 more of the
+warm session's turns while the burst lasts, ``--burst-gap`` seconds apart (one sample per run is at the
+mercy of whatever else the machine runs at that moment); their whole-answer ratios' median and max.
 
 Targets. ``gateway``: ``gateway serve`` on the plan's own flags (as agent_sessions.py starts it,
 plus ``--api-key`` for each of ``--api-keys``, spread over the conversations in turn, and
@@ -455,45 +460,68 @@ def comparison_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def fairness_figures(alone: list[dict[str, Any]], burst_turn: dict[str, Any]) -> dict[str, Any]:
-    """The warm turn under the burst against the median of the same session's warm turns alone."""
-    warm = [row["ttft_ms"] for row in alone if row["turn"] > 1 and "error" not in row]
-    base = statistics.median(warm) if warm else None
-    under = burst_turn.get("ttft_ms")
-    return {
-        "alone_warm_ttft_ms": warm,
-        "alone_median_ms": base,
-        "under_burst_ms": under,
-        "ratio": round(under / base, 1) if base and under is not None else None,
-    }
+Rows = list[dict[str, Any]]
+
+
+def fairness_figures(alone: Rows, burst_turn: dict[str, Any], burst: Rows) -> dict[str, Any]:
+    """The warm turn under the burst against the median of the same session's warm turns alone: its first
+    output (``ttft_ms``) and its whole answer (``total_ms``); and the burst's cold prefill: the tokens
+    the engine prefilled over the time from the first cold turn sent to the last one answered."""
+    warm = [row for row in alone if row["turn"] > 1 and "error" not in row]
+    figures: dict[str, Any] = {"alone_warm_ttft_ms": [row["ttft_ms"] for row in warm]}
+    for name, field_ in (("", "ttft_ms"), ("answer_", "total_ms")):
+        base = statistics.median(row[field_] for row in warm) if warm else None
+        under = burst_turn.get(field_)
+        figures |= {
+            f"alone_{name}median_ms": base,
+            f"under_burst_{name}ms": under,
+            f"{name}ratio": round(under / base, 1) if base and under is not None else None,
+        }
+    cold = [row for row in burst if "error" not in row]
+    if cold:
+        wall = max(row["sent_s"] + row["total_ms"] / 1000 for row in cold) - min(row["sent_s"] for row in cold)
+        prefilled = sum(row["prefilled"] for row in cold)
+        figures |= {"burst_wall_s": round(wall, 1), "burst_prefilled": prefilled}
+        figures["burst_prefill_tokens_per_s"] = round(prefilled / wall) if wall > 0 else None
+    return figures
 
 
 def fairness_table(fair: dict[str, Any]) -> str:
     f = fair["figures"]
     turn = fair["burst_turn"]
     cold = [row["ttft_ms"] for row in fair["burst"] if "error" not in row]
+    errors = sum("error" in row for row in [*fair["alone"], turn, *fair.get("later_turns", []), *fair["burst"]])
+    later = f"{f.get('answer_ratio_median')}× / {f.get('answer_ratio_max')}× ({len(f.get('answer_ratios', []))} turns)"
+    first = f"{_ms(f['alone_median_ms'])} → {_ms(f['under_burst_ms'])} ({f['ratio']}×)"
+    answer = f"{_ms(f.get('alone_answer_median_ms'))} → {_ms(f.get('under_burst_answer_ms'))}"
+    answer += f" ({f.get('answer_ratio')}×)"
     return "\n".join(
         [
-            "| target | engine | warm session | TTFT alone (turns 2..k, median) | TTFT under the burst "
-            "| ratio | its new / prefilled | burst: cold first turns TTFT p50 / max | errors |",
-            "|---|---|---|---|---|---|---|---|---|",
-            f"| {fair['target']} | {fair['engine']} | {turn['session']} turn {turn['turn']} "
-            f"| {_ms(f['alone_median_ms'])} | {_ms(f['under_burst_ms'])} | {f['ratio']}× "
+            "| target | engine | warm session | first output: alone → under the burst | whole answer: alone → under "
+            "| its new / prefilled | its turns under the burst: whole answer ratio median / max "
+            "| burst: cold first turns TTFT p50 / max | burst: prefilled tokens/s | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            f"| {fair['target']} | {fair['engine']} | {turn['session']} turn {turn['turn']} | {first} | {answer} "
             f"| {turn.get('new', '–')} / {turn.get('prefilled', '–')} "
+            f"| {later} "
             f"| {_ms(percentile(cold, 50))} / {_ms(max(cold) if cold else None)} "
-            f"| {sum('error' in row for row in [*fair['alone'], turn, *fair['burst']])} |",
+            f"| {f.get('burst_prefill_tokens_per_s', '–')} "
+            f"| {errors} |",
         ]
     )
 
 
 def fairness(target: Target, args: argparse.Namespace) -> dict[str, Any]:
-    """The warm session alone, then its next turn just after a burst of cold Claude Code first turns."""
+    """The warm session alone, then its next turn just after a burst of cold Claude Code first turns (and,
+    with ``--burst-turns K``, K - 1 more of its turns while the burst lasts, ``--burst-gap`` apart)."""
     kw = {"max_tokens": args.max_tokens, "retries": args.max_retries, "timeout": args.timeout}
-    warm = conversation(f"{args.fairness_session}#1", args.turns + 1)
+    warm = conversation(f"{args.fairness_session}#1", args.turns + args.burst_turns)
     warm.key = 0 if target.keys else None
+    every_replica_ready(target)  # a replica still loading would slow the turns measured alone
     origin = time.perf_counter()
     alone = play(target, warm, range(args.turns), origin=origin, **kw)
-    print(f"alone: {[row.get('ttft_ms') for row in alone]} ms", flush=True)
+    times = [(row.get("ttft_ms"), row.get("total_ms")) for row in alone]
+    print(f"alone: {times} ms (first output, answer)", flush=True)
     burst = [with_notes(conversation(f"claude#{i + 2}", 1), f"repo-{i + 1}") for i in range(args.burst)]
     for i, conv in enumerate(burst):
         conv.key = (i + 1) % len(target.keys) if target.keys else None
@@ -502,11 +530,48 @@ def fairness(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     runner = threading.Thread(target=lambda: rows.extend(concurrently(jobs, target, origin=origin, **kw)))
     runner.start()
     time.sleep(args.burst_lead)
-    previous = next((row["prompt"] for row in reversed(alone) if "prompt" in row), 0)
-    (turn,) = play(target, warm, range(args.turns, args.turns + 1), origin=origin, previous=previous, **kw)
-    print(f"under the burst: {turn.get('ttft_ms')} ms; waiting for the burst to finish", flush=True)
+    under: Rows = []
+    for index in range(args.turns, args.turns + args.burst_turns):
+        if under:
+            time.sleep(args.burst_gap)
+            if not runner.is_alive():
+                break
+        previous = next((row["prompt"] for row in reversed([*alone, *under]) if "prompt" in row), 0)
+        under += play(target, warm, range(index, index + 1), origin=origin, previous=previous, **kw)
+        row = under[-1]
+        print(f"under the burst: turn {row['turn']}: {row.get('ttft_ms')} / {row.get('total_ms')} ms", flush=True)
+    print("waiting for the burst", flush=True)
     runner.join()
-    return {"alone": alone, "burst_turn": turn, "burst": rows, "figures": fairness_figures(alone, turn)}
+    turn, later = under[0], under[1:]
+    figures = fairness_figures(alone, turn, rows) | later_figures(alone, under)
+    return {"alone": alone, "burst_turn": turn, "later_turns": later, "burst": rows, "figures": figures}
+
+
+def every_replica_ready(target: Target, timeout_s: float = 900) -> None:
+    """Wait until every replica /status lists (``engines``, with several) is ready: /ready answers as soon
+    as one serves."""
+    if target.direct:
+        return
+    auth = {"authorization": f"Bearer {target.keys[0]}"} if target.keys else {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        engines = httpx.get(target.url + "/status", headers=auth, timeout=10).json().get("engines") or []
+        if all(engine.get("state") == "ready" for engine in engines):
+            return
+        time.sleep(1)
+    raise RuntimeError(f"not every replica ready after {timeout_s:.0f} s")
+
+
+def later_figures(alone: Rows, under: Rows) -> dict[str, Any]:
+    """Each of the warm session's turns under the burst: its whole answer against the median alone."""
+    warm = [row["total_ms"] for row in alone if row["turn"] > 1 and "error" not in row]
+    base = statistics.median(warm) if warm else None
+    ratios = [round(row["total_ms"] / base, 1) for row in under if base and "error" not in row]
+    return {
+        "answer_ratios": ratios,
+        "answer_ratio_median": statistics.median(ratios) if ratios else None,
+        "answer_ratio_max": max(ratios) if ratios else None,
+    }
 
 
 # -- a replica lost at half time -------------------------------------------------------------------------
@@ -753,6 +818,8 @@ def main() -> int:
     parser.add_argument("--fairness-session", default="cline", choices=tuple(SESSIONS))
     parser.add_argument("--burst", type=int, default=BURST, help="cold Claude Code first turns in the burst")
     parser.add_argument("--burst-lead", type=float, default=1.0, help="seconds between the burst and the warm turn")
+    parser.add_argument("--burst-turns", type=int, default=1, help="the warm session's turns while the burst lasts")
+    parser.add_argument("--burst-gap", type=float, default=2.0, help="seconds between those turns")
     parser.add_argument("--api-keys", default="", help="keys for the gateway's --api-key, spread over sessions")
     parser.add_argument(
         "--subagents-share-session",
@@ -794,6 +861,7 @@ def main() -> int:
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags (e.g. '--sessions 8')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one request may take")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--logs", type=Path, help="keep the gateway's and engines' logs in this folder")
     args = parser.parse_args()
     if args.engine == "vllm" and args.model != "tiny":
         parser.error("--engine vllm runs --model tiny")
@@ -823,8 +891,11 @@ def main() -> int:
     kw = {"max_tokens": args.max_tokens, "retries": args.max_retries, "timeout": args.timeout}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            workdir = args.logs
         if args.engine == "vllm":
-            os.environ.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
+            os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(tmp) / "vllm-cache"))
         engine: tuple[list[str], str] | None = None
 
         @contextlib.contextmanager

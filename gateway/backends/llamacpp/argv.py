@@ -22,7 +22,7 @@ from gateway.backends.llamacpp.launcher import NATIVE, PYTHON, Launcher
 from gateway.backends.llamacpp.logs import memory_line, speed_line
 from gateway.backends.llamacpp.progress import SLOTS_PATH, slots_progress
 from gateway.backends.llamacpp.rpc import rpc_arguments
-from gateway.backends.llamacpp.scheduling import batch_argv, scheduling
+from gateway.backends.llamacpp.scheduling import Batch, batch, scheduling
 from gateway.backends.llamacpp.warm_sessions import WarmSessions
 from gateway.backends.sampling import Sampling
 
@@ -143,14 +143,15 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
         argv += ["-ctk", config.kv_type, "-ctv", config.kv_type]
     if config.threads:
         argv += ["-t", str(config.threads)]
-    argv += batch_argv(len(config.tensor_split), given=command)  # one device: -b 512 (scheduling.py)
+    step = plan_batch(config, command)
+    argv += step.argv  # -b 64 on the CPU, 512 on one GPU (scheduling.py)
     # the GGUF's own Jinja template (tool calls parsed from it); a catalog's chat_format names one of
     # llama.cpp's built-in templates instead, which only applies with Jinja off
     argv += ["--no-jinja", "--chat-template", config.chat_format] if config.chat_format else ["--jinja"]
     if config.reasoning_format and not config.chat_format:  # <think>…</think> into reasoning_content
         argv += ["--reasoning-format", config.reasoning_format]
-    if config.draft:
-        argv += DRAFT_ARGV[config.draft]
+    if config.draft:  # bounded so that every slot's draft fits one step (drafting.step_bound)
+        argv += [*DRAFT_ARGV[config.draft], *step.draft_argv]
     argv += sampling_argv(config.sampling, given=command)  # a request's own fields still win
     if config.warm is not None:  # without it (a config made by hand) llama-server's own defaults stand
         argv += config.warm.argv()
@@ -158,6 +159,13 @@ def native_argv(config: LlamaCppConfig, *, command: list[str], port: str) -> lis
     # logs each device's model/KV/compute buffers (read back into /status), hidden by default
     argv += ["-np", str(NATIVE.slots), "--kv-unified", "-fa", "on", "--fit", "off", "-lv", "4"]
     return [*argv, "--host", "127.0.0.1", "--port", port]  # the key comes in the environment
+
+
+def plan_batch(config: LlamaCppConfig, command: list[str]) -> Batch:
+    """The batch size for many sessions where the config runs: on the CPU (no layer on a GPU, no RPC
+    device), one device, or several (``-ts``); and the draft's bound in such a step."""
+    on_cpu = config.gpu_layers == 0 and not config.rpc
+    return batch(len(config.tensor_split), on_cpu=on_cpu, given=command, draft=config.draft)
 
 
 def split_phrase(tensor_split: tuple[float, ...], rpc: tuple[str, ...] = ()) -> str:
@@ -200,7 +208,7 @@ def _native_launch(config: LlamaCppConfig, port: int, api_key: str, command: lis
         memory_line=memory_line,
         speed_line=speed_line,
         max_concurrency=launcher.slots,
-        scheduling=scheduling(launcher.slots),
+        scheduling=scheduling(launcher.slots, plan_batch(config, command).why),
         progress_path=SLOTS_PATH,
         progress=slots_progress,
         env={launcher.key_variable: api_key},

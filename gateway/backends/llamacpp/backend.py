@@ -301,6 +301,8 @@ class LlamaCppBackend:
             "llama.cpp, its best placement:",
             f"  {mark} {Path(found.checkpoint).name}: {found.where}, context {found.n_ctx:,}, KV {found.kv_type}, "
             f"~{found.tokens_per_s:,.0f} tokens/s" + (f" (gives up: {', '.join(lost)})" if lost else ""),
+            # the batch line where the plan sets llama-server's batch or bounds its draft (scheduling.py)
+            *([f"     {found.batch.why}"] if found.batch and (found.batch.argv or found.batch.draft_argv) else []),
         ]
 
     def rows(self, candidates: list[LlamaCppCandidate], chosen: object) -> list[str]:

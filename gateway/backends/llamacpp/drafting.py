@@ -12,7 +12,15 @@ What the source says (common/speculative.cpp, common/common.cpp, src/llama-model
   of the nextn layers alone, with the target's ``n_ctx``, KV types and ubatch, and its own compute
   buffer. It drafts ``--spec-draft-n-max`` tokens (default 3) per step.
 - ngram-mod keeps one hash table of 4 Mi 32-bit entries (16 MiB of host RAM) and drafts up to 64
-  tokens that repeat what the context already holds (llama-server's ``--spec-default`` uses it).
+  tokens that repeat what the context already holds (llama-server's ``--spec-default`` uses it), none
+  when fewer than 48 are found (``common_params_speculative_ngram_mod``: n_max 64, n_min 48).
+- A step must hold every generating slot's sampled token and its whole draft: llama-server allocates
+  its step batch for max(``-b``, ``-np``) tokens and aborts when they do not fit
+  (tools/server/server-context.cpp:576, ``GGML_ASSERT(... "batch must be large enough to hold the
+  sampled and draft tokens")``; the draft is bounded only by the context and the tokens left to
+  generate, server-context.cpp:517-535). With ``-b 64`` one 64-token n-gram draft is 65 tokens: the
+  server died at the first file it was asked to repeat. So where ``slots x (1 + the mode's draft)``
+  exceeds the step, the draft is capped at ``step // slots - 1`` (``step_bound``).
 """
 
 from __future__ import annotations
@@ -38,7 +46,12 @@ MTP_MODEL_TYPES = frozenset(
 )
 MTP_DRAFT_TOKENS = 3  # --spec-draft-n-max's default (common.h), the recurrent rows n_rs_seq reserves
 NGRAM_TABLE_BYTES = 4 * 1024 * 1024 * 4  # common_ngram_mod(n_match, 4*1024*1024) entries of int32
+NGRAM_DRAFT_TOKENS = 64  # ngram-mod's n_max (common.h)
+NGRAM_MIN_SHARE = (48, 64)  # its n_min of n_max: no draft shorter than 3/4 of the most
 ARGV = {"mtp": ["--spec-type", "draft-mtp"], "ngram": ["--spec-type", "ngram-mod"]}
+DRAFT_TOKENS = {"mtp": MTP_DRAFT_TOKENS, "ngram": NGRAM_DRAFT_TOKENS}
+# the flags that bound a mode's draft (common/arg.cpp of build 11434)
+BOUND_FLAGS = {"mtp": ("--spec-draft-n-max",), "ngram": ("--spec-ngram-mod-n-max", "--spec-ngram-mod-n-min")}
 LABEL = {"mtp": "MTP drafting (draft-mtp)", "ngram": "n-gram drafting (ngram-mod)"}
 
 
@@ -106,3 +119,26 @@ def modes(facts: GgufFacts, setting: str, launcher: Launcher) -> DraftPlan:
     # only MTP reserves (n_rs_seq): no n-gram drafting by default for hybrid models
     base = None if facts.recurrent_layers else "ngram"
     return DraftPlan(base=base, optional="mtp" if has_block and supported else None, note=note)
+
+
+@dataclass(frozen=True)
+class StepBound:
+    """A draft capped so that every slot's sampled token and draft fit one step: ``argv`` (empty when the
+    mode's own bound fits) and ``tokens``, the longest draft then."""
+
+    argv: tuple[str, ...]
+    tokens: int
+
+
+def step_bound(mode: str, step: int, slots: int, given: list[str] | tuple[str, ...] = ()) -> StepBound:
+    """The draft bound for ``mode`` when ``slots`` slots generate in a ``step``-token batch: ``slots x
+    (1 + draft)`` tokens must fit it (llama-server aborts otherwise). None added when the mode's own
+    bound fits, or when the user's own llama-server command (``given``) bounds the draft itself."""
+    fits = max(step // max(slots, 1) - 1, 0)
+    own = DRAFT_TOKENS[mode]
+    if fits >= own or any(word.split("=")[0] in BOUND_FLAGS[mode] for word in given):
+        return StepBound((), own)
+    if mode == "ngram":
+        least = fits * NGRAM_MIN_SHARE[0] // NGRAM_MIN_SHARE[1]
+        return StepBound(("--spec-ngram-mod-n-max", str(fits), "--spec-ngram-mod-n-min", str(least)), fits)
+    return StepBound(("--spec-draft-n-max", str(fits)), fits)

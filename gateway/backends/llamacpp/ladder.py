@@ -18,10 +18,11 @@ import gateway.backends.llamacpp.warm_sessions as warm_sessions
 import gateway.backends.llamacpp.warm_turns as warm_turns
 from gateway.backends import objective
 from gateway.backends.llamacpp.gguf_facts import GgufFacts, gguf_bits_from_name
-from gateway.backends.llamacpp.launcher import Launcher
+from gateway.backends.llamacpp.launcher import NATIVE, Launcher
 from gateway.backends.llamacpp.placement import HOST_MARGIN_BYTES, Placement
 from gateway.backends.llamacpp.placement_query import PlacementQuery
 from gateway.backends.llamacpp.placement_search import best_placement
+from gateway.backends.llamacpp.scheduling import Batch, batch
 from gateway.backends.llamacpp.speed import decode_rate, tokens_per_second
 from gateway.backends.sampling import Sampling, plan_json, plan_line
 from gateway.core.devices import GIB, MIB, Device
@@ -89,6 +90,15 @@ class LlamaCppCandidate:
     @property
     def sampling_line(self) -> str:
         return plan_line(self.sampling, self.sampling_applied)
+
+    @property
+    def batch(self) -> Batch | None:
+        """llama-server's batch size for many sessions and why (backends.llamacpp.scheduling); None for
+        llama-cpp-python, whose one slot runs nothing beside a long prefill."""
+        if self.launcher is not NATIVE:
+            return None
+        p = self.placement
+        return batch(len(p.tensor_split), on_cpu=p.n_gpu_layers == 0 and not self.rpc, draft=self.draft)
 
     @property
     def context_length(self) -> int:
@@ -195,7 +205,7 @@ class LlamaCppCandidate:
         weights, kv, compute, host = self.placement.draft_bytes
         return {
             "mode": self.draft,
-            "flags": drafting.ARGV[self.draft],
+            "flags": [*drafting.ARGV[self.draft], *(self.batch.draft_argv if self.batch else ())],
             "gpu_weights_mib": _mib(weights),
             "gpu_kv_mib": _mib(kv),
             "gpu_compute_mib": _mib(compute),
@@ -237,6 +247,7 @@ class LlamaCppCandidate:
             "reasoning_format": self.reasoning_format,
             "draft": self._draft_json(),
             "sampling": plan_json(self.sampling, self.sampling_applied),
+            "batch": self.batch.why if self.batch else None,
         }
         if self.warm_turn:
             data["warm_turn"] = self.warm_turn.to_json()

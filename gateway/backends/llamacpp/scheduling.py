@@ -14,40 +14,117 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   (server-context.cpp:1694-1745: with ``id_slot`` set, only that slot's own tokens are reused), which
   costs nothing for a prompt the engine does not hold; a short request is never pinned, so it still goes
   to the slot, or restores from the cache, that holds its prefix (``--slot-prompt-similarity``).
-- **One ubatch per step on one device** (``-b 512``, the ubatch): a long prompt beside a warm turn then
-  adds at most 512 tokens to each of the warm turn's steps, prompt and every decoded token alike (the
-  default ``-b 2048`` computes four ubatches before anyone's next token: 4.1 s against 1.4 s for a warm
-  turn's 8-token answer beside a 20k-token prefill here, the prefill ~12 % slower). No memory term
-  changes: compute buffers are sized for the ubatch (src/llama-context.cpp reserves n_ubatch).
-  Across several devices the default stays: there a call's ubatches are pipelined from device to
-  device (llama-context.cpp:432-459), which one ubatch per call would give up (not measured here).
+- **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
+  generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
+  src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
+  token it decodes, for a step that carries up to ``-b`` tokens of that prompt. On one GPU ``-b 512``,
+  one ubatch a step (the default ``-b 2048`` computes four ubatches before anyone's next token: 4.1 s
+  against 1.4 s for a warm turn's 8-token answer beside a 20k-token prefill here, the prefill ~12 %
+  slower). On the CPU ``-b 64``: the CPU backend's flash attention runs tiled from 64 query rows up
+  (ggml-cpu/ops.cpp:9546, GGML_FA_TILE_Q 64 in ggml-cpu/common.h), so a 19k-token prefill takes the
+  same CPU time as with 512 (7.2 s against 8.0 s here; 21 s with 32; measured on a dense model: an
+  MoE's experts each see fewer of a step's tokens, not measured), while a warm turn's 8-token answer
+  beside eight cold 20k-token prompts went from 17-37x its time alone to 3.1x for the first turn and
+  4-7x for later ones, deeper into the prefills (benchmarks/agent_load.py --fairness --burst-turns 6;
+  docs/many-agents.md). A step
+  must also hold every generating slot's draft: llama-server aborts when they do not fit
+  (server-context.cpp:576), and one n-gram draft is up to 64 tokens, so with ``-b 64`` each slot
+  drafts at most 15 (4 slots x 16 = 64; backends.llamacpp.drafting.step_bound). No
+  memory term grows: compute buffers are sized for the ubatch (src/llama-context.cpp reserves
+  n_ubatch). Across several devices the default stays: there a call's ubatches are pipelined from
+  device to device (llama-context.cpp:432-459), which one ubatch per call would give up (not measured
+  here).
 A request's place in the queue is the gateway's (gateway/serving/scheduling/admission.py); llama-server itself
 takes them in arrival order and defers one whose slot is busy (server-context.cpp:2603-2620).
 """
 
 from __future__ import annotations
 
-from gateway.backends.base import Scheduling
+from dataclasses import dataclass
 
-INTERACTIVE_BATCH = 512  # llama-server's -b on one device: the ubatch (b11434's default -ub)
+import gateway.backends.llamacpp.drafting as drafting
+from gateway.backends.base import Scheduling
+from gateway.backends.llamacpp.launcher import NATIVE
+
+GPU_BATCH = 512  # llama-server's -b on one GPU: one ubatch a step (b11434's default -ub)
+CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still runs tiled (GGML_FA_TILE_Q)
+OWN_BATCH = 2048  # llama-server's own -b (common.h n_batch)
 
 
 BATCH_FLAGS = frozenset({"-b", "--batch-size", "-ub", "--ubatch-size"})
 
 
-def batch_argv(devices: int, given: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """``-b`` for many sessions: one ubatch per step on one device (CPU or one GPU), the default across
-    several; none when the user's own llama-server command (``given``) sets a batch or ubatch size."""
-    if devices > 1 or any(word.split("=")[0] in BATCH_FLAGS for word in given):
-        return []
-    return ["-b", str(INTERACTIVE_BATCH)]
+@dataclass(frozen=True)
+class Batch:
+    """The plan's ``-b`` for many sessions (``argv``), the tokens one step then holds, the bound on a
+    draft that keeps every slot's draft inside that step (``draft_argv``, backends.llamacpp.drafting)
+    and the reason the plan gives for both."""
+
+    argv: tuple[str, ...]
+    why: str
+    tokens: int
+    draft_argv: tuple[str, ...] = ()
 
 
-def scheduling(slots: int) -> Scheduling:
+def batch(
+    devices: int,
+    *,
+    on_cpu: bool,
+    given: list[str] | tuple[str, ...] = (),
+    draft: str | None = None,
+    slots: int = NATIVE.slots,
+) -> Batch:
+    """``-b`` for many sessions: 64 tokens a step on the CPU, one ubatch on one GPU, llama-server's own
+    across several devices or when the user's own llama-server command (``given``) sets a batch size;
+    with ``draft``, the draft bounded so that ``slots`` slots' sampled tokens and drafts fit a step."""
+    if any(word.split("=")[0] in BATCH_FLAGS for word in given):
+        chosen = Batch((), "batch: as your llama-server command sets it", _given_batch(given))
+    elif devices > 1:
+        chosen = Batch((), "batch: llama-server's own (its ubatches are pipelined across the devices)", OWN_BATCH)
+    elif on_cpu:
+        why = (
+            f"batch: -b {CPU_BATCH} on the CPU: a warm turn's every step waits for at most {CPU_BATCH} tokens "
+            f"of a long prompt beside it (attention runs tiled from {CPU_BATCH} tokens a step: the prefill "
+            "loses nothing)"
+        )
+        chosen = Batch(("-b", str(CPU_BATCH)), why, CPU_BATCH)
+    else:
+        why = (
+            f"batch: -b {GPU_BATCH} on one GPU: a warm turn's every step waits for at most one ubatch of a long prompt"
+        )
+        chosen = Batch(("-b", str(GPU_BATCH)), why, GPU_BATCH)
+    if draft is None:
+        return chosen
+    bound = drafting.step_bound(draft, chosen.tokens, slots, given)
+    if not bound.argv:
+        return chosen
+    why = (
+        f"{chosen.why}; drafts of at most {bound.tokens} tokens, not {drafting.ARGV[draft][1]}'s "
+        f"{drafting.DRAFT_TOKENS[draft]}: {slots} slots' tokens and drafts must fit one {chosen.tokens}-token step"
+    )
+    return Batch(chosen.argv, why, chosen.tokens, bound.argv)
+
+
+def _given_batch(given: list[str] | tuple[str, ...]) -> int:
+    """The ``-b`` a user's llama-server command sets (``-b N``, ``--batch-size=N``); llama-server's own when
+    it sets only ``-ub``."""
+    for i, word in enumerate(given):
+        flag, _, value = word.partition("=")
+        if flag in ("-b", "--batch-size"):
+            value = value or (given[i + 1] if i + 1 < len(given) else "")
+            if value.isdigit():
+                return int(value)
+    return OWN_BATCH
+
+
+def scheduling(slots: int, batch_why: str = "") -> Scheduling:
+    """The gateway's means on ``slots`` slots; ``batch_why``: the plan's batch size and its reason."""
     if slots < 2:  # one slot: nothing runs beside a long prefill
         return Scheduling(means="one slot: requests in turn")
+    batch_part = f"; {batch_why}" if batch_why else ""
     return Scheduling(
         long_lane=1,
         long_fields={"id_slot": slots - 1},
-        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} (warm turns are batched first)",
+        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} (warm turns are batched first)"
+        + batch_part,
     )

@@ -658,6 +658,7 @@ def cpu_candidate(checkpoint: Checkpoint, ram_available: int, version: str, poli
         max_model_len=length,
         max_num_seqs=pins.max_num_seqs or CPU_DEFAULT_SEQS,
         max_num_batched_tokens=pins.max_num_batched_tokens or scheduling.CPU_BATCHED_TOKENS,
+        long_prefill_tokens=scheduling.CPU_LONG_PREFILL_TOKENS,
         kv_cache_dtype=kv_dtype,
         enforce_eager=True if pins.enforce_eager is None else pins.enforce_eager,
         kv_cache_memory_bytes=kv_bytes,

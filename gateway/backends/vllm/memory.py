@@ -83,6 +83,9 @@ class VllmFlags:
     # a hybrid model's turns kept warm (gateway/backends/vllm/warm_turns.py): hits every N tokens inside its blocks
     prefix_match_unit: int | None = None
     enable_prefix_caching: bool = False  # releases before 0.26 leave it off for hybrid models
+    # --long-prefill-token-threshold: what a long prompt takes of a step beside others; 0: a quarter of
+    # the step budget (gateway/backends/vllm/scheduling.py)
+    long_prefill_tokens: int = 0
 
 
 @dataclass(frozen=True)

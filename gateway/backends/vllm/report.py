@@ -4,6 +4,7 @@ and under ``--verbose`` one line per rung group, the reason under every rejected
 from __future__ import annotations
 
 from gateway.backends.vllm.ladder import VllmCandidate, ranked
+from gateway.backends.vllm.scheduling import step_phrase
 from gateway.core.devices import GIB
 
 MAX_ROWS = 14
@@ -40,6 +41,8 @@ def summary(candidates: list[VllmCandidate], chosen: object) -> list[str]:
         figures += f", ~{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else ""
         fragile = best.traits.shortfalls()
         lines.append(f"  {mark} {what}: {figures}" + (f" (gives up: {', '.join(fragile)})" if fragile else ""))
+        if best is chosen and f.long_prefill_tokens:  # the plan's own step share, and why (scheduling.py)
+            lines.append(f"     {step_phrase(f)}")
     across = [c for c in candidates if c.planned_only]
     return lines + (_across_nodes(across) if any(c.fits for c in across) else [])
 
