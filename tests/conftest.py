@@ -29,6 +29,7 @@ LONGEST_MODULES = (
     "tests/integration/test_serve_native.py",
     "tests/integration/test_multinode.py",
     "tests/unit/test_plan_hub_models.py",  # ~8.6: the planner on 72 (model, machine) rows
+    "tests/unit/test_replica_on_node.py",  # ~3.2: engine stand-ins started as processes
     "tests/unit/test_http_connections.py",  # ~2.6: clocks of 0.5 s (the five scenarios at once)
     "tests/unit/test_engine_run.py",  # ~2.3: start graces
     "tests/unit/test_http_drain.py",  # ~2.3: a grace of 1 s

@@ -147,7 +147,7 @@ def test_a_second_start_of_a_replica_replaces_it_and_another_version_is_refused_
             await servers.start(_start(engine="llamacpp"))
         await servers.close()
         assert servers.live() == []
-        for number in range(20):  # ended servers of other names make room: the names are not kept for ever
+        for number in range(17):  # ended servers of other names make room (16 kept): names are not kept for ever
             await servers.start(_start(replica=f"r{number}", args=("exit",)))
             await async_wait_until(lambda: not servers.live(), what="its exit", timeout_s=TIMEOUT_S * 5)
         assert len(servers.replicas) <= 16
