@@ -311,7 +311,8 @@ def create_app(worker: Worker, keys: tuple[str, ...]) -> ASGIApp:
             *_group_routes(worker),
             *_replica_routes(worker),
         ],
-        exception_handlers={HTTPException: _error, Exception: _error},
+        # a start, lease or stop the worker will not do is answered with its own status (400, 409, 413)
+        exception_handlers={HTTPException: _error, Refused: _refused, Exception: _error},
     )
     return ApiKeys(app, keys)
 
@@ -323,11 +324,7 @@ def _group_routes(worker: Worker) -> list[Route]:
         return JSONResponse(worker.followers.state())
 
     async def group_start(request: Request) -> Response:
-        try:
-            started = await worker.followers.start(StartRequest.from_json(await _start_body(request)))
-        except Refused as refused:
-            return _refused(refused)
-        return JSONResponse(started)
+        return JSONResponse(await worker.followers.start(StartRequest.from_json(await _start_body(request))))
 
     async def group_lease(_request: Request) -> Response:
         return JSONResponse(worker.followers.renew())
@@ -350,24 +347,14 @@ def _replica_routes(worker: Worker) -> list[Route]:
         return JSONResponse(worker.replicas.all_states())
 
     async def replica_start(request: Request) -> Response:
-        try:
-            started = await worker.replicas.start(ServerStart.from_json(await _start_body(request)))
-        except Refused as refused:
-            return _refused(refused)
-        return JSONResponse(started)
+        return JSONResponse(await worker.replicas.start(ServerStart.from_json(await _start_body(request))))
 
     async def replica_lease(request: Request) -> Response:
-        try:
-            name, since = _replica_named(await _start_body(request))
-        except Refused as refused:
-            return _refused(refused)
+        name, since = _replica_named(await _start_body(request))
         return JSONResponse(worker.replicas.renew(name, since))
 
     async def replica_stop(request: Request) -> Response:
-        try:
-            name, _ = _replica_named(await _start_body(request))
-        except Refused as refused:
-            return _refused(refused)
+        name, _ = _replica_named(await _start_body(request))
         return JSONResponse(await worker.replicas.stop(name))
 
     return [
@@ -378,7 +365,8 @@ def _replica_routes(worker: Worker) -> list[Route]:
     ]
 
 
-def _refused(refused: Refused) -> Response:
+async def _refused(_request: Request, refused: Exception) -> Response:
+    assert isinstance(refused, Refused)  # registered for Refused only
     return JSONResponse({"error": {"message": str(refused), "type": "refused"}}, status_code=refused.status)
 
 
@@ -416,7 +404,7 @@ def hosted_here(settings: Settings) -> dict[str, Hosted]:
     return hosted_engines(installations, registry.FOLLOWER_HOSTS)
 
 
-def served_here(settings: Any) -> dict[str, Served]:
+def served_here(settings: Settings) -> dict[str, Served]:
     """The engines whose whole server this node runs for a head, each with its installation here (I/O)."""
     installations = {name: registry.get(name).installation(settings, probe=True) for name in registry.SERVER_HOSTS}
     return served_engines(installations, registry.SERVER_HOSTS)
