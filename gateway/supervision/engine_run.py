@@ -19,7 +19,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -202,14 +202,13 @@ class EngineRun:
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
-        failure = self.failure
         return {
             "engine": self.launch.engine,
             "state": self.state.value,
             "summary": self.launch.summary,
             "pid": self.child.pid,
             "url": self.launch.base_url,
-            "argv": _redacted(self.launch.argv, self.launch.api_key),
+            "argv": redacted(self.launch.argv, self.launch.api_key),
             "served_name": self.launch.served_name,
             "context_length": self.launch.context_length,
             "log_path": str(self.log_path),
@@ -217,14 +216,7 @@ class EngineRun:
             "temp_dir": str(self.temp_dir),
             "uptime_s": round(now - self.ready_at, 1) if self.ready_at and self.ready else None,
             "reason": self.reason,
-            "failure": {
-                "kind": failure.kind.name.lower(),
-                "line": failure.line,
-                "fix": failure.fix,
-                "numbers": failure.numbers,
-            }
-            if failure
-            else None,
+            "failure": failure_fields(self.failure),
             "last_lines": list(self.child.tail)[-TAIL_IN_REPORTS:],
             "memory_mib": {
                 device: {term: round(size / 2**20, 2) for term, size in terms.items()}
@@ -234,13 +226,7 @@ class EngineRun:
 
     def report(self) -> str:
         """A multi-line account of a failure: reason, the engine's line, the fix, its last lines."""
-        lines = [self.reason or f"engine {self.state.value}"]
-        if failure := self.failure:
-            lines.append(f"engine failure: {failure.kind.value}: {failure.line}")
-            lines.append(f"fix: {failure.fix}")
-        lines.append(f"last lines of {self.log_path}:")
-        lines += [f"  | {line}" for line in list(self.child.tail)[-TAIL_IN_REPORTS:]]
-        return "\n".join(lines)
+        return failure_report(self, f"last lines of {self.log_path}:", self.child.tail)
 
     # -- the owner task -------------------------------------------------------------------------
     def _on_line(self, line: str) -> None:
@@ -359,5 +345,25 @@ class EngineRun:
         return False
 
 
-def _redacted(argv: list[str], secret: str) -> list[str]:
+def redacted(argv: list[str], secret: str) -> list[str]:
+    """An engine's argv as /status shows it: its API key never."""
     return ["***" if part == secret else part for part in argv]
+
+
+def failure_fields(failure: Failure | None) -> dict[str, Any] | None:
+    """A run's most telling failure as /status shows it."""
+    if failure is None:
+        return None
+    return {"kind": failure.kind.name.lower(), "line": failure.line, "fix": failure.fix, "numbers": failure.numbers}
+
+
+def failure_report(run: Run, heading: str, tail: Iterable[str]) -> str:
+    """A multi-line account of a run's failure: its reason, the engine's line, the fix, then ``heading`` over
+    the engine's last lines."""
+    lines = [run.reason or f"engine {run.state.value}"]
+    if failure := run.failure:
+        lines.append(f"engine failure: {failure.kind.value}: {failure.line}")
+        lines.append(f"fix: {failure.fix}")
+    lines.append(heading)
+    lines += [f"  | {line}" for line in list(tail)[-TAIL_IN_REPORTS:]]
+    return "\n".join(lines)

@@ -31,7 +31,14 @@ from gateway.backends.base import Failure, FailureKind, Installation, Launch, mo
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import async_http_client
-from gateway.supervision.engine_run import GENERIC_FAILURE_GRACE_S, TAIL_IN_REPORTS, RunState
+from gateway.supervision.engine_run import (
+    GENERIC_FAILURE_GRACE_S,
+    TAIL_IN_REPORTS,
+    RunState,
+    failure_fields,
+    failure_report,
+    redacted,
+)
 
 log = logging.getLogger("gateway.engine")
 
@@ -161,7 +168,6 @@ class RemoteRun:
         return (self.ended_at or time.monotonic()) - self.started_at
 
     def snapshot(self) -> dict[str, Any]:
-        failure = self.failure
         return {
             "engine": self.launch.engine,
             "state": self.state.value,
@@ -169,26 +175,18 @@ class RemoteRun:
             "node": self.node,
             "pid": self.started.pid if self.started else None,
             "url": self.launch.base_url if self.started else None,
-            "argv": ["***" if word == self.launch.api_key else word for word in self.launch.argv],
+            "argv": redacted(self.launch.argv, self.launch.api_key),
             "served_name": self.launch.served_name,
             "context_length": self.launch.context_length,
             "log_path": str(self.log_path),
             "measured": {},
             "reason": self.reason,
-            "failure": {"kind": failure.kind.name.lower(), "line": failure.line, "fix": failure.fix}
-            if failure
-            else None,
+            "failure": failure_fields(self.failure),
             "last_lines": list(self.tail)[-TAIL_IN_REPORTS:],
         }
 
     def report(self) -> str:
-        lines = [self.reason or f"engine {self.state.value}"]
-        if failure := self.failure:
-            lines.append(f"engine failure: {failure.kind.value}: {failure.line}")
-            lines.append(f"fix: {failure.fix}")
-        lines.append(f"last lines from {self.node} (also in {self.log_path}):")
-        lines += [f"  | {line}" for line in list(self.tail)[-TAIL_IN_REPORTS:]]
-        return "\n".join(lines)
+        return failure_report(self, f"last lines from {self.node} (also in {self.log_path}):", self.tail)
 
     # -- its life --------------------------------------------------------------------------------
     async def start(self) -> None:
