@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from tests.integration.netns import Inside, Namespaces
+from tests.integration.netns import Inside, Namespaces, take_down
 from tests.waiting import answers, exited, wait_until
 
 KEY = "worker-key-for-tests"
@@ -192,24 +191,9 @@ def two_nodes(
         nodes.times["ready_s"] = round(time.monotonic() - started, 1)
         yield nodes
     finally:
-        procs = nodes.procs if nodes is not None else {}
-        for proc in procs.values():  # an orderly stop first: the head stops its replicas, the worker its own
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=60)
-        if nodes is not None:
-            left = {ns: nets.pids(ns) for ns in (nodes.head_ns, nodes.node_ns)}
-            nodes.times["left_running"] = float(sum(len(p) for p in left.values()))
-            print(f"\nreplicas on two nodes, times (s): {nodes.times}; left running after the stop: {left}")
-        nets.remove()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if inside is not None:
-            inside.close()
+        # the head stops its replicas, the worker its own; what is left running is counted
+        procs, times = (nodes.procs, nodes.times) if nodes is not None else ({}, None)
+        take_down(nets, procs, inside, grace_s=60, times=times, what="replicas on two nodes")
 
 
 def serve_and_lose_a_node(

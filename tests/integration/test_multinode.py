@@ -8,7 +8,6 @@ Namespaces and processes are removed at the end, also when a test fails."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ import httpx
 import pytest
 
 from tests.integration.gatewayproc import engine_threads
-from tests.integration.netns import Inside, Namespaces, unavailable
+from tests.integration.netns import Inside, Namespaces, take_down, unavailable
 from tests.waiting import answers, exited, wait_until
 
 pytestmark = pytest.mark.engine
@@ -132,19 +131,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Ite
         cluster.wait_serving()
         yield cluster
     finally:
-        for proc in procs.values():  # an orderly stop first: the head stops its engine, workers their servers
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-        nets.remove()  # SIGKILLs whatever is left inside, then deletes the namespaces and their links
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if inside is not None:
-            inside.close()
+        take_down(nets, procs, inside, grace_s=30)  # the head stops its engine, workers their servers
 
 
 def _argv(status: dict[str, Any]) -> list[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.netns import Inside, Namespaces, unavailable
+from tests.integration.netns import Inside, Namespaces, take_down, unavailable
 from tests.waiting import answers, exited, wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(1500)]
@@ -137,24 +136,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         pair.times["ready_s"] = time.monotonic() - started
         yield pair
     finally:
-        procs = pair.procs if pair is not None else {}
-        for proc in procs.values():  # an orderly stop first: the head stops every rank, the worker its own
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=60)
-        if pair is not None:  # nothing of the group outlives the gateway, on either node
-            left = {ns: nets.pids(ns) for ns in (pair.head_ns, pair.node_ns)}
-            pair.times["left_running"] = float(sum(len(p) for p in left.values()))
-            print(f"\nvLLM across nodes, times (s): {pair.times}; left running after the stop: {left}")
-        nets.remove()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if inside is not None:
-            inside.close()
+        # the head stops every rank, the worker its own; nothing of the group outlives the gateway, on either node
+        procs, times = (pair.procs, pair.times) if pair is not None else ({}, None)
+        take_down(nets, procs, inside, grace_s=60, times=times, what="vLLM across nodes")
 
 
 def test_the_group_serves_and_a_lost_node_is_replanned_around(pair: Pair) -> None:
