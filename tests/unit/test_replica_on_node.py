@@ -25,7 +25,7 @@ from gateway.backends.vllm.follower import SERVER_HOST as VLLM_HOST
 from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.errors import GatewayError
 from gateway.nodes.replica_client import WorkerReplicas
-from gateway.nodes.replica_servers import ReplicaServers, Served
+from gateway.nodes.replica_servers import LINE_CHARS, LINES_PER_ANSWER, ReplicaServers, Served
 from gateway.nodes.start_request import Refused, ServerStart
 from gateway.nodes.worker import Worker, WorkerConfig, create_app
 from gateway.planning.replicas import weigh
@@ -414,6 +414,33 @@ def test_the_heads_client_reads_the_workers_answers_and_its_refusals() -> None:
 
     asyncio.run(scenario())
     asyncio.run(gone())
+
+
+def test_the_heads_client_bounds_what_a_worker_answers() -> None:
+    """A worker's answer is input: read within 1 MiB, its lines as many and as long as a worker sends at
+    most, a port a port; anything else is a miss (a renewal) or a refusal (a start), never a task dying on it."""
+    answers: dict[str, bytes] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=answers[request.url.path])
+
+    async def scenario() -> None:
+        client = _client(handler)
+        many = {"state": "running", "lines": ["x" * 5000] + ["y"] * 999, "next": 1000}
+        answers["/replica/lease"] = json.dumps(many).encode()
+        lease = await client.renew("2", 0)
+        assert len(lease.lines) == LINES_PER_ANSWER and lease.lines[0] == "x" * LINE_CHARS
+        answers["/replica/lease"] = json.dumps({"state": "running", "lines": ["z" * 1000] * 2000}).encode()
+        with pytest.raises(GatewayError, match="over 1048576 bytes"):
+            await client.renew("2", 0)
+        answers["/replica/lease"] = b"[" * 100_000 + b"]" * 100_000
+        with pytest.raises(GatewayError, match="answered 200 to /replica/lease"):
+            await client.renew("2", 0)
+        answers["/replica/start"] = json.dumps({"port": 10**12, "address": "10.0.0.2"}).encode()
+        with pytest.raises(ReplicaRefused, match="answered no port"):
+            await client.start("2", "vllm", VERSION, ("x",), {}, 20.0)
+
+    asyncio.run(scenario())
 
 
 # -- the plan ---------------------------------------------------------------------------------------------
