@@ -9,18 +9,17 @@ connect and per read).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from gateway.backends.base import Follower
-from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import async_http_client
 from gateway.nodes.start_request import FollowerState, StartRequest
-from gateway.nodes.survey import Nodes, NodeState
+from gateway.nodes.survey import Nodes
+from gateway.nodes.worker_calls import WorkerAnswer, post_to_worker, worker_state
 from gateway.supervision.group import RankRefused
 
 CALL_TIMEOUT_S = 10.0
@@ -40,50 +39,34 @@ class WorkerGroup:
         self.timeout_s = timeout_s
         self.client = client or (lambda timeout: async_http_client(timeout=timeout))
 
-    def _state(self, node: str) -> NodeState:
-        for state in self.nodes.states:
-            if state.report is not None and state.report.name == node:
-                return state
-        raise GatewayError(f"no worker reported node {node!r} at the last survey")
-
-    async def _post(self, node: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _post(self, node: str, path: str, body: dict[str, Any] | None = None) -> WorkerAnswer:
         """One call to the node's worker; raises httpx.TimeoutException past ``2 * timeout_s`` in all."""
-        state = self._state(node)
-        async with self.client(self.timeout_s) as client:
-            url, headers = f"http://{state.address}{path}", bearer_header(self.nodes.api_key)
-            try:
-                return await asyncio.wait_for(client.post(url, json=body or {}, headers=headers), 2 * self.timeout_s)
-            except TimeoutError as exc:
-                raise httpx.TimeoutException(f"no answer within {2 * self.timeout_s:g} s") from exc
+        return await post_to_worker(self.nodes, node, path, body or {}, client=self.client, timeout_s=self.timeout_s)
 
     async def start(self, follower: Follower, lease_s: float) -> None:
         """Ask the node's worker to start the rank; raises RankRefused with the worker's words, or
         GatewayError when it cannot be reached."""
-        report = self._state(follower.node).report
+        report = worker_state(self.nodes, follower.node).report
         host_ip = report.peer_address if report is not None else ""
         request = StartRequest(follower.engine, follower.version, follower.rank, follower.args, host_ip, lease_s)
         try:
             answer = await self._post(follower.node, "/group/start", request.to_json())
         except httpx.HTTPError as exc:
             raise GatewayError(f"worker {follower.node} cannot be reached ({type(exc).__name__}: {exc})") from exc
-        if answer.status_code == 200:
+        if answer.status == 200:
             return
-        try:
-            message = str(answer.json()["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            message = answer.text[:300]
-        raise RankRefused(f"worker {follower.node} refused rank {follower.rank}: {message}")
+        raise RankRefused(f"worker {follower.node} refused rank {follower.rank}: {answer.message()}")
 
     async def renew(self, node: str) -> str | None:
         """Renew the rank's lease: None while it runs; why not, when it exited or has none (its worker
         answered). Raises GatewayError when the worker does not answer (the caller counts the misses)."""
         try:
             answer = await self._post(node, "/group/lease")
-            data = answer.json() if answer.status_code == 200 else None
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPError as exc:
             raise GatewayError(f"worker {node} does not answer ({type(exc).__name__})") from exc
+        data = answer.data if answer.status == 200 else None
         if not isinstance(data, dict):
-            raise GatewayError(f"worker {node} answered {answer.status_code} to /group/lease")
+            raise GatewayError(f"worker {node} answered {answer.status} to /group/lease")
         if FollowerState.read(data.get("state")) is FollowerState.RUNNING:
             return None
         why = str(data.get("reason") or "it has no rank running")

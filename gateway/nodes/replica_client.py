@@ -8,35 +8,22 @@ lines) and to stop it (gateway/nodes/replica_servers.py is the worker's side).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import async_http_client
 from gateway.nodes.replica_servers import LINE_CHARS, LINES_PER_ANSWER
 from gateway.nodes.start_request import FollowerState, ServerStart
-from gateway.nodes.survey import Nodes, NodeState
+from gateway.nodes.survey import Nodes
+from gateway.nodes.worker_calls import WorkerAnswer, post_to_worker, worker_state
 from gateway.supervision.remote_run import Lease, ReplicaRefused, ServerState, Started
 
 CALL_TIMEOUT_S = 5.0  # a renewal is a few hundred bytes: a node that takes longer counts as a miss
 START_TIMEOUT_S = 30.0  # a start first stops the replica's engine that runs (its grace: 10 s)
 UNSPECIFIED = ("", "0.0.0.0", "::")  # a worker bound to every interface: reached where the head reaches it
-# a worker's answer is read up to this: a lease's is at most LINES_PER_ANSWER lines of LINE_CHARS (~400 kB)
-MAX_ANSWER_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """A worker's answer, read within :data:`MAX_ANSWER_BYTES`: its status, its JSON (None: not JSON), its text."""
-
-    status: int
-    data: Any
-    text: str
 
 
 class WorkerReplicas:
@@ -55,33 +42,13 @@ class WorkerReplicas:
         self.timeout_s = timeout_s
         self.client = client or (lambda timeout: async_http_client(timeout=timeout))
 
-    def _state(self) -> NodeState:
-        for state in self.nodes.states:
-            if state.report is not None and state.report.name == self.node:
-                return state
-        raise GatewayError(f"no worker reported node {self.node!r} at the last survey")
-
-    async def _post(self, path: str, body: Mapping[str, Any], timeout_s: float | None = None) -> _Answer:
-        state = self._state()
-        url, headers = f"http://{state.address}{path}", bearer_header(self.nodes.api_key)
+    async def _post(self, path: str, body: Mapping[str, Any], timeout_s: float | None = None) -> WorkerAnswer:
         try:
-            async with (
-                self.client(timeout_s or self.timeout_s) as client,
-                client.stream("POST", url, json=dict(body), headers=headers) as answer,
-            ):
-                raw = bytearray()
-                async for part in answer.aiter_bytes():  # decoded: the cap holds for a compressed answer too
-                    raw += part
-                    if len(raw) > MAX_ANSWER_BYTES:
-                        raise GatewayError(f"worker {self.node} answered {path} with over {MAX_ANSWER_BYTES} bytes")
+            return await post_to_worker(
+                self.nodes, self.node, path, body, client=self.client, timeout_s=timeout_s or self.timeout_s
+            )
         except httpx.HTTPError as exc:
             raise GatewayError(f"worker {self.node} cannot be reached ({type(exc).__name__}: {exc})") from exc
-        text = raw.decode("utf-8", "replace")
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-            data = None
-        return _Answer(answer.status_code, data, text)
 
     async def start(
         self, replica: str, engine: str, version: str, args: tuple[str, ...], env: Mapping[str, str], lease_s: float
@@ -90,12 +57,12 @@ class WorkerReplicas:
         answer = await self._post("/replica/start", request.to_json(), max(self.timeout_s, START_TIMEOUT_S))
         data = answer.data
         if answer.status != 200 or not isinstance(data, dict):
-            raise ReplicaRefused(f"worker {self.node} refused replica {replica}: {_message(answer)}")
+            raise ReplicaRefused(f"worker {self.node} refused replica {replica}: {answer.message()}")
         port, address = data.get("port"), data.get("address")
         if not isinstance(port, int) or not 0 < port < 65536 or not isinstance(address, str) or len(address) > 255:
             raise ReplicaRefused(f"worker {self.node} answered no port for replica {replica}: {answer.text[:200]}")
         if address in UNSPECIFIED:
-            address = self._state().address.rsplit(":", 1)[0].strip("[]")
+            address = worker_state(self.nodes, self.node).address.rsplit(":", 1)[0].strip("[]")
         pid = data.get("pid")
         return Started(address, port, pid if isinstance(pid, int) else None)
 
@@ -124,10 +91,3 @@ class WorkerReplicas:
 
     async def stop(self, replica: str) -> None:
         await self._post("/replica/stop", {"replica": replica}, max(self.timeout_s, START_TIMEOUT_S))
-
-
-def _message(answer: _Answer) -> str:
-    try:
-        return str(answer.data["error"]["message"])[:LINE_CHARS]
-    except (KeyError, TypeError):
-        return answer.text[:300]

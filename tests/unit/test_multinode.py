@@ -457,3 +457,29 @@ def test_a_worker_that_holds_a_group_call_is_unreachable_within_the_calls_deadli
         await asyncio.wait_for(group.stop("node-a"), 2)  # left to its lease
 
     asyncio.run(scenario())
+
+
+def test_a_workers_group_answer_is_read_within_its_cap() -> None:
+    """A rank's lease answer is input from another node: read up to 1 MiB (decoded), then a miss, never held
+    whole; JSON nested past the parser's depth is a miss too, not a watch dying on RecursionError."""
+    answers = {"/group/lease": b""}
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=answers[request.url.path])
+
+    report = replace(_answer_if(True, "a:1"), name="node-a")
+    nodes = Nodes(["a:1"], "key")
+    nodes.states[0].report = report
+    group = WorkerGroup(nodes, client=lambda t: httpx.AsyncClient(transport=httpx.MockTransport(worker)))
+
+    async def scenario() -> None:
+        answers["/group/lease"] = json.dumps({"state": "running", "last_lines": ["x" * 1000] * 2000}).encode()
+        with pytest.raises(GatewayError, match="over 1048576 bytes"):
+            await group.renew("node-a")
+        answers["/group/lease"] = b"[" * 100_000 + b"]" * 100_000
+        with pytest.raises(GatewayError, match="answered 200 to /group/lease"):
+            await group.renew("node-a")
+        answers["/group/lease"] = json.dumps({"state": "running"}).encode()
+        assert await group.renew("node-a") is None
+
+    asyncio.run(scenario())
