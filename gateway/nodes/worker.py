@@ -22,6 +22,7 @@ import logging
 import re
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,23 @@ SERVER_START_S = 15.0  # after this a server that is still alive is waited for, 
 SERVER_START_CEILING_S = 180.0  # ... but not beyond this: a server that never listens is a failure
 RESTART_DELAY_S = 2.0
 DEVICE_SERVER_STOP_S = 3.0  # a device server (ggml-rpc-server) holds nothing to save: a short grace
+
+
+async def kept_running(name: str, loop: Callable[[], Awaitable[None]], retry_s: float = RESTART_DELAY_S) -> None:
+    """One of the worker's watch loops, for as long as the worker runs: an exception nobody foresaw is logged
+    with its traceback and the loop runs again after ``retry_s``. Unkept, the task ended silently (leases
+    never ran out, an exited device server was never started again) and its exception surfaced only at stop."""
+    while True:
+        try:
+            await loop()
+            return
+        except Exception:
+            log.exception("worker: %s failed; running it again in %g s", name, retry_s)
+            await asyncio.sleep(retry_s)
+
+
+def _kept_task(name: str, loop: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+    return asyncio.create_task(kept_running(name, loop), name=name)
 
 
 @dataclass(frozen=True)
@@ -220,11 +238,12 @@ class Worker:
         except BaseException:
             await self.stop()
             raise
-        self._watch = asyncio.create_task(self._keep_running(), name="device servers")
-        self._lease = asyncio.create_task(self.followers.keep_lease(), name="follower lease")
-        self._replica_lease = asyncio.create_task(self.replicas.keep_lease(), name="replica leases")
+        self._watch = _kept_task("device servers", self._keep_running)
+        self._lease = _kept_task("follower lease", self.followers.keep_lease)
+        self._replica_lease = _kept_task("replica leases", self.replicas.keep_lease)
 
     async def _keep_running(self) -> None:
+        """Starts again each device server that exited."""
         while not self._stopping:
             for server in self.servers:
                 if server.child is not None and server.exited is not None and server.exited.done():

@@ -5,6 +5,7 @@ answers like `serve`'s (JSON errors, the header cap, one key check)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import subprocess
@@ -170,3 +171,21 @@ def test_its_headers_are_capped_before_the_key(tmp_path: Path, fake_rpc: Path) -
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_a_watch_loop_that_raises_is_logged_and_run_again(caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's watches (its device servers, the rank's lease, the replicas' leases) run under
+    ``kept_running``: an exception nobody foresaw is logged with its traceback and the loop runs again.
+    Before, the task ended silently (no lease ever ran out) and its exception surfaced only at stop."""
+    runs: list[int] = []
+
+    async def lease_loop() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise KeyError("a state nobody foresaw")
+
+    with caplog.at_level(logging.ERROR, logger="gateway.worker"):
+        asyncio.run(asyncio.wait_for(worker_module.kept_running("replica leases", lease_loop, retry_s=0.01), 5))
+    assert runs == [0, 1]
+    failed = [r for r in caplog.records if "replica leases failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None and failed[0].exc_info[0] is KeyError
