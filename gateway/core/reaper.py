@@ -35,8 +35,13 @@ def _kill_group(_signum: int, _frame: object) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _keep_waiting(_signum: int, _frame: object) -> None:
-    """The signal reached the engine through the group too; wait for it to exit."""
+_stop_signals: list[int] = []  # the orderly stops that reached this process (each handled by _keep_waiting)
+
+
+def _keep_waiting(signum: int, _frame: object) -> None:
+    """The signal reached the engine through the group too; wait for it to exit. It is noted: one that came
+    before the engine existed reached nothing else, and is passed on once the engine is started."""
+    _stop_signals.append(signum)
 
 
 def parent_died() -> bool:
@@ -61,6 +66,8 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"cannot run {argv[0]}: {exc.strerror or exc}", file=sys.stderr, flush=True)
         return 127
+    if _stop_signals:  # a stop sent while the engine was being started: it never saw it (a 10-s stop grace
+        engine.send_signal(_stop_signals[0])  # waited out, then SIGKILL), so it gets it now
     code = engine.wait()
     if code < 0:  # died by a signal: die by the same one, so the gateway sees what the engine got
         if -code != signal.SIGKILL:

@@ -154,3 +154,31 @@ def test_a_gateway_that_is_pid_1_is_not_taken_for_dead(monkeypatch: pytest.Monke
     assert reaper.PARENT_PID_VARIABLE not in os.environ  # not passed on to the engine
     monkeypatch.setenv(reaper.PARENT_PID_VARIABLE, "4242")  # the gateway was 4242: re-parented, so it died
     assert reaper.parent_died()
+
+
+# the reaper with a stop arriving in its worst moment: its handlers set, the engine not yet started
+STOPPED_WHILE_STARTING = """
+import os, signal, subprocess, sys
+from gateway.core import reaper
+
+started = subprocess.Popen
+
+def stopped_first(*args, **kwargs):
+    os.killpg(os.getpgrp(), signal.SIGTERM)  # the gateway's orderly stop, to the whole group, as it sends it
+    return started(*args, **kwargs)
+
+reaper.subprocess.Popen = stopped_first
+sys.exit(reaper.main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_sent_before_the_engine_is_started_still_stops_it() -> None:
+    """A stop that reached the reaper after its handlers were set and before the engine existed was lost:
+    the engine ran on until the stop grace (10 s for a group's rank) ended in SIGKILL."""
+    run = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_STARTING, sys.executable, "-c", "import time; time.sleep(30)"],
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=20,
+    )
+    assert run.returncode == -signal.SIGTERM
