@@ -78,6 +78,12 @@ class Namespaces:
         done = _ip("netns", "pids", name)
         return [int(pid) for pid in done.stdout.split()]
 
+    def freeze(self, name: str) -> None:
+        """SIGSTOP every process in the namespace: a machine that hangs (its sockets still take connections)."""
+        for pid in self.pids(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
     def kill_all(self, name: str) -> None:
         """SIGKILL every process in the namespace (what losing the machine looks like to the head)."""
         for _ in range(20):

@@ -165,6 +165,12 @@ class Nodes:
         return found
 
 
+def _in_flight(status: dict[str, Any], replica: str) -> int:
+    """The requests ``replica`` holds now, admitted or queued, by the gateway's pool."""
+    rows = (status.get("pool") or {}).get("replicas") or []
+    return sum(row["active"] + row["queued"] for row in rows if row["name"] == replica)
+
+
 def both_ready(status: dict[str, Any]) -> bool:
     rows = status.get("engines") or []
     return len(rows) == 2 and all(row.get("state") == "ready" for row in rows)
@@ -229,12 +235,18 @@ def serve_and_lose_a_node(
     def whole() -> None:
         held["answer"] = nodes._turn(on_remote, "count from one to a thousand", stream_tokens, extra)
 
-    waiting = nodes.in_background(whole)
+    # the stream first; then node-b hangs (stopped, not yet killed) and the whole answer is sent to it, so both
+    # are in flight there when it goes, whatever the machine's speed: sent together, the whole answer (a few
+    # seconds) once ended before the stream's first tokens were read (CI)
     thread = nodes.stream(on_remote, stream_tokens, streamed, extra)
     wait_until(lambda: len(streamed.get("events", [])) >= 3, what="the stream's first tokens", timeout_s=120)
-    assert streamed["replica"] == remote and "answer" not in held
+    assert streamed["replica"] == remote
+    nodes.nets.freeze(nodes.node_ns)
+    waiting = nodes.in_background(whole)
+    nodes.status_when(lambda s: _in_flight(s, remote) >= 2, "the whole answer in flight on node-b", timeout_s=30)
+    assert "answer" not in held and not streamed.get("done"), (held, streamed.get("events", [])[-3:])
     lost = time.monotonic()
-    nodes.nets.kill_all(nodes.node_ns)  # node-b is gone: its worker and its engine
+    nodes.nets.kill_all(nodes.node_ns)  # node-b is gone: its worker and its engine (SIGKILL ends stopped ones)
     thread.join(timeout=stall_s + 60)
     assert streamed.get("done"), streamed
     assert streamed["events"][-1] != "[DONE]" and '"error"' in streamed["events"][-1], streamed["events"][-3:]

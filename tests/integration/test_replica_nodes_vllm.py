@@ -43,5 +43,5 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
 
 def test_two_vllm_replicas_on_two_nodes_serve_and_a_lost_node_is_served_around_and_returns(nodes: Nodes) -> None:
     # a random model: ignore_eos keeps the stream going until the node is killed
-    serve_and_lose_a_node(nodes, stall_s=STALL_S, back_s=900, stream_tokens=1500, extra={"ignore_eos": True})
+    serve_and_lose_a_node(nodes, stall_s=STALL_S, back_s=900, stream_tokens=1800, extra={"ignore_eos": True})
     assert "replica 2 (node node-b)" in nodes.log("head")
