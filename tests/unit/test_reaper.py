@@ -176,6 +176,7 @@ def test_a_stop_sent_before_the_engine_is_started_still_stops_it() -> None:
     """A stop that reached the reaper after its handlers were set and before the engine existed was lost:
     the engine ran on until the stop grace (10 s for a group's rank) ended in SIGKILL."""
     run = subprocess.run(
+        # the engine: a process that lives 30 s unless stopped
         [sys.executable, "-c", STOPPED_WHILE_STARTING, sys.executable, "-c", "import time; time.sleep(30)"],
         start_new_session=True,
         cwd=Path(__file__).resolve().parents[2],
