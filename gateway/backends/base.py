@@ -122,6 +122,10 @@ class Progress:
     # or a figure that stops being updated when that loop hangs); False: what is in flight waits on the
     # network or a slow client, not on the engine
     busy: bool | None = None
+    # each part of the engine's work that must move on its own while busy (a llama-server slot), as (its name,
+    # its mark), the busy ones only: one that stands still while the others move is stuck all the same (a
+    # slot spinning on a corrupted prompt, its request waiting for ever while the engine serves the rest)
+    parts: tuple[tuple[Hashable, Hashable], ...] = ()
 
 
 @dataclass(frozen=True)

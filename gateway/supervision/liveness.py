@@ -167,6 +167,7 @@ class ProgressWatch:
         seen = self.activity().chunks
         mark: Hashable | None = None
         said_idle = False  # the engine's last account said it works on nothing
+        parts: dict[Hashable, tuple[Hashable, float]] = {}  # each busy part's mark and when it last moved
         if not self.probe.reports_progress:
             self._cannot_read("it reports none")
         try:
@@ -193,6 +194,8 @@ class ProgressWatch:
                         said_idle = found.busy is False
                         if found.mark != mark or (said_idle and not self.activity().waiting):
                             mark, last_progress = found.mark, self.clock()  # it worked, or has nothing to do
+                        if stuck := self._stuck_part(parts, found.parts):
+                            return stuck
                 now = self.clock()
                 activity = self.activity()
                 if activity.chunks != seen or not activity.in_flight:
@@ -205,6 +208,31 @@ class ProgressWatch:
                     )
         finally:
             await self.probe.aclose()
+
+    @property
+    def part_limit_s(self) -> float:
+        """How long one busy part may stand still while others move: the stall limit, and at least the plan's
+        longest prefill (a slot's prompt waits while another slot's prompt fills every batch)."""
+        return max(self.stall_limit_s, self.prefill.seconds)
+
+    def _stuck_part(
+        self, parts: dict[Hashable, tuple[Hashable, float]], found: tuple[tuple[Hashable, Hashable], ...]
+    ) -> str:
+        """Each busy part's mark and since when, updated from ``found``; why one is stuck, or ""."""
+        now = self.clock()
+        busy = dict(found)
+        for name in [name for name in parts if name not in busy]:
+            del parts[name]  # it finished, or went idle
+        for name, mark in busy.items():
+            if name not in parts or parts[name][0] != mark:
+                parts[name] = (mark, now)
+        for name, (_mark, since) in parts.items():
+            if now - since >= self.part_limit_s:
+                return (
+                    f"{name} made no progress for {now - since:.0f} s while busy, whatever the rest did (limit "
+                    f"{self.part_limit_s:.0f} s: stall_timeout_s, or the plan's longest prefill where longer)"
+                )
+        return ""
 
     @staticmethod
     def _unstarted(activity: Activity) -> str:

@@ -166,6 +166,53 @@ def test_an_engine_whose_figures_stop_moving_with_a_request_in_flight_is_hung_af
     _run(scenario)
 
 
+@dataclass
+class OneSlotSpins(StandInEngine):
+    """Two slots busy from ``start_at``: slot 0 serves a stream of short turns (its mark and the relayed chunks
+    move every 10 s), slot 1 stops moving at ``frozen_at`` (llama-server b11434's slot that re-processes a
+    prompt loaded into it while busy); ``legit_wait`` slot 1 waits instead, with no mark at all yet."""
+
+    chunks_every_s: float | None = 10.0
+
+    def activity(self) -> Activity:
+        return Activity(2, int(self.time.now // 10), 0)
+
+    async def progress(self) -> Progress | Unreadable | None:
+        turns = int(self.time.now // 10)
+        slot_1 = int(min(self.time.now, self.frozen_at) // 100)
+        parts = (("slot 0", (turns, 0, 1)), ("slot 1", (7, slot_1 * 64, 0)))
+        return Progress((turns, slot_1), busy=True, parts=parts)
+
+
+def test_one_slot_that_stands_still_while_the_others_serve_is_hung_after_the_limit() -> None:
+    """The whole mark and the relayed chunks kept moving (the other slots' turns), so the engine counted as
+    working while one request waited for ever: 45 of 48 turns, then 600-s 429s (issue 50's 16-session run)."""
+    time = FakeTime()
+    engine = OneSlotSpins(time, frozen_at=450.0)
+
+    async def scenario() -> None:
+        verdict = await _watch_until(_watch(engine), time, 5000.0)
+        assert verdict is not None and verdict.startswith("slot 1 made no progress for 300 s"), verdict
+        assert 400.0 + STALL_S <= time.now <= 400.0 + STALL_S + Limits(STALL_S).poll_s + 1e-6, time.now
+
+    _run(scenario)
+
+
+def test_one_slot_waiting_for_the_plans_longest_prefill_beside_it_is_not_hung() -> None:
+    """A slot's prompt waits while another slot's long prompt fills every batch: it may stand still as long
+    as the plan's longest prefill (here 20 minutes), not just the stall limit."""
+    time = FakeTime()
+    engine = OneSlotSpins(time, frozen_at=0.0)
+    prefill = LongestPrefill(120_000, 100.0)  # 1,200 s
+
+    async def scenario() -> None:
+        assert await _watch_until(_watch(engine, prefill=prefill), time, 1100.0) is None
+        later = await _watch_until(_watch(engine, prefill=prefill), time, 5000.0)
+        assert later is not None and "limit 1200 s" in later, later
+
+    _run(scenario)
+
+
 def test_requests_in_flight_that_wait_on_a_slow_client_while_the_engine_says_it_is_idle_are_no_hang() -> None:
     """llama-server's main loop answers /slots itself: no slot processing is first-hand. The answer it
     finished at 100 s waits on a client that reads slowly; the request stays in flight for an hour."""
@@ -403,6 +450,8 @@ def test_llama_servers_slots_mark_moves_with_prefill_and_decode() -> None:
     assert mark(slots(0, 0, task=8)) != mark(slots(0, 0, task=7))  # a new request began
     idle = json.dumps([{"id": 0, "n_ctx": 4096, "speculative": False, "is_processing": False, "id_task": 7}])
     assert slots_progress(idle) == Progress(((0, 7, None, None, False),), busy=False)
+    busy = slots_progress(slots(512, 3))  # each processing slot is a part of its own
+    assert busy is not None and busy.parts == (("slot 0", (7, 512, 3)),)
     assert slots_progress('{"error": {"code": 501, "message": "This server does not support slots endpoint."}}') is None
     assert slots_progress("not json") is None
 

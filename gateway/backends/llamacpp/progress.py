@@ -7,7 +7,10 @@ last request), ``n_prompt_tokens_processed`` (raised per prompt token put in a b
 moves it batch by batch) and ``next_token[0].n_decoded`` (tokens generated). Both restart at 0 with a
 new request, so the mark is every slot's triple rather than a sum: any change is progress. Because the
 main loop writes the answer, its ``is_processing`` is current: no slot processing means the requests
-in flight wait on something else (a client reading slowly), not on the engine.
+in flight wait on something else (a client reading slowly), not on the engine. Each processing slot is
+also a part of its own (``Progress.parts``): b11434 can leave one slot re-processing a prompt it never
+finishes (a request pinned with ``id_slot`` to a busy slot loads another prompt into it:
+get_available_slot, server-context.cpp:1686-1790) while the other slots serve on, so the whole mark moves.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def slots_progress(text: str) -> Progress | None:
                 bool(slot.get("is_processing")),
             )
         )
-    return Progress(tuple(mark), busy=any(processing for *_, processing in mark))
+    parts = tuple((f"slot {slot}", (task, done, decoded)) for slot, task, done, decoded, busy in mark if busy)
+    return Progress(tuple(mark), busy=any(processing for *_, processing in mark), parts=parts)
 
 
 def _number(value: object) -> int | None:
