@@ -37,6 +37,16 @@ class Capability(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class LongPin:
+    """Where a long prefill goes, decided as it is sent rather than in the plan: the engine's page read just
+    before (``path``) and what its answer makes of the fields the request carries (``fields``: {} for none;
+    the page unanswered, none either)."""
+
+    path: str
+    fields: Callable[[str], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
 class Scheduling:
     """What the engine can do for many sessions at once, as the gateway's admission uses it
     (gateway.serving.scheduling.admission): how many long prefills it runs at once without starving the short
@@ -44,6 +54,7 @@ class Scheduling:
 
     long_lane: int = 0  # long prefills in the engine at once; 0: no limit (the engine interleaves them itself)
     long_fields: Mapping[str, Any] = field(default_factory=dict)  # added to a long prefill's request body
+    long_pin: LongPin | None = None  # more fields, read from the engine as a long prefill is sent
     means: str = ""  # one line for the plan and /status: what the engine itself does for many sessions
 
 

@@ -37,6 +37,7 @@ from gateway.serving.runtime import Runtime, Upstream
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
+from gateway.serving.transport.outgoing import Outgoing
 from gateway.serving.transport.prompt_count import PromptCount
 from gateway.serving.transport.proxy import ChunkFilter, chained, translated_stream
 from gateway.serving.wire import usage_tally
@@ -168,10 +169,13 @@ class Inference:
         record.long = new_tokens > LONG_PREFILL_TOKENS
         return Claim(identity.key, identity.session, new_tokens, record.long), placement
 
-    async def _on_replica(self, request: Request, claim: Claim, placement: Placement[Upstream], send: Send) -> Response:
+    async def _on_replica(
+        self, request: Request, claim: Claim, placement: Placement[Upstream], send: Send, outgoing: Outgoing | None
+    ) -> Response:
         """``send`` on the request's replica, in one of its slots; a replica that fails before the client
         got a byte (refused, cut, not serving) gets the request sent to another (the session moves with
-        it: gateway.serving.routing.retry). With one engine it is sent once, as before."""
+        it: gateway.serving.routing.retry). With one engine it is sent once, as before. A long prefill's
+        ``outgoing`` body gets the fields its engine decides as it is sent (:meth:`_long_pin`)."""
         record = record_of(request.scope)
         answered: list[str] = []
 
@@ -180,6 +184,8 @@ class Inference:
             target = self._target(upstream.backend)
             async with self._admitted(request, claim, upstream.admission) as ticket:
                 placed.admitted()
+                if claim.long and outgoing is not None:
+                    outgoing.pin(await self._long_pin(upstream, target))
 
                 def close(free: Callable[[], None] = ticket.release) -> None:
                     free()
@@ -198,6 +204,16 @@ class Inference:
         if answered:  # several replicas: which one answered, for the operator (and the tests)
             response.headers[REPLICA_HEADER] = answered[-1]
         return response
+
+    @staticmethod
+    async def _long_pin(upstream: Upstream, target: EngineTarget) -> Mapping[str, Any]:
+        """The fields the engine's page decides for a long prefill now (llama-server: its last idle slot), or
+        none where it has no such page or does not answer it in time."""
+        pin = target.scheduling.long_pin
+        if pin is None:
+            return {}
+        page = await upstream.client.page(target, pin.path)
+        return pin.fields(page) if page is not None else {}
 
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:
@@ -287,8 +303,7 @@ class Inference:
         fixed = await self._fit_chat(target, payload, prompt)
         stream = payload.get("stream") is True
         wants_usage = stream and bool((payload.get("stream_options") or {}).get("include_usage"))
-        if changed or fixed:
-            body = json.dumps(payload).encode()
+        outgoing = Outgoing(payload, body, changed=changed or fixed)
         route_rewrite = self.rt.route.rewrite_body
         complete = Capability.OPENAI_SHAPES not in target.native
 
@@ -309,7 +324,7 @@ class Inference:
             return await upstream.client.relay(
                 target,
                 path,
-                body,
+                outgoing.body(),
                 stream=stream,
                 rewrite_body=rewrite,
                 chunk_filter=chained(filters),
@@ -318,7 +333,7 @@ class Inference:
                 watch=FirstOutput(ticket.prefilled),
             )
 
-        return await self._on_replica(request, claim, placement, send)
+        return await self._on_replica(request, claim, placement, send, outgoing)
 
     async def _passthrough(
         self,
@@ -331,15 +346,14 @@ class Inference:
     ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
         claim, placement = await self._claim(request, payload, len(body))
-        if self._mark_long(target, claim, payload) or changed:
-            body = json.dumps(payload).encode()
+        outgoing = Outgoing(payload, body, changed=self._mark_long(target, claim, payload) or changed)
 
         async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
             ticket.hand_over()
             return await upstream.client.relay(
                 target,
                 dialect.path,
-                body,
+                outgoing.body(),
                 stream=payload.get("stream") is True,
                 rewrite_body=self.rt.route.rewrite_body,
                 on_close=close,
@@ -348,7 +362,7 @@ class Inference:
                 watch=FirstOutput(ticket.prefilled, dialect.opening_events),
             )
 
-        return await self._on_replica(request, claim, placement, send)
+        return await self._on_replica(request, claim, placement, send, outgoing)
 
     # -- Responses (Codex) and Messages (Claude Code) ---------------------------------------------
     async def responses(self, request: Request) -> Response:
@@ -410,7 +424,7 @@ class Inference:
             ticket.hand_over()
             return translated_stream(events, close, dialect.errors, dialect.failed_event)
 
-        return await self._on_replica(request, claim, placement, send)
+        return await self._on_replica(request, claim, placement, send, Outgoing(chat))
 
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens, asked of the engine in a slot like any request (a count renders and
@@ -435,4 +449,4 @@ class Inference:
             tokens = counted if counted is not None else len(messages_api.prompt_text(payload)) // 4
             return JSONResponse({"input_tokens": tokens})
 
-        return await self._on_replica(request, claim, placement, send)
+        return await self._on_replica(request, claim, placement, send, None)

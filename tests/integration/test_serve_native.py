@@ -264,6 +264,37 @@ def test_the_default_samples_as_its_card_says_and_a_requests_own_temperature_win
     assert 0.93 in served, slots
 
 
+def test_a_long_prefill_sent_while_the_last_slot_still_answers_the_first_goes_to_the_last_idle_one(
+    native: GatewayProcess,
+) -> None:
+    """Issue 50: the long-prefill lane frees at the first one's first token, and the second long prompt was
+    pinned to the last slot while the first still decoded there; b11434 then loads a cached prompt into
+    that busy slot, which can spin for ever (gateway/backends/llamacpp/scheduling.py). Now the second goes
+    to the last slot /slots shows idle. Each request's own temperature marks the slot that served it."""
+    leader = int(native.status()["backend"]["pid"])
+    engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
+    url, headers = native.status()["backend"]["url"], {"Authorization": f"Bearer {engine.environ()['LLAMA_API_KEY']}"}
+    text = (
+        "the small cat sat on the warm mat and looked at the bird in the tall green tree " * 110
+    )  # > 2,048 by 4 chars a token
+
+    def body(tag: str, temperature: float, **extra: Any) -> dict[str, Any]:
+        content = f"{tag}: {text}: count the cats"  # a start of its own: a cold, long prefill each
+        return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": temperature} | extra
+
+    first = body("first", 0.31, max_tokens=400, stream=True, ignore_eos=True)
+    with httpx.stream("POST", native.url + "/v1/chat/completions", json=first, timeout=120) as streaming:
+        lines = streaming.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # its prefill is over: the lane is free
+        second = httpx.post(native.url + "/v1/chat/completions", json=body("second", 0.32, max_tokens=4), timeout=120)
+        assert second.status_code == 200, second.text
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    slots = httpx.get(url + "/slots", headers=headers, timeout=5).json()
+    served = {slot["id"]: round(slot["params"]["temperature"], 2) for slot in slots if "params" in slot}
+    assert served.get(3) == 0.31 and served.get(2) == 0.32, served
+
+
 def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, client: openai.OpenAI) -> None:
     leader = int(native.status()["backend"]["pid"])
     engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))

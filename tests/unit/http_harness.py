@@ -150,6 +150,7 @@ class FakeEngine:
                 Route("/v1/messages/count_tokens", self.count_messages, methods=["POST"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/apply-template", self.apply_template, methods=["POST"]),
+                Route("/slots", self.slots_page, methods=["GET"]),
             ]
         )
 
@@ -163,6 +164,7 @@ class FakeEngine:
         # set: /apply-template answers only once a chat request came (or after 2 s), and says which
         self.template_waits_for_chat = False
         self.chat_came_before_template: bool | None = None
+        self.slots: list[dict[str, Any]] | None = None  # what GET /slots answers (llama-server's page); None: 404
 
     def _usage(self, prompt: int, completion: int) -> dict[str, Any]:
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
@@ -179,6 +181,10 @@ class FakeEngine:
         payload = json.loads(raw)
         self.seen.append({"path": request.url.path, "raw": raw, "body": payload, "headers": dict(request.headers)})
         return dict(payload)
+
+    async def slots_page(self, request: Request) -> Response:
+        self.seen.append({"path": request.url.path, "raw": b"", "body": None, "headers": dict(request.headers)})
+        return JSONResponse(self.slots) if self.slots is not None else JSONResponse({"error": "no"}, status_code=404)
 
     async def models(self, _request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": SERVED, "object": "model"}]})

@@ -59,11 +59,24 @@ def test_vllm_never_caps_a_prompt_past_the_context() -> None:
     assert long_prefill_threshold(VllmFlags(1, 0.9, 4096, 4, 32)) == 16
 
 
-def test_llama_server_pins_the_long_prefill_to_its_last_slot() -> None:
+def test_llama_server_pins_the_long_prefill_to_its_last_idle_slot_read_as_it_is_sent() -> None:
     four = llama_scheduling(4)
-    assert (four.long_lane, dict(four.long_fields)) == (1, {"id_slot": 3})
+    assert (four.long_lane, dict(four.long_fields)) == (1, {})
+    assert four.long_pin is not None and four.long_pin.path == "/slots"
+    pick = four.long_pin.fields
+
+    def page(*slots: object) -> str:
+        return json.dumps(list(slots))
+
+    def slot(number: object, busy: object) -> dict[str, object]:  # as b11434's server_slot::to_json writes it
+        return {"id": number, "n_ctx": 4096, "is_processing": busy, "id_task": 9}
+
+    assert pick(page(slot(0, False), slot(1, True), slot(2, False), slot(3, True))) == {"id_slot": 2}
+    assert pick(page(slot(0, True), slot(1, True))) == {}  # none idle: not pinned
+    assert pick(page(slot(True, False), slot(1, None), slot("2", False))) == {}  # not an id, not a "no"
+    assert pick('{"error": {"code": 501}}') == pick("<html>") == pick("[1, 2]") == {}
     one = llama_scheduling(1)  # llama-cpp-python's one slot: nothing runs beside a long prefill
-    assert (one.long_lane, dict(one.long_fields)) == (0, {})
+    assert (one.long_lane, dict(one.long_fields), one.long_pin) == (0, {}, None)
 
 
 def _native(gpu_layers: int, split: tuple[float, ...] = (), command: tuple[str, ...] = ("llama-server",)) -> list[str]:

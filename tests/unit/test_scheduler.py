@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from gateway.backends.base import Scheduling
+from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
+from gateway.serving.transport.outgoing import Outgoing
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 from tests.unit.test_http_gateway import BODIES, _gateway, _with_cue
 
@@ -253,6 +255,68 @@ def test_a_long_prefill_carries_the_engine_fields_and_a_warm_turn_does_not(engin
         assert client.post("/v1/messages", json={**cold, "max_tokens": 10}).status_code == 200  # translated
     sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
     assert [body.get("id_slot") for body in sent] == [3, None, None]  # the Messages request shares the prefix
+
+
+def _slots(*processing: bool) -> list[dict[str, Any]]:
+    return [{"id": i, "is_processing": busy, "id_task": i} for i, busy in enumerate(processing)]
+
+
+def test_a_long_prefill_is_pinned_to_the_last_slot_idle_as_it_is_sent_and_never_to_a_busy_one(
+    engine: FakeEngine, engine_url: str
+) -> None:
+    """llama-server b11434 loads a request pinned to a busy slot into that slot while it works, and the slot
+    then spins for ever (gateway/backends/llamacpp/scheduling.py): the long prefill was pinned to the last
+    slot whoever held it (16 sessions: twice in two runs)."""
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    states = (
+        _slots(False, False, False, False),
+        _slots(False, False, True, True),
+        _slots(True, True, True, True),
+        None,
+    )
+    with _gateway(runtime) as client:
+        for number, slots in enumerate(states):
+            engine.slots = slots
+            for kind, (path, extra) in enumerate(LONG_KINDS):
+                text = f"{number}.{kind} read this file: " + "x " * 6000  # a start of its own: long each time
+                body = {"model": FRONTED, "messages": [{"role": "user", "content": text}], **extra}
+                assert client.post(path, json=body).status_code == 200
+    pinned = [seen["body"].get("id_slot") for seen in engine.requests_to("/v1/chat/completions")]
+    # all idle: the last; slots 2 and 3 busy: 1; none idle, or no page: not pinned (llama-server waits for one)
+    assert pinned == [3, 3, 3, 1, 1, 1, None, None, None, None, None, None], pinned
+    assert len(engine.requests_to("/slots")) == 12  # read once per long request, as it was sent
+
+
+def test_a_body_sent_again_carries_the_new_sendings_fields_not_the_last_ones() -> None:
+    raw = b'{"model": "m", "id_slot": 1}'
+    untouched = Outgoing(json.loads(raw), raw, changed=False)
+    untouched.pin({})
+    assert untouched.body() == raw  # nothing changed: the client's own bytes
+    outgoing = Outgoing({"model": "m"}, b'{"model":"m"}', changed=False)
+    outgoing.pin({"id_slot": 3})  # one replica's last idle slot
+    assert json.loads(outgoing.body()) == {"model": "m", "id_slot": 3}
+    outgoing.pin({})  # sent again to a replica with none idle
+    assert json.loads(outgoing.body()) == {"model": "m"}
+
+
+LONG_KINDS = (  # chat, chat streamed, Messages translated to chat
+    ("/v1/chat/completions", {}),
+    ("/v1/chat/completions", {"stream": True}),
+    ("/v1/messages", {"max_tokens": 10}),
+)
+
+
+def test_a_warm_turn_reads_no_slots_page_and_is_never_pinned(engine: FakeEngine, engine_url: str) -> None:
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    engine.slots = _slots(False, False, False, False)
+    with _gateway(runtime) as client:
+        assert (
+            client.post(
+                "/v1/chat/completions", json={"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
+            ).status_code
+            == 200
+        )
+    assert engine.requests_to("/slots") == [] and "id_slot" not in engine.requests_to("/v1/chat/completions")[0]["body"]
 
 
 def test_metrics_status_and_the_access_log_show_who_uses_the_node(

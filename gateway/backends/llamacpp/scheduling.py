@@ -8,12 +8,16 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
 
 - **One long prefill at a time** (the gateway's long-prefill lane): the other slots stay free for warm
   turns, and several long prompts prefilled side by side finish no sooner than one after another.
-- **The long prefill in the last slot**: a request's ``id_slot`` picks its slot (server-context.cpp:1686,
-  4674); the long one goes to the last, so a warm turn in any other slot comes first in every batch and
-  waits one batch, not the long prompt. The pinned slot skips the host-RAM cache restore
-  (server-context.cpp:1694-1745: with ``id_slot`` set, only that slot's own tokens are reused), which
-  costs nothing for a prompt the engine does not hold; a short request is never pinned, so it still goes
-  to the slot, or restores from the cache, that holds its prefix (``--slot-prompt-similarity``).
+- **The long prefill in the last idle slot**: a request's ``id_slot`` picks its slot (server-context.cpp:1686,
+  4674); the long one goes to the last slot that ``/slots`` shows idle as it is sent, so a warm turn in an
+  earlier slot comes first in every batch and waits one batch, not the long prompt. Never a busy slot:
+  pinned there, b11434 finds no similar idle slot, so it saves that slot's prompt and loads the cache's
+  best match for the new request into it (get_available_slot, server-context.cpp:1686-1790, f_keep 0)
+  while the slot still works on its own request, and only then defers the new one; the slot then
+  re-processes a prompt it never finishes (``progress = 1.11``, for ever; seen twice at 16 sessions, when
+  the second long prompt was pinned to the slot the first still used). With no slot idle the request
+  goes unpinned (llama-server then waits for one). A short request is never pinned, so it still goes to
+  the slot, or restores from the host-RAM cache, that holds its prefix (``--slot-prompt-similarity``).
 - **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
   generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
   src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
@@ -40,11 +44,13 @@ takes them in arrival order and defers one whose slot is busy (server-context.cp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import gateway.backends.llamacpp.drafting as drafting
-from gateway.backends.base import Scheduling
+from gateway.backends.base import LongPin, Scheduling
 from gateway.backends.llamacpp.launcher import NATIVE
+from gateway.backends.llamacpp.progress import SLOTS_PATH
 
 GPU_BATCH = 512  # llama-server's -b on one GPU: one ubatch a step (b11434's default -ub)
 CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still runs tiled (GGML_FA_TILE_Q)
@@ -124,7 +130,27 @@ def scheduling(slots: int, batch_why: str = "") -> Scheduling:
     batch_part = f"; {batch_why}" if batch_why else ""
     return Scheduling(
         long_lane=1,
-        long_fields={"id_slot": slots - 1},
-        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} (warm turns are batched first)"
+        long_pin=LongPin(SLOTS_PATH, last_idle_slot),
+        means=f"{slots} slots; one long prefill at a time, in the last idle slot (warm turns are batched first)"
         + batch_part,
     )
+
+
+def last_idle_slot(slots_page: str) -> dict[str, int]:
+    """``{"id_slot": N}`` for the last slot that ``GET /slots`` shows idle; {} where none is, or the page is
+    not the slots list (a busy slot must never be pinned: the module's docstring)."""
+    try:
+        slots = json.loads(slots_page)
+    except ValueError:
+        return {}
+    if not isinstance(slots, list):
+        return {}
+    idle = [
+        slot["id"]
+        for slot in slots
+        if isinstance(slot, dict)
+        and slot.get("is_processing") is False
+        and isinstance(slot.get("id"), int)
+        and not isinstance(slot.get("id"), bool)
+    ]
+    return {"id_slot": max(idle)} if idle else {}

@@ -80,6 +80,8 @@ class Timeouts:
 
 
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+PAGE_S = 2.0  # an engine page read before a request is sent (llama-server's /slots): at most this long
+MAX_PAGE_BYTES = 1 << 20
 
 
 class EngineClient:
@@ -238,6 +240,21 @@ class EngineClient:
         finally:
             self._finish(upstream, finished)
         return b"".join(parts)
+
+    async def page(self, target: EngineTarget, path: str, within_s: float = PAGE_S) -> str | None:
+        """The text of an engine page read just before a request is sent (llama-server's ``/slots``), or None
+        where it is not a 200 of at most 1 MiB within ``within_s``: the request then goes without what the
+        page would have decided. Not counted as the engine's output (the progress watch's evidence)."""
+        headers = {"Accept-Encoding": "identity"} | self.headers | bearer_header(target.api_key)
+        try:
+            async with asyncio.timeout(within_s):
+                async with self._client().get(target.base_url + path, headers=headers) as answer:
+                    if answer.status != 200:
+                        return None
+                    data = await answer.content.read(MAX_PAGE_BYTES + 1)
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+        return data.decode("utf-8", "replace") if len(data) <= MAX_PAGE_BYTES else None
 
     async def post_json(self, target: EngineTarget, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
         """(status, parsed answer) of what the gateway asks the engine itself. An answer that is not JSON
