@@ -466,6 +466,11 @@ class Backend(Protocol[C, M, E, S]):
         replica on part of a node's GPUs; each device by its index on that node)."""
         ...
 
+    def cpu_env(self, cores: Sequence[int]) -> dict[str, str]:
+        """What one of its processes needs in its environment to compute on ``cores`` alone (one of several
+        CPU replicas on one machine, each given its share); {} where its thread count is enough."""
+        ...
+
     def rank_headers(self, rank: int) -> dict[str, str]:
         """What a request carries to be served by ``rank`` of a group this engine runs as one process (a
         session kept on the rank that holds its cache); {} for an engine that runs no such group."""

