@@ -37,6 +37,7 @@ from gateway.serving.runtime import Runtime, Upstream
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
+from gateway.serving.transport.long_pin import open_when_taken, place_long
 from gateway.serving.transport.outgoing import Outgoing
 from gateway.serving.transport.prompt_count import PromptCount
 from gateway.serving.transport.proxy import ChunkFilter, chained, translated_stream
@@ -47,6 +48,8 @@ from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 log = logging.getLogger("gateway.handlers")
 
 REPLICA_HEADER = "x-gateway-replica"  # on each answer when several replicas serve: the one that answered
+_PLACING: set[asyncio.Task[None]] = set()  # the tasks that open an engine's gate once it holds a long prefill
+
 # What a route sends on the replica a request was placed on: the replica's client, its engine, the slot's
 # ticket and what frees the slot and the placement together when the response ends (a stream's close).
 Send = Callable[[Upstream, EngineTarget, Ticket, Callable[[], None]], Awaitable[Response]]
@@ -184,8 +187,7 @@ class Inference:
             target = self._target(upstream.backend)
             async with self._admitted(request, claim, upstream.admission) as ticket:
                 placed.admitted()
-                if claim.long and outgoing is not None:
-                    outgoing.pin(await self._long_pin(upstream, target))
+                placing = await self._dispatch(upstream, target, claim, outgoing)
 
                 def close(free: Callable[[], None] = ticket.release) -> None:
                     free()
@@ -193,7 +195,12 @@ class Inference:
                         placed.first_output(record.ttft_s)
                     placed.release()
 
-                response = await send(upstream, target, ticket, close)
+                try:
+                    response = await send(upstream, target, ticket, close)
+                except BaseException:
+                    if placing is not None:  # it never reached the engine, or failed there: the gate opens
+                        placing.cancel()
+                    raise
                 if self.rt.pool.single is None:
                     answered.append(tried.replica.name)
                 if not ticket.handed_over:  # answered whole: the slot frees as the block ends
@@ -206,14 +213,24 @@ class Inference:
         return response
 
     @staticmethod
-    async def _long_pin(upstream: Upstream, target: EngineTarget) -> Mapping[str, Any]:
-        """The fields the engine's page decides for a long prefill now (llama-server: its last idle slot), or
-        none where it has no such page or does not answer it in time."""
+    async def _dispatch(
+        upstream: Upstream, target: EngineTarget, claim: Claim, outgoing: Outgoing | None
+    ) -> asyncio.Task[None] | None:
+        """Through the engine's gate; a long prefill is first placed where its engine says (llama-server: its
+        last slot, once idle: gateway.serving.transport.long_pin), and the gate stays closed until the engine
+        holds it: the task that opens it then."""
         pin = target.scheduling.long_pin
-        if pin is None:
-            return {}
-        page = await upstream.client.page(target, pin.path)
-        return pin.fields(page) if page is not None else {}
+        if not claim.long or outgoing is None or pin is None:
+            await upstream.client.gate.passed()
+            return None
+        fields = await place_long(upstream.client, target, pin, others=lambda: upstream.admission.active - 1)
+        outgoing.pin(fields)
+        if not fields:
+            return None
+        placing = asyncio.create_task(open_when_taken(upstream.client, target, pin, fields))
+        _PLACING.add(placing)
+        placing.add_done_callback(_PLACING.discard)
+        return placing
 
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:

@@ -164,7 +164,10 @@ class FakeEngine:
         # set: /apply-template answers only once a chat request came (or after 2 s), and says which
         self.template_waits_for_chat = False
         self.chat_came_before_template: bool | None = None
-        self.slots: list[dict[str, Any]] | None = None  # what GET /slots answers (llama-server's page); None: 404
+        # what GET /slots answers (llama-server's page), read by read (the last one stays); None: 404. A slot a
+        # request was pinned to shows processing at the next read, as the engine holds it
+        self.slots: list[list[dict[str, Any]] | None] = [None]
+        self.held: set[int] = set()
 
     def _usage(self, prompt: int, completion: int) -> dict[str, Any]:
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
@@ -184,7 +187,12 @@ class FakeEngine:
 
     async def slots_page(self, request: Request) -> Response:
         self.seen.append({"path": request.url.path, "raw": b"", "body": None, "headers": dict(request.headers)})
-        return JSONResponse(self.slots) if self.slots is not None else JSONResponse({"error": "no"}, status_code=404)
+        slots = self.slots.pop(0) if len(self.slots) > 1 else self.slots[0]
+        if slots is None:
+            return JSONResponse({"error": "no"}, status_code=404)
+        shown = [{**slot, "is_processing": slot["is_processing"] or slot["id"] in self.held} for slot in slots]
+        self.held.clear()
+        return JSONResponse(shown)
 
     async def models(self, _request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": SERVED, "object": "model"}]})
@@ -227,6 +235,8 @@ class FakeEngine:
 
     async def chat(self, request: Request) -> Response:
         payload = await self._record(request)
+        if isinstance(payload.get("id_slot"), int):
+            self.held.add(payload["id_slot"])
         cue = next((str(m.get("content")) for m in reversed(payload["messages"]) if m.get("role") == "user"), "")
         if "REFUSE" in cue:
             return JSONResponse(ENGINE_REFUSAL, status_code=400)

@@ -59,22 +59,21 @@ def test_vllm_never_caps_a_prompt_past_the_context() -> None:
     assert long_prefill_threshold(VllmFlags(1, 0.9, 4096, 4, 32)) == 16
 
 
-def test_llama_server_pins_the_long_prefill_to_its_last_idle_slot_read_as_it_is_sent() -> None:
+def test_llama_server_places_the_long_prefill_in_its_last_slot_once_idle_read_as_it_is_sent() -> None:
     four = llama_scheduling(4)
     assert (four.long_lane, dict(four.long_fields)) == (1, {})
     assert four.long_pin is not None and four.long_pin.path == "/slots"
-    pick = four.long_pin.fields
+    place, taken = four.long_pin.place, four.long_pin.taken
 
-    def page(*slots: object) -> str:
-        return json.dumps(list(slots))
+    def page(*busy: object) -> str:  # as b11434's server_slot::to_json writes each slot
+        return json.dumps([{"id": i, "n_ctx": 4096, "is_processing": b, "id_task": 9} for i, b in enumerate(busy)])
 
-    def slot(number: object, busy: object) -> dict[str, object]:  # as b11434's server_slot::to_json writes it
-        return {"id": number, "n_ctx": 4096, "is_processing": busy, "id_task": 9}
-
-    assert pick(page(slot(0, False), slot(1, True), slot(2, False), slot(3, True))) == {"id_slot": 2}
-    assert pick(page(slot(0, True), slot(1, True))) == {}  # none idle: not pinned
-    assert pick(page(slot(True, False), slot(1, None), slot("2", False))) == {}  # not an id, not a "no"
-    assert pick('{"error": {"code": 501}}') == pick("<html>") == pick("[1, 2]") == {}
+    assert place(page(False, True, False, False), 1) == {"id_slot": 3}  # the gateway's one other request: slot 1
+    assert place(page(False, False, False, True), 1) is None  # the last slot busy: not yet
+    assert place(page(False, False, False, False), 1) is None  # one request on its way: it could take the last
+    assert place('{"error": {"code": 501}}', 0) == place("<html>", 0) == place("[1, 2]", 0) == {}  # unpinned
+    assert place(page(False, "no", False, False), 0) == {}  # not the slots list as llama-server writes it
+    assert taken(page(False, False, False, True), {"id_slot": 3}) and not taken(page(*[False] * 4), {"id_slot": 3})
     one = llama_scheduling(1)  # llama-cpp-python's one slot: nothing runs beside a long prefill
     assert (one.long_lane, dict(one.long_fields), one.long_pin) == (0, {}, None)
 

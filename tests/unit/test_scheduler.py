@@ -6,8 +6,10 @@ giving its slot back and the long prefill carrying the engine's fields."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from gateway.backends.base import Scheduling
 from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
+from gateway.serving.transport.dispatch_gate import DispatchGate
+from gateway.serving.transport.long_pin import open_when_taken, place_long
 from gateway.serving.transport.outgoing import Outgoing
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 from tests.unit.test_http_gateway import BODIES, _gateway, _with_cue
@@ -261,42 +265,113 @@ def _slots(*processing: bool) -> list[dict[str, Any]]:
     return [{"id": i, "is_processing": busy, "id_task": i} for i, busy in enumerate(processing)]
 
 
-def test_a_long_prefill_is_pinned_to_the_last_slot_idle_as_it_is_sent_and_never_to_a_busy_one(
-    engine: FakeEngine, engine_url: str
+IDLE, LAST_BUSY, ALL_BUSY = _slots(False, False, False, False), _slots(False, False, False, True), _slots(*[True] * 4)
+
+
+@pytest.mark.parametrize(
+    ("pages", "pinned", "reads"),
+    [
+        ([IDLE], 3, 2),  # placed at once; the next read shows it held: the gate opens
+        ([LAST_BUSY, LAST_BUSY, LAST_BUSY, IDLE], 3, 5),  # the last slot answers another: waited for
+        ([_slots(False, False, True, True), IDLE], 3, 3),  # another slot idle is not taken in its place
+        ([None], None, 1),  # no page (llama-server --no-slots): sent unpinned
+        ([ALL_BUSY], None, None),  # never free within the wait: sent unpinned
+    ],
+    ids=["idle", "last slot busy, then idle", "an earlier slot idle", "no page", "never idle"],
+)
+def test_a_long_prefill_waits_for_the_last_slot_to_be_idle_and_is_never_pinned_to_a_busy_one(
+    engine: FakeEngine, engine_url: str, pages: list[Any], pinned: int | None, reads: int | None
 ) -> None:
     """llama-server b11434 loads a request pinned to a busy slot into that slot while it works, and the slot
     then spins for ever (gateway/backends/llamacpp/scheduling.py): the long prefill was pinned to the last
     slot whoever held it (16 sessions: twice in two runs)."""
-    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
-    states = (
-        _slots(False, False, False, False),
-        _slots(False, False, True, True),
-        _slots(True, True, True, True),
-        None,
-    )
+    four = llama_scheduling(4)
+    assert four.long_pin is not None
+    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, wait_s=0.3)))
     with _gateway(runtime) as client:
-        for number, slots in enumerate(states):
-            engine.slots = slots
-            for kind, (path, extra) in enumerate(LONG_KINDS):
-                text = f"{number}.{kind} read this file: " + "x " * 6000  # a start of its own: long each time
-                body = {"model": FRONTED, "messages": [{"role": "user", "content": text}], **extra}
-                assert client.post(path, json=body).status_code == 200
-    pinned = [seen["body"].get("id_slot") for seen in engine.requests_to("/v1/chat/completions")]
-    # all idle: the last; slots 2 and 3 busy: 1; none idle, or no page: not pinned (llama-server waits for one)
-    assert pinned == [3, 3, 3, 1, 1, 1, None, None, None, None, None, None], pinned
-    assert len(engine.requests_to("/slots")) == 12  # read once per long request, as it was sent
+        for kind, (path, extra) in enumerate(LONG_KINDS):
+            engine.slots = list(pages)
+            text = f"{kind} read this file: " + "x " * 6000  # a start of its own: long each time
+            body = {"model": FRONTED, "messages": [{"role": "user", "content": text}], **extra}
+            before = len(engine.requests_to("/slots"))
+            assert client.post(path, json=body).status_code == 200
+            sent = engine.requests_to("/v1/chat/completions")[-1]["body"]
+            assert sent.get("id_slot") == pinned, (path, extra, sent.get("id_slot"))
+            read = len(engine.requests_to("/slots")) - before
+            # placed after as many reads, then read until it is seen held; never idle: until the wait is over
+            assert reads is None or (read >= reads if pinned is not None else read == reads), read
+            assert client.get("/v1/models").status_code == 200  # and the gate is open again
 
 
-def test_a_body_sent_again_carries_the_new_sendings_fields_not_the_last_ones() -> None:
-    raw = b'{"model": "m", "id_slot": 1}'
-    untouched = Outgoing(json.loads(raw), raw, changed=False)
-    untouched.pin({})
-    assert untouched.body() == raw  # nothing changed: the client's own bytes
-    outgoing = Outgoing({"model": "m"}, b'{"model":"m"}', changed=False)
-    outgoing.pin({"id_slot": 3})  # one replica's last idle slot
-    assert json.loads(outgoing.body()) == {"model": "m", "id_slot": 3}
-    outgoing.pin({})  # sent again to a replica with none idle
-    assert json.loads(outgoing.body()) == {"model": "m"}
+class Pages:
+    """An engine client as place_long and open_when_taken see it: its gate, and /slots pages read in turn."""
+
+    def __init__(self, *pages: list[dict[str, Any]] | None) -> None:
+        self.gate = DispatchGate()
+        self.pages = list(pages)
+        self.gate_at_reads: list[bool] = []
+
+    async def page(self, _target: Any, _path: str) -> str | None:
+        self.gate_at_reads.append(self.gate.is_open)
+        page = self.pages.pop(0) if len(self.pages) > 1 else self.pages[0]
+        return json.dumps(page) if page is not None else None
+
+
+def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefill_until_it_is_held() -> None:
+    """Between the read that finds the last slot free and the engine taking the long request, a request sent
+    meanwhile could take that slot first (a warm turn whose prefix it holds): nothing is sent then."""
+    pin = llama_scheduling(4).long_pin
+    assert pin is not None
+
+    async def scenario() -> None:
+        client: Any = Pages(LAST_BUSY, _slots(True, False, False, False), IDLE, _slots(False, False, False, True))
+        waited: list[float] = []
+
+        async def warm_turn() -> None:
+            await client.gate.passed()
+            waited.append(asyncio.get_running_loop().time())
+
+        # the last slot busy; then free, but two other requests in flight and one slot busy (one on its way
+        # could take the last slot first); then all idle and none in flight: placed
+        others = iter([1, 2, 0])
+        fields = await place_long(client, None, pin, others=lambda: next(others), sleep=lambda _s: asyncio.sleep(0))
+        assert fields == {"id_slot": 3} and not client.gate.is_open  # placed, the gate held closed
+        assert client.gate_at_reads == [False, False, False]  # closed for each read, opened when it did not place
+        queued = asyncio.create_task(warm_turn())
+        await asyncio.sleep(0)
+        assert waited == []  # held at the gate
+        await open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0))
+        await queued
+        assert client.gate.is_open and len(waited) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_long_prefill_that_fails_before_the_engine_holds_it_opens_the_gate_again() -> None:
+    pin = llama_scheduling(4).long_pin
+    assert pin is not None
+
+    async def scenario() -> None:
+        client: Any = Pages(IDLE)  # the pinned slot never shows held: its request never came
+        fields = await place_long(client, None, pin, others=lambda: 0)
+        assert not client.gate.is_open
+        watching = asyncio.create_task(open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0)))
+        await asyncio.sleep(0)
+        watching.cancel()  # the send failed: the handler cancels the watch
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        assert client.gate.is_open
+
+    asyncio.run(scenario())
+
+
+def test_a_warm_turn_reads_no_slots_page_and_is_never_pinned(engine: FakeEngine, engine_url: str) -> None:
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    engine.slots = [IDLE]
+    hi = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
+    with _gateway(runtime) as client:
+        assert client.post("/v1/chat/completions", json=hi).status_code == 200
+    assert engine.requests_to("/slots") == [] and "id_slot" not in engine.requests_to("/v1/chat/completions")[0]["body"]
 
 
 LONG_KINDS = (  # chat, chat streamed, Messages translated to chat
@@ -306,17 +381,16 @@ LONG_KINDS = (  # chat, chat streamed, Messages translated to chat
 )
 
 
-def test_a_warm_turn_reads_no_slots_page_and_is_never_pinned(engine: FakeEngine, engine_url: str) -> None:
-    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
-    engine.slots = _slots(False, False, False, False)
-    with _gateway(runtime) as client:
-        assert (
-            client.post(
-                "/v1/chat/completions", json={"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
-            ).status_code
-            == 200
-        )
-    assert engine.requests_to("/slots") == [] and "id_slot" not in engine.requests_to("/v1/chat/completions")[0]["body"]
+def test_a_body_sent_again_carries_the_new_sendings_fields_not_the_last_ones() -> None:
+    raw = b'{"model": "m", "id_slot": 1}'
+    untouched = Outgoing(json.loads(raw), raw, changed=False)
+    untouched.pin({})
+    assert untouched.body() == raw  # nothing changed: the client's own bytes
+    outgoing = Outgoing({"model": "m"}, b'{"model":"m"}', changed=False)
+    outgoing.pin({"id_slot": 3})  # one replica's last slot
+    assert json.loads(outgoing.body()) == {"model": "m", "id_slot": 3}
+    outgoing.pin({})  # sent again to a replica that gave none
+    assert json.loads(outgoing.body()) == {"model": "m"}
 
 
 def test_metrics_status_and_the_access_log_show_who_uses_the_node(

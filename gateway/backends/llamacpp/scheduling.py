@@ -8,16 +8,19 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
 
 - **One long prefill at a time** (the gateway's long-prefill lane): the other slots stay free for warm
   turns, and several long prompts prefilled side by side finish no sooner than one after another.
-- **The long prefill in the last idle slot**: a request's ``id_slot`` picks its slot (server-context.cpp:1686,
-  4674); the long one goes to the last slot that ``/slots`` shows idle as it is sent, so a warm turn in an
-  earlier slot comes first in every batch and waits one batch, not the long prompt. Never a busy slot:
-  pinned there, b11434 finds no similar idle slot, so it saves that slot's prompt and loads the cache's
-  best match for the new request into it (get_available_slot, server-context.cpp:1686-1790, f_keep 0)
-  while the slot still works on its own request, and only then defers the new one; the slot then
-  re-processes a prompt it never finishes (``progress = 1.11``, for ever; seen twice at 16 sessions, when
-  the second long prompt was pinned to the slot the first still used). With no slot idle the request
-  goes unpinned (llama-server then waits for one). A short request is never pinned, so it still goes to
-  the slot, or restores from the host-RAM cache, that holds its prefix (``--slot-prompt-similarity``).
+- **The long prefill in the last slot**: a request's ``id_slot`` picks its slot (server-context.cpp:1686,
+  4674); the long one goes to the last, so a warm turn in any other slot comes first in every batch and
+  waits one batch, not the long prompt. Only once that slot is idle: pinned to a busy slot, b11434 finds
+  no idle slot like it, so it saves the busy slot's prompt and loads the cache's best match for the new
+  request into it (get_available_slot, server-context.cpp:1686-1790: f_keep 0) while the slot still works
+  on its own request, and only then defers the new one; the slot then re-processes a prompt it never
+  finishes (``progress = 1.11``, for ever: twice at 16 sessions, the second long prompt pinned to the slot
+  the first still answered in). So the gateway reads ``/slots`` until the last slot is idle and every
+  request it has in the engine holds a slot (none on its way that could take the last one first), and
+  sends nothing else until ``/slots`` shows the long one there (:class:`gateway.backends.base.LongPin`);
+  after 30 s of waiting it goes unpinned (llama-server then picks an idle slot, or waits for one). A
+  short request is never pinned, so it still goes to the slot, or restores from the host-RAM cache, that
+  holds its prefix (``--slot-prompt-similarity``).
 - **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
   generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
   src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
@@ -45,7 +48,9 @@ takes them in arrival order and defers one whose slot is busy (server-context.cp
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import gateway.backends.llamacpp.drafting as drafting
 from gateway.backends.base import LongPin, Scheduling
@@ -130,27 +135,43 @@ def scheduling(slots: int, batch_why: str = "") -> Scheduling:
     batch_part = f"; {batch_why}" if batch_why else ""
     return Scheduling(
         long_lane=1,
-        long_pin=LongPin(SLOTS_PATH, last_idle_slot),
-        means=f"{slots} slots; one long prefill at a time, in the last idle slot (warm turns are batched first)"
+        long_pin=LongPin(SLOTS_PATH, place_in_last_slot, slot_taken),
+        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} once idle (warm turns are batched first)"
         + batch_part,
     )
 
 
-def last_idle_slot(slots_page: str) -> dict[str, int]:
-    """``{"id_slot": N}`` for the last slot that ``GET /slots`` shows idle; {} where none is, or the page is
-    not the slots list (a busy slot must never be pinned: the module's docstring)."""
+def place_in_last_slot(slots_page: str, others: int) -> dict[str, int] | None:
+    """``{"id_slot": last}`` once ``GET /slots`` shows the last slot idle and at least ``others`` slots busy
+    (each of the gateway's other requests in the engine holds one: none is on its way to take the last
+    first); None: not yet; {}: not the slots list (sent unpinned)."""
+    slots = _slots(slots_page)
+    if not slots:
+        return {}
+    last = max(slots)
+    busy = sum(slots.values())
+    return {"id_slot": last} if not slots[last] and busy >= others else None
+
+
+def slot_taken(slots_page: str, fields: Mapping[str, Any]) -> bool:
+    """Whether ``GET /slots`` shows the pinned slot processing: the long request holds it."""
+    slots = _slots(slots_page)
+    return bool(slots) and slots.get(fields.get("id_slot", -1)) is True
+
+
+def _slots(slots_page: str) -> dict[int, bool]:
+    """Each slot's id and whether it is processing, from ``GET /slots``; {} for anything else."""
     try:
-        slots = json.loads(slots_page)
+        listed = json.loads(slots_page)
     except ValueError:
         return {}
-    if not isinstance(slots, list):
+    if not isinstance(listed, list):
         return {}
-    idle = [
-        slot["id"]
-        for slot in slots
-        if isinstance(slot, dict)
-        and slot.get("is_processing") is False
-        and isinstance(slot.get("id"), int)
-        and not isinstance(slot.get("id"), bool)
-    ]
-    return {"id_slot": max(idle)} if idle else {}
+    slots = {}
+    for slot in listed:
+        number = slot.get("id") if isinstance(slot, dict) else None
+        processing = slot.get("is_processing") if isinstance(slot, dict) else None
+        if not isinstance(number, int) or isinstance(number, bool) or not isinstance(processing, bool):
+            return {}
+        slots[number] = processing
+    return slots

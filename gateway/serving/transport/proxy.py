@@ -25,6 +25,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.backends.base import Capability
 from gateway.core.auth import bearer_header
+from gateway.serving.transport.dispatch_gate import DispatchGate
 from gateway.serving.transport.stream_guard import checked_chunks
 from gateway.serving.wire.error_shapes import OPENAI, ApiError, ErrorShape, engine_overflow, unavailable
 from gateway.serving.wire.request_id import request_id
@@ -108,6 +109,7 @@ class EngineClient:
         self._waiting = 0  # requests sent whose answer's headers have not come yet
         self._chunks_read = 0  # chunks of answers read so far (the progress watch's evidence of tokens)
         self._cuts = 0  # how many times the requests in flight were ended (:meth:`cut`)
+        self.gate = DispatchGate()  # closed while a long prefill is being placed in the engine
         self._cut_why = ""
 
     def _client(self) -> aiohttp.ClientSession:

@@ -1,0 +1,77 @@
+"""Placing a long prefill in the engine as it is sent (:class:`gateway.backends.base.LongPin`), and the gate
+that holds the gateway's other requests to that engine back meanwhile.
+
+The engine's page says where the long request may go once nothing else can take that place first: the
+place free, and each of the gateway's other requests already in the engine (one on its way could be
+placed there before it). From the read that places it until the page shows the engine holds it, every
+other request to the engine waits at the gate: on the CPU that is one step of the engine at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from gateway.backends.base import LongPin
+from gateway.serving.transport.proxy import EngineClient
+from gateway.supervision.lifecycle import EngineTarget
+
+POLL_S = 0.1  # how often the page is read again while the place is not free
+TAKEN_S = 5.0  # the gate opens after this long even if the page never shows the request held
+
+
+async def place_long(
+    client: EngineClient,
+    target: EngineTarget,
+    pin: LongPin,
+    others: Callable[[], int],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Mapping[str, Any]:
+    """The fields a long prefill carries to ``target``, read from its page while ``client``'s gate is closed,
+    which stays closed where there are any (:func:`open_when_taken` opens it); {} where the page gives none
+    within ``pin.wait_s`` (or gives none at all). ``others``: the gateway's other requests holding the
+    engine's slots."""
+    gate = client.gate
+    deadline = clock() + pin.wait_s
+    while True:
+        await gate.passed()
+        gate.close()
+        try:
+            page = await client.page(target, pin.path)
+            fields = pin.place(page, others()) if page is not None else {}
+        except BaseException:
+            gate.open()
+            raise
+        if fields:
+            return fields
+        gate.open()
+        if fields is not None or clock() >= deadline:
+            return {}
+        await sleep(POLL_S)
+
+
+async def open_when_taken(
+    client: EngineClient,
+    target: EngineTarget,
+    pin: LongPin,
+    fields: Mapping[str, Any],
+    *,
+    within_s: float = TAKEN_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Open ``client``'s gate once the engine's page shows the placed request held (or ``within_s`` later,
+    or when cancelled: the request failed before it reached the engine)."""
+    deadline = clock() + within_s
+    try:
+        while clock() < deadline:
+            page = await client.page(target, pin.path)
+            if page is not None and pin.taken(page, fields):
+                return
+            await sleep(POLL_S / 5)
+    finally:
+        client.gate.open()
