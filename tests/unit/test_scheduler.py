@@ -18,6 +18,7 @@ from gateway.backends.base import Scheduling
 from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
+from gateway.serving.transport import long_pin
 from gateway.serving.transport.dispatch_gate import DispatchGate
 from gateway.serving.transport.long_pin import open_when_taken, place_long
 from gateway.serving.transport.outgoing import Outgoing
@@ -280,14 +281,20 @@ IDLE, LAST_BUSY, ALL_BUSY = _slots(False, False, False, False), _slots(False, Fa
     ids=["idle", "last slot busy, then idle", "an earlier slot idle", "no page", "never idle"],
 )
 def test_a_long_prefill_waits_for_the_last_slot_to_be_idle_and_is_never_pinned_to_a_busy_one(
-    engine: FakeEngine, engine_url: str, pages: list[Any], pinned: int | None, reads: int | None
+    engine: FakeEngine,
+    engine_url: str,
+    pages: list[Any],
+    pinned: int | None,
+    reads: int | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """llama-server b11434 loads a request pinned to a busy slot into that slot while it works, and the slot
     then spins for ever (gateway/backends/llamacpp/scheduling.py): the long prefill was pinned to the last
     slot whoever held it (16 sessions: twice in two runs)."""
     four = llama_scheduling(4)
     assert four.long_pin is not None
-    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, wait_s=0.3)))
+    monkeypatch.setattr(long_pin, "POLL_S", 0.01)  # the page read again every 10 ms, for 0.1 s at most
+    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, wait_s=0.1)))
     with _gateway(runtime) as client:
         for kind, (path, extra) in enumerate(LONG_KINDS):
             engine.slots = list(pages)
