@@ -178,7 +178,7 @@ class Inference:
         """``send`` on the request's replica, in one of its slots; a replica that fails before the client
         got a byte (refused, cut, not serving) gets the request sent to another (the session moves with
         it: gateway.serving.routing.retry). With one engine it is sent once, as before. A long prefill's
-        ``outgoing`` body gets the fields its engine decides as it is sent (:meth:`_long_pin`)."""
+        ``outgoing`` body gets the fields its engine decides as it is sent (:meth:`_dispatch`)."""
         record = record_of(request.scope)
         answered: list[str] = []
 
@@ -234,9 +234,10 @@ class Inference:
 
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:
-        """A long prefill carries what the engine needs to serve it after short turns (vLLM's priority,
-        llama-server's last slot: backends.base.Scheduling), and every request the sampling fields it
-        leaves out that the engine takes no defaults for (Launch.request_defaults); True when it changed."""
+        """A long prefill carries what the engine needs to serve it after short turns (vLLM's priority:
+        backends.base.Scheduling; llama-server's slot is decided as it is sent), and every request the
+        sampling fields it leaves out that the engine takes no defaults for (Launch.request_defaults); True
+        when it changed."""
         fields = target.scheduling.long_fields if claim.long else {}
         payload.update(fields)
         # the model's recommended sampling where the engine has no defaults of its own; a request's own win
