@@ -951,12 +951,14 @@ def main() -> int:
                 for row in rows:
                     if "error" in row or not row.get("goal_met", True):
                         print("  ", {k: row.get(k) for k in ("session", "turn", "new", "prefilled", "error")})
-        if args.fairness:
-            with fresh() as target:
+        for replicas in shapes if args.fairness else []:  # each shape asked (--replicas), on a fresh gateway
+            with fresh(replicas) as target:
                 results["argv"] = target.argv
                 print(f"fairness: {args.fairness_session} alone, then under {args.burst} cold first turns")
-                fair = {"target": args.target, "engine": args.engine, **fairness(target, args)}
+                fair = {"target": args.target, "engine": args.engine, "replicas": replicas, **fairness(target, args)}
+                results.setdefault("fairness_runs", []).append(fair)
                 results["fairness"] = fair
+                print(fairness_table(fair), flush=True)
         results["load_after"] = os.getloadavg()
         results["wall_s"] = round(time.monotonic() - started, 1)
     print(args.engine, " ".join(results.get("argv", [])[1:]))
