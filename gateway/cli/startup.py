@@ -95,6 +95,7 @@ def assemble(settings: Settings, machine: Inventory | None = None) -> Serving:
             Limits(stall_s=settings.stall_timeout_s, canary_s=settings.canary_interval_s),
             activity=client.activity,
             end_requests=client.cut,
+            passage=client.gate.passage,
         ),
     )
     for number, option in enumerate(serve_plan.options, 1):
@@ -149,6 +150,7 @@ def _replicas(
                 Limits(stall_s=settings.stall_timeout_s, canary_s=settings.canary_interval_s),
                 activity=client.activity,
                 end_requests=client.cut,
+                passage=client.gate.passage,
             ),
         )
         where = f"node {replica.node}" if replica.node else "this machine"

@@ -223,7 +223,11 @@ class Inference:
         if not claim.long or outgoing is None or pin is None:
             await upstream.client.gate.passed()
             return None
-        fields = await place_long(upstream.client, target, pin, others=lambda: upstream.admission.active - 1)
+
+        def others() -> int:  # the admission's other requests, and a canary the watch has in the engine
+            return upstream.admission.active - 1 + upstream.client.gate.outside
+
+        fields = await place_long(upstream.client, target, pin, others=others)
         outgoing.pin(fields)
         if not fields:
             return None

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -129,15 +130,18 @@ class ProgressWatch:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         prefill: LongestPrefill | None = None,
+        passage: Callable[[], AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
         """``prefill``: the plan's longest prefill, the least a request in flight is given where the
-        engine's progress cannot be read."""
+        engine's progress cannot be read. ``passage``: what the canary is sent within, on the gateway's
+        side (the engine's dispatch gate: not while a long prefill takes its place there, and counted)."""
         self.probe = probe
         self.activity = activity
         self.limits = limits
         self.clock = clock
         self.sleep = sleep
         self.prefill = prefill or LongestPrefill(0, 0.0)
+        self.passage = passage or contextlib.nullcontext
         self.blind: str | None = None  # why the engine's progress cannot be read, once it is known
 
     @property
@@ -179,7 +183,7 @@ class ProgressWatch:
                     seen, last_progress = activity.chunks, now  # relayed chunks, or nothing asked of it
                 if not activity.in_flight:
                     if limits.canary_s and now - last_canary >= limits.canary_s:
-                        if not await self._within(self.probe.canary(), limits.stall_s):
+                        if not await self._within(self._canary(), limits.stall_s):
                             return f"a one-token canary got no answer in {limits.stall_s:g} s (stall_timeout_s)"
                         last_canary = last_progress = self.clock()
                     continue
@@ -233,6 +237,10 @@ class ProgressWatch:
                     f"{self.part_limit_s:.0f} s: stall_timeout_s, or the plan's longest prefill where longer)"
                 )
         return ""
+
+    async def _canary(self) -> bool:
+        async with self.passage():
+            return await self.probe.canary()
 
     @staticmethod
     def _unstarted(activity: Activity) -> str:
@@ -324,9 +332,16 @@ class Liveness:
     probe: Callable[[Launch], Probe] = HttpProbe
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    passage: Callable[[], AbstractAsyncContextManager[None]] | None = None  # the canary's (ProgressWatch)
 
     def watch(self, launch: Launch, prefill: LongestPrefill | None = None) -> ProgressWatch:
         """A watch over one engine start; ``prefill``: its plan's longest prefill (see :class:`ProgressWatch`)."""
         return ProgressWatch(
-            self.probe(launch), self.activity, self.limits, clock=self.clock, sleep=self.sleep, prefill=prefill
+            self.probe(launch),
+            self.activity,
+            self.limits,
+            clock=self.clock,
+            sleep=self.sleep,
+            prefill=prefill,
+            passage=self.passage,
         )

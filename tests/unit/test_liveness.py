@@ -12,6 +12,7 @@ engine restarts by the crash path) runs with the stand-in runs of test_superviso
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Hashable
@@ -30,6 +31,7 @@ from gateway.backends.base import Launch, Progress
 from gateway.backends.llamacpp.progress import slots_progress
 from gateway.backends.vllm.progress import metrics_progress
 from gateway.serving.app import create_app
+from gateway.serving.transport.dispatch_gate import DispatchGate
 from gateway.serving.transport.proxy import EngineClient, Timeouts
 from gateway.supervision.group import http_canary
 from gateway.supervision.lifecycle import State
@@ -409,6 +411,42 @@ def test_an_idle_engine_is_never_hung_without_a_canary_and_gets_one_every_interv
         assert len(answering.canaries) == 5 and all(
             b - a >= 600.0 for a, b in zip(answering.canaries, answering.canaries[1:], strict=False)
         )
+
+    _run(scenario)
+
+
+def test_the_canary_passes_the_engines_dispatch_gate_and_is_counted_while_in_the_engine() -> None:
+    """A canary sent while a long prefill is being placed could take the slot it is placed in (llama-server
+    picks an idle slot for it): it waits while the gate is closed, and the placing counts it as in the engine
+    (gateway.serving.transport.long_pin)."""
+    time = FakeTime()
+    gate = DispatchGate()
+    seen: list[int] = []
+
+    class Counted(StandInEngine):
+        async def canary(self) -> bool:
+            seen.append(gate.outside)
+            return await super().canary()
+
+    engine = Counted(time, start_at=float("inf"))
+    limits = Limits(stall_s=STALL_S, canary_s=600.0)
+    watch = ProgressWatch(engine, engine.activity, limits, clock=time.clock, sleep=time.sleep, passage=gate.passage)
+
+    async def scenario() -> None:
+        gate.close()  # a long prefill being placed when the first canary is due
+        task = asyncio.create_task(watch.watch())
+        while time.now < limits.canary_s:  # the fake clock moves while the watch sleeps between looks
+            await asyncio.sleep(0)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert engine.canaries == [] and gate.outside == 0  # due, and held at the gate
+        gate.open()
+        while not engine.canaries:
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert seen == [1] and gate.outside == 0  # counted while in the engine, then not
 
     _run(scenario)
 

@@ -372,6 +372,23 @@ def test_a_long_prefill_that_fails_before_the_engine_holds_it_opens_the_gate_aga
     asyncio.run(scenario())
 
 
+def test_a_canary_in_the_engine_counts_as_a_request_that_could_take_the_last_slot_first(
+    engine: FakeEngine, engine_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The liveness watch's canary holds no admission slot: while it is in the engine (counted by the gate it
+    passed) and no slot shows it yet, the last slot is not given to a long prefill."""
+    monkeypatch.setattr(long_pin, "POLL_S", 0.01)
+    four = llama_scheduling(4)
+    assert four.long_pin is not None
+    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, wait_s=0.1)))
+    engine.slots = [IDLE]
+    runtime.pool.replicas[0].upstream.client.gate.outside = 1  # a canary on its way, in no slot yet
+    with _gateway(runtime) as client:
+        body = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert "id_slot" not in engine.requests_to("/v1/chat/completions")[-1]["body"]  # waited, then unpinned
+
+
 def test_a_warm_turn_reads_no_slots_page_and_is_never_pinned(engine: FakeEngine, engine_url: str) -> None:
     runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
     engine.slots = [IDLE]
