@@ -202,6 +202,11 @@ def two_nodes(
         take_down(nets, procs, inside, grace_s=60, times=times, what="replicas on two nodes")
 
 
+# the whole answer is sent once node-b is frozen, so its length races nothing: short, as the head's replica
+# answers it after the loss
+WHOLE_TOKENS = 64
+
+
 def serve_and_lose_a_node(
     nodes: Nodes, stall_s: float, back_s: float, stream_tokens: int = 2000, extra: dict[str, Any] | None = None
 ) -> None:
@@ -233,7 +238,7 @@ def serve_and_lose_a_node(
     held: dict[str, httpx.Response] = {}  # a whole answer (not streamed) in flight on node-b when it goes
 
     def whole() -> None:
-        held["answer"] = nodes._turn(on_remote, "count from one to a thousand", stream_tokens, extra)
+        held["answer"] = nodes._turn(on_remote, "count from one to a thousand", WHOLE_TOKENS, extra)
 
     # the stream first; then node-b hangs (stopped, not yet killed) and the whole answer is sent to it, so both
     # are in flight there when it goes, whatever the machine's speed: sent together, the whole answer (a few

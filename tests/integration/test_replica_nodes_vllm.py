@@ -6,6 +6,7 @@ returning one): a few minutes here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = Path(__file__).resolve().parent / "tools"
 STALL_S = 60
+CONTEXT = 12288  # the tiny model's positions, raised from its 2,048
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     workdir = tmp_path_factory.mktemp("replica-nodes-vllm")
     model = workdir / "tiny-llama"
     subprocess.run([str(python), str(TOOLS / "make_tiny_model.py"), str(model)], check=True, capture_output=True)
+    config = json.loads((model / "config.json").read_text())  # room for a stream that outlasts any reaction
+    (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": CONTEXT}))
     command = f"{python} -m vllm.entrypoints.openai.api_server"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
     worker = ("--cpu-memory", "6GiB", "--vllm-command", command)
@@ -43,5 +47,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
 
 def test_two_vllm_replicas_on_two_nodes_serve_and_a_lost_node_is_served_around_and_returns(nodes: Nodes) -> None:
     # a random model: ignore_eos keeps the stream going until the node is killed
-    serve_and_lose_a_node(nodes, stall_s=STALL_S, back_s=900, stream_tokens=1800, extra={"ignore_eos": True})
+    # the stream runs ~40 s here unless cut: the test's reaction (seeing its first tokens, freezing node-b)
+    # must come while it runs, and on a loaded machine a 1,800-token stream (7 s) once ended first
+    serve_and_lose_a_node(nodes, stall_s=STALL_S, back_s=900, stream_tokens=CONTEXT - 600, extra={"ignore_eos": True})
     assert "replica 2 (node node-b)" in nodes.log("head")
