@@ -88,7 +88,32 @@ class RunFactory(Protocol):
     ) -> Run: ...
 
 
-class EngineRun:
+class RunFigures:
+    """What every kind of :class:`Run` (an engine here, a replica's server on a node:
+    gateway.supervision.remote_run) works out alike from its state, its failure lines and its times."""
+
+    state: RunState
+    failures: list[Failure]
+    started_at: float | None
+    ended_at: float | None
+
+    @property
+    def ready(self) -> bool:
+        return self.state is RunState.READY
+
+    @property
+    def failure(self) -> Failure | None:
+        """The most telling failure line: a specific one if any, else the first generic one."""
+        return most_telling(self.failures)
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        return (self.ended_at or time.monotonic()) - self.started_at
+
+
+class EngineRun(RunFigures):
     """The engine process described by ``launch``, from start to exit."""
 
     def __init__(
@@ -127,21 +152,6 @@ class EngineRun:
         self._exited: asyncio.Task[int] | None = None
 
     # -- public surface -------------------------------------------------------------------------
-    @property
-    def ready(self) -> bool:
-        return self.state is RunState.READY
-
-    @property
-    def failure(self) -> Failure | None:
-        """The most telling failure line: a specific one if any, else the first generic one."""
-        return most_telling(self.failures)
-
-    @property
-    def elapsed_s(self) -> float:
-        if self.started_at is None:
-            return 0.0
-        return (self.ended_at or time.monotonic()) - self.started_at
-
     async def start(self) -> None:
         log.info("starting %s: %s", self.label, self.launch.summary)
         log.info("engine log: %s", self.log_path)

@@ -27,13 +27,14 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.backends import registry
-from gateway.backends.base import Failure, FailureKind, Installation, Launch, most_telling
+from gateway.backends.base import Failure, FailureKind, Installation, Launch
 from gateway.core.auth import bearer_header
 from gateway.core.errors import GatewayError
 from gateway.core.tls import async_http_client
 from gateway.supervision.engine_run import (
     GENERIC_FAILURE_GRACE_S,
     TAIL_IN_REPORTS,
+    RunFigures,
     RunState,
     failure_fields,
     failure_report,
@@ -98,7 +99,7 @@ class ReplicaControl(Protocol):
         ...
 
 
-class RemoteRun:
+class RemoteRun(RunFigures):
     """The replica's server on ``node``, as one :class:`~gateway.supervision.engine_run.Run`."""
 
     def __init__(
@@ -152,20 +153,6 @@ class RemoteRun:
     @property
     def launch(self) -> Launch:
         return self._launch
-
-    @property
-    def ready(self) -> bool:
-        return self.state is RunState.READY
-
-    @property
-    def failure(self) -> Failure | None:
-        return most_telling(self.failures)
-
-    @property
-    def elapsed_s(self) -> float:
-        if self.started_at is None:
-            return 0.0
-        return (self.ended_at or time.monotonic()) - self.started_at
 
     def snapshot(self) -> dict[str, Any]:
         return {
