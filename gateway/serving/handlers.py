@@ -50,6 +50,14 @@ log = logging.getLogger("gateway.handlers")
 REPLICA_HEADER = "x-gateway-replica"  # on each answer when several replicas serve: the one that answered
 _PLACING: set[asyncio.Task[None]] = set()  # the tasks that open an engine's gate once it holds a long prefill
 
+
+def _placed(task: asyncio.Task[None]) -> None:
+    """A long prefill's placing is over: an error in it is logged (its gate opened regardless)."""
+    _PLACING.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("watching a long prefill's placement failed (the engine's gate is open again)", exc_info=error)
+
+
 # What a route sends on the replica a request was placed on: the replica's client, its engine, the slot's
 # ticket and what frees the slot and the placement together when the response ends (a stream's close).
 Send = Callable[[Upstream, EngineTarget, Ticket, Callable[[], None]], Awaitable[Response]]
@@ -233,7 +241,7 @@ class Inference:
             return None
         placing = asyncio.create_task(open_when_taken(upstream.client, target, pin, fields))
         _PLACING.add(placing)
-        placing.add_done_callback(_PLACING.discard)
+        placing.add_done_callback(_placed)
         return placing
 
     @staticmethod

@@ -389,6 +389,27 @@ def test_a_canary_in_the_engine_counts_as_a_request_that_could_take_the_last_slo
     assert "id_slot" not in engine.requests_to("/v1/chat/completions")[-1]["body"]  # waited, then unpinned
 
 
+def test_a_placing_that_breaks_is_logged_and_opens_the_gate(
+    engine: FakeEngine, engine_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task that watches for the engine to hold a placed long prefill runs beside the request: an error in
+    it is logged, not lost, and later requests still pass the gate."""
+    four = llama_scheduling(4)
+    assert four.long_pin is not None
+
+    def broken(_page: str, _fields: Any) -> bool:
+        raise ValueError("a page the reader did not foresee")
+
+    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, taken=broken)))
+    engine.slots = [IDLE]
+    long = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
+    hi = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
+    with _gateway(runtime) as client, caplog.at_level("ERROR", logger="gateway.handlers"):
+        assert client.post("/v1/chat/completions", json=long).status_code == 200
+        assert client.post("/v1/chat/completions", json=hi).status_code == 200  # the gate is open again
+    assert "watching a long prefill's placement failed" in caplog.text and "did not foresee" in caplog.text
+
+
 def test_a_warm_turn_reads_no_slots_page_and_is_never_pinned(engine: FakeEngine, engine_url: str) -> None:
     runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
     engine.slots = [IDLE]
