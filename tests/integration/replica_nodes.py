@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,40 +21,21 @@ from typing import Any
 import httpx
 
 from tests.integration.netns import Inside, Namespaces, take_down
+from tests.integration.node_gateways import HEAD_PORT, NodeGateways
 from tests.waiting import answers, exited, wait_until
 
 KEY = "worker-key-for-tests"
 HEAD, NODE = "10.233.7.1", "10.233.7.2"
 WORKER_PORT = 50100
-HEAD_PORT = 18000
 
 
 @dataclass
-class Nodes:
-    nets: Namespaces
+class Nodes(NodeGateways):
     head_ns: str
     node_ns: str
-    inside: Inside
-    workdir: Path
     model: str
     worker_args: tuple[str, ...]
-    env: dict[str, str]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{HEAD_PORT}"
-
-    def start(self, name: str, ns: str, *args: str) -> None:
-        if (old := self.procs.get(name)) is not None:  # a node started again: reap the one that was killed
-            old.kill()
-            old.wait()
-        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "gateway", *args]
-        with (self.workdir / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, env={**os.environ, **self.env}
-            )
 
     def start_worker(self) -> None:
         self.start(
@@ -81,15 +60,6 @@ class Nodes:
             "--replicas", "2", "--threads", "1", "--state-dir", str(self.workdir / "state-head"),
             "--log-dir", str(self.workdir / "logs-head"), *serve_args,
         )  # fmt: skip
-
-    def log(self, name: str) -> str:
-        return (self.workdir / f"{name}.log").read_text(errors="replace")
-
-    def get(self, path: str) -> httpx.Response:
-        return self.inside.call(httpx.get, self.url + path, timeout=30)
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.get("/status").json())
 
     def engines(self) -> dict[str, dict[str, Any]]:
         return {row["replica"]: row for row in self.status().get("engines", [])}
@@ -148,22 +118,6 @@ class Nodes:
 
         return self.in_background(run)
 
-    def status_when(self, holds: Callable[[dict[str, Any]], bool], what: str, timeout_s: float) -> dict[str, Any]:
-        def matching() -> dict[str, Any] | None:
-            with contextlib.suppress(httpx.HTTPError):
-                status = self.status()
-                return status if holds(status) else None
-            return None
-
-        try:
-            found = wait_until(
-                matching, what=what, timeout_s=timeout_s, interval_s=0.5, abort=exited(self.procs["head"])
-            )
-        except AssertionError as failed:
-            raise AssertionError(f"{failed}:\n{self.log('head')[-6000:]}") from None
-        assert found is not None
-        return found
-
 
 def _in_flight(status: dict[str, Any], replica: str) -> int:
     """The requests ``replica`` holds now, admitted or queued, by the gateway's pool."""
@@ -189,7 +143,7 @@ def two_nodes(
         head_ns, node_ns = nets.add("head"), nets.add("b")
         nets.link(head_ns, f"{HEAD}/24", node_ns, f"{NODE}/24")
         inside = Inside(head_ns)
-        nodes = Nodes(nets, head_ns, node_ns, inside, workdir, model, worker_args, env)
+        nodes = Nodes(nets, inside, workdir, head_ns, node_ns, model, worker_args, env=env)
         nodes.start_worker()
         started = time.monotonic()
         nodes.start_head(*serve_args)

@@ -12,8 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import pytest
 
 from tests.integration.gatewayproc import engine_threads
 from tests.integration.netns import Inside, Namespaces, take_down, unavailable
+from tests.integration.node_gateways import HEAD_PORT, NodeGateways
 from tests.waiting import answers, exited, wait_until
 
 pytestmark = pytest.mark.engine
@@ -33,39 +34,16 @@ CONTEXT = 4096
 DEVICE = "1x1170MiB"
 WORKER_PORT = 50100
 RPC_PORT = 50052
-HEAD_PORT = 18000
 NODES = {"a": ("10.231.1.1/24", "10.231.1.2"), "b": ("10.231.2.1/24", "10.231.2.2")}
 
 
 @dataclass
-class Cluster:
-    nets: Namespaces
+class Cluster(NodeGateways):
     head_ns: str
-    inside: Inside
-    workdir: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{HEAD_PORT}"
-
-    def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        return self.inside.call(httpx.get, self.url + path, timeout=30, **kwargs)
 
     def chat(self, text: str = "What is the capital of France?", max_tokens: int = 12) -> httpx.Response:
         body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
         return self.inside.call(httpx.post, self.url + "/v1/chat/completions", json=body, timeout=120)
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.get("/status").json())
-
-    def start(self, name: str, ns: str, *args: str) -> None:
-        if (old := self.procs.get(name)) is not None:  # a node started again: reap the one that was killed
-            old.kill()
-            old.wait()
-        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "gateway", *args]
-        with (self.workdir / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
 
     def start_worker(self, node: str) -> None:
         address = NODES[node][1]
@@ -77,9 +55,6 @@ class Cluster:
         )  # fmt: skip
         self.wait(lambda: self.inside.call(answers, f"http://{address}:{WORKER_PORT}/health"), f"worker-{node}")
 
-    def log(self, name: str) -> str:
-        return (self.workdir / f"{name}.log").read_text(errors="replace")
-
     def wait(self, ready: Any, name: str, timeout_s: float = 120) -> None:
         try:
             wait_until(
@@ -87,18 +62,6 @@ class Cluster:
             )
         except AssertionError as failed:
             raise AssertionError(f"{failed}:\n{self.log(name)[-4000:]}") from None
-
-    def status_when(self, holds: Callable[[dict[str, Any]], bool], what: str, timeout_s: float = 120) -> dict[str, Any]:
-        """The first /status for which ``holds`` is true; fails with the head's log."""
-
-        def matching() -> dict[str, Any] | None:
-            status = self.status()
-            return status if holds(status) else None
-
-        try:
-            return wait_until(matching, what=what, timeout_s=timeout_s, interval_s=0.5)
-        except AssertionError as failed:
-            raise AssertionError(f"{failed}:\n{self.log('head')[-4000:]}") from None
 
     def wait_serving(self, timeout_s: float = 120) -> None:
         self.wait(lambda: self.inside.call(answers, self.url + "/ready"), "head", timeout_s)
@@ -117,7 +80,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Ite
             nets.add(node)
             nets.link(head_ns, head_side, f"{nets.prefix}-{node}", f"{worker_side}/24")
         inside = Inside(head_ns)
-        cluster = Cluster(nets, head_ns, inside, tmp_path_factory.mktemp("multinode"))
+        cluster = Cluster(nets, inside, tmp_path_factory.mktemp("multinode"), head_ns)
         procs = cluster.procs
         for node in NODES:
             cluster.start_worker(node)

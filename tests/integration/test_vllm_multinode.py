@@ -12,12 +12,10 @@ five minutes here. The times are printed (`-s`) and recorded in the README.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import httpx
 import pytest
 
 from tests.integration.netns import Inside, Namespaces, take_down, unavailable
+from tests.integration.node_gateways import HEAD_PORT, NodeGateways
 from tests.waiting import answers, exited, wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(1500)]
@@ -35,56 +34,17 @@ TOOLS = Path(__file__).resolve().parent / "tools"
 KEY = "worker-key-for-tests"
 HEAD, NODE = "10.232.9.1", "10.232.9.2"
 WORKER_PORT = 50100
-HEAD_PORT = 18000
 
 
 @dataclass
-class Pair:
-    nets: Namespaces
+class Pair(NodeGateways):
     head_ns: str
     node_ns: str
-    inside: Inside
-    workdir: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{HEAD_PORT}"
-
-    def get(self, path: str) -> httpx.Response:
-        return self.inside.call(httpx.get, self.url + path, timeout=30)
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.get("/status").json())
 
     def chat(self) -> httpx.Response:
         body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
         return self.inside.call(httpx.post, self.url + "/v1/chat/completions", json=body, timeout=300)
-
-    def log(self, name: str) -> str:
-        return (self.workdir / f"{name}.log").read_text(errors="replace")
-
-    def start(self, name: str, ns: str, env: dict[str, str], *args: str) -> None:
-        argv = ["ip", "netns", "exec", ns, "nice", "-n", "19", sys.executable, "-m", "gateway", *args]
-        with (self.workdir / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, env={**os.environ, **env}
-            )
-
-    def status_when(self, holds: Callable[[dict[str, Any]], bool], what: str, timeout_s: float) -> dict[str, Any]:
-        def matching() -> dict[str, Any] | None:
-            with contextlib.suppress(httpx.HTTPError):
-                status = self.status()
-                return status if holds(status) else None
-            return None
-
-        try:
-            return wait_until(
-                matching, what=what, timeout_s=timeout_s, interval_s=1.0, abort=exited(self.procs["head"])
-            )
-        except AssertionError as failed:
-            raise AssertionError(f"{failed}:\n{self.log('head')[-6000:]}") from None
 
 
 def _argv(status: dict[str, Any]) -> list[str]:
@@ -108,11 +68,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         head_ns, node_ns = nets.add("head"), nets.add("b")
         nets.link(head_ns, f"{HEAD}/24", node_ns, f"{NODE}/24")
         inside = Inside(head_ns)
-        pair = Pair(nets, head_ns, node_ns, inside, workdir)
         command = f"{python} -m vllm.entrypoints.openai.api_server"
         env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
+        pair = Pair(nets, inside, workdir, head_ns, node_ns, env=env, nice=True)
         pair.start(
-            "worker", node_ns, env,
+            "worker", node_ns,
             "worker", "--host", NODE, "--port", str(WORKER_PORT), "--name", "node-b", "--api-key", KEY,
             "--threads", "1", "--cpu-memory", "6GiB", "--vllm-command", command,
             "--state-dir", str(workdir / "state-b"), "--log-dir", str(workdir / "logs-b"),
@@ -126,7 +86,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         )
         started = time.monotonic()
         pair.start(
-            "head", head_ns, env,
+            "head", head_ns,
             "serve", "--port", str(HEAD_PORT), "--workers", f"{NODE}:{WORKER_PORT}", "--worker-api-key", KEY,
             "--model", str(model), "--vllm-command", command, "--min-context", "128",
             "--pipeline-parallel-size", "2", "--state-dir", str(workdir / "state-head"),
