@@ -13,6 +13,9 @@ import pytest
 # with PYTHONDONTWRITEBYTECODE set, as on the shared machine, every run compiled gateway/ and gateway/backends/
 # and rewrote the test modules' asserts afresh, 3.7 s of CPU of the fast suite.
 sys.dont_write_bytecode = False
+# ...and the processes the tests start (gateways, workers, engine stand-ins, mypy) keep theirs too: each
+# imported what the test process never does (the CLI, uvicorn's server) and compiled it again, ~4 s of CPU.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # The suite runs on two workers, a module at a time each (-n 2 --dist loadfile); its longest modules
 # start first, so that neither worker is left with a long one at the end (pytest_configure keeps this

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.hub import search
+from gateway.supervision import engine_run, remote_run
 from tests.integration.tools.local_hub import LocalHub, running
 from tests.unit.http_harness import FakeEngine, Served
 
@@ -26,6 +27,14 @@ def offline_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         constants, "is_offline_mode", lambda: os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
     )
+
+
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine's health is asked again every 50 ms, not every half second: a poll only says how soon a
+    change is seen (no deadline is shortened), and the engine stand-ins answer at once."""
+    monkeypatch.setattr(engine_run, "POLL_INTERVAL_S", 0.05)
+    monkeypatch.setattr(remote_run, "HEALTH_POLL_S", 0.05)
 
 
 @pytest.fixture(scope="session")

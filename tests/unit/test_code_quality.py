@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_trees import source_of, walked
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -44,7 +46,7 @@ def test_http_clients_are_made_in_one_place() -> None:
         for package in ("gateway",)
         for path in (ROOT / package).rglob("*.py")
         if path != ROOT / "gateway" / "core" / "tls.py"
-        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for number, line in enumerate(source_of(path).splitlines(), 1)
         if made_by_hand.search(line)
     ]
     assert not offenders, f"use gateway.core.tls.http_client / async_http_client / http_get: {offenders}"
@@ -72,7 +74,7 @@ def literal_comparisons(source: str, words: frozenset[str]) -> list[str]:
     string literal, or a tuple, list or set of them: ``line: words``. The same words as JSON keys or
     other fields' values (``"max_completion_tokens" in payload``, a tool_choice of ``"none"``) pass."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in walked(source):
         if not isinstance(node, ast.Compare) or not any(
             isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops
         ):
@@ -80,10 +82,12 @@ def literal_comparisons(source: str, words: frozenset[str]) -> list[str]:
         sides = [node.left, *node.comparators]
         literals = [e for s in sides for e in (s.elts if isinstance(s, ast.Tuple | ast.List | ast.Set) else [s])]
         hits = [e.value for e in literals if isinstance(e, ast.Constant) and e.value in words]
+        if not hits:
+            continue
         held = " ".join(
             ast.unparse(s) for s in sides if not isinstance(s, ast.Constant | ast.Tuple | ast.List | ast.Set)
         )
-        if hits and STATE_LIKE.search(held):
+        if STATE_LIKE.search(held):
             found.append(f"{node.lineno}: {', '.join(map(repr, hits))}")
     return found
 
@@ -96,7 +100,7 @@ def test_states_and_capabilities_are_compared_by_member() -> None:
         f"{path.relative_to(ROOT)}:{where}"
         for package in ("gateway",)
         for path in sorted((ROOT / package).rglob("*.py"))
-        for where in literal_comparisons(path.read_text(), words)
+        for where in literal_comparisons(source_of(path), words)
     ]
     assert not offenders, f"compare the enum's member (FollowerState.RUNNING, Capability.MESSAGES…): {offenders}"
 
@@ -124,7 +128,7 @@ def long_functions(source: str, limit: int = LONGEST_FUNCTION) -> list[str]:
     """Each function (or method) of ``source`` longer than ``limit`` lines: ``name (lines)``."""
     return [
         f"{node.name} ({node.end_lineno - node.lineno + 1})"
-        for node in ast.walk(ast.parse(source))
+        for node in walked(source)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and node.end_lineno is not None
         and node.end_lineno - node.lineno + 1 > limit
@@ -136,7 +140,7 @@ def test_no_function_is_longer_than_sixty_lines() -> None:
     offenders = [
         f"{path.relative_to(ROOT)}:{found}"
         for path in sorted((ROOT / "gateway").rglob("*.py"))
-        for found in long_functions(path.read_text())
+        for found in long_functions(source_of(path))
         if f"{path.relative_to(ROOT)}:{found.split(' ')[0]}" not in LONG_FOR_NOW
     ]
     assert not offenders, f"split into named steps (at most {LONGEST_FUNCTION} lines each): {offenders}"
@@ -167,10 +171,10 @@ NOT_A_WORKER_CALL = {
 def blocking_uses(source: str) -> list[tuple[int, str, str]]:
     """Each use of a blocking client or a thread in ``source``: (line, name, its first argument when
     called, else ""), imports included (``from gateway.core.tls import http_client``)."""
-    tree = ast.parse(source)
-    called = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    nodes = walked(source)
+    called = {id(n.func): n for n in nodes if isinstance(n, ast.Call)}
     found = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom | ast.Import):
             found += [(node.lineno, a.name.rpartition(".")[2], "") for a in node.names]
             continue
@@ -190,7 +194,7 @@ def test_the_heads_calls_to_its_workers_are_async() -> None:
         f"{path.relative_to(ROOT)}:{line}: {name}({argument})"
         for package in HEAD_TO_WORKER
         for path in sorted((ROOT / package).rglob("*.py"))
-        for line, name, argument in blocking_uses(path.read_text())
+        for line, name, argument in blocking_uses(source_of(path))
         if not {(str(path.relative_to(ROOT)), name, argument), (str(path.relative_to(ROOT)), name, "*")}
         & NOT_A_WORKER_CALL
     ]

@@ -25,6 +25,7 @@ import pytest
 
 import gateway
 from gateway import serving
+from tests.source_trees import parsed, source_of, walked
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = {f"gateway.{name}": rank for rank, level in enumerate(gateway.LAYERS) for name in level} | {
@@ -74,17 +75,16 @@ def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-@cache
 def _parsed(path: Path) -> ast.Module:
     """A source file's tree, parsed once for the import graph and every rule that reads the code."""
-    return ast.parse(path.read_text())
+    return parsed(source_of(path))
 
 
 def imports(module: str, path: Path, known: set[str]) -> set[str]:
     """The project modules this one imports. ``from pkg import submodule`` names both: the package's
     ``__init__`` runs and hands the name over."""
     targets = set()
-    for node in ast.walk(_parsed(path)):
+    for node in walked(source_of(path)):
         if isinstance(node, ast.Import):
             targets |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -277,18 +277,19 @@ def _generic_layers() -> list[Path]:
 ENGINE_WORDS = re.compile(r"vllm|llama|gguf|ggml|\brpc\b|rpc_", re.IGNORECASE)
 
 
-def _code_words(tree: ast.AST) -> list[tuple[int, str]]:
+def _code_words(source: str) -> list[tuple[int, str]]:
     """Names, attributes, parameters and string constants; docstrings left out (they may name engines)."""
+    nodes = walked(source)
     docstrings = {
         id(node.body[0].value)
-        for node in ast.walk(tree)
+        for node in nodes
         if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
         and node.body
         and isinstance(node.body[0], ast.Expr)
         and isinstance(node.body[0].value, ast.Constant)
     }
     words = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             words.append((node.lineno, node.value))
         elif isinstance(node, ast.Name):
@@ -305,7 +306,7 @@ def test_the_generic_layers_name_no_engine_outside_docstrings() -> None:
     named = [
         f"{path.relative_to(ROOT)}:{line}: {word[:80]!r}"
         for path in _generic_layers()
-        for line, word in _code_words(_parsed(path))
+        for line, word in _code_words(source_of(path))
         if ENGINE_WORDS.search(word)
     ]
     assert not named, "engine names in the generic layers:\n" + "\n".join(named)
@@ -336,7 +337,7 @@ def test_the_generic_layers_ask_engines_only_what_the_contract_says() -> None:
     probes = [
         f"{path.relative_to(ROOT)}:{node.lineno}: getattr({node.args[0].id}, ...)"
         for path in _generic_layers()
-        for node in ast.walk(_parsed(path))
+        for node in walked(source_of(path))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
         and node.func.id == "getattr"
