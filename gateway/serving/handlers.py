@@ -169,16 +169,21 @@ class Inference:
         units, new_tokens = await estimate_beside(self.rt.prefixes, payload, body_bytes)
         identity = identify(request.headers, payload, units, authenticated_key(request.scope))
         placement = self.rt.pool.route(request.headers, identity.session, units if generates else None)
+        known = self.rt.prefixes
         if placement.new_tokens is not None:  # several replicas: the chosen one's estimate (remembered there)
-            new_tokens = placement.new_tokens
-        elif generates:
-            self.rt.prefixes.remember(units)
+            new_tokens, known = placement.new_tokens, placement.replica.prefixes
+        # what it would prefill if it went in now: a start another request is still prefilling is not shared
+        now_tokens = known.new_tokens(units, held_only=True) if generates else 0
+        if placement.new_tokens is None and generates:
+            known.remember(units)
         if not generates:
             new_tokens = 0
         record = record_of(request.scope)
         record.identity, record.prefill_estimate = identity, new_tokens
-        record.long = new_tokens > LONG_PREFILL_TOKENS
-        return Claim(identity.key, identity.session, new_tokens, record.long), placement
+        # long: it takes the lane, so one that shares a start still being prefilled waits for it to be held
+        record.long = now_tokens > LONG_PREFILL_TOKENS
+        held = (lambda: known.prefilled(units)) if generates else None
+        return Claim(identity.key, identity.session, new_tokens, record.long, held), placement
 
     async def _on_replica(
         self, request: Request, claim: Claim, placement: Placement[Upstream], send: Send, outgoing: Outgoing | None

@@ -130,6 +130,7 @@ class FakeEngine:
     "HTML500" / "REDIRECT" / "CHOICESNULL" / "CHOICESABC" / "STREAMJSON200" / "NOFINISH" / "NODONE" /
     "NULLCHOICE" / "LONGLINE" → the upstream faults their names say;
     "ENDLESS" → a stream of 64 KiB chunks that never ends (``disconnected`` once the gateway hangs up);
+    "PREFILLING" → nothing at all until the test sets ``prefill_over`` (a prompt still being prefilled);
     anything else → "Hello world". It also speaks /v1/responses and /v1/messages natively (for
     passthrough tests, when the launch says so) and records every request it gets. Like llama-server it
     renders a chat to its prompt at /apply-template (one line per message; tool schemas only when
@@ -139,6 +140,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.disconnected = threading.Event()
+        self.prefill_over = threading.Event()  # "PREFILLING": nothing is answered until a test sets it
         self.reset()
         self.app = Starlette(
             routes=[
@@ -158,6 +160,7 @@ class FakeEngine:
         """As new, for the next test (one engine serves a whole module)."""
         self.seen.clear()
         self.disconnected.clear()
+        self.prefill_over.clear()
         self.sends_usage = True  # honours stream_options.include_usage
         self.template_renders_tools = False  # many chat templates never show the model the tool schemas
         self.cached_tokens: int | None = None  # set: usage says that many prompt tokens came from its cache
@@ -257,6 +260,8 @@ class FakeEngine:
             return JSONResponse({"object": "chat.completion", "model": payload["model"], "choices": choices})
         if "STREAMJSON200" in cue:  # a stream request answered as if it were not one
             return JSONResponse({"object": "chat.completion", "choices": []})
+        while "PREFILLING" in cue and not self.prefill_over.is_set():  # the prompt's prefill is under way
+            await asyncio.sleep(0.01)
         if payload.get("stream"):
             return StreamingResponse(self._stream(payload, cue), media_type="text/event-stream")
         if "SLOW" in cue:  # a long generation: answers after 30 s, unless the gateway hangs up first

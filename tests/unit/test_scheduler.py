@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from gateway.serving.transport.long_pin import open_when_taken, place_long
 from gateway.serving.transport.outgoing import Outgoing
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 from tests.unit.test_http_gateway import BODIES, _gateway, _with_cue
+from tests.waiting import wait_until
 
 WARM = Claim(key="key-a", session="s-warm", prefill_tokens=120, long=False)
 
@@ -220,6 +222,66 @@ def test_what_the_engine_must_prefill_is_what_no_earlier_prompt_began_with() -> 
     assert known.new_tokens(subagent) < 50  # shares the parent's tools and system prompt
     own_notes = prompt_units({**_messages("fix the bug"), "system": "project notes " * 500 + SYSTEM})
     assert known.new_tokens(own_notes) == own_notes.total_chars // 4  # differs from its first bytes: cold
+
+
+def test_a_start_still_being_prefilled_is_known_as_sent_not_as_held() -> None:
+    """Before: a prompt counted as held from the moment it was sent, so a second session of the same agent,
+    sent while the first's 20k-token start was still being prefilled, looked warm, skipped the long lane
+    and prefilled the whole start again beside it (the engines share no prefill under way)."""
+    known = KnownPrefixes()
+    first = prompt_units(_messages("fix the bug"))
+    sibling = prompt_units(_messages("explore the repository layout"))
+    known.remember(first)
+    assert known.new_tokens(sibling) < 50  # once the first is through: its own part only
+    assert known.new_tokens(sibling, held_only=True) == sibling.total_chars // 4  # sent now: the whole start
+    known.prefilled(first)
+    assert known.new_tokens(sibling, held_only=True) < 50
+    known.remember(first)  # sent again: what is held stays held
+    assert known.new_tokens(sibling, held_only=True) < 50
+
+
+def test_a_ticket_says_once_that_its_prompt_is_prefilled() -> None:
+    heard: list[str] = []
+
+    async def scenario() -> None:
+        gate = Admission(lambda: 2, queue_limit=4, wait_s=5)
+        answered = await gate.enter(replace(WARM, on_prefilled=lambda: heard.append("answered")))
+        answered.prefilled()  # the engine's first output
+        answered.release()
+        failed = await gate.enter(replace(WARM, on_prefilled=lambda: heard.append("ended")))
+        failed.release()  # over without an output: its end is the last word on it
+        failed.release()
+
+    _run(scenario)
+    assert heard == ["answered", "ended"]
+
+
+def test_a_session_sharing_a_start_still_being_prefilled_waits_in_the_long_lane(
+    engine: FakeEngine, engine_url: str
+) -> None:
+    """Through the app: the first session's cold start is in the engine (its prefill under way), and a second
+    session of the same agent waits for it in the long lane rather than prefill the same start beside it;
+    once the first is answered, a third is a warm start (not long)."""
+    runtime = make_runtime(engine_url, scheduling=Scheduling(long_lane=1, long_fields={"id_slot": 3}))
+    start = [{"role": "system", "content": "You are a coding agent. " + "tool schema " * 3000}]
+
+    def session(task: str) -> dict[str, Any]:
+        return {"model": FRONTED, "messages": [*start, {"role": "user", "content": task}]}
+
+    with _gateway(runtime) as client, ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.post, "/v1/chat/completions", json=session("PREFILLING: fix the bug"))
+        try:
+            wait_until(lambda: len(engine.requests_to("/v1/chat/completions")) == 1, what="the first in the engine")
+            second = pool.submit(client.post, "/v1/chat/completions", json=session("write the tests"))
+            wait_until(lambda: runtime.admission.queued == 1, what="the second waiting")
+            assert len(engine.requests_to("/v1/chat/completions")) == 1  # held back while the start is prefilled
+        finally:
+            engine.prefill_over.set()
+        assert first.result(timeout=10).status_code == 200 and second.result(timeout=10).status_code == 200
+        third = client.post("/v1/chat/completions", json=session("update the docs"))
+        assert third.status_code == 200
+    sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
+    assert [body.get("id_slot") for body in sent] == [3, 3, None]  # both cold then; the third's start held
 
 
 def test_known_prefixes_are_bounded() -> None:

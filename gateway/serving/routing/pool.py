@@ -3,17 +3,18 @@
 A turn goes to the replica that served its conversation's last turn: that replica's KV cache holds the
 conversation, and anywhere else the whole prompt (20k tokens and more for a coding agent) is prefilled
 again. A new conversation goes where its parent's is (an agent's subagents and threads share its system
-prompt and tools: :mod:`gateway.serving.routing.affinity`), else to the least loaded replica; of equally
-loaded ones, to the one with the least prefill under way (what the requests placed there and not over
-yet must prefill, by each replica's own :class:`KnownPrefixes`, the estimate the scheduler orders by:
-sessions that start together are spread by their size, not only their count — a 20k-token Claude Code
-turn outweighs an 800-token aider one), then to one that holds at least 30 % of its prompt, then to
-the one with the fewest conversations bound. A start held where a prefill is still under way may be
-that very prefill, which the engine cannot share yet (eight sessions of one agent started together each
-prefill the whole start), so it decides only between replicas with as much under way. Unrelated
-conversations that share only an agent's system prompt and tools are spread, not gathered where that
-start is held: it is prefilled once per replica, while gathering them would leave the other replicas
-idle until the thresholds below are passed (64 requests). A conversation leaves its
+prompt and tools: :mod:`gateway.serving.routing.affinity`), else where the least prefill would be ahead
+of its first token: the prefill under way on the replica (what the requests placed there and not over yet
+must prefill, by each replica's own :class:`KnownPrefixes`, the estimate the scheduler orders by) plus
+its own there — only its new part where the replica holds or is prefilling at least 30 % of its prompt
+(the routers' ``--cache-threshold``), else all of it. So sessions that start together are spread by their
+size, not only their count (a 20k-token Claude Code turn outweighs an 800-token aider one), and sessions
+of one agent gather where its system prompt and tools are being prefilled, while that is the least work
+ahead of them: the replica's admission holds each until that prefill is over (the engines share no
+prefill under way; :meth:`KnownPrefixes.new_tokens` ``held_only``), so the start is prefilled once, not
+once per replica (16 sessions on two replicas: 150,200 tokens prefilled where one engine prefilled
+90,904, until they were gathered). Ties go to the lighter replica by requests, then to one that holds
+more of the prompt, then to the one with the fewest conversations bound. A conversation leaves its
 replica only when that replica is down, restarted (its cache is gone) or just failed a request, or when
 the load is unbalanced past both of the thresholds that the cache-aware routers in front of vLLM and
 SGLang use (``--balance-abs-threshold 64 --balance-rel-threshold 1.5``: the replica's load exceeds the
@@ -371,8 +372,8 @@ class Pool(Generic[U]):
         self, affinity: Affinity, units: PromptUnits | None, serving: list[Replica[U]], least: Replica[U]
     ) -> tuple[Replica[U], Why]:
         """Where a conversation with no replica goes: its nearest parent's, unless that replica is loaded past
-        the thresholds; else the least loaded, and of equally loaded ones the one with the least prefill
-        under way, then one that holds the prompt's start."""
+        the thresholds; else where the prefill under way plus its own (its new part where the replica holds
+        its start, else all of it) is least, then the lighter by requests, then one that holds its start."""
         for parent in affinity.parents:
             replica = self._bound(parent, serving)
             if replica is not None:
@@ -381,12 +382,15 @@ class Pool(Generic[U]):
                 return replica, Why.PARENT
         if units is None or not units.total_chars:
             return least, Why.LEAST_LOADED
-        shares = {replica.name: self._held_share(replica.prefixes.new_tokens(units), units) for replica in serving}
+        whole = units.total_chars // CHARS_PER_TOKEN
+        new = {replica.name: replica.prefixes.new_tokens(units) for replica in serving}
+        shares = {name: self._held_share(tokens, units) for name, tokens in new.items()}
         held = {name: share if share >= self.prefix_share else 0.0 for name, share in shares.items()}
 
         def rank(replica: Replica[U]) -> tuple[int, int, float, int, int]:
             load, bound, position = self._lightness(replica)
-            return load, replica.pending_tokens, -held[replica.name], bound, position
+            cost = new[replica.name] if held[replica.name] else whole  # a start held below the share: no pull
+            return replica.pending_tokens + cost, load, -held[replica.name], bound, position
 
         best = min(serving, key=rank)
         return best, Why.PREFIX if held[best.name] else Why.LEAST_LOADED

@@ -53,7 +53,11 @@ class Claim:
     key: str = "open"  # the API key's id (gateway.serving.scheduling.sessions.key_id)
     session: str = ""
     prefill_tokens: int = 0  # the gateway's estimate of what the engine must prefill
-    long: bool = False  # a long prefill: it takes the long-prefill lane
+    # a long prefill were it sent now (what the engine has already prefilled counts, a prompt it is still
+    # prefilling does not): it takes the long-prefill lane, so one that shares that prompt's start waits for it
+    long: bool = False
+    # called once the engine has prefilled the prompt (the prompt's prefix counts as held from then on)
+    on_prefilled: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
 
 class Ticket:
@@ -65,6 +69,7 @@ class Ticket:
         self.queued_s = queued_s  # time spent waiting for the slot
         self._released = False
         self._in_lane = claim.long
+        self._prefilled = False
         self.handed_over = False
 
     def release(self) -> None:
@@ -74,7 +79,12 @@ class Ticket:
             self._admission._leave(self.claim)
 
     def prefilled(self) -> None:
-        """The engine has begun to answer (the prompt is prefilled): the long-prefill lane frees."""
+        """The engine has begun to answer, or the answer is over (the prompt is prefilled): the claim
+        hears it once, and the long-prefill lane frees."""
+        if not self._prefilled:
+            self._prefilled = True
+            if self.claim.on_prefilled is not None:
+                self.claim.on_prefilled()
         if self._in_lane:
             self._in_lane = False
             self._admission._leave_lane()

@@ -171,19 +171,28 @@ def kept_units(units: PromptUnits) -> list[int]:
 
 
 class KnownPrefixes:
-    """The prompt prefixes the gateway has sent to the engine lately (fingerprint → characters), to
-    estimate what the engine's prefix cache holds of a new request. Bounded; least recently seen go first."""
+    """The prompt prefixes the gateway has sent to the engine lately (fingerprint → characters, and whether
+    the engine has prefilled them), to estimate what the engine's prefix cache holds of a new request.
+    Bounded; least recently seen go first.
+
+    A prompt counts as sent from the moment it is placed, and as held once its prefill is over (the
+    engine's first output, or its answer: :meth:`prefilled`). Between the two the engine cannot share it:
+    neither llama-server's slots nor vLLM's blocks give a second request a prefill still under way, so
+    eight sessions of one agent sent together each prefilled the whole 20k-token start."""
 
     def __init__(self, limit: int = KNOWN_PREFIXES) -> None:
         self.limit = limit
-        self._seen: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[str, tuple[int, bool]] = collections.OrderedDict()
 
-    def new_tokens(self, units: PromptUnits) -> int:
+    def new_tokens(self, units: PromptUnits, *, held_only: bool = False) -> int:
         """The estimated tokens the engine must prefill: everything past the longest known prefix (the
-        last unit whose fingerprint is known: it names all the units before it too)."""
+        last unit whose fingerprint is known: it names all the units before it too). ``held_only``: known
+        as prefilled, what the engine would prefill were the request sent now; else as sent too, what it
+        prefills once the prompts sent before it are through."""
         held = 0
         for index in range(len(units.chained) - 1, -1, -1):
-            if units.chained[index] in self._seen:
+            known = self._seen.get(units.chained[index])
+            if known is not None and (known[1] or not held_only):
                 held = units.chars[index]
                 break
         return max(units.total_chars - held, 0) // CHARS_PER_TOKEN
@@ -193,7 +202,19 @@ class KnownPrefixes:
         push out the prefixes of every other."""
         for index in kept_units(units):
             fingerprint = units.chained[index]
-            self._seen[fingerprint] = units.chars[index]
+            known = self._seen.get(fingerprint)
+            self._seen[fingerprint] = (units.chars[index], known is not None and known[1])
             self._seen.move_to_end(fingerprint)
+        self._trim()
+
+    def prefilled(self, units: PromptUnits) -> None:
+        """The engine has prefilled the prompt: its units count as held."""
+        for index in kept_units(units):
+            fingerprint = units.chained[index]
+            self._seen[fingerprint] = (units.chars[index], True)
+            self._seen.move_to_end(fingerprint)
+        self._trim()
+
+    def _trim(self) -> None:
         while len(self._seen) > self.limit:
             self._seen.popitem(last=False)
