@@ -60,7 +60,10 @@ each run records the load average as it began, the replica that answered each tu
 two replicas in which the replica with the most sessions has its engine SIGKILLed at half the two-replica
 runs' time: errors are split into streams already started (allowed) and the rest, the killed replica's
 sessions are followed to their next answer (by whom, how soon, against the stall limit), and once it is
-back short new sessions are sent at once to see that it takes them. The arithmetic is in
+back short new sessions are sent at once to see that it takes them. ``--core-each``: every process
+and thread of engine i on core i alone (one engine: core 0; a vLLM engine's front end too), the gateway
+and this process unbound, so that one replica has one core and two have two; each run then prints the
+cores each of them used on average (``cores used``). The arithmetic is in
 tests/integration/tools/replica_figures.py (tested by tests/unit/test_replica_figures.py; tests never
 import benchmarks).
 
