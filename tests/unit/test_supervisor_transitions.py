@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from gateway.backends import llamacpp, vllm
-from gateway.backends.base import Failure, Launch, Option, most_telling
+from gateway.backends.base import Failure, Launch, Option
 from gateway.remembered.known_good import KnownGood, KnownGoodSlot
 from gateway.supervision.after_failure import MAX_RESTARTS, RestartBudget
-from gateway.supervision.engine_run import RunState
+from gateway.supervision.engine_run import RunFigures, RunState
 from gateway.supervision.lifecycle import State
 from gateway.supervision.supervisor import MAX_ATTEMPTS, Supervisor
 from tests.waiting import async_wait_until
@@ -62,8 +62,9 @@ def hangs() -> Script:
     return Script(hangs=True)
 
 
-class ReplayRun:
-    """The EngineRun surface the supervisor uses, settled by replaying a recorded log into ``classify``."""
+class ReplayRun(RunFigures):
+    """The EngineRun surface the supervisor uses, settled by replaying a recorded log into ``classify``
+    (what it works out from its state, failures and times is the real run's: :class:`RunFigures`)."""
 
     def __init__(
         self, launch: Launch, classify: Callable[[str], Failure | None], log_dir: Path, script: Script
@@ -75,18 +76,11 @@ class ReplayRun:
         self.state = RunState.STARTING
         self.failures: list[Failure] = []
         self.reason: str | None = None
-        self.elapsed_s = 0.0
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
         self.stopped = False
         self._settled = asyncio.Event()
         self._gone = asyncio.Event()
-
-    @property
-    def ready(self) -> bool:
-        return self.state is RunState.READY
-
-    @property
-    def failure(self) -> Failure | None:
-        return most_telling(self.failures)
 
     def _replay(self, name: str | None) -> None:
         for line in (LOGS / name).read_text(errors="replace").splitlines() if name else []:
@@ -97,7 +91,7 @@ class ReplayRun:
         if self.script.hangs:
             return
         self._replay(self.script.log)
-        self.elapsed_s = 1.5
+        self.started_at, self.ended_at = 0.0, 1.5  # a start that took 1.5 s
         if self.script.ready:
             self.state = RunState.READY
         else:
