@@ -799,8 +799,7 @@ def _process_group(leader: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == leader:  # after the name: state, ppid, pgrp
+                if os.getpgid(int(entry)) == leader:
                     members.append(int(entry))
     return members
 
