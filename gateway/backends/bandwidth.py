@@ -9,6 +9,7 @@ nodes that an engine's pipeline stages (or llama.cpp's RPC devices) cross on eve
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from gateway.core.devices import Device
 
@@ -34,10 +35,17 @@ HOST_BANDWIDTH_GBPS = 60.0  # dual-channel DDR5 as measured by STREAM-like copie
 
 def gpu_bandwidth(gpu: Device) -> float:
     """Peak bandwidth in bytes/s: by name, else by compute capability, else the default."""
-    for name in sorted(GPU_BANDWIDTH_GBPS, key=len, reverse=True):
-        if name.lower() in gpu.name.lower():
-            return GPU_BANDWIDTH_GBPS[name] * 1e9
-    return CAPABILITY_BANDWIDTH_GBPS.get(gpu.compute_capability, DEFAULT_GPU_BANDWIDTH_GBPS) * 1e9
+    return _bandwidth(gpu.name.lower(), gpu.compute_capability)
+
+
+@lru_cache(maxsize=64)
+def _bandwidth(name: str, capability: tuple[int, int]) -> float:
+    """By the longest known name the device's contains (an "H100 NVL" is not an "H100"); cached: the plan
+    asks once per placement it weighs, for the same few devices."""
+    for known in sorted(GPU_BANDWIDTH_GBPS, key=len, reverse=True):
+        if known.lower() in name:
+            return GPU_BANDWIDTH_GBPS[known] * 1e9
+    return CAPABILITY_BANDWIDTH_GBPS.get(capability, DEFAULT_GPU_BANDWIDTH_GBPS) * 1e9
 
 
 # A link between nodes that the survey did not time (``--remote-gpus``, or a report without a round trip):

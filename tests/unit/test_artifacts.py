@@ -55,7 +55,7 @@ def test_an_unchanged_file_is_verified_once_and_a_changed_one_again(package: lis
     assert len(package) == 2
 
 
-@pytest.mark.parametrize("package", [0.2], indirect=True)  # the file half written for 0.2 s
+@pytest.mark.parametrize("package", [0.1], indirect=True)  # half written for 0.1 s: the other thread starts within it
 def test_two_gateways_starting_at_once_wait_for_one_assembly(package: list[Path]) -> None:
     """Without the lock the second reads the file half written, fails the package's checksum and refuses
     to start (two workers of the test suite, two gateways on one machine)."""

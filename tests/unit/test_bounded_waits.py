@@ -211,7 +211,7 @@ def _two_long_prefills(path: str, native: frozenset[str]) -> Lane:
                 first = await client.post(gateway.url + path, json=_long_body(path, "a"))  # its headers came
                 second = asyncio.ensure_future(client.post(gateway.url + path, json=_long_body(path, "b")))
                 await async_wait_until(lambda: admission.queued or len(engine.seen) > 1, what="the second request")
-                await asyncio.sleep(0.3)  # time for a wrongly freed lane to admit it
+                await asyncio.sleep(0.2)  # time for a wrongly freed lane to admit it (in-process: milliseconds)
                 during = (len(engine.seen), admission.long_active, admission.queued)
                 engine.prefilled.set()  # the first token: the lane passes to the second
                 answers = [first, await second]
@@ -232,7 +232,7 @@ def _two_long_prefills(path: str, native: frozenset[str]) -> Lane:
 @pytest.fixture(scope="module")
 def lanes() -> Iterator[dict[tuple[str, frozenset[str]], Future[Lane]]]:
     """Each route's scenario with an engine and a gateway of its own, all at once: each waits out its
-    own 0.3 s (one after another they took 1.9 s); each test reads its route's."""
+    own 0.2 s (one after another they took 1.9 s); each test reads its route's."""
     with ThreadPoolExecutor(len(ROUTES)) as pool:
         yield {route: pool.submit(_two_long_prefills, *route) for route in ROUTES}
 

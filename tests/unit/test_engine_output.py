@@ -60,7 +60,7 @@ def test_an_unwritable_log_directory_is_named_as_such(tmp_path: Path) -> None:
 
 def test_ready_is_503_when_the_ready_engine_stops_answering(monkeypatch: pytest.MonkeyPatch) -> None:
     # the probe's timeout shortened (2 s in serving): a mute engine never answers, however long it is given
-    monkeypatch.setattr(app_module, "EngineProbe", lambda: EngineProbe(timeout_s=0.2))
+    monkeypatch.setattr(app_module, "EngineProbe", lambda: EngineProbe(timeout_s=0.1))
     mute = socket.socket()  # listens, never accepts: an engine blocked on a full pipe
     mute.bind(("127.0.0.1", 0))
     mute.listen(16)

@@ -146,7 +146,7 @@ def test_a_specific_failure_line_ends_the_start_at_once(tmp_path: Path) -> None:
 
 def test_a_generic_failure_line_waits_for_the_specific_line_that_follows(tmp_path: Path) -> None:
     generic_at = KV_TOO_SMALL_LOG.read_text().splitlines().index(GENERIC_LINE) + 1
-    run = _engine_run(_replay(KV_TOO_SMALL_LOG, pause_after=generic_at, pause_s=0.2), tmp_path)
+    run = _engine_run(_replay(KV_TOO_SMALL_LOG, pause_after=generic_at, pause_s=0.1), tmp_path)
     settled = _settle(run)
     assert settled.state is RunState.FAILED
     assert run.failure is not None and run.failure.kind is FailureKind.KV_TOO_SMALL
@@ -157,12 +157,12 @@ def test_a_generic_failure_line_waits_for_the_specific_line_that_follows(tmp_pat
 def test_a_generic_failure_line_alone_fails_once_the_grace_is_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_run, "GENERIC_FAILURE_GRACE_S", 0.4)
+    monkeypatch.setattr(engine_run, "GENERIC_FAILURE_GRACE_S", 0.2)
     run = _engine_run(_replay(LOGS / "fixture-vllm-engine-core-failed.log"), tmp_path)
     settled = _settle(run)
     assert settled.state is RunState.FAILED and run.reason == "engine failed while starting"
     assert run.failure is not None and run.failure.kind is FailureKind.ENGINE_FAILED
-    assert 0.4 <= settled.took_s < 3.0
+    assert 0.2 <= settled.took_s < 3.0
 
 
 def test_an_exit_while_starting_fails_with_the_status_and_its_last_lines_classified(tmp_path: Path) -> None:
@@ -177,10 +177,10 @@ def test_an_exit_while_starting_fails_with_the_status_and_its_last_lines_classif
 
 def test_an_engine_that_never_answers_fails_at_the_startup_timeout(tmp_path: Path) -> None:
     # never answers
-    run = _engine_run(_launch([sys.executable, "-c", "import time; time.sleep(30)"]), tmp_path, startup_timeout_s=0.25)
+    run = _engine_run(_launch([sys.executable, "-c", "import time; time.sleep(30)"]), tmp_path, startup_timeout_s=0.1)
     settled = _settle(run)
     assert settled.state is RunState.FAILED and run.reason == "engine not ready after 0 s (startup_timeout_s)"
-    assert run.failure is None and 0.25 <= settled.took_s < 3.0
+    assert run.failure is None and 0.1 <= settled.took_s < 3.0
     assert settled.reaped, "a start that timed out stops its engine"
 
 
@@ -245,7 +245,7 @@ def test_stopping_during_a_start_kills_the_whole_group_even_when_it_ignores_sigt
         log_dir=tmp_path,
         classify=vllm.classify,
         startup_timeout_s=60.0,
-        shutdown_grace_s=0.2,
+        shutdown_grace_s=0.1,
     )
 
     async def scenario() -> tuple[int, int]:

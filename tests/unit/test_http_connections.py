@@ -23,7 +23,8 @@ from gateway.serving.edge.http_limits import BoundedHttpToolsProtocol, bounded_p
 from tests.trickle import trickle
 from tests.unit.http_harness import FakeEngine, Served, make_runtime, wait_until
 
-TIMEOUT_S = 0.5
+TIMEOUT_S = 0.5  # the cap tests' server: its silent connections must outlast each of those tests
+CLOCK_S = 0.35  # the clock scenarios and the unread stream: a 2 KiB piece every 0.05 s stays 0.3 s inside it
 CAP = 5
 
 
@@ -57,9 +58,9 @@ def _fill_to_the_cap(
     return held
 
 
-def _protocol() -> type[BoundedHttpToolsProtocol]:
+def _protocol(timeout_s: float = TIMEOUT_S) -> type[BoundedHttpToolsProtocol]:
     return bounded_protocol(
-        8192, 20, header_timeout_s=TIMEOUT_S, body_timeout_s=TIMEOUT_S, send_timeout_s=TIMEOUT_S, max_connections=CAP
+        8192, 20, header_timeout_s=timeout_s, body_timeout_s=timeout_s, send_timeout_s=timeout_s, max_connections=CAP
     )
 
 
@@ -84,6 +85,13 @@ def _closed_within(conn: socket.socket, seconds: float) -> tuple[bool, bytes]:
     return True, answer
 
 
+def _closed_each(conns: list[socket.socket], seconds: float) -> list[bool]:
+    """Whether the server closed each of ``conns`` within ``seconds``, one window for all of them (one
+    after another, each open one waited out its own window: 0.05 s each, 0.2 s in all for four)."""
+    until = time.monotonic() + seconds
+    return [_closed_within(conn, max(until - time.monotonic(), 0.001))[0] for conn in conns]
+
+
 class Clocked(NamedTuple):
     """What one clock scenario saw: whether the server closed the connection, what it answered, how
     many pieces went before it answered or hung up, and the seconds from the first slow piece to the close."""
@@ -103,7 +111,8 @@ def _nothing_sent(conn: socket.socket) -> Clocked:
 def _headers_slowly(conn: socket.socket) -> Clocked:
     conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
     started = time.monotonic()
-    sent = trickle(conn, b"X-Slow: 1\r\n", times=8, every_s=0.2)  # a header line every 0.2 s: never silent, never done
+    # a header line every 0.15 s: never silent, never done
+    sent = trickle(conn, b"X-Slow: 1\r\n", times=8, every_s=0.15)
     closed, answer = _closed_within(conn, 5)
     return Clocked(closed, answer, sent, time.monotonic() - started)
 
@@ -116,9 +125,9 @@ def _body_stops(conn: socket.socket) -> Clocked:
 
 
 def _body_keeps_coming(conn: socket.socket) -> Clocked:
-    conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 10240\r\nConnection: close\r\n\r\n")
+    conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 28672\r\nConnection: close\r\n\r\n")
     started = time.monotonic()
-    sent = trickle(conn, b"x" * 2048, times=5, every_s=0.2)  # 1 s in all, twice the timeout
+    sent = trickle(conn, b"x" * 2048, times=14, every_s=0.05)  # 0.7 s in all, twice the timeout
     closed, answer = _closed_within(conn, 5)
     return Clocked(closed, answer, sent, time.monotonic() - started)
 
@@ -126,7 +135,7 @@ def _body_keeps_coming(conn: socket.socket) -> Clocked:
 def _byte_at_a_time(conn: socket.socket) -> Clocked:
     conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
     started = time.monotonic()
-    sent = trickle(conn, b"x", times=40, every_s=0.1)  # never silent for long, never a KiB (4 s if never cut)
+    sent = trickle(conn, b"x", times=80, every_s=0.05)  # never silent for long, never a KiB (4 s if never cut)
     closed, answer = _closed_within(conn, 5)
     return Clocked(closed, answer, sent, time.monotonic() - started)
 
@@ -143,10 +152,10 @@ SCENARIOS: dict[str, Callable[[socket.socket], Clocked]] = {
 @pytest.fixture(scope="module")
 def clocked() -> Iterator[dict[str, Future[Clocked]]]:
     """Each clock scenario on a connection of its own, all at once (each waits on the server's clocks,
-    independent of the others: one after another they took 3 s, together 1 s); each test reads its
+    independent of the others: one after another they took 2 s, together 0.7 s); each test reads its
     scenario's result. On a server of their own, so the cap tests' connections never share it; its
     cap is the module's, and the five scenarios are five connections: none is ever made to give way."""
-    served = Served(Starlette(routes=[Route("/v1/messages", _echo, methods=["GET", "POST"])]), http=_protocol())
+    served = Served(Starlette(routes=[Route("/v1/messages", _echo, methods=["GET", "POST"])]), http=_protocol(CLOCK_S))
 
     def run(scenario: Callable[[socket.socket], Clocked]) -> Clocked:
         with socket.create_connection(served.address) as conn:
@@ -182,14 +191,14 @@ def test_a_body_that_stops_coming_is_cut_by_the_body_timeout(clocked: dict[str, 
 
 def test_a_body_that_keeps_coming_is_not_cut(clocked: dict[str, Future[Clocked]]) -> None:
     seen = clocked["body keeps coming"].result(timeout=30)
-    assert seen.sent == 5, f"the server hung up after {seen.sent} of 5 pieces"
-    assert seen.answer.startswith(b"HTTP/1.1 200") and b'"bytes":10240' in seen.answer, seen.answer
+    assert seen.sent == 14, f"the server hung up after {seen.sent} of 14 pieces"
+    assert seen.answer.startswith(b"HTTP/1.1 200") and b'"bytes":28672' in seen.answer, seen.answer
 
 
 def test_a_body_sent_a_byte_at_a_time_is_cut(clocked: dict[str, Future[Clocked]]) -> None:
     seen = clocked["a byte at a time"].result(timeout=30)
     assert seen.closed and seen.answer.startswith(b"HTTP/1.1 408"), seen.answer
-    assert seen.took < 3.5  # cut by the 1 s body clock, with room for a loaded machine
+    assert seen.took < 3.5  # cut by the 0.35 s body clock, with room for a loaded machine
 
 
 def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
@@ -202,7 +211,7 @@ def test_at_the_cap_the_idlest_connection_makes_room_and_a_line_is_logged(
             newcomer.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             _, answer = _closed_within(newcomer, 0.4)  # answered well before the header timeout
         assert answer.startswith(b"HTTP/1.1 200"), answer
-        gone = [conn for conn in held if _closed_within(conn, 0.05)[0]]
+        gone = [conn for conn, closed in zip(held, _closed_each(held, 0.05), strict=True) if closed]
         assert len(gone) == 1  # one silent connection gave way, the rest are still open
         assert any("max_connections" in record.getMessage() for record in caplog.records)
     finally:
@@ -222,7 +231,7 @@ def test_at_the_cap_half_sent_heads_give_way_oldest_first_to_a_new_connection(se
             newcomer.sendall(b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             _, answer = _closed_within(newcomer, 0.4)
         assert answer.startswith(b"HTTP/1.1 200"), answer
-        assert [_closed_within(conn, 0.05)[0] for conn in half] == [True] + [False] * (CAP - 1)  # the oldest
+        assert _closed_each(half, 0.05) == [True] + [False] * (CAP - 1)  # the oldest
     finally:
         for conn in half:
             conn.close()
@@ -238,7 +247,7 @@ def test_at_the_cap_with_every_connection_in_a_request_a_new_one_is_refused(serv
         with socket.create_connection(server.address) as extra:
             closed, answer = _closed_within(extra, 0.3)
         assert closed and answer == b""
-        assert not any(_closed_within(conn, 0.05)[0] for conn in busy)
+        assert not any(_closed_each(busy, 0.05))
     finally:
         for conn in busy:
             conn.close()
@@ -271,7 +280,7 @@ def test_a_stream_its_client_stops_reading_is_cut_and_its_slot_freed() -> None:
     engine = FakeEngine()
     upstream = Served(engine.app)
     runtime = make_runtime(upstream.url, max_concurrency=1, queue_limit=0)
-    gateway = Served(create_app(runtime), http=bounded_protocol(send_timeout_s=TIMEOUT_S))
+    gateway = Served(create_app(runtime), http=bounded_protocol(send_timeout_s=CLOCK_S))
     body = json.dumps(
         {"model": "front-model", "stream": True, "messages": [{"role": "user", "content": "ENDLESS"}]}
     ).encode()

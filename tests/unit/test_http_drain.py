@@ -27,7 +27,7 @@ from gateway.serving.dialects.model_names import ModelRoute
 from gateway.serving.drain import DrainingServer
 from tests.unit.http_harness import FRONTED, FakeEngine, Served, make_runtime, sse_events, wait_until
 
-GRACE_S = 1.0  # "at once" (after the stop) and "after the grace" stay apart on a loaded machine
+GRACE_S = 0.5  # "at once" (a few ms after the stop) and "after the grace" stay apart on a loaded machine
 
 
 def _in_thread(call: Callable[[], httpx.Response], into: dict[str, Any], name: str) -> threading.Thread:

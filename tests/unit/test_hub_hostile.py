@@ -130,14 +130,14 @@ def test_an_endless_model_info_or_listing_is_cut_off(
 
 
 def test_an_answer_that_trickles_forever_is_cut_at_its_deadline(hub: LocalHub, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A few bytes every 0.2 s never trips a read timeout; the deadline (here 0.5 s plus the cap at the
+    """A few bytes every 0.05 s never trips a read timeout; the deadline (here 0.5 s plus the cap at the
     minimum rate, said rounded: 1 s) ends it."""
     from gateway.hub import guard
 
     monkeypatch.setattr(guard, "BASE_SECONDS", 0.5)
     monkeypatch.setattr(guard, "DEFAULT_BYTES", 1024)
     sent = Sent()
-    monkeypatch.setitem(hub.hostile, "/api/models/evil/slow", slow_json(sent))
+    monkeypatch.setitem(hub.hostile, "/api/models/evil/slow", slow_json(sent, every_s=0.05))
     started = time.monotonic()
     with pytest.raises(ModelError, match=r"bytes in more than 1 s: refused"):
         search.search("evil/slow")

@@ -372,10 +372,10 @@ def test_the_supervisor_gives_the_watch_the_plans_longest_prefill(tmp_path: Path
 
 
 def test_an_engine_that_stops_answering_its_progress_page_is_hung() -> None:
-    """A stopped process (SIGSTOP): the page never answers. Real time, a 0.2 s limit."""
+    """A stopped process (SIGSTOP): the page never answers. Real time, a 0.1 s limit."""
     time = FakeTime()
     engine = StandInEngine(time, start_at=0.0, frozen_at=0.0, silent=True)
-    watch = ProgressWatch(engine, engine.activity, Limits(stall_s=0.2, canary_s=0))
+    watch = ProgressWatch(engine, engine.activity, Limits(stall_s=0.1, canary_s=0))
 
     async def scenario() -> None:
         verdict = await asyncio.wait_for(watch.watch(), 3)
@@ -455,12 +455,12 @@ def test_an_idle_engine_whose_canary_gets_no_answer_is_hung() -> None:
     time = FakeTime()
     engine = StandInEngine(time, start_at=float("inf"), frozen_at=0.0)
     watch = ProgressWatch(
-        engine, engine.activity, Limits(stall_s=0.2, canary_s=0.1), clock=time.clock, sleep=time.sleep
+        engine, engine.activity, Limits(stall_s=0.1, canary_s=0.1), clock=time.clock, sleep=time.sleep
     )
 
     async def scenario() -> None:
         verdict = await asyncio.wait_for(watch.watch(), 3)
-        assert "canary got no answer in 0.2 s" in verdict
+        assert "canary got no answer in 0.1 s" in verdict
 
     _run(scenario)
 

@@ -417,10 +417,10 @@ def test_workers_are_surveyed_concurrently_and_one_that_never_answers_is_cut_at_
             await asyncio.Event().wait()  # a worker that accepted the connection and says nothing
         return _answer_if(True, address)
 
-    nodes = Nodes(["a:1", "b:1", "c:1"], "key", fetcher=fetcher, survey_call_s=0.2)
+    nodes = Nodes(["a:1", "b:1", "c:1"], "key", fetcher=fetcher, survey_call_s=0.1)
     machine = asyncio.run(nodes.survey(_cpu_head()))
     assert [g.node for g in machine.remote] == ["a", "b"]
-    assert any("c:1" in note and "no answer within 0.2 s" in note for note in machine.notes), machine.notes
+    assert any("c:1" in note and "no answer within 0.1 s" in note for note in machine.notes), machine.notes
 
 
 def test_a_health_check_past_its_deadline_is_a_miss() -> None:
@@ -446,7 +446,7 @@ def test_a_worker_that_holds_a_group_call_is_unreachable_within_the_calls_deadli
     report = replace(_answer_if(True, "a:1"), name="node-a")
     nodes = Nodes(["a:1"], "key")
     nodes.states[0].report = report
-    group = WorkerGroup(nodes, timeout_s=0.05, client=lambda t: httpx.AsyncClient(transport=httpx.MockTransport(holds)))
+    group = WorkerGroup(nodes, timeout_s=0.02, client=lambda t: httpx.AsyncClient(transport=httpx.MockTransport(holds)))
     follower = Follower("node-a", 1, "vllm", "0.32.0", ("--model", "m", "--headless"))
 
     async def scenario() -> None:

@@ -24,6 +24,7 @@ from gateway.backends.server_host import HOST, PORT, ServerHost
 from gateway.backends.vllm.follower import SERVER_HOST as VLLM_HOST
 from gateway.core.devices import GIB, Device, Inventory
 from gateway.core.errors import GatewayError
+from gateway.nodes import replica_servers
 from gateway.nodes.replica_client import WorkerReplicas
 from gateway.nodes.replica_servers import LINE_CHARS, LINES_PER_ANSWER, ReplicaServers, Served
 from gateway.nodes.start_request import Refused, ServerStart
@@ -134,7 +135,11 @@ def test_a_server_whose_head_renews_no_lease_is_stopped_and_one_that_exits_is_re
     asyncio.run(scenario())
 
 
-def test_a_second_start_of_a_replica_replaces_it_and_another_version_is_refused_naming_both(tmp_path: Path) -> None:
+def test_a_second_start_of_a_replica_replaces_it_and_another_version_is_refused_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replica_servers, "MAX_REPLICAS_HERE", 2)  # the bound as it binds, on three servers, not 17
+
     async def scenario() -> None:
         servers, _ = _servers(tmp_path)
         first = await servers.start(_start())
@@ -147,10 +152,10 @@ def test_a_second_start_of_a_replica_replaces_it_and_another_version_is_refused_
             await servers.start(_start(engine="llamacpp"))
         await servers.close()
         assert servers.live() == []
-        for number in range(17):  # ended servers of other names make room (16 kept): names are not kept for ever
+        for number in range(3):  # ended servers of other names make room (2 kept): names are not kept for ever
             await servers.start(_start(replica=f"r{number}", args=("exit",)))
             await async_wait_until(lambda: not servers.live(), what="its exit", timeout_s=TIMEOUT_S * 5)
-        assert len(servers.replicas) <= 16
+        assert len(servers.replicas) <= 2
         await servers.close()
 
     asyncio.run(scenario())

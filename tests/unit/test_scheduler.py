@@ -355,8 +355,10 @@ def test_a_long_prefill_waits_for_the_last_slot_to_be_idle_and_is_never_pinned_t
     slot whoever held it (16 sessions: twice in two runs)."""
     four = llama_scheduling(4)
     assert four.long_pin is not None
-    monkeypatch.setattr(long_pin, "POLL_S", 0.01)  # the page read again every 10 ms, for 0.1 s at most
-    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, wait_s=0.1)))
+    monkeypatch.setattr(long_pin, "POLL_S", 0.01)  # the page read again every 10 ms
+    # never idle waits it out, three times: short; the others end at an idle page: room for a loaded machine
+    wait_s = 0.05 if reads is None else 1.0
+    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, wait_s=wait_s)))
     with _gateway(runtime) as client:
         for kind, (path, extra) in enumerate(LONG_KINDS):
             engine.slots = list(pages)
@@ -366,8 +368,11 @@ def test_a_long_prefill_waits_for_the_last_slot_to_be_idle_and_is_never_pinned_t
             assert client.post(path, json=body).status_code == 200
             sent = engine.requests_to("/v1/chat/completions")[-1]["body"]
             assert sent.get("id_slot") == pinned, (path, extra, sent.get("id_slot"))
+            # placed after as many reads, then read until it is seen held (in the background: the answer can
+            # come back before that read); never idle: until the wait is over
+            if reads is not None and pinned is not None:
+                wait_until(lambda at=before + reads: len(engine.requests_to("/slots")) >= at, what=f"{reads} reads")
             read = len(engine.requests_to("/slots")) - before
-            # placed after as many reads, then read until it is seen held; never idle: until the wait is over
             assert reads is None or (read >= reads if pinned is not None else read == reads), read
             assert client.get("/v1/models").status_code == 200  # and the gate is open again
 

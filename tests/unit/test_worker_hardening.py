@@ -66,8 +66,8 @@ def _worker(tmp_path: Path, command: Path, rpc_port: int, gpus: str = "1x1GiB") 
 def test_a_server_slow_to_listen_is_waited_for_while_it_lives(
     tmp_path: Path, fake_rpc: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "SERVER_START_S", 0.15)  # a machine far slower than its budget
-    fake_rpc.with_name(fake_rpc.name + ".delay").write_text("0.45")
+    monkeypatch.setattr(worker_module, "SERVER_START_S", 0.05)  # a machine far slower than its budget
+    fake_rpc.with_name(fake_rpc.name + ".delay").write_text("0.2")
     worker = _worker(tmp_path, fake_rpc, free_port())
 
     async def scenario() -> bool:

@@ -95,3 +95,35 @@ def kv_layer_bytes(
     if facts.is_recurrent(layer):
         return recurrent_state_bytes(facts, launcher.slots, draft)
     return int(kv_cells(facts, layer, n_ctx, launcher) * kv_bytes_per_token_layer(facts, kv_type, layer))
+
+
+def kv_bytes_by_layer(
+    facts: GgufFacts, kv_type: str, n_ctx: int, launcher: Launcher, draft: str | None = None
+) -> tuple[int, ...]:
+    """:func:`kv_layer_bytes` of every block at ``n_ctx``: the per-layer terms that do not depend on the
+    context are worked out once per model (:func:`_layer_terms`), so each context the plan tries is one
+    product per layer."""
+    return tuple(
+        fixed if per_token is None else int((n_ctx if cap is None else min(n_ctx, cap)) * per_token)
+        for per_token, cap, fixed in _layer_terms(facts, kv_type, launcher, draft)
+    )
+
+
+@lru_cache(maxsize=64)
+def _layer_terms(
+    facts: GgufFacts, kv_type: str, launcher: Launcher, draft: str | None
+) -> tuple[tuple[float | None, int | None, int], ...]:
+    """Per block: (bytes per cell, the cells a sliding window caps it at, the states of a recurrent layer),
+    as :func:`kv_layer_bytes` and :func:`kv_cells` count them; bytes per cell None for a recurrent layer."""
+    terms: list[tuple[float | None, int | None, int]] = []
+    for layer in range(facts.num_layers):
+        if facts.is_recurrent(layer):
+            terms.append((None, None, recurrent_state_bytes(facts, launcher.slots, draft)))
+            continue
+        cap = None
+        if launcher.window_per_slot and is_sliding(facts, layer):
+            assert facts.sliding_window
+            window = facts.sliding_window * launcher.slots + UBATCH
+            cap = -(-window // KV_PAD) * KV_PAD
+        terms.append((kv_bytes_per_token_layer(facts, kv_type, layer), cap, 0))
+    return tuple(terms)

@@ -10,14 +10,15 @@ per-tensor sizes, the KV cache (:mod:`gateway.backends.llamacpp.kv_cache`) and t
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import itertools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import gateway.backends.llamacpp.drafting as drafting
 from gateway.backends.llamacpp.compute_buffers import GpuCompute, compute_buffer_bytes, host_compute_bytes
 from gateway.backends.llamacpp.gguf_facts import GgufFacts
-from gateway.backends.llamacpp.kv_cache import kv_layer_bytes
+from gateway.backends.llamacpp.kv_cache import kv_bytes_by_layer, kv_layer_bytes
 from gateway.backends.llamacpp.launcher import Launcher
 from gateway.backends.llamacpp.placement_query import PlacementQuery
 from gateway.core.devices import GIB, MIB
@@ -88,7 +89,7 @@ def _slot_costs(
 @lru_cache(maxsize=64)
 def _layer_kv(facts: GgufFacts, n_ctx: int, kv_type: str, launcher: Launcher, draft: str | None) -> tuple[int, ...]:
     """:func:`kv_layer_bytes` of every block (the same for each ``--n-cpu-moe`` the search tries)."""
-    return tuple(kv_layer_bytes(facts, slot, kv_type, n_ctx, launcher, draft) for slot in range(facts.num_layers))
+    return kv_bytes_by_layer(facts, kv_type, n_ctx, launcher, draft)
 
 
 def place(
@@ -158,35 +159,67 @@ class _Held:
 
 
 def _held(query: PlacementQuery, n_cpu_moe: int, slots: int, split: tuple[float, ...]) -> _Held:
-    """The last ``slots`` slots on the GPUs, split by the cumulative fractions of ``split``; the others in RAM."""
+    """The last ``slots`` slots on the GPUs, split by the cumulative fractions of ``split``; the others in RAM.
+    Each device takes a run of consecutive slots, so its terms are differences of the slots' running sums."""
     facts, devices = query.facts, len(query.gpus)
     layers = facts.num_layers
     first_gpu_slot = layers + 1 - slots  # slots >= this are on a GPU; slot `layers` is the output
-    cumulative = [sum(split[: i + 1]) / sum(split) for i in range(len(split))] if sum(split) else []
-    model, kv = [0] * devices, [0] * devices
-    blocks: list[list[int]] = [[] for _ in range(devices)]
-    host_model, host_kv = facts.embedding_bytes, 0
-    output_device: int | None = None
-    where: list[int | None] = []
-    edges = [edge - 1e-9 for edge in cumulative]  # a slot goes to the first device whose edge is past it
-    nextn = drafting.mtp_blocks(facts)
-    for slot, (on_gpu, in_ram, cache) in enumerate(slot_costs(query, n_cpu_moe)):
-        if slot < first_gpu_slot:
-            host_model += on_gpu + in_ram
-            host_kv += cache
-            where.append(None)
-            continue
-        position = (slot - first_gpu_slot) / slots
-        device = min(bisect_right(edges, position), devices - 1)
-        where.append(device)
-        model[device] += on_gpu
-        kv[device] += cache
-        host_model += in_ram
-        if slot == layers:
-            output_device = device
-        elif slot not in nextn:  # the trunk's graph never runs a nextn block
-            blocks[device].append(slot)
-    return _Held(tuple(model), tuple(kv), tuple(blocks), host_model, host_kv, output_device, tuple(where))
+    sums = _running_sums(slot_costs(query, n_cpu_moe))
+    starts = [first_gpu_slot + _first_at(slots, edge) for edge in _edges(split, devices)] + [layers + 1]
+    model = tuple(sums.on_gpu[end] - sums.on_gpu[begin] for begin, end in itertools.pairwise(starts))
+    kv = tuple(sums.cache[end] - sums.cache[begin] for begin, end in itertools.pairwise(starts))
+    nextn = drafting.mtp_blocks(facts)  # the trunk's graph never runs a nextn block
+    blocks = tuple(
+        [slot for slot in range(begin, min(end, layers)) if slot not in nextn]
+        for begin, end in itertools.pairwise(starts)
+    )
+    output_device = next((d for d in range(devices) if starts[d] <= layers < starts[d + 1]), None)
+    host_model = facts.embedding_bytes + sums.on_gpu[first_gpu_slot] + sums.in_ram[first_gpu_slot]
+    host_model += sums.in_ram[layers + 1] - sums.in_ram[first_gpu_slot]  # experts kept in RAM on the GPUs' slots
+    where: tuple[int | None, ...] = (None,) * first_gpu_slot + tuple(
+        itertools.chain.from_iterable((d,) * (starts[d + 1] - starts[d]) for d in range(devices))
+    )
+    return _Held(model, kv, blocks, host_model, sums.cache[first_gpu_slot], output_device, where)
+
+
+def _edges(split: tuple[float, ...], devices: int) -> list[float]:
+    """Where each device after the first begins, as a fraction of the offloaded slots: llama.cpp's cumulative
+    split (a slot goes to the first device whose edge is past its position); the last device takes the rest."""
+    total = sum(split)
+    if not total or devices < 2:
+        return [0.0, *[2.0] * (devices - 1)] if devices else []
+    cumulative = [sum(split[: i + 1]) / total - 1e-9 for i in range(len(split))]
+    return [0.0, *cumulative[: devices - 1]]
+
+
+def _first_at(slots: int, edge: float) -> int:
+    """The first offloaded slot ``k`` (of ``slots``) whose position ``k / slots`` is at or past ``edge``."""
+    if edge <= 0:
+        return 0
+    first = min(slots, max(0, math.ceil(edge * slots)))
+    while first > 0 and (first - 1) / slots >= edge:
+        first -= 1
+    while first < slots and first / slots < edge:
+        first += 1
+    return first
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """Running sums of each slot term: ``on_gpu[i]`` is the weights of slots ``0 .. i - 1``."""
+
+    on_gpu: tuple[int, ...]
+    in_ram: tuple[int, ...]
+    cache: tuple[int, ...]
+
+
+@lru_cache(maxsize=256)
+def _running_sums(costs: tuple[tuple[int, int, int], ...]) -> _Sums:
+    """Cached by the costs (one tuple per model, context and experts in RAM): the search places the same
+    costs over many layer counts and splits."""
+    columns = list(zip(*costs, strict=True)) or [(), (), ()]
+    on_gpu, in_ram, cache = (tuple(itertools.accumulate(column, initial=0)) for column in columns)
+    return _Sums(on_gpu, in_ram, cache)
 
 
 @dataclass(frozen=True)
