@@ -299,10 +299,25 @@ def max_fitting_len(
     ``--max-model-len auto`` uses through ``_auto_fit_max_model_len``)."""
     if available <= 0 or not kinds:
         return 0
+    return _max_fitting_len(facts.sliding_window, tuple(kinds), available, batched_tokens, cap)
+
+
+@functools.lru_cache(maxsize=1024)
+def _max_fitting_len(
+    sliding_window: int | None, kinds: tuple[KvLayers, ...], available: int, batched_tokens: int, cap: int
+) -> int:
+    """:func:`max_fitting_len` by what it depends on: the plan sizes each rung at the length its probe found,
+    with the same memory left for the cache, and the search is the same."""
+    states = sum(kind.count * kind.state_bytes for kind in kinds)
+    terms = [(kind.count * kind.bytes_per_token, kind.windowed, kind.block_tokens) for kind in kinds]
     low, high = 0, cap
     while low < high:
         middle = (low + high + 1) // 2
-        if _one_request_bytes(facts, kinds, middle, batched_tokens) <= available:
+        window = min((sliding_window or middle) - 1 + batched_tokens, middle)
+        held = states
+        for per_token, windowed, block in terms:
+            held += per_token * (window if windowed else -(-middle // block) * block if block else middle)
+        if held <= available:
             low = middle
         else:
             high = middle - 1
