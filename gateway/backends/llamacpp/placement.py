@@ -74,16 +74,26 @@ def _slot_costs(
         in_ram = _slot_costs(facts, n_ctx, kv_type, launcher, facts.num_layers, draft)
         return in_ram[:n_cpu_moe] + _slot_costs(facts, n_ctx, kv_type, launcher, 0, draft)[n_cpu_moe:]
     kv = _layer_kv(facts, n_ctx, kv_type, launcher, draft)
-    costs = []
+    weights = _block_weights(facts, n_cpu_moe > 0, draft)
+    blocks = (
+        (on_gpu, in_ram, cache if loaded else 0) for (on_gpu, in_ram, loaded), cache in zip(weights, kv, strict=True)
+    )
+    return (*blocks, (facts.output_bytes, 0, 0))
+
+
+@lru_cache(maxsize=64)
+def _block_weights(facts: GgufFacts, experts_in_ram: bool, draft: str | None) -> tuple[tuple[int, int, bool], ...]:
+    """Per block: (weights on the GPU, expert weights in RAM, whether llama.cpp loads it), with every block's
+    experts in RAM or none (the same for each context the plan tries)."""
+    weights = []
     for slot in range(facts.num_layers):
         if not drafting.loaded(facts, slot, draft):
-            costs.append((0, 0, 0))
+            weights.append((0, 0, False))
             continue
         size = facts.layer_bytes[slot] if facts.layer_bytes else 0
-        experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and slot < n_cpu_moe else 0
-        costs.append((size - experts, experts, kv[slot]))
-    costs.append((facts.output_bytes, 0, 0))
-    return tuple(costs)
+        experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and experts_in_ram else 0
+        weights.append((size - experts, experts, True))
+    return tuple(weights)
 
 
 @lru_cache(maxsize=64)

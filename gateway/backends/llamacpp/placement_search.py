@@ -5,6 +5,10 @@ GPUs' room together are skipped without placing them."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
+
 from gateway.backends.llamacpp.compute_buffers import GpuCompute
 from gateway.backends.llamacpp.placement import GPU_MARGIN_BYTES, Placement, place, slot_costs
 from gateway.backends.llamacpp.placement_query import PlacementQuery
@@ -27,21 +31,22 @@ def filled_split(query: PlacementQuery, n_gpu_layers: int, n_cpu_moe: int) -> tu
         terms.role(i, first=i == 0, output=True) - own[i] for i in range(len(gpus))
     ]  # on the device the output slot lands
     costs = slot_costs(query, n_cpu_moe)[facts.num_layers + 1 - n_gpu_layers :]
-    needs = [on_gpu + cache for on_gpu, _, cache in costs]
-
-    none = [0] * len(gpus)
+    placed = list(itertools.accumulate((on_gpu + cache for on_gpu, _, cache in costs), initial=0))
+    last = len(costs)  # the output layer's slot comes last
 
     def fill(share: float) -> list[int] | None:
-        counts, used, device = [0] * len(gpus), list(own), 0
-        for slot, cost in enumerate(needs):
-            extra = logits_extra if slot == len(needs) - 1 else none  # the output layer's slot comes last
-            while device < len(gpus) and used[device] + cost + extra[device] > share * usable[device]:
-                device += 1
-            if device == len(gpus):
-                return None
-            used[device] += cost + extra[device]
-            counts[device] += 1
-        return counts
+        """Each GPU in turn takes the most slots that fit under ``share`` of it (found in the running
+        sums: bytes are whole, so the room is too), the output slot with its logits."""
+        counts, slot = [0] * len(gpus), 0
+        for device in range(len(gpus)):
+            room = math.floor(share * usable[device]) - own[device]
+            end = max(slot, bisect.bisect_right(placed, placed[slot] + room, slot, last) - 1)
+            if end == last - 1 and placed[last] - placed[slot] + logits_extra[device] <= room:
+                end = last
+            counts[device], slot = end - slot, end
+            if slot == last:
+                return counts
+        return None
 
     if fill(1.0) is None:
         return None
