@@ -12,17 +12,18 @@ from gateway.backends.llamacpp.gguf_reader import read_gguf_header
 from gateway.core.errors import ModelError
 
 
-def _write_gguf(path: Path) -> None:
+def _write_gguf(path: Path, tokens: list[str] | None = None, template: str = "{{ messages }}") -> None:
+    tokens = tokens or [f"tok{i}" for i in range(300)]
     writer = gguf.GGUFWriter(str(path), arch="llama")
     writer.add_context_length(4096)
     writer.add_block_count(2)
     writer.add_embedding_length(64)
     writer.add_head_count(4)
     writer.add_head_count_kv(2)
-    writer.add_token_list([f"tok{i}" for i in range(300)])  # a string array the reader must skip
-    writer.add_token_scores([0.0] * 300)
-    writer.add_chat_template("{{ messages }}")
-    writer.add_tensor("token_embd.weight", np.zeros((300, 64), dtype=np.float32))
+    writer.add_token_list(tokens)  # a string array the reader must skip
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_chat_template(template)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 64), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -76,3 +77,14 @@ def test_a_file_read_again_unchanged_is_not_parsed_again_and_a_changed_one_is(tm
         read_gguf_header(path)
     _write_gguf(path)
     assert read_gguf_header(path) == first
+
+
+def test_a_vocabulary_like_one_stepped_over_before_is_stepped_over_by_its_own_bytes(tmp_path: Path) -> None:
+    """The quantizations of a model share their vocabulary, and the reader steps over it once; a vocabulary
+    with the same count and the same first bytes but another string further on is walked on its own."""
+    tokens = [f"token-{i:05d}" for i in range(3000)]  # 48 kB: past the bytes the reader keys on
+    other = [*tokens[:-1], "a longer last token"]
+    for name, words, template in (("a", tokens, "A"), ("b", other, "B"), ("c", tokens, "C"), ("d", other, "D")):
+        _write_gguf(tmp_path / f"{name}.gguf", words, template)
+        header = read_gguf_header(tmp_path / f"{name}.gguf")  # what follows the vocabulary, read where it is
+        assert header.metadata["tokenizer.chat_template"] == template and header.tensors[0].shape == (64, len(words))

@@ -8,6 +8,7 @@ per-layer arrays (``head_count_kv``, ``sliding_window_pattern``), so this reader
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import mmap
 import os
@@ -23,6 +24,17 @@ _GGUF_MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _LENGTH = struct.Struct("<Q")  # a string's byte length, before its bytes
+# String arrays stepped over (a vocabulary), by their count and first bytes: (their length, a digest of
+# their bytes), oldest first. The same bytes are the same strings: a match is stepped over at once.
+_ARRAYS: dict[tuple[int, bytes], tuple[int, bytes]] = {}
+_ARRAYS_KEPT = 8
+_HEAD_BYTES = 4096
+
+
+def _digest(data: Any) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 _SMALL_ARRAY = 4096  # arrays of numbers up to this length are kept: one value per layer (a vocabulary is not)
 GGML_MAX_DIMS = 4  # ggml.h: a tensor has at most four dimensions (gguf.cpp refuses more)
 MAX_ALIGNMENT = 1 << 20  # gguf.cpp needs a non-zero power of two; real files use 32
@@ -84,12 +96,22 @@ class _Cursor:
 
     def skip_strings(self, count: int) -> None:
         """Step over ``count`` strings without decoding them: a vocabulary holds 150,000-250,000, and
-        nothing the planner reads is among them."""
-        offset, buffer, length_at = self.offset, self.buffer, _LENGTH.unpack_from
+        nothing the planner reads is among them. A vocabulary stepped over before (the plan reads each
+        quantization of a model, and they share it) is recognised by its bytes and not walked again."""
+        offset, buffer = self.offset, self.buffer
+        head = bytes(buffer[offset : offset + _HEAD_BYTES])
+        known = _ARRAYS.get((count, head))
+        if known is not None and _digest(buffer[offset : offset + known[0]]) == known[1]:
+            self.offset = offset + known[0]
+            return
+        length_at = _LENGTH.unpack_from
         for _ in range(count):
             offset += 8 + length_at(buffer, offset)[0]
         if offset > len(buffer):
             raise struct.error("string runs past the end of the file")
+        if len(_ARRAYS) >= _ARRAYS_KEPT:
+            _ARRAYS.pop(next(iter(_ARRAYS)))
+        _ARRAYS[count, head] = (offset - self.offset, _digest(buffer[self.offset : offset]))
         self.offset = offset
 
     def value(self, kind: int) -> Any:
