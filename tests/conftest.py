@@ -32,23 +32,22 @@ LONGEST_MODULES = (
     "tests/integration/test_image.py",  # ~105
     "tests/integration/test_serve_native.py",
     "tests/integration/test_multinode.py",
-    "tests/unit/test_plan_hub_models.py",  # ~8.6: the planner on 72 (model, machine) rows
-    "tests/unit/test_replica_on_node.py",  # ~3.2: engine stand-ins started as processes
-    "tests/unit/test_http_connections.py",  # ~2.6: clocks of 0.5 s (the five scenarios at once)
-    "tests/unit/test_engine_run.py",  # ~2.3: start graces
-    "tests/unit/test_http_drain.py",  # ~2.3: a grace of 1 s
-    "tests/unit/test_stop_signals.py",  # ~1.9: two gateway processes
-    "tests/unit/test_worker_hardening.py",  # ~1.8
-    "tests/unit/test_known_good.py",  # ~1.6
-    "tests/unit/test_plan_replicas.py",  # ~1.6
-    "tests/unit/test_agent_requests_replay.py",  # ~1.5
-    "tests/unit/test_engine_output.py",  # ~1.4
-    "tests/unit/test_hub_hostile.py",  # ~1.4
-    "tests/unit/test_http_bad_input.py",  # ~1.3
-    "tests/unit/test_vllm_group.py",  # ~1.2
-    "tests/unit/test_code_quality.py",  # ~1.2: ruff and mypy
-    "tests/unit/test_plan_cli.py",  # ~0.9
-    "tests/unit/test_layers.py",  # ~0.9; every other fast module less (seconds: the best of two runs, prioritized)
+    "tests/unit/test_plan_hub_models.py",  # ~7.3: the planner on 72 (model, machine) rows
+    "tests/unit/test_plan_replicas.py",  # ~1.8
+    "tests/unit/test_stop_signals.py",  # ~1.8: two gateway processes
+    "tests/unit/test_http_drain.py",  # ~1.8: a grace of 0.5 s
+    "tests/unit/test_http_connections.py",  # ~1.7: clocks of 0.35 s (the five scenarios at once)
+    "tests/unit/test_http_bad_input.py",  # ~1.6
+    "tests/unit/test_agent_requests_replay.py",  # ~1.6
+    "tests/unit/test_worker_hardening.py",  # ~1.4
+    "tests/unit/test_known_good.py",  # ~1.4
+    "tests/unit/test_engine_run.py",  # ~1.2: start graces
+    "tests/unit/test_hub_hostile.py",  # ~1.2
+    "tests/unit/test_code_quality.py",  # ~1.0: ruff and mypy
+    "tests/unit/test_plan_cli.py",  # ~1.0
+    "tests/unit/test_docs.py",  # ~0.9: the manual built
+    "tests/unit/test_replica_on_node.py",  # ~0.9: engine stand-ins started as processes
+    "tests/unit/test_scheduler.py",  # ~0.8; every other fast module less (seconds: one run on two workers)
 )
 
 
