@@ -309,10 +309,8 @@ def evaluate(
 ) -> VllmCandidate:
     """Compute one configuration's memory and decide whether it fits, with the reason in numbers."""
     used = gpus[: flags.tensor_parallel_size]
-    gpu = min(used, key=lambda g: (g.total_bytes, g.free_bytes))
+    gpu, flags, m = _memory_on(checkpoint, gpus, flags, version)
     facts = checkpoint.facts
-    flags = planned(facts, flags, version, gpu.kind == "cpu")  # a hybrid's turns kept warm: no memory term
-    m = memory(checkpoint, gpu, flags, version)
     warm_turn = turn(facts, flags, version, gpu.kind == "cpu")
     marlin = weight_only(facts, min(g.compute_capability for g in used))
     problems = _memory_problems(checkpoint, gpu, m, flags)
@@ -349,6 +347,16 @@ def evaluate(
     )
     candidate.problems = problems
     return candidate
+
+
+def _memory_on(
+    checkpoint: Checkpoint, gpus: tuple[Device, ...], flags: VllmFlags, version: str
+) -> tuple[Device, VllmFlags, VllmMemory]:
+    """The GPU that bounds a configuration (the smallest of its TP ranks), its flags as planned and its memory."""
+    used = gpus[: flags.tensor_parallel_size]
+    gpu = min(used, key=lambda g: (g.total_bytes, g.free_bytes))
+    flags = planned(checkpoint.facts, flags, version, gpu.kind == "cpu")  # a hybrid's turns kept warm: no memory term
+    return gpu, flags, memory(checkpoint, gpu, flags, version)
 
 
 def _memory_problems(checkpoint: Checkpoint, gpu: Device, m: VllmMemory, flags: VllmFlags) -> list[str]:
@@ -578,10 +586,11 @@ def _sized(
 
     if policy.pins.context_length:
         return at(policy.pins.context_length)
-    probe = at(model_max)
-    longest = min(model_max, probe.memory.max_fitting_model_len)
+    # the longest length the cache holds, from the memory at the model's own (no candidate made for it)
+    _, _, probe = _memory_on(checkpoint, gpus, replace(flags, max_model_len=model_max), version)
+    longest = min(model_max, probe.max_fitting_model_len)
     if longest >= model_max or longest <= 0:
-        return probe
+        return at(model_max)
     if policy.pins.context_auto:
         # --max-model-len auto: 0.21.0 v1/core/kv_cache_utils.py _auto_fit_max_model_len takes the
         # binary search's result as it is ("Auto-fit max_model_len: reduced from %d to %d")
