@@ -456,7 +456,7 @@ class Supervisor:
             what = self.live.reason or "a rank of the engine's group is gone"
         if self.live.launch.followers:  # one fate: every rank was stopped, on every node
             _keep_latest(self.group_stops, {"at": time.strftime("%H:%M:%S"), "why": what})
-        log.error("%s while serving; restarting", what)
+        log.error("%s; restarting", what if what.endswith(" while serving") else f"{what} while serving")
         self.state = State.RESTARTING
         self.reason = f"{what}; restarting"
         while not self._stopping:
