@@ -82,6 +82,9 @@ class NodeGateways:
                 matching, what=what, timeout_s=timeout_s, interval_s=interval_s, abort=exited(self.procs["head"])
             )
         except AssertionError as failed:
-            raise AssertionError(f"{failed}:\n{self.log('head')[-6000:]}") from None
+            log = self.log("head")
+            # the head's warnings and errors first (a node's missed lease renewals scroll out of the tail)
+            said = "\n".join([line for line in log.splitlines() if " WARNING " in line or " ERROR " in line][-40:])
+            raise AssertionError(f"{failed}:\n{said}\n...\n{log[-6000:]}") from None
         assert found is not None
         return found
