@@ -87,7 +87,7 @@ def parse_error(command: str) -> str | None:
 
 
 def _subcommands() -> set[str]:
-    parser = build_parser()
+    parser = _parser()
     return {name for action in parser._subparsers._group_actions for name in action.choices}  # type: ignore[union-attr]
 
 

@@ -35,6 +35,13 @@ def _digest(data: Any) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+def _keep(store: dict[Any, Any], kept: int, key: Any, value: Any) -> None:
+    """Remember ``value`` under ``key``, the oldest entry going first once ``kept`` are held."""
+    if key not in store and len(store) >= kept:
+        store.pop(next(iter(store)))
+    store[key] = value
+
+
 _SMALL_ARRAY = 4096  # arrays of numbers up to this length are kept: one value per layer (a vocabulary is not)
 GGML_MAX_DIMS = 4  # ggml.h: a tensor has at most four dimensions (gguf.cpp refuses more)
 MAX_ALIGNMENT = 1 << 20  # gguf.cpp needs a non-zero power of two; real files use 32
@@ -109,9 +116,7 @@ class _Cursor:
             offset += 8 + length_at(buffer, offset)[0]
         if offset > len(buffer):
             raise struct.error("string runs past the end of the file")
-        if len(_ARRAYS) >= _ARRAYS_KEPT:
-            _ARRAYS.pop(next(iter(_ARRAYS)))
-        _ARRAYS[count, head] = (offset - self.offset, _digest(buffer[self.offset : offset]))
+        _keep(_ARRAYS, _ARRAYS_KEPT, (count, head), (offset - self.offset, _digest(buffer[self.offset : offset])))
         self.offset = offset
 
     def value(self, kind: int) -> Any:
@@ -158,9 +163,7 @@ def read_gguf_header(path: Path) -> GgufHeader:
                 return known
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
                 header = parse_gguf_header(buffer, len(buffer), str(path))
-        if len(_READ) >= _READ_KEPT:
-            _READ.pop(next(iter(_READ)))
-        _READ[key] = header
+        _keep(_READ, _READ_KEPT, key, header)
         return header
     except ValueError as exc:  # mmap refuses an empty file
         raise ModelError(f"{path}: truncated or corrupt GGUF header ({exc}): re-download it") from exc

@@ -10,6 +10,7 @@ launcher keeps a window per slot; a recurrent layer keeps a fixed state per slot
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import gateway.backends.llamacpp.drafting as drafting
 from gateway.backends.llamacpp.gguf_facts import SWA_PATTERN, GgufFacts
@@ -81,49 +82,54 @@ def kv_cells(facts: GgufFacts, layer: int, n_ctx: int, launcher: Launcher) -> in
     """Cells of one layer's cache. The native server keeps, for a sliding-window layer, every slot's
     window plus a ubatch in one unified cache (2,560 cells for Gemma 3's 512 with -np 4, as logged);
     llama-cpp-python keeps the full-size SWA cache."""
+    cap = _window_cells(facts, layer, launcher)
+    return n_ctx if cap is None else min(n_ctx, cap)
+
+
+def _window_cells(facts: GgufFacts, layer: int, launcher: Launcher) -> int | None:
+    """The cells a sliding-window layer keeps whatever the context (:func:`kv_cells`); None: the context's."""
     if launcher.window_per_slot and is_sliding(facts, layer):
         assert facts.sliding_window
         window = facts.sliding_window * launcher.slots + UBATCH
-        return min(n_ctx, -(-window // KV_PAD) * KV_PAD)
-    return n_ctx
+        return -(-window // KV_PAD) * KV_PAD
+    return None
+
+
+class _LayerKv(NamedTuple):
+    """What one layer's cache costs apart from the context: bytes per cell (None for a recurrent layer), the
+    cells a sliding window caps it at, and a recurrent layer's states."""
+
+    per_cell: float | None
+    window_cells: int | None
+    states: int
+
+    def bytes_at(self, n_ctx: int) -> int:
+        if self.per_cell is None:
+            return self.states
+        return int((n_ctx if self.window_cells is None else min(n_ctx, self.window_cells)) * self.per_cell)
+
+
+def _layer_kv(facts: GgufFacts, layer: int, kv_type: str, launcher: Launcher, draft: str | None) -> _LayerKv:
+    if facts.is_recurrent(layer):
+        return _LayerKv(None, None, recurrent_state_bytes(facts, launcher.slots, draft))
+    return _LayerKv(kv_bytes_per_token_layer(facts, kv_type, layer), _window_cells(facts, layer, launcher), 0)
 
 
 def kv_layer_bytes(
     facts: GgufFacts, layer: int, kv_type: str, n_ctx: int, launcher: Launcher, draft: str | None = None
 ) -> int:
     """One layer's KV cache, or a recurrent layer's states."""
-    if facts.is_recurrent(layer):
-        return recurrent_state_bytes(facts, launcher.slots, draft)
-    return int(kv_cells(facts, layer, n_ctx, launcher) * kv_bytes_per_token_layer(facts, kv_type, layer))
+    return _layer_kv(facts, layer, kv_type, launcher, draft).bytes_at(n_ctx)
 
 
 def kv_bytes_by_layer(
     facts: GgufFacts, kv_type: str, n_ctx: int, launcher: Launcher, draft: str | None = None
 ) -> tuple[int, ...]:
-    """:func:`kv_layer_bytes` of every block at ``n_ctx``: the per-layer terms that do not depend on the
-    context are worked out once per model (:func:`_layer_terms`), so each context the plan tries is one
-    product per layer."""
-    return tuple(
-        fixed if per_token is None else int((n_ctx if cap is None else min(n_ctx, cap)) * per_token)
-        for per_token, cap, fixed in _layer_terms(facts, kv_type, launcher, draft)
-    )
+    """:func:`kv_layer_bytes` of every block at ``n_ctx``: what does not depend on the context is worked out
+    once per model (:func:`_layers_kv`), so each context the plan tries is one product per layer."""
+    return tuple(layer.bytes_at(n_ctx) for layer in _layers_kv(facts, kv_type, launcher, draft))
 
 
 @lru_cache(maxsize=64)
-def _layer_terms(
-    facts: GgufFacts, kv_type: str, launcher: Launcher, draft: str | None
-) -> tuple[tuple[float | None, int | None, int], ...]:
-    """Per block: (bytes per cell, the cells a sliding window caps it at, the states of a recurrent layer),
-    as :func:`kv_layer_bytes` and :func:`kv_cells` count them; bytes per cell None for a recurrent layer."""
-    terms: list[tuple[float | None, int | None, int]] = []
-    for layer in range(facts.num_layers):
-        if facts.is_recurrent(layer):
-            terms.append((None, None, recurrent_state_bytes(facts, launcher.slots, draft)))
-            continue
-        cap = None
-        if launcher.window_per_slot and is_sliding(facts, layer):
-            assert facts.sliding_window
-            window = facts.sliding_window * launcher.slots + UBATCH
-            cap = -(-window // KV_PAD) * KV_PAD
-        terms.append((kv_bytes_per_token_layer(facts, kv_type, layer), cap, 0))
-    return tuple(terms)
+def _layers_kv(facts: GgufFacts, kv_type: str, launcher: Launcher, draft: str | None) -> tuple[_LayerKv, ...]:
+    return tuple(_layer_kv(facts, layer, kv_type, launcher, draft) for layer in range(facts.num_layers))

@@ -73,7 +73,7 @@ def _slot_costs(
     if 0 < n_cpu_moe < facts.num_layers:
         in_ram = _slot_costs(facts, n_ctx, kv_type, launcher, facts.num_layers, draft)
         return in_ram[:n_cpu_moe] + _slot_costs(facts, n_ctx, kv_type, launcher, 0, draft)[n_cpu_moe:]
-    kv = _layer_kv(facts, n_ctx, kv_type, launcher, draft)
+    kv = kv_bytes_by_layer(facts, kv_type, n_ctx, launcher, draft)
     weights = _block_weights(facts, n_cpu_moe > 0, draft)
     blocks = (
         (on_gpu, in_ram, cache if loaded else 0) for (on_gpu, in_ram, loaded), cache in zip(weights, kv, strict=True)
@@ -94,12 +94,6 @@ def _block_weights(facts: GgufFacts, experts_in_ram: bool, draft: str | None) ->
         experts = facts.expert_layer_bytes[slot] if facts.expert_layer_bytes and experts_in_ram else 0
         weights.append((size - experts, experts, True))
     return tuple(weights)
-
-
-@lru_cache(maxsize=64)
-def _layer_kv(facts: GgufFacts, n_ctx: int, kv_type: str, launcher: Launcher, draft: str | None) -> tuple[int, ...]:
-    """:func:`kv_layer_bytes` of every block (the same for each ``--n-cpu-moe`` the search tries)."""
-    return kv_bytes_by_layer(facts, kv_type, n_ctx, launcher, draft)
 
 
 def place(

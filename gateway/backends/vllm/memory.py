@@ -11,6 +11,7 @@ estimates calibrated on published start-up logs (benchmarks/plan_accuracy.py rep
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,9 +258,9 @@ def kv_bytes_per_token(facts: CheckpointFacts, tp: int, kv_cache_dtype: str, ver
     return sum(kind.count * kind.bytes_per_token for kind in kv_layers(facts, tp, kv_cache_dtype, version))
 
 
-def _one_request_bytes(facts: CheckpointFacts, kinds: list[KvLayers], length: int, batched_tokens: int) -> int:
+def _one_request_bytes(sliding_window: int | None, kinds: Sequence[KvLayers], length: int, batched_tokens: int) -> int:
     """KV for one request of ``length`` tokens; sliding-window layers keep only their window."""
-    window = min((facts.sliding_window or length) - 1 + batched_tokens, length)
+    window = min((sliding_window or length) - 1 + batched_tokens, length)
     tokens = sum(kind.count * kind.bytes_per_token * _cached(kind, window, length) for kind in kinds)
     return tokens + sum(kind.count * kind.state_bytes for kind in kinds)
 
@@ -306,18 +307,12 @@ def max_fitting_len(
 def _max_fitting_len(
     sliding_window: int | None, kinds: tuple[KvLayers, ...], available: int, batched_tokens: int, cap: int
 ) -> int:
-    """:func:`max_fitting_len` by what it depends on: the plan sizes each rung at the length its probe found,
-    with the same memory left for the cache, and the search is the same."""
-    states = sum(kind.count * kind.state_bytes for kind in kinds)
-    terms = [(kind.count * kind.bytes_per_token, kind.windowed, kind.block_tokens) for kind in kinds]
+    """:func:`max_fitting_len` by what it depends on: a rung's probe and the rung sized from it leave the same
+    memory for the cache, and the search is the same."""
     low, high = 0, cap
     while low < high:
         middle = (low + high + 1) // 2
-        window = min((sliding_window or middle) - 1 + batched_tokens, middle)
-        held = states
-        for per_token, windowed, block in terms:
-            held += per_token * (window if windowed else -(-middle // block) * block if block else middle)
-        if held <= available:
+        if _one_request_bytes(sliding_window, kinds, middle, batched_tokens) <= available:
             low = middle
         else:
             high = middle - 1
@@ -428,7 +423,7 @@ def memory(
         if any(kind.block_tokens for kind in kinds) and not any(kind.windowed for kind in kinds):
             tokens = hybrid_tokens(kinds, available, flags.max_model_len)
         else:
-            one = _one_request_bytes(facts, kinds, flags.max_model_len, flags.max_num_batched_tokens)
+            one = _one_request_bytes(facts.sliding_window, kinds, flags.max_model_len, flags.max_num_batched_tokens)
             tokens = int(available / one * flags.max_model_len) if one else 0
     cap = facts.max_position or 1 << 22
     fitting = max_fitting_len(facts, kinds, available, flags.max_num_batched_tokens, cap)
