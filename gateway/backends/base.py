@@ -41,13 +41,28 @@ class LongPin:
     """Where a long prefill goes, decided as it is sent rather than in the plan. The engine's ``path`` page is
     read until ``place`` (its text; the gateway's other requests holding the engine's slots) gives the fields
     the request carries, {} for none, or None for not yet (read again, up to ``wait_s``; then it goes with
-    none). From the read that places it until ``taken`` (the page; those fields) shows the engine holds it,
-    the gateway sends the engine nothing else: no other request can take the place first."""
+    none). From the read that places it until the engine holds it (the first event of the prefill sent there:
+    :class:`PrefillFirst`), the gateway sends the engine nothing else: no other request can take the place
+    first."""
 
     path: str
     place: Callable[[str, int], Mapping[str, Any] | None]
-    taken: Callable[[str, Mapping[str, Any]], bool]
     wait_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class PrefillFirst:
+    """A long prefill the gateway runs ahead of its request, as a request of its own that it can pause while
+    warm turns run: the engine keeps what a cancelled request prefilled, and the same prompt sent again
+    resumes there (gateway.serving.transport.prefill_first). ``fields`` turn a copy of the request's body
+    into that prefill (one token, streamed with an event per batch so that a cancel lands within one);
+    ``drop`` are taken out of it; ``paths``: the routes whose bodies it applies to; ``reused``: the prompt
+    tokens the engine already held, read from the prefill's first event (None: not said there)."""
+
+    fields: Mapping[str, Any]
+    drop: tuple[str, ...]
+    paths: frozenset[str]
+    reused: Callable[[bytes], int | None]
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,7 @@ class Scheduling:
     long_lane: int = 0  # long prefills in the engine at once; 0: no limit (the engine interleaves them itself)
     long_fields: Mapping[str, Any] = field(default_factory=dict)  # added to a long prefill's request body
     long_pin: LongPin | None = None  # more fields, read from the engine as a long prefill is sent
+    prefill_first: PrefillFirst | None = None  # a long prefill paused while warm turns run, where it can be
     means: str = ""  # one line for the plan and /status: what the engine itself does for many sessions
 
 

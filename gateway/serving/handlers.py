@@ -37,25 +37,19 @@ from gateway.serving.runtime import Runtime, Upstream
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
-from gateway.serving.transport.long_pin import open_when_taken, place_long
+from gateway.serving.transport.long_pin import place_long
 from gateway.serving.transport.outgoing import Outgoing
+from gateway.serving.transport.prefill_first import prefill_first
 from gateway.serving.transport.prompt_count import PromptCount
 from gateway.serving.transport.proxy import ChunkFilter, chained, translated_stream
 from gateway.serving.wire import usage_tally
 from gateway.serving.wire.error_shapes import ApiError, unavailable
+from gateway.serving.wire.reused_cap import ReusedCap, cap_answer, capped_body
 from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 
 log = logging.getLogger("gateway.handlers")
 
 REPLICA_HEADER = "x-gateway-replica"  # on each answer when several replicas serve: the one that answered
-_PLACING: set[asyncio.Task[None]] = set()  # the tasks that open an engine's gate once it holds a long prefill
-
-
-def _placed(task: asyncio.Task[None]) -> None:
-    """A long prefill's placing is over: an error in it is logged (its gate opened regardless)."""
-    _PLACING.discard(task)
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.error("watching a long prefill's placement failed (the engine's gate is open again)", exc_info=error)
 
 
 # What a route sends on the replica a request was placed on: the replica's client, its engine, the slot's
@@ -183,7 +177,7 @@ class Inference:
         # long: it takes the lane, so one that shares a start still being prefilled waits for it to be held
         record.long = now_tokens > LONG_PREFILL_TOKENS
         held = (lambda: known.prefilled(units)) if generates else None
-        return Claim(identity.key, identity.session, new_tokens, record.long, held), placement
+        return Claim(identity.key, identity.session, new_tokens, record.long, held, generates), placement
 
     async def _on_replica(
         self, request: Request, claim: Claim, placement: Placement[Upstream], send: Send, outgoing: Outgoing | None
@@ -200,7 +194,7 @@ class Inference:
             target = self._target(upstream.backend)
             async with self._admitted(request, claim, upstream.admission) as ticket:
                 placed.admitted()
-                placing = await self._dispatch(upstream, target, claim, outgoing)
+                await self._dispatch(upstream, target, claim, outgoing)
 
                 def close(free: Callable[[], None] = ticket.release) -> None:
                     free()
@@ -208,12 +202,7 @@ class Inference:
                         placed.first_output(record.ttft_s)
                     placed.release()
 
-                try:
-                    response = await send(upstream, target, ticket, close)
-                except BaseException:
-                    if placing is not None:  # it never reached the engine, or failed there: the gate opens
-                        placing.cancel()
-                    raise
+                response = await send(upstream, target, ticket, close)
                 if self.rt.pool.single is None:
                     answered.append(tried.replica.name)
                 if not ticket.handed_over:  # answered whole: the slot frees as the block ends
@@ -226,28 +215,34 @@ class Inference:
         return response
 
     @staticmethod
-    async def _dispatch(
-        upstream: Upstream, target: EngineTarget, claim: Claim, outgoing: Outgoing | None
-    ) -> asyncio.Task[None] | None:
-        """Through the engine's gate; a long prefill is first placed where its engine says (llama-server: its
-        last slot, once idle: gateway.serving.transport.long_pin), and the gate stays closed until the engine
-        holds it: the task that opens it then."""
-        pin = target.scheduling.long_pin
-        if not claim.long or outgoing is None or pin is None:
+    async def _dispatch(upstream: Upstream, target: EngineTarget, claim: Claim, outgoing: Outgoing | None) -> None:
+        """Through the engine's gate. Where the engine can resume a cancelled prefill
+        (``Scheduling.prefill_first``: llama-server), a long prompt is prefilled first, paused while warm
+        turns run (gateway.serving.transport.prefill_first); its first sending is placed where the engine
+        says (its last slot, once idle: gateway.serving.transport.long_pin), with the gate closed until the
+        engine holds it. The request itself then goes unpinned: it finds its prompt in whichever slot, or
+        the engine's RAM cache, holds it, and its usage says what was cached before the prefill."""
+        pin, first = target.scheduling.long_pin, target.scheduling.prefill_first
+        if not claim.long or outgoing is None or first is None or outgoing.path not in first.paths:
             await upstream.client.gate.passed()
-            return None
+            return
 
         def others() -> int:  # the admission's other requests, and a canary the watch has in the engine
             return upstream.admission.active - 1 + upstream.client.gate.outside
 
-        fields = await place_long(upstream.client, target, pin, others=others)
-        outgoing.pin(fields)
-        if not fields:
-            return None
-        placing = asyncio.create_task(open_when_taken(upstream.client, target, pin, fields))
-        _PLACING.add(placing)
-        placing.add_done_callback(_placed)
-        return placing
+        gate = upstream.client.gate
+        fields = await place_long(upstream.client, target, pin, others=others) if pin is not None else {}
+        if not fields:  # placed nowhere: the gate is not held for it
+            await gate.passed()
+        try:
+            prefilled = await prefill_first(
+                upstream.client, target, outgoing.path, outgoing.payload, first, upstream.admission.turns,
+                first_fields=fields, on_held=gate.open,
+            )  # fmt: skip
+        finally:
+            gate.open()
+        outgoing.pin({})
+        outgoing.reused = prefilled.reused
 
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:
@@ -338,15 +333,17 @@ class Inference:
         fixed = await self._fit_chat(target, payload, prompt)
         stream = payload.get("stream") is True
         wants_usage = stream and bool((payload.get("stream_options") or {}).get("include_usage"))
-        outgoing = Outgoing(payload, body, changed=changed or fixed)
+        outgoing = Outgoing(payload, body, changed=changed or fixed, path=path)
         route_rewrite = self.rt.route.rewrite_body
         complete = Capability.OPENAI_SHAPES not in target.native
 
         def rewrite(data: bytes) -> bytes:
+            if outgoing.reused is not None:  # prefilled ahead: the usage says what was cached before that
+                data = capped_body(data, outgoing.reused)
             return complete_chat_shape(route_rewrite(data)) if complete else route_rewrite(data)
 
         async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
-            filters: list[ChunkFilter] = []
+            filters: list[ChunkFilter] = [ReusedCap(outgoing.reused)] if outgoing.reused is not None else []
             if stream:
                 synth = wants_usage and Capability.INCLUDE_USAGE not in target.native
                 prompt.follow(upstream.client, target)  # counted where it is sent
@@ -381,7 +378,8 @@ class Inference:
     ) -> Response:
         """The engine speaks this API itself: forward the request (re-encoded only if it changed)."""
         claim, placement = await self._claim(request, payload, len(body))
-        outgoing = Outgoing(payload, body, changed=self._mark_long(target, claim, payload) or changed)
+        changed = self._mark_long(target, claim, payload) or changed
+        outgoing = Outgoing(payload, body, changed=changed, path=dialect.path)
 
         async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
             ticket.hand_over()
@@ -429,18 +427,24 @@ class Inference:
         prompt = self._prompt(target, chat, placement)
         await self._fit_chat(target, chat, prompt)
 
+        outgoing = Outgoing(chat, path="/v1/chat/completions")
+
         async def send(upstream: Upstream, target: EngineTarget, ticket: Ticket, close: Callable[[], None]) -> Response:
             client = upstream.client
             prompt.follow(client, target)
+            reused = outgoing.reused
             if not chat["stream"]:
                 status, answer = await client.post_json(target, "/v1/chat/completions", chat)
+                if reused is not None:  # prefilled ahead: the usage says what was cached before that
+                    cap_answer(answer, reused)
                 if status == 200 and not _is_chat_completion(answer):
                     status, answer = 502, {"error": {"message": "the backend answered 200 without a chat completion"}}
                 if status != 200:
                     return dialect.errors.engine_error(status, answer, target.context_length)
                 usage_tally.report(answer.get("usage"))
                 return _translated_reply(dialect, answer, payload, fronted)
-            filters: list[ChunkFilter] = [FirstOutput(ticket.prefilled)]  # not the dialect's opening event
+            filters: list[ChunkFilter] = [ReusedCap(reused)] if reused is not None else []
+            filters.append(FirstOutput(ticket.prefilled))  # not the dialect's opening event
             if Capability.INCLUDE_USAGE not in target.native:  # the usage chunk the engine will not send: written here
                 filters.append(ChatStreamFixer(mirror=None, usage_prompt_tokens=await prompt.tokens() or 0))
             # the stream's start says the prompt's size: counted while the engine already works on the request
@@ -459,7 +463,7 @@ class Inference:
             ticket.hand_over()
             return translated_stream(events, close, dialect.errors, dialect.failed_event)
 
-        return await self._on_replica(request, claim, placement, send, Outgoing(chat))
+        return await self._on_replica(request, claim, placement, send, outgoing)
 
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens, asked of the engine in a slot like any request (a count renders and

@@ -63,7 +63,7 @@ def test_llama_server_places_the_long_prefill_in_its_last_slot_once_idle_read_as
     four = llama_scheduling(4)
     assert (four.long_lane, dict(four.long_fields)) == (1, {})
     assert four.long_pin is not None and four.long_pin.path == "/slots"
-    place, taken = four.long_pin.place, four.long_pin.taken
+    place = four.long_pin.place
 
     def page(*busy: object) -> str:  # as b11434's server_slot::to_json writes each slot
         return json.dumps([{"id": i, "n_ctx": 4096, "is_processing": b, "id_task": 9} for i, b in enumerate(busy)])
@@ -73,9 +73,9 @@ def test_llama_server_places_the_long_prefill_in_its_last_slot_once_idle_read_as
     assert place(page(False, False, False, False), 1) is None  # one request on its way: it could take the last
     assert place('{"error": {"code": 501}}', 0) == place("<html>", 0) == place("[1, 2]", 0) == {}  # unpinned
     assert place(page(False, "no", False, False), 0) == {}  # not the slots list as llama-server writes it
-    assert taken(page(False, False, False, True), {"id_slot": 3}) and not taken(page(*[False] * 4), {"id_slot": 3})
     one = llama_scheduling(1)  # llama-cpp-python's one slot: nothing runs beside a long prefill
-    assert (one.long_lane, dict(one.long_fields), one.long_pin) == (0, {}, None)
+    assert (one.long_lane, dict(one.long_fields), one.long_pin, one.prefill_first) == (0, {}, None, None)
+    assert four.prefill_first is not None and four.prefill_first.fields["return_progress"] is True
 
 
 def _native(gpu_layers: int, split: tuple[float, ...] = (), command: tuple[str, ...] = ("llama-server",)) -> list[str]:

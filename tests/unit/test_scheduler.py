@@ -6,7 +6,6 @@ giving its slot back and the long prefill carrying the engine's fields."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,13 +15,16 @@ from typing import Any
 import pytest
 
 from gateway.backends.base import Scheduling
+from gateway.backends.llamacpp.scheduling import PREFILL_FIRST
 from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
-from gateway.serving.scheduling.admission import Admission, Claim, Ticket
+from gateway.serving.scheduling.admission import Admission, Claim, ShortTurns, Ticket
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
 from gateway.serving.transport import long_pin
 from gateway.serving.transport.dispatch_gate import DispatchGate
-from gateway.serving.transport.long_pin import open_when_taken, place_long
+from gateway.serving.transport.long_pin import place_long
 from gateway.serving.transport.outgoing import Outgoing
+from gateway.serving.transport.prefill_first import prefill_first
+from gateway.serving.wire.error_shapes import ApiError
 from tests.unit.http_harness import FRONTED, FakeEngine, make_runtime
 from tests.unit.test_http_gateway import BODIES, _gateway, _with_cue
 from tests.waiting import wait_until
@@ -334,9 +336,9 @@ IDLE, LAST_BUSY, ALL_BUSY = _slots(False, False, False, False), _slots(False, Fa
 @pytest.mark.parametrize(
     ("pages", "pinned", "reads"),
     [
-        ([IDLE], 3, 2),  # placed at once; the next read shows it held: the gate opens
-        ([LAST_BUSY, LAST_BUSY, LAST_BUSY, IDLE], 3, 5),  # the last slot answers another: waited for
-        ([_slots(False, False, True, True), IDLE], 3, 3),  # another slot idle is not taken in its place
+        ([IDLE], 3, 1),  # placed at once; its prefill's first event says it is held: the gate opens
+        ([LAST_BUSY, LAST_BUSY, LAST_BUSY, IDLE], 3, 4),  # the last slot answers another: waited for
+        ([_slots(False, False, True, True), IDLE], 3, 2),  # another slot idle is not taken in its place
         ([None], None, 1),  # no page (llama-server --no-slots): sent unpinned
         ([ALL_BUSY], None, None),  # never free within the wait: sent unpinned
     ],
@@ -366,29 +368,47 @@ def test_a_long_prefill_waits_for_the_last_slot_to_be_idle_and_is_never_pinned_t
             body = {"model": FRONTED, "messages": [{"role": "user", "content": text}], **extra}
             before = len(engine.requests_to("/slots"))
             assert client.post(path, json=body).status_code == 200
-            sent = engine.requests_to("/v1/chat/completions")[-1]["body"]
-            assert sent.get("id_slot") == pinned, (path, extra, sent.get("id_slot"))
-            # placed after as many reads, then read until it is seen held (in the background: the answer can
-            # come back before that read); never idle: until the wait is over
-            if reads is not None and pinned is not None:
-                wait_until(lambda at=before + reads: len(engine.requests_to("/slots")) >= at, what=f"{reads} reads")
-            read = len(engine.requests_to("/slots")) - before
-            assert reads is None or (read >= reads if pinned is not None else read == reads), read
+            prefill, sent = (seen["body"] for seen in engine.requests_to("/v1/chat/completions")[-2:])
+            # the prefill run ahead is what is placed; the request itself goes unpinned after it
+            assert prefill["return_progress"] is True and prefill.get("id_slot") == pinned, (path, extra, prefill)
+            assert "id_slot" not in sent and "return_progress" not in sent
+            read = len(engine.requests_to("/slots")) - before  # placed after as many reads (the liveness watch
+            assert reads is None or (read >= reads if pinned is not None else read == reads), read  # reads too)
             assert client.get("/v1/models").status_code == 200  # and the gate is open again
 
 
 class Pages:
-    """An engine client as place_long and open_when_taken see it: its gate, and /slots pages read in turn."""
+    """An engine client as place_long and prefill_first see it: its gate, /slots pages read in turn, and a
+    prefill that sends its first event once the test lets it (``event``), or fails (``fail``)."""
 
     def __init__(self, *pages: list[dict[str, Any]] | None) -> None:
         self.gate = DispatchGate()
         self.pages = list(pages)
         self.gate_at_reads: list[bool] = []
+        self.event = asyncio.Event()
+        self.fail = False
+        self.gate_when_sent: list[bool] = []
+
+    async def prefill(self, _target: Any, _path: str, _body: bytes, *, until: Any, on_event: Any) -> bool:
+        self.gate_when_sent.append(self.gate.is_open)
+        if self.fail:
+            raise ApiError(503, "the backend did not answer")
+        await self.event.wait()
+        on_event(b'data: {"prompt_progress": {"cache": 0}}\n\n')
+        return True
 
     async def page(self, _target: Any, _path: str) -> str | None:
         self.gate_at_reads.append(self.gate.is_open)
         page = self.pages.pop(0) if len(self.pages) > 1 else self.pages[0]
         return json.dumps(page) if page is not None else None
+
+
+async def _prefill(client: Any, fields: Any) -> None:
+    long = {"messages": [{"role": "user", "content": "read"}]}
+    await prefill_first(
+        client, None, "/v1/chat/completions", long, PREFILL_FIRST, ShortTurns(), first_fields=fields,
+        on_held=client.gate.open,
+    )  # fmt: skip
 
 
 def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefill_until_it_is_held() -> None:
@@ -412,11 +432,13 @@ def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefil
         assert fields == {"id_slot": 3} and not client.gate.is_open  # placed, the gate held closed
         assert client.gate_at_reads == [False, False, False]  # closed for each read, opened when it did not place
         queued = asyncio.create_task(warm_turn())
-        await asyncio.sleep(0)
-        assert waited == []  # held at the gate
-        await open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0))
+        prefilling = asyncio.create_task(_prefill(client, fields))
+        await asyncio.sleep(0.01)  # the window in which a turn let through too early would show
+        assert waited == [] and client.gate_when_sent == [False]  # sent with the gate closed; the turn held
+        client.event.set()  # the engine's first event: it holds the long prefill
         await queued
         assert client.gate.is_open and len(waited) == 1
+        await prefilling
 
     asyncio.run(scenario())
 
@@ -426,14 +448,11 @@ def test_a_long_prefill_that_fails_before_the_engine_holds_it_opens_the_gate_aga
     assert pin is not None
 
     async def scenario() -> None:
-        client: Any = Pages(IDLE)  # the pinned slot never shows held: its request never came
+        client: Any = Pages(IDLE)
         fields = await place_long(client, None, pin, others=lambda: 0)
         assert not client.gate.is_open
-        watching = asyncio.create_task(open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0)))
-        await asyncio.sleep(0)
-        watching.cancel()  # the send failed: the handler cancels the watch
-        with contextlib.suppress(asyncio.CancelledError):
-            await watching
+        client.fail = True  # its request never reached the engine
+        await _prefill(client, fields)
         assert client.gate.is_open
 
     asyncio.run(scenario())
@@ -454,27 +473,6 @@ def test_a_canary_in_the_engine_counts_as_a_request_that_could_take_the_last_slo
         body = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
         assert client.post("/v1/chat/completions", json=body).status_code == 200
     assert "id_slot" not in engine.requests_to("/v1/chat/completions")[-1]["body"]  # waited, then unpinned
-
-
-def test_a_placing_that_breaks_is_logged_and_opens_the_gate(
-    engine: FakeEngine, engine_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The task that watches for the engine to hold a placed long prefill runs beside the request: an error in
-    it is logged, not lost, and later requests still pass the gate."""
-    four = llama_scheduling(4)
-    assert four.long_pin is not None
-
-    def broken(_page: str, _fields: Any) -> bool:
-        raise ValueError("a page the reader did not foresee")
-
-    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, taken=broken)))
-    engine.slots = [IDLE]
-    long = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
-    hi = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
-    with _gateway(runtime) as client, caplog.at_level("ERROR", logger="gateway.handlers"):
-        assert client.post("/v1/chat/completions", json=long).status_code == 200
-        assert client.post("/v1/chat/completions", json=hi).status_code == 200  # the gate is open again
-    assert "watching a long prefill's placement failed" in caplog.text and "did not foresee" in caplog.text
 
 
 def test_a_warm_turn_reads_no_slots_page_and_is_never_pinned(engine: FakeEngine, engine_url: str) -> None:

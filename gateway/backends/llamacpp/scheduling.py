@@ -4,7 +4,7 @@ llama-server has no scheduler of its own beyond its slots: each step it batches 
 next token, then fills the rest of the batch (``-b``) with prompt tokens, slot by slot in slot order
 (tools/server/server-context.cpp:3325-3345, 3781). A slot with a long prompt left takes the whole
 batch, and a slot after it in that order waits until the long prompt is done: a warm 100-token turn
-waited the whole of another session's 20k-token prefill. Two means follow from this:
+waited the whole of another session's 20k-token prefill. Three means follow from this:
 
 - **One long prefill at a time** (the gateway's long-prefill lane): the other slots stay free for warm
   turns, and several long prompts prefilled side by side finish no sooner than one after another.
@@ -17,10 +17,10 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   finishes (``progress = 1.11``, for ever: twice at 16 sessions, the second long prompt pinned to the slot
   the first still answered in). So the gateway reads ``/slots`` until the last slot is idle and every
   request it has in the engine holds a slot (none on its way that could take the last one first), and
-  sends nothing else until ``/slots`` shows the long one there (:class:`gateway.backends.base.LongPin`);
-  after 30 s of waiting it goes unpinned (llama-server then picks an idle slot, or waits for one). A
-  short request is never pinned, so it still goes to the slot, or restores from the host-RAM cache, that
-  holds its prefix (``--slot-prompt-similarity``).
+  sends nothing else until the long one's first progress event says llama-server holds it
+  (:class:`gateway.backends.base.LongPin`); after 30 s of waiting it goes unpinned (llama-server then picks an
+  idle slot, or waits for one). A short request is never pinned, so it still goes to the slot, or restores
+  from the host-RAM cache, that holds its prefix (``--slot-prompt-similarity``).
 - **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
   generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
   src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
@@ -41,6 +41,20 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   n_ubatch). Across several devices the default stays: there a call's ubatches are pipelined from
   device to device (llama-context.cpp:432-459), which one ubatch per call would give up (not measured
   here).
+- **A long prefill that pauses for warm turns**: no batch size keeps both the prefill's speed and a warm
+  turn's decode beside it (each of its steps carries ``-b`` tokens of the long prompt, costlier the deeper
+  that prompt is: 4-7x its time alone at ``-b 64``), and llama-server cannot pause a prompt. But a request
+  cancelled mid-prefill leaves what it prefilled in its slot (a cancel releases the slot,
+  server-context.cpp:2659-2667, after the tokens of each batch went into the slot's cache, :3817), and a
+  new task saves an idle slot to the host-RAM cache before clearing it (``--cache-idle-slots``, on by
+  default: :2640-2657), from which an unpinned request with the same prompt loads it back
+  (get_available_slot, :1745-1790). So the gateway prefills a long prompt as a request of its own
+  (:data:`PREFILL_FIRST`: one token, streamed with ``return_progress``, an event per batch, so the HTTP
+  thread sees the closed connection within a batch, :4138; without events it looks once a second, :40),
+  closes it while warm turns run and sends it again after; the client's own request then finds its prompt
+  cached (measured: cancelled at 2,560 of 8,022 tokens, resumed with 2,560 cached, the request itself
+  prefilled 1 token). Resent unpinned: pinned to a slot the idle-slot save has cleared, b11434 would not
+  load the cache (f_keep 0/0 above).
 A request's place in the queue is the gateway's (gateway/serving/scheduling/admission.py); llama-server itself
 takes them in arrival order and defers one whose slot is busy (server-context.cpp:2603-2620).
 """
@@ -48,12 +62,10 @@ takes them in arrival order and defers one whose slot is busy (server-context.cp
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import gateway.backends.llamacpp.drafting as drafting
-from gateway.backends.base import LongPin, Scheduling
+from gateway.backends.base import LongPin, PrefillFirst, Scheduling
 from gateway.backends.llamacpp.launcher import NATIVE
 from gateway.backends.llamacpp.progress import SLOTS_PATH
 
@@ -61,6 +73,31 @@ GPU_BATCH = 512  # llama-server's -b on one GPU: one ubatch a step (b11434's def
 CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still runs tiled (GGML_FA_TILE_Q)
 OWN_BATCH = 2048  # llama-server's own -b (common.h n_batch)
 
+
+def progress_cached(event: bytes) -> int | None:
+    """The prompt tokens a request found in its slot, from the first ``prompt_progress`` event of its stream
+    (``{"total", "cache", "processed", "time_ms"}``, server-task.cpp:242); None where the bytes hold none."""
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            progress = json.loads(line[5:]).get("prompt_progress")
+        except (ValueError, AttributeError):
+            continue
+        cached = progress.get("cache") if isinstance(progress, dict) else None
+        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+            return cached
+    return None
+
+
+# the prefill of a long prompt as the gateway's own request: one token, an event per batch, sent again
+# unpinned after a pause (the answer's length and count, and a stream's options, are the client's request's)
+PREFILL_FIRST = PrefillFirst(
+    fields={"stream": True, "return_progress": True, "max_tokens": 1},
+    drop=("id_slot", "stream_options", "max_completion_tokens", "n_predict", "n", "logprobs", "top_logprobs"),
+    paths=frozenset({"/v1/chat/completions", "/v1/completions"}),
+    reused=progress_cached,
+)
 
 BATCH_FLAGS = frozenset({"-b", "--batch-size", "-ub", "--ubatch-size"})
 
@@ -135,9 +172,10 @@ def scheduling(slots: int, batch_why: str = "") -> Scheduling:
     batch_part = f"; {batch_why}" if batch_why else ""
     return Scheduling(
         long_lane=1,
-        long_pin=LongPin(SLOTS_PATH, place_in_last_slot, slot_taken),
-        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} once idle (warm turns are batched first)"
-        + batch_part,
+        long_pin=LongPin(SLOTS_PATH, place_in_last_slot),
+        prefill_first=PREFILL_FIRST,
+        means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} once idle (warm turns are batched "
+        "first), paused while warm turns run" + batch_part,
     )
 
 
@@ -151,12 +189,6 @@ def place_in_last_slot(slots_page: str, others: int) -> dict[str, int] | None:
     last = max(slots)
     busy = sum(slots.values())
     return {"id_slot": last} if not slots[last] and busy >= others else None
-
-
-def slot_taken(slots_page: str, fields: Mapping[str, Any]) -> bool:
-    """Whether ``GET /slots`` shows the pinned slot processing: the long request holds it."""
-    slots = _slots(slots_page)
-    return bool(slots) and slots.get(fields.get("id_slot", -1)) is True
 
 
 def _slots(slots_page: str) -> dict[int, bool]:

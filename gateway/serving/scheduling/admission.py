@@ -58,6 +58,7 @@ class Claim:
     long: bool = False
     # called once the engine has prefilled the prompt (the prompt's prefix counts as held from then on)
     on_prefilled: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    generates: bool = True  # False: it asks the engine for no answer (a token count)
 
 
 class Ticket:
@@ -71,11 +72,17 @@ class Ticket:
         self._in_lane = claim.long
         self._prefilled = False
         self.handed_over = False
+        # a short turn is counted among the engine's while it is there (a long prefill pauses for it)
+        self._short = claim.generates and not claim.long
+        if self._short:
+            admission.turns.enter()
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             self.prefilled()
+            if self._short:
+                self._admission.turns.leave()
             self._admission._leave(self.claim)
 
     def prefilled(self) -> None:
@@ -94,6 +101,41 @@ class Ticket:
         keeps the slot, and the returned callable, run when the stream closes, frees it."""
         self.handed_over = True
         return self.release
+
+
+class ShortTurns:
+    """How many short requests are in one engine, and a wait for that number to change: a long prefill the
+    gateway runs itself pauses while there are any (gateway.serving.transport.prefill_first)."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self._listeners: list[asyncio.Future[None]] = []
+
+    def enter(self) -> None:
+        self.inside += 1
+        self._changed()
+
+    def leave(self) -> None:
+        self.inside -= 1
+        self._changed()
+
+    async def changed(self, within_s: float) -> None:
+        """Return when one enters or leaves, or after ``within_s``."""
+        future = asyncio.get_running_loop().create_future()
+        self._listeners.append(future)
+        try:
+            await asyncio.wait_for(future, timeout=max(within_s, 0.0))
+        except TimeoutError:
+            pass
+        finally:
+            if future in self._listeners:
+                self._listeners.remove(future)
+
+    def _changed(self) -> None:
+        listeners, self._listeners = self._listeners, []
+        for future in listeners:
+            if not future.done():
+                future.set_result(None)
 
 
 @dataclass(eq=False)
@@ -128,6 +170,7 @@ class Admission:
         self.active = 0
         self.long_active = 0
         self.rejected = 0
+        self.turns = ShortTurns()  # the short requests in the engine (a long prefill run ahead pauses for them)
         self.closed: str | None = None  # why nothing more is admitted (the gateway is stopping)
         # requests in flight per key: shared by the admissions of a pool's replicas (one count over the pool)
         self.by_key: collections.Counter[str] = by_key if by_key is not None else collections.Counter()

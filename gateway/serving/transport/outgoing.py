@@ -16,9 +16,13 @@ class Outgoing:
     """``payload`` (the parsed body, changed in place) and the client's ``raw`` bytes; :meth:`body` re-encodes
     only where something changed."""
 
-    def __init__(self, payload: dict[str, Any], raw: bytes = b"", *, changed: bool = True) -> None:
+    def __init__(self, payload: dict[str, Any], raw: bytes = b"", *, changed: bool = True, path: str = "") -> None:
         self.payload = payload
         self.raw = raw
+        self.path = path  # the engine's route it goes to
+        # the prompt tokens the engine held before the gateway prefilled this prompt ahead of the request
+        # (transport.prefill_first): what the answer's usage says was cached; None: not prefilled ahead
+        self.reused: int | None = None
         self.changed = changed or not raw
         self._pinned: tuple[str, ...] = ()
 

@@ -323,10 +323,11 @@ class EngineClient:
             return errors.response(overflow)  # every engine's "too long" in the one wording agents act on
         if broken := _broken_answer(upstream.status, content_type, data, stream):
             raise broken
-        if upstream.status == 200:
+        data = rewrite_body(data)
+        if upstream.status == 200:  # as the client gets it (a prefilled-ahead prompt's cached count capped)
             report_body(data)
         kept = {name: upstream.headers[name] for name in ("Retry-After", "retry-after-ms") if name in upstream.headers}
-        return Response(rewrite_body(data), status_code=upstream.status, media_type=content_type, headers=kept)
+        return Response(data, status_code=upstream.status, media_type=content_type, headers=kept)
 
     async def chat_stream(
         self, target: EngineTarget, body: bytes, chunk_filter: ChunkFilter | None = None
@@ -397,6 +398,48 @@ class EngineClient:
             watchdog.cancel()
             self._finish(upstream, finished)
             on_close()
+
+    async def prefill(
+        self,
+        target: EngineTarget,
+        path: str,
+        body: bytes,
+        *,
+        until: asyncio.Future[None],
+        on_event: Callable[[bytes], None],
+    ) -> bool:
+        """Send a prefill of the gateway's own (gateway.serving.transport.prefill_first) and read its stream
+        to the end: True; or until ``until`` is done: False, its connection closed, which the engine hears at
+        its next event and cancels. ``on_event`` sees each read (the first says the engine holds it). An
+        answer other than a 200 stream, a broken one or one silent for the idle bound raises ApiError."""
+        upstream = await self.open(target, path, body, stream=True)
+        finished = False
+        read: asyncio.Future[bytes] | None = None
+        try:
+            if upstream.status != 200 or not upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                raise ApiError(502, f"the backend answered a prefill with {upstream.status}", code="backend_error")
+            while True:
+                read = asyncio.ensure_future(upstream.content.readany())
+                either: set[asyncio.Future[Any]] = {read, until}
+                done, _ = await asyncio.wait(
+                    either, timeout=self.timeouts.stream_idle_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if read not in done:
+                    if until in done:
+                        return False
+                    raise self._stalled(False)
+                chunk = read.result()
+                if not chunk:
+                    finished = True
+                    return True
+                self._chunks_read += 1
+                on_event(chunk)
+        except aiohttp.ClientError as exc:
+            raise self._failure("failed while prefilling", exc) from exc
+        finally:
+            if read is not None and not read.done():
+                read.cancel()
+            self._finish(upstream, finished)
 
     def _finish(self, upstream: aiohttp.ClientResponse, finished: bool) -> None:
         """A body read to its end returns its connection to the pool; one cut short (the client left)
