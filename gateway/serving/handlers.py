@@ -37,7 +37,7 @@ from gateway.serving.runtime import Runtime, Upstream
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
-from gateway.serving.transport.long_pin import place_long
+from gateway.serving.transport.long_pin import place_long, place_once
 from gateway.serving.transport.outgoing import Outgoing
 from gateway.serving.transport.prefill_first import prefill_first
 from gateway.serving.transport.prompt_count import PromptCount
@@ -234,15 +234,22 @@ class Inference:
         fields = await place_long(upstream.client, target, pin, others=others) if pin is not None else {}
         if not fields:  # placed nowhere: the gate is not held for it
             await gate.passed()
+
+        async def place_again(done: int) -> Mapping[str, Any]:  # a paused prefill: where it resumes
+            placed = await place_once(upstream.client, target, first.path, lambda page: first.resume(page, done))
+            return placed or {}
+
         try:
             prefilled = await prefill_first(
                 upstream.client, target, outgoing.path, outgoing.payload, first, upstream.admission.turns,
-                first_fields=fields, on_held=gate.open,
+                first_fields=fields, on_held=gate.open, place_again=place_again,
             )  # fmt: skip
         finally:
             gate.open()
         outgoing.pin({})
         outgoing.reused = prefilled.reused
+        upstream.admission.prefilled_ahead += 1
+        upstream.admission.prefill_pauses += prefilled.pauses
 
     @staticmethod
     def _mark_long(target: EngineTarget, claim: Claim, payload: dict[str, Any]) -> bool:

@@ -74,6 +74,17 @@ class StateCollector(Collector):
                 reported.add_metric([device, term], float(mib) * 2**20)
         yield reported
         yield from _node_metrics(backend.snapshot())
+        scheduling = self.rt.scheduling_status()
+        yield CounterMetricFamily(
+            "gateway_prefilled_ahead",
+            "Long prompts the gateway prefilled ahead of their requests, to pause them while warm turns run",
+            value=scheduling["prefilled_ahead"],
+        )
+        yield CounterMetricFamily(
+            "gateway_prefill_pauses",
+            "Times such a prefill was paused while warm turns ran (each one sent again after)",
+            value=scheduling["prefill_pauses"],
+        )
         if len(self.rt.pool.replicas) > 1:
             yield from _replica_metrics(self.rt.pool)
 

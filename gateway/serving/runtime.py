@@ -218,6 +218,9 @@ class Runtime:
             "long_prefills_active": admission.long_active,
             "long_lane": self.long_lane(),
             "per_key_limit": self.per_key_limit or None,
+            # long prompts prefilled ahead of their requests, and their pauses for warm turns (every replica)
+            "prefilled_ahead": sum(upstream.admission.prefilled_ahead for upstream in self.upstreams),
+            "prefill_pauses": sum(upstream.admission.prefill_pauses for upstream in self.upstreams),
         }
 
     def context_length(self) -> int:

@@ -14,6 +14,7 @@ import copy
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 
 from tests.integration.gatewayproc import GatewayProcess
 from tests.integration.tools import session_models
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
@@ -80,11 +82,26 @@ def _check_second_conversation_starts_warm(gateway: GatewayProcess, model: str) 
 def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_llama_server(
     tmp_path: Path, stopped_after: list[GatewayProcess]
 ) -> None:
+    """And while the first conversation's 20k-token prompt is prefilled, warm turns are answered: the
+    gateway prefills it ahead of its request and pauses that prefill while they run; the first
+    conversation's own answer still says it was cold (what llama-server held before that prefill)."""
     model = session_models.tiny_gguf(CACHE)
     args = ["--model", str(model), "--engine", "llamacpp", "--llama-launcher", "native", "--llama-draft", "off"]
     gateway = GatewayProcess(tmp_path, *args, "--context-length", str(session_models.CONTEXT)).start()
     stopped_after.append(gateway)
     gateway.wait_ready(timeout_s=300)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_usage, gateway, _first_conversation(), model.stem)
+        wait_until(lambda: gateway.status()["scheduling"]["long_prefills_active"] == 1, timeout_s=60, what="the lane")
+        warm = {"model": model.stem, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4}
+        for _ in range(2):
+            answer = httpx.post(gateway.url + "/v1/chat/completions", json=warm, timeout=120)
+            assert answer.status_code == 200, answer.text
+            assert not first.done()  # answered while the long prompt was still being prefilled
+        usage = first.result(timeout=1200)
+    scheduling = gateway.status()["scheduling"]
+    assert scheduling["prefilled_ahead"] == 1 and scheduling["prefill_pauses"] >= 1, scheduling
+    assert (usage.get("cache_read_input_tokens") or 0) < 0.1 * _prompt(usage), usage  # cold, and said so
     _check_second_conversation_starts_warm(gateway, model.stem)
 
 

@@ -171,6 +171,7 @@ class FakeEngine:
         # request was pinned to shows processing at the next read, as the engine holds it
         self.slots: list[list[dict[str, Any]] | None] = [None]
         self.held: set[int] = set()
+        self.progress_cache = 0  # a stream asked for return_progress opens with this cached count, as llama-server
 
     def _usage(self, prompt: int, completion: int) -> dict[str, Any]:
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
@@ -288,6 +289,9 @@ class FakeEngine:
             body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}] if delta or finish else []
             return b"data: " + json.dumps({**body, **extra}).encode() + b"\n\n"
 
+        if payload.get("return_progress"):  # llama-server's first event: what the slot held, then each batch
+            progress = {"total": 100, "cache": self.progress_cache, "processed": self.progress_cache}
+            yield chunk({}, prompt_progress=progress)
         yield chunk({"role": "assistant", "content": ""})
         if "NOFINISH" in cue:  # cut short: content, then the end of the stream without a finish reason
             yield chunk({"content": "Hel"})

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.llamacpp.scheduling import PREFILL_FIRST, progress_cached
+from gateway.backends.llamacpp.scheduling import PREFILL_FIRST, progress_figures, slot_holding
 from gateway.serving.scheduling.admission import Admission, Claim, ShortTurns
 from gateway.serving.transport import prefill_first as module
 from gateway.serving.transport.prefill_first import Prefilled, prefill_first
@@ -65,11 +65,20 @@ async def _until(condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.001)  # polled: the scenario's tasks run between two looks
 
 
-def _start(engine: Engine, turns: ShortTurns, held: list[int]) -> asyncio.Task[Prefilled]:
+def _start(
+    engine: Engine, turns: ShortTurns, held: list[int], placed: list[int] | None = None
+) -> asyncio.Task[Prefilled]:
     client: Any = engine
+
+    async def place_again(done: int) -> dict[str, int]:  # the slot that holds what it did, as /slots would say
+        assert placed is not None
+        placed.append(done)
+        return {"id_slot": 1}
+
     running = prefill_first(
-        client, None, PATH, LONG, PREFILL_FIRST, turns, first_fields={"id_slot": 3}, on_held=lambda: held.append(1)
-    )
+        client, None, PATH, LONG, PREFILL_FIRST, turns, first_fields={"id_slot": 3},
+        on_held=lambda: held.append(1), place_again=place_again if placed is not None else None,
+    )  # fmt: skip
     return asyncio.create_task(running)
 
 
@@ -121,18 +130,22 @@ def test_a_pause_lasts_no_longer_than_the_prefill_has_run_after_the_grace(monkey
     _run(scenario)
 
 
-def test_a_warm_turn_already_in_the_engine_holds_the_prefill_back_and_the_gate_opens_meanwhile() -> None:
+def test_a_paused_prefill_resumes_in_the_slot_that_holds_what_it_did() -> None:
+    """Sent again wherever llama-server's similarity puts it, a paused prefill can take another session's
+    slot that shares its start (that session's own tail lost, unsaved); so the resend carries what the engine's
+    page says: the slot still holding the tokens the last progress event counted."""
+
     async def scenario() -> None:
-        engine, turns, held = Engine(cached=0), ShortTurns(), []
-        turns.enter()  # decoding when the long prompt is admitted
-        task = _start(engine, turns, held)
-        await asyncio.sleep(0.05)  # the window in which a wrong sending would show
-        assert engine.bodies == [] and held  # nothing sent, nothing placed: the gate open
+        engine, turns, held, placed = Engine(cached=7), ShortTurns(), [], []
+        turns.enter()  # decoding when the long prompt is admitted: it pauses after its first event
+        task = _start(engine, turns, held, placed)
+        await _until(lambda: engine.outcomes == ["closed"])
+        assert engine.bodies[0]["id_slot"] == 3 and held
         turns.leave()
-        await _until(lambda: len(engine.bodies) == 1)
-        assert "id_slot" not in engine.bodies[0]  # the slot read before the pause may be taken now
+        await _until(lambda: len(engine.bodies) == 2)
+        assert placed == [7] and engine.bodies[1]["id_slot"] == 1  # placed by the 7 tokens it had done
         engine.finish.set()
-        assert await task == Prefilled(reused=0, pauses=1)
+        assert await task == Prefilled(reused=7, pauses=1)
 
     _run(scenario)
 
@@ -182,8 +195,22 @@ def test_the_answer_to_a_prefilled_ahead_prompt_says_what_was_cached_before_the_
     assert events[1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 100 and out.endswith(b"data: [DONE]\n\n")
 
 
-def test_llama_servers_first_progress_event_says_what_its_slot_held() -> None:
-    assert progress_cached(_progress(2560)) == 2560
-    assert progress_cached(b'data: {"choices": []}\n\n') is None
-    assert progress_cached(b"data: [DONE]\n\n") is None
-    assert progress_cached(b'data: {"prompt_progress": {"cache": -1}}\n\n') is None
+def test_llama_servers_progress_events_say_what_its_slot_held_and_has_done() -> None:
+    two = _progress(2560) + b'data: {"prompt_progress": {"total": 9, "cache": 2560, "processed": 3200}}\n\n'
+    assert progress_figures(_progress(2560)) == (2560, 2560)
+    assert progress_figures(two) == (2560, 3200)  # the last event in the read
+    assert progress_figures(b'data: {"choices": []}\n\n') is None
+    assert progress_figures(b"data: [DONE]\n\n") is None
+    assert progress_figures(b'data: {"prompt_progress": {"cache": -1, "processed": 3}}\n\n') is None
+
+
+def test_a_paused_prefill_is_placed_in_the_idle_slot_that_holds_its_tokens_or_left_to_the_ram_cache() -> None:
+    def page(*slots: tuple[bool, int]) -> str:  # as b11434's server_slot::to_json writes each slot
+        return json.dumps([{"id": i, "is_processing": b, "n_prompt_tokens": n} for i, (b, n) in enumerate(slots)])
+
+    assert slot_holding(page((False, 20_300), (False, 2_560), (True, 2_500)), 2_496) == {"id_slot": 1}
+    assert slot_holding(page((False, 2_600), (False, 2_520)), 2_496) == {"id_slot": 1}  # the closest
+    assert slot_holding(page((True, 2_560), (False, 0)), 2_496) == {}  # cleared to the cache: unpinned
+    assert slot_holding(page((False, 20_300)), 2_496) == {}  # another session's: not that one
+    assert slot_holding(page((False, 0)), 0) == {}  # nothing done: nothing to find
+    assert slot_holding("<html>", 5) == {}

@@ -332,6 +332,12 @@ def _slots(*processing: bool) -> list[dict[str, Any]]:
 
 IDLE, LAST_BUSY, ALL_BUSY = _slots(False, False, False, False), _slots(False, False, False, True), _slots(*[True] * 4)
 
+LONG_KINDS = (  # chat, chat streamed, Messages translated to chat
+    ("/v1/chat/completions", {}),
+    ("/v1/chat/completions", {"stream": True}),
+    ("/v1/messages", {"max_tokens": 10}),
+)
+
 
 @pytest.mark.parametrize(
     ("pages", "pinned", "reads"),
@@ -375,6 +381,34 @@ def test_a_long_prefill_waits_for_the_last_slot_to_be_idle_and_is_never_pinned_t
             read = len(engine.requests_to("/slots")) - before  # placed after as many reads (the liveness watch
             assert reads is None or (read >= reads if pinned is not None else read == reads), read  # reads too)
             assert client.get("/v1/models").status_code == 200  # and the gate is open again
+
+
+@pytest.mark.parametrize(("path", "extra"), LONG_KINDS)
+def test_a_prompt_prefilled_ahead_is_answered_with_what_was_cached_before_that_prefill(
+    engine: FakeEngine, engine_url: str, path: str, extra: dict[str, Any]
+) -> None:
+    """The request itself finds its whole prompt cached (the gateway had it prefilled a moment before): the
+    client, the per-key figures and the benchmarks get what the engine held before, from the prefill's first
+    event, not a cold turn that reads as warm."""
+    engine.slots = [IDLE]
+    engine.cached_tokens, engine.progress_cache = 9, 2  # all but 2 came from the prefill run ahead
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    body = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}], **extra}
+    if extra.get("stream") and path.endswith("completions"):
+        body["stream_options"] = {"include_usage": True}
+    with _gateway(runtime) as client:
+        answer = client.post(path, json=body)
+        metrics = client.get("/metrics").text
+    assert answer.status_code == 200
+    if "max_tokens" in extra:  # Messages: Anthropic's cache read
+        assert answer.json()["usage"]["cache_read_input_tokens"] == 2
+    elif extra.get("stream"):
+        usage = [json.loads(line[6:])["usage"] for line in answer.text.split("\n") if '"usage"' in line][-1]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 2}
+    else:
+        assert answer.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+    assert 'gateway_prompt_tokens_total{kind="reused"} 2.0' in metrics  # the operator's figure too
+    assert "gateway_prefilled_ahead_total 1.0" in metrics and "gateway_prefill_pauses_total 0.0" in metrics
 
 
 class Pages:
@@ -482,13 +516,6 @@ def test_a_warm_turn_reads_no_slots_page_and_is_never_pinned(engine: FakeEngine,
     with _gateway(runtime) as client:
         assert client.post("/v1/chat/completions", json=hi).status_code == 200
     assert engine.requests_to("/slots") == [] and "id_slot" not in engine.requests_to("/v1/chat/completions")[0]["body"]
-
-
-LONG_KINDS = (  # chat, chat streamed, Messages translated to chat
-    ("/v1/chat/completions", {}),
-    ("/v1/chat/completions", {"stream": True}),
-    ("/v1/messages", {"max_tokens": 10}),
-)
 
 
 def test_a_body_sent_again_carries_the_new_sendings_fields_not_the_last_ones() -> None:

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import gateway.backends.llamacpp.drafting as drafting
 from gateway.backends.base import LongPin, PrefillFirst, Scheduling
@@ -74,20 +75,41 @@ CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still run
 OWN_BATCH = 2048  # llama-server's own -b (common.h n_batch)
 
 
-def progress_cached(event: bytes) -> int | None:
-    """The prompt tokens a request found in its slot, from the first ``prompt_progress`` event of its stream
-    (``{"total", "cache", "processed", "time_ms"}``, server-task.cpp:242); None where the bytes hold none."""
-    for line in event.split(b"\n"):
-        if not line.startswith(b"data:"):
+def progress_figures(read: bytes) -> tuple[int, int] | None:
+    """(cached, done) from the last ``prompt_progress`` event in ``read`` (``{"total", "cache", "processed",
+    "time_ms"}``, server-task.cpp:242: ``processed`` counts the cached tokens too); None where it holds none."""
+    for line in reversed(read.split(b"\n")):
+        if not line.startswith(b"data:") or b"prompt_progress" not in line:
             continue
         try:
             progress = json.loads(line[5:]).get("prompt_progress")
         except (ValueError, AttributeError):
             continue
-        cached = progress.get("cache") if isinstance(progress, dict) else None
-        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
-            return cached
+        if not isinstance(progress, dict):
+            continue
+        cached, done = progress.get("cache"), progress.get("processed")
+        if _count(cached) and _count(done):
+            return cached, done
     return None
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+RESUME_SLACK = OWN_BATCH  # a cancel lands at the next event: a slot holds at most a batch more than the last said
+
+
+def slot_holding(slots_page: str, done: int) -> dict[str, int]:
+    """``{"id_slot": n}`` for the idle slot that still holds a paused prefill's ``done`` tokens (between them and
+    a batch more; the closest), so that it resumes there rather than wherever llama-server's similarity puts it
+    (another session's slot sharing its start, whose own tail would be lost unsaved: f_keep >= 0.5 keeps no
+    copy, get_available_slot); {} where none does (a new task saved it to the RAM cache and cleared the
+    slot, :2640-2657: sent unpinned, it is loaded back from there)."""
+    slots = _slot_tokens(slots_page)
+    holding = [(tokens - done, number) for number, (busy, tokens) in slots.items() if not busy]
+    holding = [(extra, number) for extra, number in holding if done > 0 and 0 <= extra <= RESUME_SLACK]
+    return {"id_slot": min(holding)[1]} if holding else {}
 
 
 # the prefill of a long prompt as the gateway's own request: one token, an event per batch, sent again
@@ -96,7 +118,9 @@ PREFILL_FIRST = PrefillFirst(
     fields={"stream": True, "return_progress": True, "max_tokens": 1},
     drop=("id_slot", "stream_options", "max_completion_tokens", "n_predict", "n", "logprobs", "top_logprobs"),
     paths=frozenset({"/v1/chat/completions", "/v1/completions"}),
-    reused=progress_cached,
+    progress=progress_figures,
+    path=SLOTS_PATH,
+    resume=slot_holding,
 )
 
 BATCH_FLAGS = frozenset({"-b", "--batch-size", "-ub", "--ubatch-size"})
@@ -193,6 +217,12 @@ def place_in_last_slot(slots_page: str, others: int) -> dict[str, int] | None:
 
 def _slots(slots_page: str) -> dict[int, bool]:
     """Each slot's id and whether it is processing, from ``GET /slots``; {} for anything else."""
+    return {number: busy for number, (busy, _tokens) in _slot_tokens(slots_page).items()}
+
+
+def _slot_tokens(slots_page: str) -> dict[int, tuple[bool, int]]:
+    """Each slot's id, whether it is processing and the tokens it holds (``n_prompt_tokens``: its prompt and
+    what it generated, server-context.cpp:724; 0 where not said), from ``GET /slots``; {} for anything else."""
     try:
         listed = json.loads(slots_page)
     except ValueError:
@@ -205,5 +235,6 @@ def _slots(slots_page: str) -> dict[int, bool]:
         processing = slot.get("is_processing") if isinstance(slot, dict) else None
         if not isinstance(number, int) or isinstance(number, bool) or not isinstance(processing, bool):
             return {}
-        slots[number] = processing
+        tokens = slot.get("n_prompt_tokens")
+        slots[number] = (processing, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0)
     return slots

@@ -171,6 +171,8 @@ class Admission:
         self.long_active = 0
         self.rejected = 0
         self.turns = ShortTurns()  # the short requests in the engine (a long prefill run ahead pauses for them)
+        self.prefilled_ahead = 0  # long prompts prefilled ahead of their requests (transport.prefill_first)
+        self.prefill_pauses = 0  # times those were paused for short turns
         self.closed: str | None = None  # why nothing more is admitted (the gateway is stopping)
         # requests in flight per key: shared by the admissions of a pool's replicas (one count over the pool)
         self.by_key: collections.Counter[str] = by_key if by_key is not None else collections.Counter()

@@ -35,20 +35,33 @@ async def place_long(
     which stays closed where there are any (the caller opens it once the engine holds the request); {}
     where the page gives none within ``pin.wait_s`` (or gives none at all). ``others``: the gateway's other
     requests holding the engine's slots."""
-    gate = client.gate
     deadline = clock() + pin.wait_s
     while True:
-        await gate.passed()
-        gate.close()
-        try:
-            page = await client.page(target, pin.path)
-            fields = pin.place(page, others()) if page is not None else {}
-        except BaseException:
-            gate.open()
-            raise
-        if fields:
-            return fields
+        fields = await place_once(client, target, pin.path, lambda page: pin.place(page, others()))
+        if fields is None and clock() < deadline:
+            await sleep(POLL_S)
+            continue
+        return fields or {}
+
+
+async def place_once(
+    client: EngineClient,
+    target: EngineTarget,
+    path: str,
+    place: Callable[[str], Mapping[str, Any] | None],
+) -> Mapping[str, Any] | None:
+    """``place``'s fields from one read of the engine's ``path`` page, the gate closed from the read on and
+    kept closed where there are any (the caller opens it once the engine holds the request); {}: none (no
+    page either), None: not yet; the gate is open again for both."""
+    gate = client.gate
+    await gate.passed()
+    gate.close()
+    try:
+        page = await client.page(target, path)
+        fields = place(page) if page is not None else {}
+    except BaseException:
         gate.open()
-        if fields is not None or clock() >= deadline:
-            return {}
-        await sleep(POLL_S)
+        raise
+    if not fields:
+        gate.open()
+    return fields

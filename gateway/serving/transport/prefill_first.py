@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -90,43 +90,49 @@ async def prefill_first(
     *,
     first_fields: Mapping[str, Any],
     on_held: Callable[[], None],
+    place_again: Callable[[int], Awaitable[Mapping[str, Any]]] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Prefilled:
     """Prefill ``payload``'s prompt on ``target`` before the request itself is sent, paused while short turns
-    are in the engine. The first sending carries ``first_fields`` (its slot:
-    gateway.serving.transport.long_pin), later ones none; ``on_held`` runs once the engine holds the first
-    sending (its first event), or once that sending is over."""
+    are in the engine. The first sending carries ``first_fields`` (its slot: gateway.serving.transport.long_pin),
+    each later one what ``place_again`` (the tokens done so far) reads from the engine: the slot that still
+    holds them, or none. ``on_held`` runs once the engine holds a sending (its first event), or once that
+    sending is over: the gate a placing closed opens."""
     budget = _Budget(clock)
     base = {name: value for name, value in payload.items() if name not in spec.drop} | dict(spec.fields)
     fields, pauses = dict(first_fields), 0
-    first: list[bytes] = []  # the first event the engine sent: what it held before any of this prefill
+    reused: list[int] = []  # what the engine held before any of this prefill: its first event's figure
+    last = [b""]  # the latest read of the sending under way
 
     def on_event(chunk: bytes) -> None:
-        if not first:
-            first.append(chunk)
+        if not last[0] and not reused:
+            figures = spec.progress(chunk)
+            reused.append(figures[0] if figures is not None else -1)
+        if not last[0]:
             on_held()
+        last[0] = chunk
 
     while True:
-        if turns.inside and budget.run_left_s() <= 0:  # short turns already in: not sent until they are over
-            on_held()  # nothing placed: the gate opens, and the next sending goes unpinned
-        else:
-            pause = asyncio.ensure_future(_pause_wanted(turns, budget))
-            try:
-                body = json.dumps(base | fields).encode()
-                finished = await client.prefill(target, path, body, until=pause, on_event=on_event)
-            except ApiError as exc:
-                log.info("prefilling a long prompt ahead of it failed (%s); the request prefills it", exc.message)
-                return Prefilled(None, pauses)
-            finally:
-                pause.cancel()
-                on_held()
-            if finished:
-                return Prefilled(spec.reused(first[0]) if first else None, pauses)
+        pause = asyncio.ensure_future(_pause_wanted(turns, budget))
+        last[0] = b""
+        try:
+            body = json.dumps(base | fields).encode()
+            finished = await client.prefill(target, path, body, until=pause, on_event=on_event)
+        except ApiError as exc:
+            log.info("prefilling a long prompt ahead of it failed (%s); the request prefills it", exc.message)
+            return Prefilled(None, pauses)
+        finally:
+            pause.cancel()
+            on_held()
         budget.switch(running=True)
+        if finished:
+            return Prefilled(reused[0] if reused and reused[0] >= 0 else None, pauses)
         pauses += 1
-        fields = {}
+        figures = spec.progress(last[0])
         await _resume_when(turns, budget)
         budget.switch(running=False)
+        done = figures[1] if figures is not None else 0
+        fields = dict(await place_again(done)) if place_again is not None else {}
 
 
 async def _pause_wanted(turns: Turns, budget: _Budget) -> None:
