@@ -56,15 +56,15 @@ class PrefillFirst:
     warm turns run: the engine keeps what a cancelled request prefilled, and the same prompt sent again
     resumes there (gateway.serving.transport.prefill_first). ``fields`` turn a copy of the request's body
     into that prefill (one token, streamed with an event per batch so that a cancel lands within one);
-    ``drop`` are taken out of it; ``paths``: the routes whose bodies it applies to; ``progress``: the prompt
-    tokens the engine found held and those done so far, from the last progress event in some bytes of its
-    stream (None: none there); ``resume``: where a paused prefill is sent again, from the engine's ``path``
+    ``drop`` are taken out of it; ``paths``: the routes whose bodies it applies to; ``progress``: the prompt's
+    tokens, those the engine found held and those done so far, from the last progress event in some bytes
+    of its stream (None: none there); ``resume``: where a paused prefill is sent again, from the engine's ``path``
     page and the tokens it had done ({}: wherever the engine puts it)."""
 
     fields: Mapping[str, Any]
     drop: tuple[str, ...]
     paths: frozenset[str]
-    progress: Callable[[bytes], tuple[int, int] | None]
+    progress: Callable[[bytes], tuple[int, int, int] | None]
     path: str
     resume: Callable[[str, int], Mapping[str, Any]]
 

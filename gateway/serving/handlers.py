@@ -242,7 +242,7 @@ class Inference:
         try:
             prefilled = await prefill_first(
                 upstream.client, target, outgoing.path, outgoing.payload, first, upstream.admission.turns,
-                first_fields=fields, on_held=gate.open, place_again=place_again,
+                first_fields=fields, on_held=gate.open, place_again=place_again, worth_pausing=LONG_PREFILL_TOKENS,
             )  # fmt: skip
         finally:
             gate.open()

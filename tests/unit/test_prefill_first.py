@@ -66,7 +66,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 def _start(
-    engine: Engine, turns: ShortTurns, held: list[int], placed: list[int] | None = None
+    engine: Engine, turns: ShortTurns, held: list[int], placed: list[int] | None = None, worth_pausing: int = 0
 ) -> asyncio.Task[Prefilled]:
     client: Any = engine
 
@@ -78,6 +78,7 @@ def _start(
     running = prefill_first(
         client, None, PATH, LONG, PREFILL_FIRST, turns, first_fields={"id_slot": 3},
         on_held=lambda: held.append(1), place_again=place_again if placed is not None else None,
+        worth_pausing=worth_pausing,
     )  # fmt: skip
     return asyncio.create_task(running)
 
@@ -150,6 +151,22 @@ def test_a_paused_prefill_resumes_in_the_slot_that_holds_what_it_did() -> None:
     _run(scenario)
 
 
+def test_a_prompt_the_engine_mostly_holds_is_not_paused() -> None:
+    """Taken for long by the gateway's estimate, a subagent's first turn the engine holds all but a few tokens
+    of runs to its end: paused, it would hold the slot of the conversation whose start it shares."""
+
+    async def scenario() -> None:
+        engine, turns, held = Engine(cached=4), ShortTurns(), []  # 5 of its 9 tokens left
+        turns.enter()
+        task = _start(engine, turns, held, worth_pausing=5)
+        await asyncio.sleep(0.05)  # the window in which a wrong pause would show
+        assert engine.outcomes == [] and len(engine.bodies) == 1
+        engine.finish.set()
+        assert await task == Prefilled(reused=4, pauses=0)
+
+    _run(scenario)
+
+
 def test_a_prefill_that_fails_is_left_to_the_request_and_opens_the_gate() -> None:
     async def scenario() -> None:
         engine, turns, held = Engine(), ShortTurns(), []
@@ -197,8 +214,8 @@ def test_the_answer_to_a_prefilled_ahead_prompt_says_what_was_cached_before_the_
 
 def test_llama_servers_progress_events_say_what_its_slot_held_and_has_done() -> None:
     two = _progress(2560) + b'data: {"prompt_progress": {"total": 9, "cache": 2560, "processed": 3200}}\n\n'
-    assert progress_figures(_progress(2560)) == (2560, 2560)
-    assert progress_figures(two) == (2560, 3200)  # the last event in the read
+    assert progress_figures(_progress(2560)) == (9, 2560, 2560)
+    assert progress_figures(two) == (9, 2560, 3200)  # the last event in the read
     assert progress_figures(b'data: {"choices": []}\n\n') is None
     assert progress_figures(b"data: [DONE]\n\n") is None
     assert progress_figures(b'data: {"prompt_progress": {"cache": -1, "processed": 3}}\n\n') is None

@@ -75,9 +75,10 @@ CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still run
 OWN_BATCH = 2048  # llama-server's own -b (common.h n_batch)
 
 
-def progress_figures(read: bytes) -> tuple[int, int] | None:
-    """(cached, done) from the last ``prompt_progress`` event in ``read`` (``{"total", "cache", "processed",
-    "time_ms"}``, server-task.cpp:242: ``processed`` counts the cached tokens too); None where it holds none."""
+def progress_figures(read: bytes) -> tuple[int, int, int] | None:
+    """(total, cached, done) from the last ``prompt_progress`` event in ``read`` (``{"total", "cache",
+    "processed", "time_ms"}``, server-task.cpp:242: ``processed`` counts the cached tokens too); None where
+    it holds none."""
     for line in reversed(read.split(b"\n")):
         if not line.startswith(b"data:") or b"prompt_progress" not in line:
             continue
@@ -87,9 +88,9 @@ def progress_figures(read: bytes) -> tuple[int, int] | None:
             continue
         if not isinstance(progress, dict):
             continue
-        cached, done = progress.get("cache"), progress.get("processed")
-        if _count(cached) and _count(done):
-            return cached, done
+        total, cached, done = progress.get("total"), progress.get("cache"), progress.get("processed")
+        if _count(total) and _count(cached) and _count(done):
+            return total, cached, done
     return None
 
 

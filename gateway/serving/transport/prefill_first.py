@@ -80,6 +80,36 @@ class _Budget:
         self._since = now
 
 
+class _Sending:
+    """One sending's reads: its first event (what the engine held; whether what is left is worth a pause)
+    and its latest (how far it got)."""
+
+    def __init__(self, spec: PrefillFirst, on_held: Callable[[], None], worth_pausing: int) -> None:
+        self.spec, self.on_held, self.worth_pausing = spec, on_held, worth_pausing
+        self.first = asyncio.Event()
+        self.opening: tuple[int, int, int] | None = None  # (total, held, done) at its first event
+        self.last = b""
+
+    def on_event(self, chunk: bytes) -> None:
+        if not self.first.is_set():
+            self.opening = self.spec.progress(chunk)
+            self.on_held()
+            self.first.set()
+        self.last = chunk
+
+    @property
+    def pausable(self) -> bool:
+        """Whether what the engine has left of the prompt is worth a pause (a prompt the gateway took for long
+        that the engine mostly holds, a subagent's, is done in a moment: paused, it would hold the slot
+        where its siblings' conversation is)."""
+        return self.opening is None or self.opening[0] - self.opening[1] > self.worth_pausing
+
+    def done(self) -> int:
+        """The prompt tokens its slot held when it was closed (0: not said)."""
+        figures = self.spec.progress(self.last)
+        return figures[2] if figures is not None else 0
+
+
 async def prefill_first(
     client: EngineClient,
     target: EngineTarget,
@@ -91,52 +121,47 @@ async def prefill_first(
     first_fields: Mapping[str, Any],
     on_held: Callable[[], None],
     place_again: Callable[[int], Awaitable[Mapping[str, Any]]] | None = None,
+    worth_pausing: int = 0,
     clock: Callable[[], float] = time.monotonic,
 ) -> Prefilled:
     """Prefill ``payload``'s prompt on ``target`` before the request itself is sent, paused while short turns
-    are in the engine. The first sending carries ``first_fields`` (its slot: gateway.serving.transport.long_pin),
-    each later one what ``place_again`` (the tokens done so far) reads from the engine: the slot that still
-    holds them, or none. ``on_held`` runs once the engine holds a sending (its first event), or once that
-    sending is over: the gate a placing closed opens."""
+    are in the engine and more than ``worth_pausing`` of its tokens are left to prefill. The first sending
+    carries ``first_fields`` (its slot: gateway.serving.transport.long_pin), each later one what
+    ``place_again`` (the tokens done so far) reads from the engine: the slot that still holds them, or none.
+    ``on_held`` runs once the engine holds a sending (its first event), or once that sending is over: the
+    gate a placing closed opens."""
     budget = _Budget(clock)
     base = {name: value for name, value in payload.items() if name not in spec.drop} | dict(spec.fields)
     fields, pauses = dict(first_fields), 0
-    reused: list[int] = []  # what the engine held before any of this prefill: its first event's figure
-    last = [b""]  # the latest read of the sending under way
-
-    def on_event(chunk: bytes) -> None:
-        if not last[0] and not reused:
-            figures = spec.progress(chunk)
-            reused.append(figures[0] if figures is not None else -1)
-        if not last[0]:
-            on_held()
-        last[0] = chunk
-
+    reused: int | None = None  # what the engine held before any of this prefill: the first sending's figure
     while True:
-        pause = asyncio.ensure_future(_pause_wanted(turns, budget))
-        last[0] = b""
+        sending = _Sending(spec, on_held, worth_pausing)
+        pause = asyncio.ensure_future(_pause_wanted(turns, budget, sending))
         try:
             body = json.dumps(base | fields).encode()
-            finished = await client.prefill(target, path, body, until=pause, on_event=on_event)
+            finished = await client.prefill(target, path, body, until=pause, on_event=sending.on_event)
         except ApiError as exc:
             log.info("prefilling a long prompt ahead of it failed (%s); the request prefills it", exc.message)
-            return Prefilled(None, pauses)
+            return Prefilled(reused, pauses)
         finally:
             pause.cancel()
             on_held()
+        if pauses == 0 and sending.opening is not None:
+            reused = sending.opening[1]
         budget.switch(running=True)
         if finished:
-            return Prefilled(reused[0] if reused and reused[0] >= 0 else None, pauses)
+            return Prefilled(reused, pauses)
         pauses += 1
-        figures = spec.progress(last[0])
         await _resume_when(turns, budget)
         budget.switch(running=False)
-        done = figures[1] if figures is not None else 0
-        fields = dict(await place_again(done)) if place_again is not None else {}
+        fields = dict(await place_again(sending.done())) if place_again is not None else {}
 
 
-async def _pause_wanted(turns: Turns, budget: _Budget) -> None:
-    """Return once a short turn is in the engine and the budget allows a pause."""
+async def _pause_wanted(turns: Turns, budget: _Budget, sending: _Sending) -> None:
+    """Return once the sending is held, worth a pause, a short turn is in the engine and the budget allows."""
+    await sending.first.wait()
+    if not sending.pausable:
+        await asyncio.Event().wait()  # never: it runs to its end
     while True:
         if not turns.inside:
             await turns.changed(3600.0)
