@@ -269,6 +269,7 @@ def _runtime(
         max_body_elements=settings.max_body_elements,
         queue_limit=settings.queue_limit,
         per_key_limit=settings.max_inflight_per_key,
+        pause_long_prefills=settings.pause_long_prefills,
         queue_wait_s=settings.queue_wait_s,
         balance=Balance(settings.balance_abs_threshold, settings.balance_rel_threshold),
         api_keys=keys,

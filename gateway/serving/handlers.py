@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.backends.base import Capability
+from gateway.backends.base import Capability, PrefillFirst
 from gateway.serving.dialects import messages_api
 from gateway.serving.dialects import request_shapes as shapes
 from gateway.serving.dialects.chat_fixups import (
@@ -37,7 +37,7 @@ from gateway.serving.runtime import Runtime, Upstream
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
-from gateway.serving.transport.long_pin import place_long, place_once
+from gateway.serving.transport.long_pin import open_when_taken, place_long, place_once
 from gateway.serving.transport.outgoing import Outgoing
 from gateway.serving.transport.prefill_first import prefill_first
 from gateway.serving.transport.prompt_count import PromptCount
@@ -50,6 +50,20 @@ from gateway.supervision.lifecycle import EngineTarget, ServedBackend, State
 log = logging.getLogger("gateway.handlers")
 
 REPLICA_HEADER = "x-gateway-replica"  # on each answer when several replicas serve: the one that answered
+_PLACING: set[asyncio.Task[None]] = set()  # the tasks that open an engine's gate once it holds a long prefill
+
+
+def _others(upstream: Upstream) -> Callable[[], int]:
+    """The requests that could take a long prefill's place first: the admission's others in the engine, and
+    a canary the liveness watch has there."""
+    return lambda: upstream.admission.active - 1 + upstream.client.gate.outside
+
+
+def _placed(task: asyncio.Task[None]) -> None:
+    """A long prefill's placing is over: an error in it is logged (its gate opened regardless)."""
+    _PLACING.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("watching a long prefill's placement failed (the engine's gate is open again)", exc_info=error)
 
 
 # What a route sends on the replica a request was placed on: the replica's client, its engine, the slot's
@@ -194,7 +208,7 @@ class Inference:
             target = self._target(upstream.backend)
             async with self._admitted(request, claim, upstream.admission) as ticket:
                 placed.admitted()
-                await self._dispatch(upstream, target, claim, outgoing)
+                placing = await self._dispatch(upstream, target, claim, outgoing)
 
                 def close(free: Callable[[], None] = ticket.release) -> None:
                     free()
@@ -202,7 +216,12 @@ class Inference:
                         placed.first_output(record.ttft_s)
                     placed.release()
 
-                response = await send(upstream, target, ticket, close)
+                try:
+                    response = await send(upstream, target, ticket, close)
+                except BaseException:
+                    if placing is not None:  # it never reached the engine, or failed there: the gate opens
+                        placing.cancel()
+                    raise
                 if self.rt.pool.single is None:
                     answered.append(tried.replica.name)
                 if not ticket.handed_over:  # answered whole: the slot frees as the block ends
@@ -214,24 +233,41 @@ class Inference:
             response.headers[REPLICA_HEADER] = answered[-1]
         return response
 
-    @staticmethod
-    async def _dispatch(upstream: Upstream, target: EngineTarget, claim: Claim, outgoing: Outgoing | None) -> None:
-        """Through the engine's gate. Where the engine can resume a cancelled prefill
-        (``Scheduling.prefill_first``: llama-server), a long prompt is prefilled first, paused while warm
-        turns run (gateway.serving.transport.prefill_first); its first sending is placed where the engine
-        says (its last slot, once idle: gateway.serving.transport.long_pin), with the gate closed until the
-        engine holds it. The request itself then goes unpinned: it finds its prompt in whichever slot, or
-        the engine's RAM cache, holds it, and its usage says what was cached before the prefill."""
+    async def _dispatch(
+        self, upstream: Upstream, target: EngineTarget, claim: Claim, outgoing: Outgoing | None
+    ) -> asyncio.Task[None] | None:
+        """Through the engine's gate; a long prefill is first placed where its engine says (llama-server: its
+        last slot, once idle: gateway.serving.transport.long_pin), and the gate stays closed until the engine
+        holds it: the task that opens it then. With ``pause_long_prefills`` and an engine that can resume a
+        cancelled prefill (``Scheduling.prefill_first``), the prompt is prefilled ahead instead, paused while
+        warm turns run (:meth:`_prefill_ahead`)."""
         pin, first = target.scheduling.long_pin, target.scheduling.prefill_first
-        if not claim.long or outgoing is None or first is None or outgoing.path not in first.paths:
+        if not claim.long or outgoing is None:
             await upstream.client.gate.passed()
-            return
+            return None
+        if first is not None and self.rt.pause_long_prefills and outgoing.path in first.paths:
+            await self._prefill_ahead(upstream, target, outgoing, first)
+            return None
+        if pin is None:
+            await upstream.client.gate.passed()
+            return None
+        fields = await place_long(upstream.client, target, pin, others=_others(upstream))
+        outgoing.pin(fields)
+        if not fields:
+            return None
+        placing = asyncio.create_task(open_when_taken(upstream.client, target, pin, fields))
+        _PLACING.add(placing)
+        placing.add_done_callback(_placed)
+        return placing
 
-        def others() -> int:  # the admission's other requests, and a canary the watch has in the engine
-            return upstream.admission.active - 1 + upstream.client.gate.outside
-
-        gate = upstream.client.gate
-        fields = await place_long(upstream.client, target, pin, others=others) if pin is not None else {}
+    @staticmethod
+    async def _prefill_ahead(upstream: Upstream, target: EngineTarget, outgoing: Outgoing, first: PrefillFirst) -> None:
+        """The long prompt prefilled as the gateway's own request, paused while warm turns run
+        (gateway.serving.transport.prefill_first), its first sending placed as a long prefill is (the gate
+        closed until its first event); the request itself then goes unpinned, finds its prompt cached where
+        that prefill left it, and its usage says what was cached before."""
+        pin, gate = target.scheduling.long_pin, upstream.client.gate
+        fields = await place_long(upstream.client, target, pin, others=_others(upstream)) if pin is not None else {}
         if not fields:  # placed nowhere: the gate is not held for it
             await gate.passed()
 

@@ -117,6 +117,8 @@ class Runtime:
     queue_limit: int = 64
     queue_wait_s: float = 600.0
     per_key_limit: int = 0  # requests in flight per API key (0: no cap)
+    # long prompts prefilled ahead and paused while warm turns run, where the engine can (llama-server)
+    pause_long_prefills: bool = False
     api_keys: tuple[str, ...] = ()
     bind_host: str = "127.0.0.1"  # with allowed_hosts: the Host names accepted without keys (browser_guard)
     allowed_hosts: tuple[str, ...] = ()

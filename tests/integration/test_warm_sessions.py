@@ -82,11 +82,12 @@ def _check_second_conversation_starts_warm(gateway: GatewayProcess, model: str) 
 def test_a_second_claude_code_conversation_starts_from_the_firsts_cache_on_llama_server(
     tmp_path: Path, stopped_after: list[GatewayProcess]
 ) -> None:
-    """And while the first conversation's 20k-token prompt is prefilled, warm turns are answered: the
-    gateway prefills it ahead of its request and pauses that prefill while they run; the first
-    conversation's own answer still says it was cold (what llama-server held before that prefill)."""
+    """And, with --pause-long-prefills, while the first conversation's 20k-token prompt is prefilled, warm
+    turns are answered: the gateway prefills it ahead of its request and pauses that prefill while they
+    run; the first conversation's own answer still says it was cold (what llama-server held before)."""
     model = session_models.tiny_gguf(CACHE)
     args = ["--model", str(model), "--engine", "llamacpp", "--llama-launcher", "native", "--llama-draft", "off"]
+    args.append("--pause-long-prefills")
     gateway = GatewayProcess(tmp_path, *args, "--context-length", str(session_models.CONTEXT)).start()
     stopped_after.append(gateway)
     gateway.wait_ready(timeout_s=300)

@@ -383,6 +383,7 @@ def make_runtime(
     scheduling: Scheduling | None = None,
     per_key_limit: int = 0,
     request_defaults: dict[str, Any] | None = None,
+    pause_long_prefills: bool = False,
 ) -> Runtime:
     launch = Launch(
         engine="fake",
@@ -410,6 +411,7 @@ def make_runtime(
         queue_wait_s=queue_wait_s,
         api_keys=api_keys,
         per_key_limit=per_key_limit,
+        pause_long_prefills=pause_long_prefills,
         allowed_hosts=("testserver",),  # starlette's TestClient's Host
         plan_memory=[("0", "weights", 1000)],
         plan_kv_tokens=12345,

@@ -107,9 +107,11 @@ def test_a_long_prefill_pauses_while_a_warm_turn_is_in_the_engine_and_resumes_un
 
 def test_a_pause_lasts_no_longer_than_the_prefill_has_run_after_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     """A warm turn that never leaves: the prefill resumes once it has been paused the grace, and is not paused
-    again until it has run as long (a long prompt keeps half the engine under a steady stream of turns)."""
+    again before it has run a while (a long prompt keeps half the engine under a steady stream of turns, and
+    is not sent again every few hundred milliseconds)."""
     monkeypatch.setattr(module, "GRACE_S", 0.2)
     monkeypatch.setattr(module, "MIN_PAUSE_S", 0.05)
+    monkeypatch.setattr(module, "MIN_RUN_S", 0.1)
 
     async def scenario() -> None:
         engine, turns, held = Engine(), ShortTurns(), []
@@ -122,7 +124,7 @@ def test_a_pause_lasts_no_longer_than_the_prefill_has_run_after_the_grace(monkey
         resumed_at = loop.time()
         assert 0.15 <= resumed_at - paused_at < 1.0
         await _until(lambda: len(engine.outcomes) == 2)  # paused again, once it has run enough
-        assert loop.time() - resumed_at >= 0.04  # paused 0.2 s, so it must run until that allows MIN_PAUSE_S more
+        assert loop.time() - resumed_at >= 0.09  # a resumed prefill runs MIN_RUN_S before it may pause again
         engine.finish.set()
         turns.leave()
         await _until(lambda: len(engine.bodies) == 3)

@@ -6,6 +6,7 @@ giving its slot back and the long prefill carrying the engine's fields."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from gateway.serving.scheduling.admission import Admission, Claim, ShortTurns, T
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
 from gateway.serving.transport import long_pin
 from gateway.serving.transport.dispatch_gate import DispatchGate
-from gateway.serving.transport.long_pin import place_long
+from gateway.serving.transport.long_pin import open_when_taken, place_long
 from gateway.serving.transport.outgoing import Outgoing
 from gateway.serving.transport.prefill_first import prefill_first
 from gateway.serving.wire.error_shapes import ApiError
@@ -342,9 +343,9 @@ LONG_KINDS = (  # chat, chat streamed, Messages translated to chat
 @pytest.mark.parametrize(
     ("pages", "pinned", "reads"),
     [
-        ([IDLE], 3, 1),  # placed at once; its prefill's first event says it is held: the gate opens
-        ([LAST_BUSY, LAST_BUSY, LAST_BUSY, IDLE], 3, 4),  # the last slot answers another: waited for
-        ([_slots(False, False, True, True), IDLE], 3, 2),  # another slot idle is not taken in its place
+        ([IDLE], 3, 2),  # placed at once; the next read shows it held: the gate opens
+        ([LAST_BUSY, LAST_BUSY, LAST_BUSY, IDLE], 3, 5),  # the last slot answers another: waited for
+        ([_slots(False, False, True, True), IDLE], 3, 3),  # another slot idle is not taken in its place
         ([None], None, 1),  # no page (llama-server --no-slots): sent unpinned
         ([ALL_BUSY], None, None),  # never free within the wait: sent unpinned
     ],
@@ -374,13 +375,32 @@ def test_a_long_prefill_waits_for_the_last_slot_to_be_idle_and_is_never_pinned_t
             body = {"model": FRONTED, "messages": [{"role": "user", "content": text}], **extra}
             before = len(engine.requests_to("/slots"))
             assert client.post(path, json=body).status_code == 200
-            prefill, sent = (seen["body"] for seen in engine.requests_to("/v1/chat/completions")[-2:])
-            # the prefill run ahead is what is placed; the request itself goes unpinned after it
-            assert prefill["return_progress"] is True and prefill.get("id_slot") == pinned, (path, extra, prefill)
-            assert "id_slot" not in sent and "return_progress" not in sent
-            read = len(engine.requests_to("/slots")) - before  # placed after as many reads (the liveness watch
-            assert reads is None or (read >= reads if pinned is not None else read == reads), read  # reads too)
+            sent = engine.requests_to("/v1/chat/completions")[-1]["body"]
+            assert sent.get("id_slot") == pinned, (path, extra, sent.get("id_slot"))
+            # placed after as many reads, then read until it is seen held (in the background: the answer can
+            # come back before that read); never idle: until the wait is over
+            if reads is not None and pinned is not None:
+                wait_until(lambda at=before + reads: len(engine.requests_to("/slots")) >= at, what=f"{reads} reads")
+            read = len(engine.requests_to("/slots")) - before
+            assert reads is None or (read >= reads if pinned is not None else read == reads), read
             assert client.get("/v1/models").status_code == 200  # and the gate is open again
+
+
+@pytest.mark.parametrize(("path", "extra"), LONG_KINDS)
+def test_a_prefill_run_ahead_is_what_is_placed_and_the_request_itself_goes_unpinned_after_it(
+    engine: FakeEngine, engine_url: str, path: str, extra: dict[str, Any]
+) -> None:
+    """With pausing on, the last slot is given to the gateway's own prefill (one token, streamed with its
+    progress); the request goes after it, unpinned, to whichever slot holds its prompt then."""
+    engine.slots = [IDLE]
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4), pause_long_prefills=True)
+    body = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}], **extra}
+    with _gateway(runtime) as client:
+        assert client.post(path, json=body).status_code == 200
+        assert client.get("/v1/models").status_code == 200  # and the gate is open again
+    prefill, sent = (seen["body"] for seen in engine.requests_to("/v1/chat/completions")[-2:])
+    assert prefill["return_progress"] is True and prefill["max_tokens"] == 1 and prefill["id_slot"] == 3
+    assert prefill["messages"] == sent["messages"] and "id_slot" not in sent and "return_progress" not in sent
 
 
 @pytest.mark.parametrize(("path", "extra"), LONG_KINDS)
@@ -392,7 +412,7 @@ def test_a_prompt_prefilled_ahead_is_answered_with_what_was_cached_before_that_p
     event, not a cold turn that reads as warm."""
     engine.slots = [IDLE]
     engine.cached_tokens, engine.progress_cache = 9, 2  # all but 2 came from the prefill run ahead
-    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4), pause_long_prefills=True)
     body = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}], **extra}
     if extra.get("stream") and path.endswith("completions"):
         body["stream_options"] = {"include_usage": True}
@@ -445,7 +465,7 @@ async def _prefill(client: Any, fields: Any) -> None:
     )  # fmt: skip
 
 
-def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefill_until_it_is_held() -> None:
+def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_prefill_run_ahead_until_it_is_held() -> None:
     """Between the read that finds the last slot free and the engine taking the long request, a request sent
     meanwhile could take that slot first (a warm turn whose prefix it holds): nothing is sent then."""
     pin = llama_scheduling(4).long_pin
@@ -477,7 +497,7 @@ def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefil
     asyncio.run(scenario())
 
 
-def test_a_long_prefill_that_fails_before_the_engine_holds_it_opens_the_gate_again() -> None:
+def test_a_prefill_run_ahead_that_fails_before_the_engine_holds_it_opens_the_gate_again() -> None:
     pin = llama_scheduling(4).long_pin
     assert pin is not None
 
@@ -490,6 +510,75 @@ def test_a_long_prefill_that_fails_before_the_engine_holds_it_opens_the_gate_aga
         assert client.gate.is_open
 
     asyncio.run(scenario())
+
+
+def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefill_until_it_is_held() -> None:
+    """Between the read that finds the last slot free and the engine taking the long request, a request sent
+    meanwhile could take that slot first (a warm turn whose prefix it holds): nothing is sent then."""
+    pin = llama_scheduling(4).long_pin
+    assert pin is not None
+
+    async def scenario() -> None:
+        client: Any = Pages(LAST_BUSY, _slots(True, False, False, False), IDLE, _slots(False, False, False, True))
+        waited: list[float] = []
+
+        async def warm_turn() -> None:
+            await client.gate.passed()
+            waited.append(asyncio.get_running_loop().time())
+
+        # the last slot busy; then free, but two other requests in flight and one slot busy (one on its way
+        # could take the last slot first); then all idle and none in flight: placed
+        others = iter([1, 2, 0])
+        fields = await place_long(client, None, pin, others=lambda: next(others), sleep=lambda _s: asyncio.sleep(0))
+        assert fields == {"id_slot": 3} and not client.gate.is_open  # placed, the gate held closed
+        assert client.gate_at_reads == [False, False, False]  # closed for each read, opened when it did not place
+        queued = asyncio.create_task(warm_turn())
+        await asyncio.sleep(0)
+        assert waited == []  # held at the gate
+        await open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0))
+        await queued
+        assert client.gate.is_open and len(waited) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_long_prefill_that_fails_before_the_engine_holds_it_opens_the_gate_again() -> None:
+    pin = llama_scheduling(4).long_pin
+    assert pin is not None
+
+    async def scenario() -> None:
+        client: Any = Pages(IDLE)  # the pinned slot never shows held: its request never came
+        fields = await place_long(client, None, pin, others=lambda: 0)
+        assert not client.gate.is_open
+        watching = asyncio.create_task(open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0)))
+        await asyncio.sleep(0)
+        watching.cancel()  # the send failed: the handler cancels the watch
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        assert client.gate.is_open
+
+    asyncio.run(scenario())
+
+
+def test_a_placing_that_breaks_is_logged_and_opens_the_gate(
+    engine: FakeEngine, engine_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task that watches for the engine to hold a placed long prefill runs beside the request: an error in
+    it is logged, not lost, and later requests still pass the gate."""
+    four = llama_scheduling(4)
+    assert four.long_pin is not None
+
+    def broken(_page: str, _fields: Any) -> bool:
+        raise ValueError("a page the reader did not foresee")
+
+    runtime = make_runtime(engine_url, scheduling=replace(four, long_pin=replace(four.long_pin, taken=broken)))
+    engine.slots = [IDLE]
+    long = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
+    hi = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
+    with _gateway(runtime) as client, caplog.at_level("ERROR", logger="gateway.handlers"):
+        assert client.post("/v1/chat/completions", json=long).status_code == 200
+        assert client.post("/v1/chat/completions", json=hi).status_code == 200  # the gate is open again
+    assert "watching a long prefill's placement failed" in caplog.text and "did not foresee" in caplog.text
 
 
 def test_a_canary_in_the_engine_counts_as_a_request_that_could_take_the_last_slot_first(

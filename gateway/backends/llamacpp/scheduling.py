@@ -62,8 +62,9 @@ takes them in arrival order and defers one whose slot is busy (server-context.cp
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import gateway.backends.llamacpp.drafting as drafting
 from gateway.backends.base import LongPin, PrefillFirst, Scheduling
@@ -197,7 +198,7 @@ def scheduling(slots: int, batch_why: str = "") -> Scheduling:
     batch_part = f"; {batch_why}" if batch_why else ""
     return Scheduling(
         long_lane=1,
-        long_pin=LongPin(SLOTS_PATH, place_in_last_slot),
+        long_pin=LongPin(SLOTS_PATH, place_in_last_slot, slot_taken),
         prefill_first=PREFILL_FIRST,
         means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} once idle (warm turns are batched "
         "first), paused while warm turns run" + batch_part,
@@ -214,6 +215,12 @@ def place_in_last_slot(slots_page: str, others: int) -> dict[str, int] | None:
     last = max(slots)
     busy = sum(slots.values())
     return {"id_slot": last} if not slots[last] and busy >= others else None
+
+
+def slot_taken(slots_page: str, fields: Mapping[str, Any]) -> bool:
+    """Whether ``GET /slots`` shows the pinned slot processing: the long request holds it."""
+    slots = _slots(slots_page)
+    return bool(slots) and slots.get(fields.get("id_slot", -1)) is True
 
 
 def _slots(slots_page: str) -> dict[int, bool]:

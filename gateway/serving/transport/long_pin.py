@@ -3,9 +3,9 @@ that holds the gateway's other requests to that engine back meanwhile.
 
 The engine's page says where the long request may go once nothing else can take that place first: the
 place free, and each of the gateway's other requests already in the engine (one on its way could be
-placed there before it). From the read that places it until the engine holds it (the first event of the
-prefill sent there: gateway.serving.transport.prefill_first), every other request to the engine waits at
-the gate: on the CPU that is one step of the engine at most.
+placed there before it). From the read that places it until the engine holds it (the page shows it there:
+:func:`open_when_taken`; or a prefill run ahead sends its first event: gateway.serving.transport.prefill_first),
+every other request to the engine waits at the gate: on the CPU that is one step of the engine at most.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gateway.serving.transport.proxy import EngineClient
 from gateway.supervision.lifecycle import EngineTarget
 
 POLL_S = 0.1  # how often the page is read again while the place is not free
+TAKEN_S = 5.0  # the gate opens after this long even if the page never shows the request held
 
 
 async def place_long(
@@ -65,3 +66,26 @@ async def place_once(
     if not fields:
         gate.open()
     return fields
+
+
+async def open_when_taken(
+    client: EngineClient,
+    target: EngineTarget,
+    pin: LongPin,
+    fields: Mapping[str, Any],
+    *,
+    within_s: float = TAKEN_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Open ``client``'s gate once the engine's page shows the placed request held (or ``within_s`` later,
+    or when cancelled: the request failed before it reached the engine)."""
+    deadline = clock() + within_s
+    try:
+        while clock() < deadline:
+            page = await client.page(target, pin.path)
+            if page is not None and pin.taken(page, fields):
+                return
+            await sleep(POLL_S / 5)
+    finally:
+        client.gate.open()

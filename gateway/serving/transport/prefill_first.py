@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 GRACE_S = 2.0  # a prefill may be paused this long in all before its bound (as long as it has run) applies
 MIN_PAUSE_S = 0.25  # a pause begins only if it may last this long (each resume re-sends the prompt)
+MIN_RUN_S = 1.0  # a resumed prefill runs this long before it pauses again (the resend costs its tokenizing)
 
 
 class Turns(Protocol):
@@ -52,8 +53,9 @@ class Prefilled:
 
 class _Budget:
     """How long the prefill has run and been paused. A pause lasts while the time paused in all is under
-    max(time run, grace), and begins only if it may last :data:`MIN_PAUSE_S`: a long prompt keeps at least
-    half the engine under a steady stream of warm turns, and is not re-sent every few milliseconds."""
+    max(time run, grace), and begins only if it may last :data:`MIN_PAUSE_S` and, once resumed, after
+    :data:`MIN_RUN_S`: a long prompt keeps at least half the engine under a steady stream of warm turns, and
+    is not re-sent every few hundred milliseconds."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -66,9 +68,11 @@ class _Budget:
         return max(self.ran_s, GRACE_S) - (self.paused_s + self.clock() - self._since)
 
     def run_left_s(self) -> float:
-        """While running: how much longer it must run before a pause may begin (0 or less: it may now)."""
-        ran = self.ran_s + self.clock() - self._since
-        return self.paused_s + MIN_PAUSE_S - max(ran, GRACE_S)
+        """While running: how much longer it must run before a pause may begin (0 or less: it may now); once
+        it has paused, each run lasts :data:`MIN_RUN_S` at least."""
+        running = self.clock() - self._since
+        left = self.paused_s + MIN_PAUSE_S - max(self.ran_s + running, GRACE_S)
+        return max(left, MIN_RUN_S - running) if self.paused_s else left
 
     def switch(self, running: bool) -> None:
         """The phase that ends: ``running`` True for a run, False for a pause."""
