@@ -4,7 +4,7 @@ llama-server has no scheduler of its own beyond its slots: each step it batches 
 next token, then fills the rest of the batch (``-b``) with prompt tokens, slot by slot in slot order
 (tools/server/server-context.cpp:3325-3345, 3781). A slot with a long prompt left takes the whole
 batch, and a slot after it in that order waits until the long prompt is done: a warm 100-token turn
-waited the whole of another session's 20k-token prefill. Three means follow from this:
+waited the whole of another session's 20k-token prefill. Two means follow from this, and a third on request:
 
 - **One long prefill at a time** (the gateway's long-prefill lane): the other slots stay free for warm
   turns, and several long prompts prefilled side by side finish no sooner than one after another.
@@ -17,10 +17,10 @@ waited the whole of another session's 20k-token prefill. Three means follow from
   finishes (``progress = 1.11``, for ever: twice at 16 sessions, the second long prompt pinned to the slot
   the first still answered in). So the gateway reads ``/slots`` until the last slot is idle and every
   request it has in the engine holds a slot (none on its way that could take the last one first), and
-  sends nothing else until the long one's first progress event says llama-server holds it
-  (:class:`gateway.backends.base.LongPin`); after 30 s of waiting it goes unpinned (llama-server then picks an
-  idle slot, or waits for one). A short request is never pinned, so it still goes to the slot, or restores
-  from the host-RAM cache, that holds its prefix (``--slot-prompt-similarity``).
+  sends nothing else until ``/slots`` shows the long one there (:class:`gateway.backends.base.LongPin`);
+  after 30 s of waiting it goes unpinned (llama-server then picks an idle slot, or waits for one). A
+  short request is never pinned, so it still goes to the slot, or restores from the host-RAM cache, that
+  holds its prefix (``--slot-prompt-similarity``).
 - **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
   generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
   src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
@@ -41,20 +41,22 @@ waited the whole of another session's 20k-token prefill. Three means follow from
   n_ubatch). Across several devices the default stays: there a call's ubatches are pipelined from
   device to device (llama-context.cpp:432-459), which one ubatch per call would give up (not measured
   here).
-- **A long prefill that pauses for warm turns**: no batch size keeps both the prefill's speed and a warm
-  turn's decode beside it (each of its steps carries ``-b`` tokens of the long prompt, costlier the deeper
-  that prompt is: 4-7x its time alone at ``-b 64``), and llama-server cannot pause a prompt. But a request
-  cancelled mid-prefill leaves what it prefilled in its slot (a cancel releases the slot,
-  server-context.cpp:2659-2667, after the tokens of each batch went into the slot's cache, :3817), and a
-  new task saves an idle slot to the host-RAM cache before clearing it (``--cache-idle-slots``, on by
-  default: :2640-2657), from which an unpinned request with the same prompt loads it back
-  (get_available_slot, :1745-1790). So the gateway prefills a long prompt as a request of its own
-  (:data:`PREFILL_FIRST`: one token, streamed with ``return_progress``, an event per batch, so the HTTP
-  thread sees the closed connection within a batch, :4138; without events it looks once a second, :40),
-  closes it while warm turns run and sends it again after; the client's own request then finds its prompt
-  cached (measured: cancelled at 2,560 of 8,022 tokens, resumed with 2,560 cached, the request itself
-  prefilled 1 token). Resent unpinned: pinned to a slot the idle-slot save has cleared, b11434 would not
-  load the cache (f_keep 0/0 above).
+- **A long prefill that pauses for warm turns** (``--pause-long-prefills``, off by default): no batch
+  size keeps both the prefill's speed and a warm turn's decode beside it (each of its steps carries ``-b``
+  tokens of the long prompt, costlier the deeper that prompt is: 4-7x its time alone at ``-b 64``), and
+  llama-server cannot pause a prompt. But a request cancelled mid-prefill leaves what it prefilled in its
+  slot (a cancel releases the slot, server-context.cpp:2659-2667, after the tokens of each batch went into
+  the slot's cache, :3817), and a new task saves an idle slot to the host-RAM cache before clearing it
+  (``--cache-idle-slots``, on by default: :2640-2657), from which an unpinned request with the same prompt
+  loads it back (get_available_slot, :1745-1790). So the gateway can prefill a long prompt as a request of
+  its own (:data:`PREFILL_FIRST`: one token, streamed with ``return_progress``, an event per batch, so the
+  HTTP thread sees the closed connection within a batch, :4138; without events it looks once a second,
+  :40), close it while warm turns run and send it again after, in the idle slot that still holds what it
+  did (:func:`slot_holding`), else unpinned (pinned to a slot the idle-slot save has cleared, b11434 would
+  not load the cache: f_keep 0/0 above); the client's own request then finds its prompt cached (measured:
+  cancelled at 2,496 of 8,022 tokens, resumed with 2,560 cached, the request itself prefilled 1 token).
+  Off by default: the sessions of one agent share a start of which llama-server keeps one copy and moves
+  it, so pausing lost some of their warm prefixes under many sessions (docs/many-agents.md).
 A request's place in the queue is the gateway's (gateway/serving/scheduling/admission.py); llama-server itself
 takes them in arrival order and defers one whose slot is busy (server-context.cpp:2603-2620).
 """
@@ -201,7 +203,7 @@ def scheduling(slots: int, batch_why: str = "") -> Scheduling:
         long_pin=LongPin(SLOTS_PATH, place_in_last_slot, slot_taken),
         prefill_first=PREFILL_FIRST,
         means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} once idle (warm turns are batched "
-        "first), paused while warm turns run" + batch_part,
+        "first)" + batch_part,
     )
 
 
