@@ -465,38 +465,6 @@ async def _prefill(client: Any, fields: Any) -> None:
     )  # fmt: skip
 
 
-def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_prefill_run_ahead_until_it_is_held() -> None:
-    """Between the read that finds the last slot free and the engine taking the long request, a request sent
-    meanwhile could take that slot first (a warm turn whose prefix it holds): nothing is sent then."""
-    pin = llama_scheduling(4).long_pin
-    assert pin is not None
-
-    async def scenario() -> None:
-        client: Any = Pages(LAST_BUSY, _slots(True, False, False, False), IDLE, _slots(False, False, False, True))
-        waited: list[float] = []
-
-        async def warm_turn() -> None:
-            await client.gate.passed()
-            waited.append(asyncio.get_running_loop().time())
-
-        # the last slot busy; then free, but two other requests in flight and one slot busy (one on its way
-        # could take the last slot first); then all idle and none in flight: placed
-        others = iter([1, 2, 0])
-        fields = await place_long(client, None, pin, others=lambda: next(others), sleep=lambda _s: asyncio.sleep(0))
-        assert fields == {"id_slot": 3} and not client.gate.is_open  # placed, the gate held closed
-        assert client.gate_at_reads == [False, False, False]  # closed for each read, opened when it did not place
-        queued = asyncio.create_task(warm_turn())
-        prefilling = asyncio.create_task(_prefill(client, fields))
-        await asyncio.sleep(0.01)  # the window in which a turn let through too early would show
-        assert waited == [] and client.gate_when_sent == [False]  # sent with the gate closed; the turn held
-        client.event.set()  # the engine's first event: it holds the long prefill
-        await queued
-        assert client.gate.is_open and len(waited) == 1
-        await prefilling
-
-    asyncio.run(scenario())
-
-
 def test_a_prefill_run_ahead_that_fails_before_the_engine_holds_it_opens_the_gate_again() -> None:
     pin = llama_scheduling(4).long_pin
     assert pin is not None
@@ -512,9 +480,13 @@ def test_a_prefill_run_ahead_that_fails_before_the_engine_holds_it_opens_the_gat
     asyncio.run(scenario())
 
 
-def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefill_until_it_is_held() -> None:
+@pytest.mark.parametrize("held_by", ["its slot on the page", "its prefill's first event"])
+def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefill_until_it_is_held(
+    held_by: str,
+) -> None:
     """Between the read that finds the last slot free and the engine taking the long request, a request sent
-    meanwhile could take that slot first (a warm turn whose prefix it holds): nothing is sent then."""
+    meanwhile could take that slot first (a warm turn whose prefix it holds): nothing is sent then. Held is
+    what /slots shows, or, for a prefill run ahead (--pause-long-prefills), its first progress event."""
     pin = llama_scheduling(4).long_pin
     assert pin is not None
 
@@ -533,9 +505,16 @@ def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefil
         assert fields == {"id_slot": 3} and not client.gate.is_open  # placed, the gate held closed
         assert client.gate_at_reads == [False, False, False]  # closed for each read, opened when it did not place
         queued = asyncio.create_task(warm_turn())
-        await asyncio.sleep(0)
-        assert waited == []  # held at the gate
-        await open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0))
+        if held_by == "its slot on the page":
+            await asyncio.sleep(0)
+            assert waited == []  # held at the gate
+            await open_when_taken(client, None, pin, fields, sleep=lambda _s: asyncio.sleep(0))
+        else:
+            prefilling = asyncio.create_task(_prefill(client, fields))
+            await asyncio.sleep(0.01)  # the window in which a turn let through too early would show
+            assert waited == [] and client.gate_when_sent == [False]  # sent with the gate closed; the turn held
+            client.event.set()  # the engine's first event: it holds the long prefill
+            await prefilling
         await queued
         assert client.gate.is_open and len(waited) == 1
 
