@@ -1,14 +1,16 @@
-"""A long prefill run ahead of its request, paused while warm turns run (the engine's :class:`PrefillFirst`).
+"""A long prefill run ahead of its request, paused while warm turns run (the engine's :class:`PrefillFirst`;
+on with the ``pause_long_prefills`` setting).
 
 llama-server cannot pause a prompt it is prefilling: every step of a warm turn beside it also carries a
 batch of that prompt, so an 8-token answer took 4-7x its time alone beside a cold burst. It does keep what
 a cancelled request prefilled, and the same prompt sent again resumes there
 (gateway.backends.llamacpp.scheduling). So the gateway prefills a long prompt as a request of its own, one
 token streamed with an event per batch, closes it while short turns are in the engine, and sends it again
-once their answers are over. The client's own request goes last and finds its prompt
-cached. A pause lasts at most as long as the prefill has run (after :data:`GRACE_S`), so a long prompt
-still has half the engine under a steady stream of warm turns. A prefill that fails is left to the client's
-request, which prefills the prompt itself and meets whatever failed.
+once their answers are over, to the slot that still holds what it did where the engine's page shows one.
+The client's own request goes last and finds its prompt cached. A pause lasts at most as long as the
+prefill has run (after :data:`GRACE_S`), so a long prompt still has half the engine under a steady stream
+of warm turns. A prefill that fails is left to the client's request, which prefills the prompt itself and
+meets whatever failed.
 """
 
 from __future__ import annotations
