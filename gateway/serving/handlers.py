@@ -37,7 +37,7 @@ from gateway.serving.runtime import Runtime, Upstream
 from gateway.serving.scheduling.admission import Admission, Claim, Ticket
 from gateway.serving.scheduling.sessions import LONG_PREFILL_TOKENS, estimate_beside, identify
 from gateway.serving.transport.first_output import FirstOutput
-from gateway.serving.transport.long_pin import open_when_taken, place_long, place_once
+from gateway.serving.transport.long_pin import TAKEN_S, open_when_taken, place_long, place_once
 from gateway.serving.transport.outgoing import Outgoing
 from gateway.serving.transport.prefill_first import prefill_first
 from gateway.serving.transport.prompt_count import PromptCount
@@ -267,21 +267,33 @@ class Inference:
         closed until its first event); the request itself then goes unpinned, finds its prompt cached where
         that prefill left it, and its usage says what was cached before."""
         pin, gate = target.scheduling.long_pin, upstream.client.gate
-        fields = await place_long(upstream.client, target, pin, others=_others(upstream)) if pin is not None else {}
+        loop = asyncio.get_running_loop()
+        late: list[asyncio.TimerHandle] = []  # an engine that sends no first event: the gate opens anyway
+
+        def held() -> None:
+            for timer in late:
+                timer.cancel()
+            gate.open()
+
+        def placed(fields: Mapping[str, Any] | None) -> Mapping[str, Any]:
+            if fields:  # the gate is held for it until its first event, TAKEN_S at most (as open_when_taken)
+                late.append(loop.call_later(TAKEN_S, gate.open))
+            return fields or {}
+
+        fields = placed(await place_long(upstream.client, target, pin, others=_others(upstream)) if pin else {})
         if not fields:  # placed nowhere: the gate is not held for it
             await gate.passed()
 
         async def place_again(done: int) -> Mapping[str, Any]:  # a paused prefill: where it resumes
-            placed = await place_once(upstream.client, target, first.path, lambda page: first.resume(page, done))
-            return placed or {}
+            return placed(await place_once(upstream.client, target, first.path, lambda page: first.resume(page, done)))
 
         try:
             prefilled = await prefill_first(
                 upstream.client, target, outgoing.path, outgoing.payload, first, upstream.admission.turns,
-                first_fields=fields, on_held=gate.open, place_again=place_again, worth_pausing=LONG_PREFILL_TOKENS,
+                first_fields=fields, on_held=held, place_again=place_again, worth_pausing=LONG_PREFILL_TOKENS,
             )  # fmt: skip
         finally:
-            gate.open()
+            held()
         outgoing.pin({})
         outgoing.reused = prefilled.reused
         upstream.admission.prefilled_ahead += 1

@@ -18,6 +18,7 @@ import pytest
 from gateway.backends.base import Scheduling
 from gateway.backends.llamacpp.scheduling import PREFILL_FIRST
 from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
+from gateway.serving import handlers
 from gateway.serving.scheduling.admission import Admission, Claim, ShortTurns, Ticket
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
 from gateway.serving.transport import long_pin
@@ -401,6 +402,28 @@ def test_a_prefill_run_ahead_is_what_is_placed_and_the_request_itself_goes_unpin
     prefill, sent = (seen["body"] for seen in engine.requests_to("/v1/chat/completions")[-2:])
     assert prefill["return_progress"] is True and prefill["max_tokens"] == 1 and prefill["id_slot"] == 3
     assert prefill["messages"] == sent["messages"] and "id_slot" not in sent and "return_progress" not in sent
+
+
+def test_a_prefill_run_ahead_the_engine_sends_no_event_for_opens_the_gate_after_a_while(
+    engine: FakeEngine, engine_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that sends no first event (a llama-server built without return_progress, or one that defers
+    the request): the gate closed for the placing opens after TAKEN_S, as for a pinned long prefill, and
+    warm turns pass it."""
+    monkeypatch.setattr(handlers, "TAKEN_S", 0.1)
+    engine.slots = [IDLE]
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4), pause_long_prefills=True)
+    long = {"model": FRONTED, "messages": [{"role": "user", "content": "PREFILLING " + "x " * 6000}]}
+    hi = {"model": FRONTED, "messages": [{"role": "user", "content": "hi"}]}
+    with _gateway(runtime) as client, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/v1/chat/completions", json=long)
+        try:
+            wait_until(lambda: len(engine.requests_to("/v1/chat/completions")) == 1, what="the prefill sent")
+            assert client.post("/v1/chat/completions", json=hi).status_code == 200  # through the gate meanwhile
+            assert not first.done()
+        finally:
+            engine.prefill_over.set()
+        assert first.result(timeout=10).status_code == 200
 
 
 @pytest.mark.parametrize(("path", "extra"), LONG_KINDS)
