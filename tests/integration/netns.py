@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,9 +78,12 @@ class Namespaces:
         done = _ip("netns", "pids", name)
         return [int(pid) for pid in done.stdout.split()]
 
-    def freeze(self, name: str) -> None:
-        """SIGSTOP every process in the namespace: a machine that hangs (its sockets still take connections)."""
+    def freeze(self, name: str, keep: Collection[int] = ()) -> None:
+        """SIGSTOP every process in the namespace but ``keep``: a machine that hangs (its sockets still take
+        connections), or, keeping its worker, an engine that hangs on a machine that still answers."""
         for pid in self.pids(name):
+            if pid in keep:
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
 

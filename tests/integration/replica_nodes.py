@@ -194,13 +194,15 @@ def serve_and_lose_a_node(
     def whole() -> None:
         held["answer"] = nodes._turn(on_remote, "count from one to a thousand", WHOLE_TOKENS, extra)
 
-    # the stream first; then node-b hangs (stopped, not yet killed) and the whole answer is sent to it, so both
-    # are in flight there when it goes, whatever the machine's speed: sent together, the whole answer (a few
-    # seconds) once ended before the stream's first tokens were read (CI)
+    # the stream first; then node-b's engine hangs (stopped, not yet killed) and the whole answer is sent to it,
+    # so both are in flight there when the node goes, whatever the machine's speed: sent together, the whole
+    # answer (a few seconds) once ended before the stream's first tokens were read (CI). Its worker is not
+    # stopped: with it, the head once counted node-b unreachable (a lease renewal unanswered for 10 s, under
+    # load 10) before the whole answer was placed, and placed it on the head's replica
     thread = nodes.stream(on_remote, stream_tokens, streamed, extra)
     wait_until(lambda: len(streamed.get("events", [])) >= 3, what="the stream's first tokens", timeout_s=120)
     assert streamed["replica"] == remote
-    nodes.nets.freeze(nodes.node_ns)
+    nodes.nets.freeze(nodes.node_ns, keep={nodes.procs["worker"].pid})
     waiting = nodes.in_background(whole)
     nodes.status_when(lambda s: _in_flight(s, remote) >= 2, "the whole answer in flight on node-b", timeout_s=30)
     assert "answer" not in held and not streamed.get("done"), (held, streamed.get("events", [])[-3:])
