@@ -246,5 +246,5 @@ def _slot_tokens(slots_page: str) -> dict[int, tuple[bool, int]]:
         if not isinstance(number, int) or isinstance(number, bool) or not isinstance(processing, bool):
             return {}
         tokens = slot.get("n_prompt_tokens")
-        slots[number] = (processing, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0)
+        slots[number] = (processing, tokens if _count(tokens) else 0)
     return slots
