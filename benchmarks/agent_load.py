@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/agent_load.py [--target gateway|direct] [--engine llamacpp|vllm]
         [--sessions 1,4,8,16] [--turns 4] [--fairness [--burst-turns K]] [--api-keys k1,k2] [--json FILE]
-        [--logs DIR] [--replicas 1,2 --rounds 2 --threads 1 [--kill-at-half]]
+        [--logs DIR] [--replicas 1,2 --rounds 2 --threads 1 [--kill-at-half]] [--file-tokens N]
 
 agent_sessions.py measures one conversation at a time; coding agents are used several at once (Claude
 Code's parallel subagents, a developer's two or three agents, a team on one node). This runs N
@@ -17,7 +17,9 @@ prompt and tools with a different first task. Each request carries the headers t
 ``metadata.user_id``, Codex ``session-id`` / ``thread-id`` and ``prompt_cache_key``, opencode
 ``x-session-affinity`` / ``x-session-id``), the recorded id replaced by a fresh one per conversation
 (``--subagents-share-session``: Claude Code's subagents keep the first conversation's id, as one CLI
-process running subagents sends). Qwen Code, Cline and aider send no session id.
+process running subagents sends). Qwen Code, Cline and aider send no session id. ``--file-tokens N``:
+each conversation's last turn reads a file of about N tokens (its tool result, aider's request), a later
+turn that is a long prefill of its own; within the goal it prefills the file, not the conversation again.
 
 Per run (each on a freshly started engine, so no run inherits another's cache): the later turns within
 agent_sessions' prefill goal (new tokens + max(1 % of the prompt, 64)), the later turns' new tokens
@@ -179,14 +181,15 @@ def _fresh_id(recorded: str) -> str:
     return "ses_" + uuid.uuid4().hex[:26] if recorded.startswith("ses_") else str(uuid.uuid4())
 
 
-def conversation(label: str, turns: int, ids: dict[str, str] | None = None) -> Conversation:
+def conversation(label: str, turns: int, ids: dict[str, str] | None = None, file_tokens: int = 0) -> Conversation:
     """The agent's recorded conversation made a new one: a marker on its first user text, and its
     session ids (headers and body: Codex's ``prompt_cache_key``, Claude Code's ``metadata``) replaced
-    by fresh ones, or by ``ids`` (recorded → new) to keep another conversation's."""
+    by fresh ones, or by ``ids`` (recorded → new) to keep another conversation's; ``file_tokens``: its last
+    turn reads a file of about as many tokens (agent_sessions.session)."""
     agent = label.split("#")[0]
     record = _recorded(agent)
     headers = {name: value for name, value in record["headers"].items() if name not in DROPPED_HEADERS}
-    bodies = session(agent, turns)
+    bodies = session(agent, turns, file_tokens)
     for body in bodies:
         _retitle(body, agent, label)
     recorded = {headers[name] for name in SESSION_HEADERS if name in headers}
@@ -198,7 +201,9 @@ def conversation(label: str, turns: int, ids: dict[str, str] | None = None) -> C
     return Conversation(label, agent, SESSIONS[agent][2], headers, bodies)
 
 
-def conversations(count: int, turns: int, *, keys: int = 0, share_subagents: bool = False) -> list[Conversation]:
+def conversations(
+    count: int, turns: int, *, keys: int = 0, share_subagents: bool = False, file_tokens: int = 0
+) -> list[Conversation]:
     """The first ``count`` of MIX (past 16 it repeats), numbered per agent, each with its key in turn."""
     picked = [MIX[i % len(MIX)] for i in range(count)]
     labels = [f"{agent}#{picked[:i].count(agent) + 1}" for i, agent in enumerate(picked)]
@@ -206,7 +211,7 @@ def conversations(count: int, turns: int, *, keys: int = 0, share_subagents: boo
     for i, label in enumerate(labels):
         main = next((c for c in out if c.agent == "claude"), None) if share_subagents else None
         ids = _ids_of(main) if main is not None and label.startswith("claude#") else None
-        made = conversation(label, turns, ids)
+        made = conversation(label, turns, ids, file_tokens)
         made.key = i % keys if keys else None
         out.append(made)
     return out
@@ -903,6 +908,9 @@ def main() -> int:
         help="Claude Code's second and later conversations send the first one's session id",
     )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="output tokens per turn")
+    parser.add_argument(
+        "--file-tokens", type=int, default=0, help="each conversation's last turn reads a file of about as many tokens"
+    )
     parser.add_argument("--max-retries", type=int, default=10, help="429s with Retry-After waited out per turn")
     parser.add_argument(
         "--threads",
@@ -1002,7 +1010,11 @@ def main() -> int:
                 with fresh(replicas) as target:
                     results["argv"] = target.argv
                     convs = conversations(
-                        count, args.turns, keys=len(keys), share_subagents=args.subagents_share_session
+                        count,
+                        args.turns,
+                        keys=len(keys),
+                        share_subagents=args.subagents_share_session,
+                        file_tokens=args.file_tokens,
                     )
                     shape = f"{replicas} replica{'s' if replicas > 1 else ''}, " + (
                         f"one killed at {at_s or 0:.0f} s" if kill_run else f"round {round_number}"

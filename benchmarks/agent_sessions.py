@@ -82,6 +82,38 @@ def _fresh(text: str, turn: int) -> str:
     return text.replace("hello.txt", f"step{turn}.txt").replace("scripted upstream", f"turn {turn}")
 
 
+def _with_output(pair: list[Any], read: str) -> list[Any]:
+    """The recorded tool call and its result (the agent's wire format), the result's text followed by
+    ``read``: Anthropic's ``tool_result``, Responses' ``function_call_output``, a chat ``tool`` message."""
+    if not read:
+        return pair
+    pair = copy.deepcopy(pair)
+    result = pair[-1]
+    if "output" in result:
+        result["output"] += read
+        return pair
+    content = result["content"]
+    if isinstance(content, str):
+        result["content"] = content + read
+        return pair
+    part = next(part for part in reversed(content) if part.get("type") in ("tool_result", "text"))
+    if part.get("type") == "text":
+        part["text"] += read
+    else:
+        part["content"] += read
+    return pair
+
+
+def source_file(tokens: int) -> str:
+    """About ``tokens`` tokens of a source file (by the gateway's estimate, 4 characters a token), as a tool
+    result that read a file brings into a conversation; no quotes or backslashes."""
+    lines = ["def running_total(values, weights):", "    total = 0"]
+    while sum(len(line) + 1 for line in lines) < 4 * tokens:
+        step = len(lines)
+        lines.append(f"    total = total + values[{step}] * weights[{step}]  # step {step} of the sum")
+    return "\n".join([*lines, "    return total"])
+
+
 def _renumber(value: Any, call_id: str) -> None:
     """Give the copied tool call and its result a new id (every key that holds one)."""
     if isinstance(value, list):
@@ -95,37 +127,45 @@ def _renumber(value: Any, call_id: str) -> None:
                 _renumber(inner, call_id)
 
 
-def _next_turn(agent: str, previous: dict[str, Any], pair: list[Any], turn: int) -> dict[str, Any]:
+def _next_turn(agent: str, previous: dict[str, Any], pair: list[Any], turn: int, read: str = "") -> dict[str, Any]:
     """The previous request plus one more tool call and its result (``pair``: the recorded ones, in the
-    agent's wire format), with a new call id and a new file name."""
+    agent's wire format), with a new call id and a new file name (``read``: what the result brings too)."""
     body = copy.deepcopy(previous)
-    added = json.loads(_fresh(json.dumps(pair), turn))
+    added = _with_output(json.loads(_fresh(json.dumps(pair), turn)), read)
     _renumber(added, f"call_{uuid.uuid4().hex[:8]}")
     key = "input" if agent == "codex" else "messages"
     body[key] = body[key] + added
     return body
 
 
-def session(agent: str, turns: int) -> list[dict[str, Any]]:
-    """``turns`` requests of one conversation, each the one before plus what happened since."""
+def session(agent: str, turns: int, file_tokens: int = 0) -> list[dict[str, Any]]:
+    """``turns`` requests of one conversation, each the one before plus what happened since; with
+    ``file_tokens``, the last one's tool result (aider's: its request) brings a file of about as many tokens
+    (a later turn that is a long prefill of its own)."""
     first_name, second_name, _ = SESSIONS[agent]
     first = _load(agent, first_name)
+    read = "\n" + source_file(file_tokens) if file_tokens else ""
     if second_name is None:  # aider: no tools; each turn adds an answer and a new request
         out = [first]
         for turn in range(1, turns):
             body = copy.deepcopy(out[-1])
             body["messages"] += [
                 {"role": "assistant", "content": f"I changed step{turn}.txt as asked."},
-                {"role": "user", "content": f"Now do the same for step{turn + 1}.txt."},
+                {
+                    "role": "user",
+                    "content": f"Now do the same for step{turn + 1}.txt.{read if turn == turns - 1 else ''}",
+                },
             ]
             out.append(body)
         return out
     second = _load(agent, second_name)
     key = "input" if agent == "codex" else "messages"
     pair = second[key][len(first[key]) :]  # the tool call and its result
+    if turns == 2 and read:
+        second = {**second, key: second[key][: len(first[key])] + _with_output(pair, read)}
     out = [first, second]
     while len(out) < turns:
-        out.append(_next_turn(agent, out[-1], pair, len(out)))
+        out.append(_next_turn(agent, out[-1], pair, len(out), read if len(out) == turns - 1 else ""))
     return out[:turns]
 
 

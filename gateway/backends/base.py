@@ -39,13 +39,14 @@ class Capability(enum.StrEnum):
 @dataclass(frozen=True)
 class LongPin:
     """Where a long prefill goes, decided as it is sent rather than in the plan. The engine's ``path`` page is
-    read until ``place`` (its text; the gateway's other requests holding the engine's slots) gives the fields
-    the request carries, {} for none, or None for not yet (read again, up to ``wait_s``; then it goes with
-    none). From the read that places it until ``taken`` (the page; those fields) shows the engine holds it,
-    the gateway sends the engine nothing else: no other request can take the place first."""
+    read until ``place`` (its text; the gateway's other requests holding the engine's slots; the tokens of
+    the prompt the engine likely holds, by the gateway's estimate) gives the fields the request carries, {}
+    for none, or None for not yet (read again, up to ``wait_s``; then it goes with none). From the read that
+    places it until ``taken`` (the page; those fields) shows the engine holds it, the gateway sends the
+    engine nothing else: no other request can take the place first."""
 
     path: str
-    place: Callable[[str, int], Mapping[str, Any] | None]
+    place: Callable[[str, int, int], Mapping[str, Any] | None]
     taken: Callable[[str, Mapping[str, Any]], bool]
     wait_s: float = 30.0
 

@@ -191,7 +191,8 @@ class Inference:
         # long: it takes the lane, so one that shares a start still being prefilled waits for it to be held
         record.long = now_tokens > LONG_PREFILL_TOKENS
         held = (lambda: known.prefilled(units)) if generates else None
-        return Claim(identity.key, identity.session, new_tokens, record.long, held, generates), placement
+        holds = known.held_tokens(units) if generates else 0
+        return Claim(identity.key, identity.session, new_tokens, record.long, held, generates, holds), placement
 
     async def _on_replica(
         self, request: Request, claim: Claim, placement: Placement[Upstream], send: Send, outgoing: Outgoing | None
@@ -246,12 +247,12 @@ class Inference:
             await upstream.client.gate.passed()
             return None
         if first is not None and self.rt.pause_long_prefills and outgoing.path in first.paths:
-            await self._prefill_ahead(upstream, target, outgoing, first)
+            await self._prefill_ahead(upstream, target, outgoing, first, claim.held_tokens)
             return None
         if pin is None:
             await upstream.client.gate.passed()
             return None
-        fields = await place_long(upstream.client, target, pin, others=_others(upstream))
+        fields = await place_long(upstream.client, target, pin, others=_others(upstream), held=claim.held_tokens)
         outgoing.pin(fields)
         if not fields:
             return None
@@ -261,11 +262,14 @@ class Inference:
         return placing
 
     @staticmethod
-    async def _prefill_ahead(upstream: Upstream, target: EngineTarget, outgoing: Outgoing, first: PrefillFirst) -> None:
+    async def _prefill_ahead(
+        upstream: Upstream, target: EngineTarget, outgoing: Outgoing, first: PrefillFirst, holds: int
+    ) -> None:
         """The long prompt prefilled as the gateway's own request, paused while warm turns run
         (gateway.serving.transport.prefill_first), its first sending placed as a long prefill is (the gate
-        closed until its first event); the request itself then goes unpinned, finds its prompt cached where
-        that prefill left it, and its usage says what was cached before."""
+        closed until its first event; ``holds``: the tokens of it the engine likely holds); the request itself
+        then goes unpinned, finds its prompt cached where that prefill left it, and its usage says what was
+        cached before."""
         pin, gate = target.scheduling.long_pin, upstream.client.gate
         loop = asyncio.get_running_loop()
         late: list[asyncio.TimerHandle] = []  # an engine that sends no first event: the gate opens anyway
@@ -280,7 +284,8 @@ class Inference:
                 late.append(loop.call_later(TAKEN_S, gate.open))
             return fields or {}
 
-        fields = placed(await place_long(upstream.client, target, pin, others=_others(upstream)) if pin else {})
+        others = _others(upstream)
+        fields = placed(await place_long(upstream.client, target, pin, others=others, held=holds) if pin else {})
         if not fields:  # placed nowhere: the gate is not held for it
             await gate.passed()
 

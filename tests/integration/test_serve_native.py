@@ -297,6 +297,37 @@ def test_a_long_prefill_sent_while_the_last_slot_still_answers_the_first_waits_f
     assert chosen and all(task == "-1" for _slot, task in chosen), chosen  # never a busy slot
 
 
+def test_a_long_turn_of_a_conversation_the_engine_holds_is_served_from_its_ram_cache(native: GatewayProcess) -> None:
+    """A later turn that adds a large file is a long prefill (its new part), and the gateway pinned every long
+    prefill to the last slot. With --kv-unified, llama-server empties each idle slot when another task starts
+    (saving it to its RAM cache), and b11434 gives a request pinned to an empty slot nothing from that cache:
+    the whole conversation was prefilled again. Now a long prompt whose start the engine likely holds goes
+    unpinned where the last slot is empty, and llama-server loads the conversation."""
+    leader = int(native.status()["backend"]["pid"])
+    engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
+    url, headers = native.status()["backend"]["url"], {"Authorization": f"Bearer {engine.environ()['LLAMA_API_KEY']}"}
+    assert "--kv-unified" in native.status()["backend"]["argv"]
+    text = "the small cat sat on the warm mat and looked at the bird in the tall green tree " * 110  # > 2,048 tokens
+
+    def ask(messages: list[dict[str, str]]) -> dict[str, Any]:
+        body = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(native.url + "/v1/chat/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        usage: dict[str, Any] = answer.json()["usage"]
+        return usage
+
+    first = [{"role": "user", "content": f"notes on cats: {text}"}]
+    held = ask(first)["prompt_tokens"]
+    # another task starts: every idle slot is saved to the RAM cache and emptied, the last one included
+    other = {"prompt": "hi", "n_predict": 1, "id_slot": 0}
+    assert httpx.post(url + "/completion", headers=headers, json=other, timeout=60).status_code == 200
+    slots = httpx.get(url + "/slots", headers=headers, timeout=5).json()
+    assert not slots[-1].get("n_prompt_tokens"), slots  # the last slot is empty
+    later = [*first, {"role": "assistant", "content": "noted"}, {"role": "user", "content": f"and birds: {text}"}]
+    usage = ask(later)
+    assert (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) >= 0.9 * held, (held, usage)
+
+
 def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, client: openai.OpenAI) -> None:
     leader = int(native.status()["backend"]["pid"])
     engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))

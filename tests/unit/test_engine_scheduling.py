@@ -73,6 +73,17 @@ def test_llama_server_places_the_long_prefill_in_its_last_slot_once_idle_read_as
     assert place(page(False, False, False, False), 1) is None  # one request on its way: it could take the last
     assert place('{"error": {"code": 501}}', 0) == place("<html>", 0) == place("[1, 2]", 0) == {}  # unpinned
     assert place(page(False, "no", False, False), 0) == {}  # not the slots list as llama-server writes it
+    # the engine likely holds 2,048 tokens or more of the prompt: pinned to an empty last slot, b11434 would not
+    # load them from its RAM cache (f_keep 0/0), so it goes unpinned; a last slot holding tokens is still given
+    held_page = json.dumps(
+        [{"id": i, "is_processing": False, "n_prompt_tokens": n} for i, n in enumerate((5, 0, 0, 0))]
+    )
+    holding = json.dumps(
+        [{"id": i, "is_processing": False, "n_prompt_tokens": n} for i, n in enumerate((0, 0, 0, 900))]
+    )
+    assert place(held_page, 0, 20_000) == place(page(False, False, False, False), 0, 2048) == {}
+    assert place(held_page, 0, 2047) == place(holding, 0, 20_000) == place(held_page, 0) == {"id_slot": 3}
+    assert place(page(False, False, False, True), 0, 20_000) is None  # busy: not yet, held or not
     one = llama_scheduling(1)  # llama-cpp-python's one slot: nothing runs beside a long prefill
     assert (one.long_lane, dict(one.long_fields), one.long_pin, one.prefill_first) == (0, {}, None, None)
     assert four.prefill_first is not None and four.prefill_first.fields["return_progress"] is True

@@ -288,6 +288,63 @@ def test_a_session_sharing_a_start_still_being_prefilled_waits_in_the_long_lane(
     assert [body.get("id_slot") for body in sent] == [3, 3, None]  # both cold then; the third's start held
 
 
+def test_a_session_that_waited_for_its_start_to_be_prefilled_keeps_the_last_slot(
+    engine: FakeEngine, engine_url: str
+) -> None:
+    """On llama-server: a second session of the same agent waits in the long lane while the first's cold start
+    is prefilled, and goes to the last slot as it was going to (what the engine held when it came: nothing),
+    not unpinned. Sent unpinned once the start was held (tried: 16 sessions, one engine, 6.67 output tokens/s
+    against 7.8-11 and two whole re-prefills), siblings loaded the one copy of the start llama-server keeps
+    from its RAM cache, which moves it out, so a third found it in a busy slot and prefilled all 20k
+    tokens; in the last slot they follow one another, each finding the start where the last one left it."""
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    engine.slots = [IDLE]
+    start = [{"role": "system", "content": "You are a coding agent. " + "tool schema " * 3000}]
+
+    def session(task: str) -> dict[str, Any]:
+        return {"model": FRONTED, "messages": [*start, {"role": "user", "content": task}]}
+
+    with _gateway(runtime) as client, ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.post, "/v1/chat/completions", json=session("PREFILLING: fix the bug"))
+        try:
+            wait_until(lambda: len(engine.requests_to("/v1/chat/completions")) == 1, what="the first in the engine")
+            second = pool.submit(client.post, "/v1/chat/completions", json=session("write the tests"))
+            wait_until(lambda: runtime.admission.queued == 1, what="the second waiting in the lane")
+        finally:
+            engine.prefill_over.set()
+        assert first.result(timeout=10).status_code == 200 and second.result(timeout=10).status_code == 200
+    sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
+    assert [body.get("id_slot") for body in sent] == [3, 3]
+
+
+@pytest.mark.parametrize(("last_slot_tokens", "pinned"), [(0, None), (12_000, 3)], ids=["emptied", "holding"])
+def test_a_long_turn_of_a_held_conversation_is_pinned_only_to_a_last_slot_that_holds_tokens(
+    engine: FakeEngine, engine_url: str, last_slot_tokens: int, pinned: int | None
+) -> None:
+    """A later turn that adds a large file to a conversation the engine holds is a long prefill (its new part);
+    pinned to an empty last slot it would prefill the whole conversation again (b11434 skips its RAM cache
+    for a request pinned to an empty slot), so there it goes unpinned and llama-server loads the
+    conversation; a last slot that holds tokens is still given (pinned there, the cache is consulted)."""
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    first = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
+    later = {
+        **first,
+        "messages": [
+            *first["messages"],
+            {"role": "assistant", "content": "read"},
+            {"role": "user", "content": "and this one: " + "y " * 6000},
+        ],
+    }
+    with _gateway(runtime) as client:
+        engine.slots = [IDLE]
+        assert client.post("/v1/chat/completions", json=first).status_code == 200  # cold: nothing held, pinned
+        page = [{**slot, "n_prompt_tokens": last_slot_tokens if slot["id"] == 3 else 0} for slot in IDLE]
+        engine.slots = [page]
+        assert client.post("/v1/chat/completions", json=later).status_code == 200
+    sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
+    assert [body.get("id_slot") for body in sent] == [3, pinned]
+
+
 def test_known_prefixes_are_bounded() -> None:
     known = KnownPrefixes(limit=10)
     for task in range(20):

@@ -20,7 +20,13 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   sends nothing else until ``/slots`` shows the long one there (:class:`gateway.backends.base.LongPin`);
   after 30 s of waiting it goes unpinned (llama-server then picks an idle slot, or waits for one). A
   short request is never pinned, so it still goes to the slot, or restores from the host-RAM cache, that
-  holds its prefix (``--slot-prompt-similarity``).
+  holds its prefix (``--slot-prompt-similarity``). Nor is a long one whose start the engine likely holds
+  when the last slot is empty (as ``--kv-unified`` leaves every idle slot once another task starts,
+  :2640-2657): pinned to an empty slot, b11434 skips the host-RAM cache (the slot's ``f_keep`` is 0/0,
+  NaN, so no cache update, :1709-1741) and prefills the whole prompt again (measured: a 14,082-token prompt
+  whose first 9,391 tokens were in the cache, 0 cached pinned, 9,391 unpinned); unpinned it loads its start
+  (a later turn that adds a file of 3,000 tokens to a 20k-token conversation; a subagent's first turn,
+  its parent's system prompt and tools held), and what it has left to prefill is its own part.
 - **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
   generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
   src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
@@ -76,6 +82,10 @@ from gateway.backends.llamacpp.progress import SLOTS_PATH
 GPU_BATCH = 512  # llama-server's -b on one GPU: one ubatch a step (b11434's default -ub)
 CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still runs tiled (GGML_FA_TILE_Q)
 OWN_BATCH = 2048  # llama-server's own -b (common.h n_batch)
+# a long prefill whose start the engine likely holds goes unpinned rather than to an empty last slot from
+# this many tokens held: prefilling them again costs more than a few warm turns' prompts waiting behind its
+# own part in an earlier slot (below it, it keeps the last slot and prefills the start again)
+HELD_TO_LOAD = 2048
 
 
 def progress_figures(read: bytes) -> tuple[int, int, int] | None:
@@ -207,16 +217,19 @@ def scheduling(slots: int, batch_why: str = "") -> Scheduling:
     )
 
 
-def place_in_last_slot(slots_page: str, others: int) -> dict[str, int] | None:
+def place_in_last_slot(slots_page: str, others: int, held: int = 0) -> dict[str, int] | None:
     """``{"id_slot": last}`` once ``GET /slots`` shows the last slot idle and at least ``others`` slots busy
     (each of the gateway's other requests in the engine holds one: none is on its way to take the last
-    first); None: not yet; {}: not the slots list (sent unpinned)."""
-    slots = _slots(slots_page)
+    first); None: not yet; {}: not the slots list, or the last slot empty while the engine likely holds
+    ``held`` tokens of the prompt, :data:`HELD_TO_LOAD` or more (sent unpinned: pinned to an empty slot it
+    would not load them)."""
+    slots = _slot_tokens(slots_page)
     if not slots:
         return {}
     last = max(slots)
-    busy = sum(slots.values())
-    return {"id_slot": last} if not slots[last] and busy >= others else None
+    if slots[last][0] or sum(busy for busy, _tokens in slots.values()) < others:
+        return None
+    return {} if held >= HELD_TO_LOAD and not slots[last][1] else {"id_slot": last}
 
 
 def slot_taken(slots_page: str, fields: Mapping[str, Any]) -> bool:

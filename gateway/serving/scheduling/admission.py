@@ -59,6 +59,8 @@ class Claim:
     # called once the engine has prefilled the prompt (the prompt's prefix counts as held from then on)
     on_prefilled: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     generates: bool = True  # False: it asks the engine for no answer (a token count)
+    # the tokens of its prompt the engine held when it came (the gateway's estimate: its prefilled prefixes)
+    held_tokens: int = 0
 
 
 class Ticket:

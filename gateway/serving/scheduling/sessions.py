@@ -197,6 +197,11 @@ class KnownPrefixes:
                 break
         return max(units.total_chars - held, 0) // CHARS_PER_TOKEN
 
+    def held_tokens(self, units: PromptUnits) -> int:
+        """The estimated tokens of the prompt the engine holds now (what it would not prefill were the
+        request sent now: its prefilled prefixes only)."""
+        return max(units.total_chars // CHARS_PER_TOKEN - self.new_tokens(units, held_only=True), 0)
+
     def remember(self, units: PromptUnits) -> None:
         """Note the prompt as sent: a few of its units (:func:`kept_units`), so that one request cannot
         push out the prefixes of every other."""

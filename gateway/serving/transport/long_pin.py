@@ -29,16 +29,17 @@ async def place_long(
     pin: LongPin,
     others: Callable[[], int],
     *,
+    held: int = 0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Mapping[str, Any]:
     """The fields a long prefill carries to ``target``, read from its page while ``client``'s gate is closed,
     which stays closed where there are any (the caller opens it once the engine holds the request); {}
     where the page gives none within ``pin.wait_s`` (or gives none at all). ``others``: the gateway's other
-    requests holding the engine's slots."""
+    requests holding the engine's slots; ``held``: the tokens of its prompt the engine likely holds."""
     deadline = clock() + pin.wait_s
     while True:
-        fields = await place_once(client, target, pin.path, lambda page: pin.place(page, others()))
+        fields = await place_once(client, target, pin.path, lambda page: pin.place(page, others(), held))
         if fields is None and clock() < deadline:
             await sleep(POLL_S)
             continue
