@@ -53,6 +53,16 @@ REPLICA_HEADER = "x-gateway-replica"  # on each answer when several replicas ser
 _PLACING: set[asyncio.Task[None]] = set()  # the tasks that open an engine's gate once it holds a long prefill
 
 
+def _worth_pausing(claim: Claim) -> bool:
+    """Whether a long prefill is still long as it is sent (a start it waited for in the lane is held by now:
+    then it goes as long prefills do without pausing, into the last slot where that start was left). Decided
+    here, not from the prefill's first event: pinned to a slot emptied by llama-server, that event says
+    nothing is held (the RAM cache is not consulted), and a prefill paused after a batch or two leaves an
+    entry of those tokens in the RAM cache that llama-server's lookup can prefer to a whole conversation
+    sharing them (its whole length matches: f_keep 1)."""
+    return claim.prefill_now is None or claim.prefill_now() > LONG_PREFILL_TOKENS
+
+
 def _others(upstream: Upstream) -> Callable[[], int]:
     """The requests that could take a long prefill's place first: the admission's others in the engine, and
     a canary the liveness watch has there."""
@@ -192,7 +202,9 @@ class Inference:
         record.long = now_tokens > LONG_PREFILL_TOKENS
         held = (lambda: known.prefilled(units)) if generates else None
         holds = known.held_tokens(units) if generates else 0
-        return Claim(identity.key, identity.session, new_tokens, record.long, held, generates, holds), placement
+        now = (lambda: known.new_tokens(units, held_only=True)) if generates else None
+        claim = Claim(identity.key, identity.session, new_tokens, record.long, held, generates, holds, now)
+        return claim, placement
 
     async def _on_replica(
         self, request: Request, claim: Claim, placement: Placement[Upstream], send: Send, outgoing: Outgoing | None
@@ -246,7 +258,7 @@ class Inference:
         if not claim.long or outgoing is None:
             await upstream.client.gate.passed()
             return None
-        if first is not None and self.rt.pause_long_prefills and outgoing.path in first.paths:
+        if first is not None and self.rt.pause_long_prefills and outgoing.path in first.paths and _worth_pausing(claim):
             await self._prefill_ahead(upstream, target, outgoing, first, claim.held_tokens)
             return None
         if pin is None:

@@ -288,16 +288,20 @@ def test_a_session_sharing_a_start_still_being_prefilled_waits_in_the_long_lane(
     assert [body.get("id_slot") for body in sent] == [3, 3, None]  # both cold then; the third's start held
 
 
+@pytest.mark.parametrize("pause", [False, True], ids=["default", "pause-long-prefills"])
 def test_a_session_that_waited_for_its_start_to_be_prefilled_keeps_the_last_slot(
-    engine: FakeEngine, engine_url: str
+    engine: FakeEngine, engine_url: str, pause: bool
 ) -> None:
     """On llama-server: a second session of the same agent waits in the long lane while the first's cold start
     is prefilled, and goes to the last slot as it was going to (what the engine held when it came: nothing),
     not unpinned. Sent unpinned once the start was held (tried: 16 sessions, one engine, 6.67 output tokens/s
     against 7.8-11 and two whole re-prefills), siblings loaded the one copy of the start llama-server keeps
     from its RAM cache, which moves it out, so a third found it in a busy slot and prefilled all 20k
-    tokens; in the last slot they follow one another, each finding the start where the last one left it."""
-    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
+    tokens; in the last slot they follow one another, each finding the start where the last one left it.
+    With --pause-long-prefills it is not prefilled ahead either (its start held, what is left is short): a
+    prefill paused after a batch or two left an entry of those tokens that llama-server's lookup preferred
+    to whole conversations sharing them, and its first event said nothing was held (the pinned slot empty)."""
+    runtime = make_runtime(engine_url, scheduling=llama_scheduling(4), pause_long_prefills=pause)
     engine.slots = [IDLE]
     start = [{"role": "system", "content": "You are a coding agent. " + "tool schema " * 3000}]
 
@@ -314,7 +318,9 @@ def test_a_session_that_waited_for_its_start_to_be_prefilled_keeps_the_last_slot
             engine.prefill_over.set()
         assert first.result(timeout=10).status_code == 200 and second.result(timeout=10).status_code == 200
     sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
-    assert [body.get("id_slot") for body in sent] == [3, 3]
+    # with pausing, the first is prefilled ahead in the last slot, then sent itself unpinned
+    assert [body.get("id_slot") for body in sent] == ([3, None, 3] if pause else [3, 3])
+    assert [bool(body.get("return_progress")) for body in sent] == ([True, False, False] if pause else [False] * 2)
 
 
 @pytest.mark.parametrize(("last_slot_tokens", "pinned"), [(0, None), (12_000, 3)], ids=["emptied", "holding"])

@@ -61,6 +61,9 @@ class Claim:
     generates: bool = True  # False: it asks the engine for no answer (a token count)
     # the tokens of its prompt the engine held when it came (the gateway's estimate: its prefilled prefixes)
     held_tokens: int = 0
+    # what the engine would prefill of it were it sent now (the same estimate, read again): a long prefill
+    # that waited in the lane for a start another request was prefilling may find that start held by then
+    prefill_now: Callable[[], int] | None = field(default=None, compare=False, repr=False)
 
 
 class Ticket:
