@@ -30,6 +30,7 @@ from typing import Any
 from gateway.backends.base import FollowerHost, Installation
 from gateway.core.netif import interface_of
 from gateway.core.process import ChildProcess
+from gateway.nodes.lease_time import AwakeClock
 from gateway.nodes.start_request import FollowerState, Refused, StartRequest
 
 log = logging.getLogger("gateway.worker")
@@ -159,10 +160,13 @@ class Followers:
         return str(self.request.rank) if self.request else "?"
 
     async def keep_lease(self, every_s: float = LEASE_CHECK_S, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
-        """Stops the follower when its lease ran out (the head is gone); logs when it exited by itself."""
+        """Stops the follower when its lease ran out (the head is gone; the time this worker did not run does
+        not count: gateway.nodes.lease_time); logs when it exited by itself."""
         reported: asyncio.Task[int] | None = None
+        awake = AwakeClock(self.clock)
         while True:
             await sleep(every_s)
+            self.deadline += awake.away(every_s)  # no renewal could be heard meanwhile
             if self.running and self.clock() > self.deadline:
                 await self.stop("the head renewed no lease: it is gone")
             elif self.exited is not None and self.exited.done() and reported is not self.exited:

@@ -35,6 +35,7 @@ from typing import Any
 from gateway.backends.base import Installation
 from gateway.backends.server_host import ServerHost
 from gateway.core.process import ChildProcess
+from gateway.nodes.lease_time import AwakeClock
 from gateway.nodes.start_request import MAX_REPLICAS_HERE, FollowerState, Refused, ServerStart
 
 log = logging.getLogger("gateway.worker")
@@ -226,10 +227,15 @@ class ReplicaServers:
         shutil.rmtree(running.temp_dir, ignore_errors=True)
 
     async def keep_lease(self, every_s: float = LEASE_CHECK_S, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
-        """Stops each server whose lease ran out (its head is gone); logs one that exited by itself."""
+        """Stops each server whose lease ran out (its head is gone; the time this worker did not run does not
+        count: gateway.nodes.lease_time); logs one that exited by itself."""
         reported: set[int] = set()
+        awake = AwakeClock(self.clock)
         while True:
             await sleep(every_s)
+            if away := awake.away(every_s):  # no renewal could be heard meanwhile
+                for running in self.replicas.values():
+                    running.deadline += away
             for name, running in list(self.replicas.items()):
                 if running.running and self.clock() > running.deadline:
                     await self.stop(name, "the head renewed no lease: it is gone")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,43 @@ def test_a_server_whose_head_renews_no_lease_is_stopped_and_one_that_exits_is_re
         state = servers.renew("3", 0)
         assert state["state"] == "exited" and state["code"] == 3 and "exited with status 3" in state["reason"]
         watch.cancel()
+
+    asyncio.run(scenario())
+
+
+def _lease_checks(clock: Any, waits: list[float]) -> tuple[Callable[[float], Any], asyncio.Event]:
+    """A lease watch's sleep that moves ``clock`` by each of ``waits`` in turn (a check that woke that much
+    later), then parks; the event is set once it parks."""
+    parked = asyncio.Event()
+
+    async def sleep(_every_s: float) -> None:
+        if not waits:
+            parked.set()
+            await asyncio.Event().wait()
+        clock.now += waits.pop(0)
+        await asyncio.sleep(0)
+
+    return sleep, parked
+
+
+def test_the_time_a_worker_did_not_run_does_not_count_against_its_heads_lease(tmp_path: Path) -> None:
+    """Seen in the suite: the whole machine stalled for 18-27 s (while another test's vLLM engine stopped), the
+    worker's check woke 20 s late and stopped the head's engine, though the head's renewals of that time were
+    waiting in its socket. Now that time is added to the lease; a head that is really gone still loses it."""
+
+    async def scenario() -> None:
+        servers, clock = _servers(tmp_path)
+        await servers.start(_start())  # a 20-s lease
+        sleep, parked = _lease_checks(clock, [1.0, 26.0])  # on time, then a check that woke 25 s late
+        watch = asyncio.create_task(servers.keep_lease(every_s=1.0, sleep=sleep))
+        await asyncio.wait_for(parked.wait(), TIMEOUT_S)
+        watch.cancel()
+        assert servers.live() == ["2"] and servers.state("2")["lease_left_s"] == 18.0  # 20 + 25 - 27
+        sleep, parked = _lease_checks(clock, [1.0] * 20)  # the head gone: checks on time, past the lease
+        watch = asyncio.create_task(servers.keep_lease(every_s=1.0, sleep=sleep))
+        await async_wait_until(lambda: not servers.live(), what="the lease to lapse", timeout_s=TIMEOUT_S * 5)
+        watch.cancel()
+        assert servers.state("2")["reason"] == "the head renewed no lease: it is gone"
 
     asyncio.run(scenario())
 

@@ -260,30 +260,39 @@ def test_a_ticket_says_once_that_its_prompt_is_prefilled() -> None:
     assert heard == ["answered", "ended"]
 
 
-def test_a_session_sharing_a_start_still_being_prefilled_waits_in_the_long_lane(
-    engine: FakeEngine, engine_url: str
-) -> None:
-    """Through the app: the first session's cold start is in the engine (its prefill under way), and a second
-    session of the same agent waits for it in the long lane rather than prefill the same start beside it;
-    once the first is answered, a third is a warm start (not long)."""
-    runtime = make_runtime(engine_url, scheduling=Scheduling(long_lane=1, long_fields={"id_slot": 3}))
-    start = [{"role": "system", "content": "You are a coding agent. " + "tool schema " * 3000}]
+_START = [{"role": "system", "content": "You are a coding agent. " + "tool schema " * 3000}]
 
-    def session(task: str) -> dict[str, Any]:
-        return {"model": FRONTED, "messages": [*start, {"role": "user", "content": task}]}
 
-    with _gateway(runtime) as client, ThreadPoolExecutor(2) as pool:
-        first = pool.submit(client.post, "/v1/chat/completions", json=session("PREFILLING: fix the bug"))
+def _session(task: str) -> dict[str, Any]:
+    return {"model": FRONTED, "messages": [*_START, {"role": "user", "content": task}]}
+
+
+def _second_waits_for_the_firsts_start(client: Any, engine: FakeEngine, runtime: Any) -> None:
+    """The first session's cold start is in the engine (its prefill under way) when a second session of the
+    same agent is sent: the second waits in the long lane, nothing more reaches the engine until the first is
+    answered, and both are answered."""
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.post, "/v1/chat/completions", json=_session("PREFILLING: fix the bug"))
         try:
             wait_until(lambda: len(engine.requests_to("/v1/chat/completions")) == 1, what="the first in the engine")
-            second = pool.submit(client.post, "/v1/chat/completions", json=session("write the tests"))
+            second = pool.submit(client.post, "/v1/chat/completions", json=_session("write the tests"))
             wait_until(lambda: runtime.admission.queued == 1, what="the second waiting")
             assert len(engine.requests_to("/v1/chat/completions")) == 1  # held back while the start is prefilled
         finally:
             engine.prefill_over.set()
         assert first.result(timeout=10).status_code == 200 and second.result(timeout=10).status_code == 200
-        third = client.post("/v1/chat/completions", json=session("update the docs"))
-        assert third.status_code == 200
+
+
+def test_a_session_sharing_a_start_still_being_prefilled_waits_in_the_long_lane(
+    engine: FakeEngine, engine_url: str
+) -> None:
+    """Through the app: a second session of the same agent waits for the first's cold start in the long lane
+    rather than prefill the same start beside it; once the first is answered, a third is a warm start (not
+    long)."""
+    runtime = make_runtime(engine_url, scheduling=Scheduling(long_lane=1, long_fields={"id_slot": 3}))
+    with _gateway(runtime) as client:
+        _second_waits_for_the_firsts_start(client, engine, runtime)
+        assert client.post("/v1/chat/completions", json=_session("update the docs")).status_code == 200
     sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
     assert [body.get("id_slot") for body in sent] == [3, 3, None]  # both cold then; the third's start held
 
@@ -303,20 +312,8 @@ def test_a_session_that_waited_for_its_start_to_be_prefilled_keeps_the_last_slot
     to whole conversations sharing them, and its first event said nothing was held (the pinned slot empty)."""
     runtime = make_runtime(engine_url, scheduling=llama_scheduling(4), pause_long_prefills=pause)
     engine.slots = [IDLE]
-    start = [{"role": "system", "content": "You are a coding agent. " + "tool schema " * 3000}]
-
-    def session(task: str) -> dict[str, Any]:
-        return {"model": FRONTED, "messages": [*start, {"role": "user", "content": task}]}
-
-    with _gateway(runtime) as client, ThreadPoolExecutor(2) as pool:
-        first = pool.submit(client.post, "/v1/chat/completions", json=session("PREFILLING: fix the bug"))
-        try:
-            wait_until(lambda: len(engine.requests_to("/v1/chat/completions")) == 1, what="the first in the engine")
-            second = pool.submit(client.post, "/v1/chat/completions", json=session("write the tests"))
-            wait_until(lambda: runtime.admission.queued == 1, what="the second waiting in the lane")
-        finally:
-            engine.prefill_over.set()
-        assert first.result(timeout=10).status_code == 200 and second.result(timeout=10).status_code == 200
+    with _gateway(runtime) as client:
+        _second_waits_for_the_firsts_start(client, engine, runtime)
     sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
     # with pausing, the first is prefilled ahead in the last slot, then sent itself unpinned
     assert [body.get("id_slot") for body in sent] == ([3, None, 3] if pause else [3, 3])

@@ -39,6 +39,7 @@ from gateway.supervision.group import RANK_LOST, GroupRun, RankRefused
 from gateway.supervision.lifecycle import State
 from tests.unit.http_harness import Served
 from tests.unit.test_multinode import answering
+from tests.unit.test_replica_on_node import _lease_checks
 from tests.unit.test_supervisor_transitions import TIMEOUT_S, Engines, ReplayRun, _supervisor, _until, serves
 from tests.waiting import async_wait_until
 
@@ -193,6 +194,21 @@ def test_a_rank_runs_until_the_head_stops_it_or_its_lease_runs_out(tmp_path: Pat
         await async_wait_until(lambda: not followers.running, what="the lease to lapse", timeout_s=TIMEOUT_S * 5)
         watch.cancel()
         assert followers.state()["reason"] == "the head renewed no lease: it is gone"
+
+    asyncio.run(scenario())
+
+
+def test_the_time_a_worker_did_not_run_does_not_count_against_its_ranks_lease(tmp_path: Path) -> None:
+    """As for a replica (test_replica_on_node): a check that woke 25 s late adds that time to the lease."""
+
+    async def scenario() -> None:
+        followers, clock = _followers(tmp_path)
+        await followers.start(_request())  # a 20-s lease
+        sleep, parked = _lease_checks(clock, [1.0, 26.0])
+        watch = asyncio.create_task(followers.keep_lease(every_s=1.0, sleep=sleep))
+        await asyncio.wait_for(parked.wait(), TIMEOUT_S)
+        watch.cancel()
+        assert followers.running and followers.state()["lease_left_s"] == 18.0
 
     asyncio.run(scenario())
 
