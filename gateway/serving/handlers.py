@@ -200,10 +200,10 @@ class Inference:
         record.identity, record.prefill_estimate = identity, new_tokens
         # long: it takes the lane, so one that shares a start still being prefilled waits for it to be held
         record.long = now_tokens > LONG_PREFILL_TOKENS
-        held = (lambda: known.prefilled(units)) if generates else None
-        holds = known.held_tokens(units) if generates else 0
+        prefilled = (lambda: known.prefilled(units)) if generates else None
+        held_tokens = known.held_tokens(units) if generates else 0
         now = (lambda: known.new_tokens(units, held_only=True)) if generates else None
-        claim = Claim(identity.key, identity.session, new_tokens, record.long, held, generates, holds, now)
+        claim = Claim(identity.key, identity.session, new_tokens, record.long, prefilled, generates, held_tokens, now)
         return claim, placement
 
     async def _on_replica(
