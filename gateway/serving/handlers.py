@@ -201,7 +201,7 @@ class Inference:
         # long: it takes the lane, so one that shares a start still being prefilled waits for it to be held
         record.long = now_tokens > LONG_PREFILL_TOKENS
         prefilled = (lambda: known.prefilled(units)) if generates else None
-        held_tokens = known.held_tokens(units) if generates else 0
+        held_tokens = units.tokens - now_tokens if generates else 0  # the engine holds the rest
         now = (lambda: known.new_tokens(units, held_only=True)) if generates else None
         claim = Claim(identity.key, identity.session, new_tokens, record.long, prefilled, generates, held_tokens, now)
         return claim, placement

@@ -382,7 +382,7 @@ class Pool(Generic[U]):
                 return replica, Why.PARENT
         if units is None or not units.total_chars:
             return least, Why.LEAST_LOADED
-        whole = units.total_chars // CHARS_PER_TOKEN
+        whole = units.tokens
         new = {replica.name: replica.prefixes.new_tokens(units) for replica in serving}
         shares = {name: self._held_share(tokens, units) for name, tokens in new.items()}
         held = {name: share if share >= self.prefix_share else 0.0 for name, share in shares.items()}

@@ -90,6 +90,11 @@ class PromptUnits:
     def total_chars(self) -> int:
         return self.chars[-1] if self.chars else 0
 
+    @property
+    def tokens(self) -> int:
+        """The whole prompt's estimated tokens (what :meth:`KnownPrefixes.new_tokens` counts a part of)."""
+        return self.total_chars // CHARS_PER_TOKEN
+
 
 # one encoder for every unit: json.dumps with options builds a new one per call (a third of the cost)
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -196,11 +201,6 @@ class KnownPrefixes:
                 held = units.chars[index]
                 break
         return max(units.total_chars - held, 0) // CHARS_PER_TOKEN
-
-    def held_tokens(self, units: PromptUnits) -> int:
-        """The estimated tokens of the prompt the engine holds now (what it would not prefill were the
-        request sent now: its prefilled prefixes only)."""
-        return max(units.total_chars // CHARS_PER_TOKEN - self.new_tokens(units, held_only=True), 0)
 
     def remember(self, units: PromptUnits) -> None:
         """Note the prompt as sent: a few of its units (:func:`kept_units`), so that one request cannot
