@@ -953,6 +953,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--logs", type=Path, help="keep the gateway's and engines' logs in this folder")
     args = parser.parse_args()
+    # a benchmark stopped with SIGTERM (a timeout, kill) still stops the gateway and engines it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.engine == "vllm" and args.model != "tiny":
         parser.error("--engine vllm runs --model tiny")
     counts = [int(n) for n in args.sessions.split(",") if n]
