@@ -49,6 +49,20 @@ class LongPin:
     place: Callable[[str, int, int], Mapping[str, Any] | None]
     taken: Callable[[str, Mapping[str, Any]], bool]
     wait_s: float = 30.0
+    primer: Primer | None = None
+
+
+@dataclass(frozen=True)
+class Primer:
+    """A request the engine runs in a place just before a long prefill is pinned there, where the place
+    function asks for one (the fields it gives carry ``marker``, taken out before they are sent): ``body``
+    from those fields, sent to ``path`` while the gateway sends the engine nothing else. llama-server: a few
+    tokens in its empty last slot, so that a prompt pinned there next is looked up in the host-RAM cache
+    (pinned to an empty slot it is not: gateway.backends.llamacpp.scheduling)."""
+
+    marker: str
+    path: str
+    body: Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)

@@ -301,8 +301,12 @@ class Inference:
         if not fields:  # placed nowhere: the gate is not held for it
             await gate.passed()
 
+        primer = pin.primer if pin is not None else None
+
         async def place_again(done: int) -> Mapping[str, Any]:  # a paused prefill: where it resumes
-            return placed(await place_once(upstream.client, target, first.path, lambda page: first.resume(page, done)))
+            return placed(
+                await place_once(upstream.client, target, first.path, lambda page: first.resume(page, done), primer)
+            )
 
         try:
             prefilled = await prefill_first(

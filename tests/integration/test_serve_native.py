@@ -301,8 +301,10 @@ def test_a_long_turn_of_a_conversation_the_engine_holds_is_served_from_its_ram_c
     """A later turn that adds a large file is a long prefill (its new part), and the gateway pinned every long
     prefill to the last slot. With --kv-unified, llama-server empties each idle slot when another task starts
     (saving it to its RAM cache), and b11434 gives a request pinned to an empty slot nothing from that cache:
-    the whole conversation was prefilled again. Now a long prompt whose start the engine likely holds goes
-    unpinned where the last slot is empty, and llama-server loads the conversation."""
+    the whole conversation was prefilled again. Then such a prompt went unpinned, and llama-server loaded the
+    conversation into its least recently used slot, where warm turns in later slots wait for its whole
+    prefill. Now the gateway primes the empty last slot with a few tokens of its own and pins the prompt
+    there: it loads the conversation in the last slot."""
     leader = int(native.status()["backend"]["pid"])
     engine = next(p for p in psutil.Process(leader).children() if "llama-server" in " ".join(p.cmdline()))
     url, headers = native.status()["backend"]["url"], {"Authorization": f"Bearer {engine.environ()['LLAMA_API_KEY']}"}
@@ -326,6 +328,8 @@ def test_a_long_turn_of_a_conversation_the_engine_holds_is_served_from_its_ram_c
     later = [*first, {"role": "assistant", "content": "noted"}, {"role": "user", "content": f"and birds: {text}"}]
     usage = ask(later)
     assert (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) >= 0.9 * held, (held, usage)
+    slots = httpx.get(url + "/slots", headers=headers, timeout=5).json()
+    assert (slots[-1].get("n_prompt_tokens") or 0) >= usage["prompt_tokens"], slots  # in the last slot
 
 
 def test_a_killed_engine_is_restarted_and_serves_again(native: GatewayProcess, client: openai.OpenAI) -> None:

@@ -153,6 +153,7 @@ class FakeEngine:
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/apply-template", self.apply_template, methods=["POST"]),
                 Route("/slots", self.slots_page, methods=["GET"]),
+                Route("/completion", self.completion, methods=["POST"]),  # llama-server's own (the primer's)
             ]
         )
 
@@ -171,6 +172,7 @@ class FakeEngine:
         # request was pinned to shows processing at the next read, as the engine holds it
         self.slots: list[list[dict[str, Any]] | None] = [None]
         self.held: set[int] = set()
+        self.refuse_completion = False  # /completion answers 500 (a primer that fails)
         self.progress_cache = 0  # a stream asked for return_progress opens with this cached count, as llama-server
 
     def _usage(self, prompt: int, completion: int) -> dict[str, Any]:
@@ -227,6 +229,13 @@ class FakeEngine:
             if re.search(rf"OVERFLOW-{re.escape(name)}(?![\w-])", cue):
                 return JSONResponse(answer, status_code=400)
         return None
+
+    async def completion(self, request: Request) -> Response:
+        """llama-server's native completion, as the gateway's primer asks it: a few tokens, one out."""
+        payload = await self._record(request)
+        if "FAILPRIME" in str(payload.get("prompt")) or self.refuse_completion:
+            return JSONResponse({"error": {"code": 500, "message": "no"}}, status_code=500)
+        return JSONResponse({"content": "x", "tokens_predicted": 1, "timings": {"prompt_n": 12, "cache_n": 0}})
 
     async def echo(self, request: Request) -> Response:
         payload = await self._record(request)

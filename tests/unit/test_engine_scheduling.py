@@ -11,7 +11,7 @@ import pytest
 
 from gateway.backends import llamacpp
 from gateway.backends.llamacpp.launcher import NATIVE
-from gateway.backends.llamacpp.scheduling import CPU_BATCH, batch
+from gateway.backends.llamacpp.scheduling import CPU_BATCH, PRIME, batch
 from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
 from gateway.backends.vllm import report
 from gateway.backends.vllm.argv import build_argv
@@ -74,14 +74,20 @@ def test_llama_server_places_the_long_prefill_in_its_last_slot_once_idle_read_as
     assert place('{"error": {"code": 501}}', 0) == place("<html>", 0) == place("[1, 2]", 0) == {}  # unpinned
     assert place(page(False, "no", False, False), 0) == {}  # not the slots list as llama-server writes it
     # the engine likely holds 2,048 tokens or more of the prompt: pinned to an empty last slot, b11434 would not
-    # load them from its RAM cache (f_keep 0/0), so it goes unpinned; a last slot holding tokens is still given
+    # load them from its RAM cache (f_keep 0/0), so the slot is primed first (before: sent unpinned, into the
+    # least recently used slot, where a warm turn in a later slot waited its whole prefill); a last slot
+    # holding tokens is given as it is
     held_page = json.dumps(
         [{"id": i, "is_processing": False, "n_prompt_tokens": n} for i, n in enumerate((5, 0, 0, 0))]
     )
     holding = json.dumps(
         [{"id": i, "is_processing": False, "n_prompt_tokens": n} for i, n in enumerate((0, 0, 0, 900))]
     )
-    assert place(held_page, 0, 20_000) == place(page(False, False, False, False), 0, 2048) == {}
+    primed = {"id_slot": 3, PRIME: True}
+    assert place(held_page, 0, 20_000) == place(page(False, False, False, False), 0, 2048) == primed
+    assert four.long_pin.primer is not None and four.long_pin.primer.marker == PRIME
+    primer_body = four.long_pin.primer.body({"id_slot": 3})
+    assert (four.long_pin.primer.path, primer_body["id_slot"], primer_body["n_predict"]) == ("/completion", 3, 1)
     assert place(held_page, 0, 2047) == place(holding, 0, 20_000) == place(held_page, 0) == {"id_slot": 3}
     assert place(page(False, False, False, True), 0, 20_000) is None  # busy: not yet, held or not
     one = llama_scheduling(1)  # llama-cpp-python's one slot: nothing runs beside a long prefill

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.llamacpp.scheduling import PREFILL_FIRST, progress_figures, slot_holding
+from gateway.backends.llamacpp.scheduling import PREFILL_FIRST, PRIME, progress_figures, slot_holding
 from gateway.serving.scheduling.admission import Admission, Claim, ShortTurns
 from gateway.serving.transport import prefill_first as module
 from gateway.serving.transport.prefill_first import Prefilled, prefill_first
@@ -223,13 +223,16 @@ def test_llama_servers_progress_events_say_what_its_slot_held_and_has_done() -> 
     assert progress_figures(b'data: {"prompt_progress": {"cache": -1, "processed": 3}}\n\n') is None
 
 
-def test_a_paused_prefill_is_placed_in_the_idle_slot_that_holds_its_tokens_or_left_to_the_ram_cache() -> None:
+def test_a_paused_prefill_is_placed_in_the_idle_slot_that_holds_its_tokens_or_loads_them_in_the_last() -> None:
     def page(*slots: tuple[bool, int]) -> str:  # as b11434's server_slot::to_json writes each slot
         return json.dumps([{"id": i, "is_processing": b, "n_prompt_tokens": n} for i, (b, n) in enumerate(slots)])
 
     assert slot_holding(page((False, 20_300), (False, 2_560), (True, 2_500)), 2_496) == {"id_slot": 1}
     assert slot_holding(page((False, 2_600), (False, 2_520)), 2_496) == {"id_slot": 1}  # the closest
-    assert slot_holding(page((True, 2_560), (False, 0)), 2_496) == {}  # cleared to the cache: unpinned
-    assert slot_holding(page((False, 20_300)), 2_496) == {}  # another session's: not that one
+    # cleared to the cache: the empty last slot primed, where it loads them (before: unpinned, into the least
+    # recently used slot, where a warm turn in a later slot waited for the whole of its run)
+    assert slot_holding(page((True, 2_560), (False, 0)), 2_496) == {"id_slot": 1, PRIME: True}
+    assert slot_holding(page((False, 0), (True, 300)), 2_496) == {}  # the last slot busy: unpinned
+    assert slot_holding(page((False, 20_300)), 2_496) == {}  # another session's: not that one, nor pinned there
     assert slot_holding(page((False, 0)), 0) == {}  # nothing done: nothing to find
     assert slot_holding("<html>", 5) == {}

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from gateway.backends.base import Scheduling
-from gateway.backends.llamacpp.scheduling import PREFILL_FIRST
+from gateway.backends.llamacpp.scheduling import PREFILL_FIRST, PRIME, slot_holding
 from gateway.backends.llamacpp.scheduling import scheduling as llama_scheduling
 from gateway.serving import handlers
 from gateway.serving.scheduling.admission import Admission, Claim, ShortTurns, Ticket
 from gateway.serving.scheduling.sessions import KnownPrefixes, identify, key_id, prompt_units
 from gateway.serving.transport import long_pin
 from gateway.serving.transport.dispatch_gate import DispatchGate
-from gateway.serving.transport.long_pin import open_when_taken, place_long
+from gateway.serving.transport.long_pin import open_when_taken, place_long, place_once
 from gateway.serving.transport.outgoing import Outgoing
 from gateway.serving.transport.prefill_first import prefill_first
 from gateway.serving.wire.error_shapes import ApiError
@@ -320,14 +320,21 @@ def test_a_session_that_waited_for_its_start_to_be_prefilled_keeps_the_last_slot
     assert [bool(body.get("return_progress")) for body in sent] == ([True, False, False] if pause else [False] * 2)
 
 
-@pytest.mark.parametrize(("last_slot_tokens", "pinned"), [(0, None), (12_000, 3)], ids=["emptied", "holding"])
-def test_a_long_turn_of_a_held_conversation_is_pinned_only_to_a_last_slot_that_holds_tokens(
-    engine: FakeEngine, engine_url: str, last_slot_tokens: int, pinned: int | None
+@pytest.mark.parametrize(
+    ("last_slot_tokens", "refused", "pinned", "primed"),
+    [(0, False, 3, True), (0, True, None, True), (12_000, False, 3, False)],
+    ids=["emptied", "emptied, the primer refused", "holding"],
+)
+def test_a_long_turn_of_a_held_conversation_is_pinned_to_the_last_slot_primed_where_it_is_empty(
+    engine: FakeEngine, engine_url: str, last_slot_tokens: int, refused: bool, pinned: int | None, primed: bool
 ) -> None:
     """A later turn that adds a large file to a conversation the engine holds is a long prefill (its new part);
     pinned to an empty last slot it would prefill the whole conversation again (b11434 skips its RAM cache
-    for a request pinned to an empty slot), so there it goes unpinned and llama-server loads the
-    conversation; a last slot that holds tokens is still given (pinned there, the cache is consulted)."""
+    for a request pinned to an empty slot), so that slot is primed first with a few tokens of the gateway's
+    own (pinned to a slot holding tokens it does not share, the cache is consulted). Before, it went
+    unpinned, into the least recently used slot. A primer that fails leaves it unpinned; a last slot that
+    holds tokens is given as it is."""
+    engine.refuse_completion = refused
     runtime = make_runtime(engine_url, scheduling=llama_scheduling(4))
     first = {"model": FRONTED, "messages": [{"role": "user", "content": "read this file: " + "x " * 6000}]}
     later = {
@@ -346,6 +353,12 @@ def test_a_long_turn_of_a_held_conversation_is_pinned_only_to_a_last_slot_that_h
         assert client.post("/v1/chat/completions", json=later).status_code == 200
     sent = [json.loads(seen["raw"]) for seen in engine.requests_to("/v1/chat/completions")]
     assert [body.get("id_slot") for body in sent] == [3, pinned]
+    assert all(PRIME not in body for body in sent)  # the mark stays the gateway's
+    primers = [seen["body"] for seen in engine.requests_to("/completion")]
+    assert [body["id_slot"] for body in primers] == ([3] if primed else [])
+    if primed:  # sent just before the long turn, nothing between them
+        paths = [seen["path"] for seen in engine.seen if seen["path"] != "/slots"]
+        assert paths[-2:] == ["/completion", "/v1/chat/completions"]
 
 
 def test_known_prefixes_are_bounded() -> None:
@@ -600,6 +613,46 @@ def test_other_requests_wait_at_the_gate_from_the_read_that_places_a_long_prefil
             await prefilling
         await queued
         assert client.gate.is_open and len(waited) == 1
+
+    asyncio.run(scenario())
+
+
+class Primed(Pages):
+    """Pages whose engine also answers the primer (``status``), noting whether the gate was open then."""
+
+    def __init__(self, *pages: list[dict[str, Any]] | None, status: int = 200) -> None:
+        super().__init__(*pages)
+        self.status = status
+        self.primed: list[tuple[str, int, bool]] = []
+
+    async def post_json(self, _target: Any, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
+        self.primed.append((path, payload["id_slot"], self.gate.is_open))
+        return self.status, {}
+
+
+EMPTY = [{"id": i, "is_processing": False, "n_prompt_tokens": 0} for i in range(4)]
+
+
+def test_a_placing_that_asks_for_the_primer_runs_it_first_the_gate_closed_and_sends_no_mark() -> None:
+    """The primer runs in the place given, before the long prefill and with the gate closed (a warm turn let
+    through could take the primed slot); its mark is the gateway's, never sent; one that fails leaves the
+    prefill unpinned and the gate open, and a prompt the engine holds little of is not primed."""
+    pin = llama_scheduling(4).long_pin
+    assert pin is not None
+
+    async def scenario() -> None:
+        client: Any = Primed(EMPTY)
+        assert await place_long(client, None, pin, others=lambda: 0, held=20_000) == {"id_slot": 3}
+        assert client.primed == [("/completion", 3, False)] and not client.gate.is_open
+        refused: Any = Primed(EMPTY, status=500)
+        assert await place_long(refused, None, pin, others=lambda: 0, held=20_000) == {}
+        assert refused.primed == [("/completion", 3, False)] and refused.gate.is_open
+        cold: Any = Primed(EMPTY)
+        assert await place_long(cold, None, pin, others=lambda: 0, held=100) == {"id_slot": 3}
+        assert cold.primed == []
+        resumed: Any = Primed(EMPTY)  # a paused prefill whose slot a new task cleared: the last, primed
+        fields = await place_once(resumed, None, "/slots", lambda page: slot_holding(page, 2_496), pin.primer)
+        assert fields == {"id_slot": 3} and resumed.primed == [("/completion", 3, False)]
 
     asyncio.run(scenario())
 

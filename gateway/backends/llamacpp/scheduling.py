@@ -20,13 +20,19 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   sends nothing else until ``/slots`` shows the long one there (:class:`gateway.backends.base.LongPin`);
   after 30 s of waiting it goes unpinned (llama-server then picks an idle slot, or waits for one). A
   short request is never pinned, so it still goes to the slot, or restores from the host-RAM cache, that
-  holds its prefix (``--slot-prompt-similarity``). Nor is a long one whose start the engine likely holds
-  when the last slot is empty (as ``--kv-unified`` leaves every idle slot once another task starts,
-  :2640-2657): pinned to an empty slot, b11434 skips the host-RAM cache (the slot's ``f_keep`` is 0/0,
-  NaN, so no cache update, :1709-1741) and prefills the whole prompt again (measured: a 14,082-token prompt
-  whose first 9,391 tokens were in the cache, 0 cached pinned, 9,391 unpinned); unpinned it loads its start
-  (a later turn that adds a file of 3,000 tokens to a 20k-token conversation; a subagent's first turn,
-  its parent's system prompt and tools held), and what it has left to prefill is its own part.
+  holds its prefix (``--slot-prompt-similarity``). A long one whose start the engine likely holds (a later
+  turn that adds a file of 3,000 tokens to a 20k-token conversation; a subagent's first turn, its parent's
+  system prompt and tools held) finds the last slot empty more often than not (``--kv-unified`` empties
+  every idle slot once another task starts, :2640-2657), and pinned to an empty slot b11434 skips the
+  host-RAM cache (the slot's ``f_keep`` is 0/0, NaN, so no cache update, :1709-1741) and prefills the whole
+  prompt again (measured: a 14,082-token prompt whose first 9,391 tokens were in the cache, 0 cached
+  pinned, 9,391 unpinned). Unpinned it loads its start, but into whichever slot llama-server picks (the
+  least recently used: slot 0, say), where every warm turn in a later slot waits for its whole prefill.
+  So the gateway first runs a few tokens of its own in the empty last slot (:data:`PRIMER`, ~10 ms): a
+  prompt pinned to a slot holding tokens it does not share is looked up in the cache (f_keep 0 < 0.5,
+  :1731-1741), and loads its start there (measured by hand: 0 of 8,114 cached pinned to the empty slot,
+  8,114 after the primer). The primer's own entry in the cache shares at most a token with any prompt,
+  under the 25 % of its tokens a load needs (server-task.cpp:1818), so it is never loaded.
 - **A small batch per step**: ``-b`` is what one step may hold (server-context.cpp:3321-3326, 3781: the
   generating slots' tokens, then prompt tokens until the batch is full; ``-ub`` follows it down,
   src/llama-context.cpp:250), so a warm turn beside a long prompt waits, at its prompt and at every
@@ -58,8 +64,9 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   its own (:data:`PREFILL_FIRST`: one token, streamed with ``return_progress``, an event per batch, so the
   HTTP thread sees the closed connection within a batch, :4138; without events it looks once a second,
   :40), close it while warm turns run and send it again after, in the idle slot that still holds what it
-  did (:func:`slot_holding`), else unpinned (pinned to a slot the idle-slot save has cleared, b11434 would
-  not load the cache: f_keep 0/0 above); the client's own request then finds its prompt cached (measured:
+  did (:func:`slot_holding`), else in the last slot primed as above (where a new task has saved it to the
+  RAM cache and cleared its slot; sent unpinned, it had gone to the least recently used slot, and a warm
+  turn after it waited its whole run); the client's own request then finds its prompt cached (measured:
   cancelled at 2,496 of 8,022 tokens, resumed with 2,560 cached, the request itself prefilled 1 token).
   Off by default: the sessions of one agent share a start of which llama-server keeps one copy and moves
   it, so pausing lost some of their warm prefixes under many sessions (docs/many-agents.md).
@@ -75,17 +82,28 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import gateway.backends.llamacpp.drafting as drafting
-from gateway.backends.base import LongPin, PrefillFirst, Scheduling
+from gateway.backends.base import LongPin, PrefillFirst, Primer, Scheduling
 from gateway.backends.llamacpp.launcher import NATIVE
 from gateway.backends.llamacpp.progress import SLOTS_PATH
 
 GPU_BATCH = 512  # llama-server's -b on one GPU: one ubatch a step (b11434's default -ub)
 CPU_BATCH = 64  # on the CPU: the fewest tokens a step whose attention still runs tiled (GGML_FA_TILE_Q)
 OWN_BATCH = 2048  # llama-server's own -b (common.h n_batch)
-# a long prefill whose start the engine likely holds goes unpinned rather than to an empty last slot from
-# this many tokens held: prefilling them again costs more than a few warm turns' prompts waiting behind its
-# own part in an earlier slot (below it, it keeps the last slot and prefills the start again)
+# a long prefill whose start the engine likely holds, this many tokens or more, has an empty last slot
+# primed before it is pinned there, so that it loads that start from the RAM cache (below it, it is pinned
+# to the empty slot and prefills the start again: a prime and a load are not worth it)
 HELD_TO_LOAD = 2048
+PRIME = "gateway_prime"  # a placing's mark that asks for the primer, taken out before the request is sent
+# two dozen tokens of which a chat prompt shares the BOS at most: the primer's cache entry is never loaded
+PRIME_PROMPT = "(gateway: this slot is primed for a long prompt that the host-RAM cache holds the start of)"
+
+
+def _prime_body(fields: Mapping[str, Any]) -> Mapping[str, Any]:
+    return {"prompt": PRIME_PROMPT, "n_predict": 1, "id_slot": fields["id_slot"], "cache_prompt": True}
+
+
+# a few tokens run in the empty last slot, so that the long prompt pinned there next loads its start
+PRIMER = Primer(marker=PRIME, path="/completion", body=_prime_body)
 
 
 def progress_figures(read: bytes) -> tuple[int, int, int] | None:
@@ -114,16 +132,22 @@ def _count(value: object) -> TypeGuard[int]:
 RESUME_SLACK = OWN_BATCH  # a cancel lands at the next event: a slot holds at most a batch more than the last said
 
 
-def slot_holding(slots_page: str, done: int) -> dict[str, int]:
+def slot_holding(slots_page: str, done: int) -> dict[str, Any]:
     """``{"id_slot": n}`` for the idle slot that still holds a paused prefill's ``done`` tokens (between them and
     a batch more; the closest), so that it resumes there rather than wherever llama-server's similarity puts it
     (another session's slot sharing its start, whose own tail would be lost unsaved: f_keep >= 0.5 keeps no
-    copy, get_available_slot); {} where none does (a new task saved it to the RAM cache and cleared the
-    slot, :2640-2657: sent unpinned, it is loaded back from there)."""
+    copy, get_available_slot). Where none does (a new task saved it to the RAM cache and cleared the slot,
+    :2640-2657), the last slot primed (:data:`PRIMER`) if it is idle and empty, so that it loads them back
+    there; {} otherwise (unpinned: llama-server loads it wherever it puts it)."""
     slots = _slot_tokens(slots_page)
     holding = [(tokens - done, number) for number, (busy, tokens) in slots.items() if not busy]
     holding = [(extra, number) for extra, number in holding if done > 0 and 0 <= extra <= RESUME_SLACK]
-    return {"id_slot": min(holding)[1]} if holding else {}
+    if holding:
+        return {"id_slot": min(holding)[1]}
+    last = max(slots, default=None)
+    if done > 0 and last is not None and slots[last] == (False, 0):
+        return {"id_slot": last, PRIME: True}
+    return {}
 
 
 # the prefill of a long prompt as the gateway's own request: one token, an event per batch, sent again
@@ -210,26 +234,26 @@ def scheduling(slots: int, batch_why: str = "") -> Scheduling:
     batch_part = f"; {batch_why}" if batch_why else ""
     return Scheduling(
         long_lane=1,
-        long_pin=LongPin(SLOTS_PATH, place_in_last_slot, slot_taken),
+        long_pin=LongPin(SLOTS_PATH, place_in_last_slot, slot_taken, primer=PRIMER),
         prefill_first=PREFILL_FIRST,
         means=f"{slots} slots; one long prefill at a time, in slot {slots - 1} once idle (warm turns are batched "
         "first)" + batch_part,
     )
 
 
-def place_in_last_slot(slots_page: str, others: int, held: int = 0) -> dict[str, int] | None:
+def place_in_last_slot(slots_page: str, others: int, held: int = 0) -> dict[str, Any] | None:
     """``{"id_slot": last}`` once ``GET /slots`` shows the last slot idle and at least ``others`` slots busy
     (each of the gateway's other requests in the engine holds one: none is on its way to take the last
-    first); None: not yet; {}: not the slots list, or the last slot empty while the engine likely holds
-    ``held`` tokens of the prompt, :data:`HELD_TO_LOAD` or more (sent unpinned: pinned to an empty slot it
-    would not load them)."""
+    first); None: not yet; {}: not the slots list. Where the last slot is empty while the engine likely
+    holds ``held`` tokens of the prompt, :data:`HELD_TO_LOAD` or more, the slot is primed first
+    (:data:`PRIMER`: pinned to an empty slot it would not load them)."""
     slots = _slot_tokens(slots_page)
     if not slots:
         return {}
     last = max(slots)
     if slots[last][0] or sum(busy for busy, _tokens in slots.values()) < others:
         return None
-    return {} if held >= HELD_TO_LOAD and not slots[last][1] else {"id_slot": last}
+    return {"id_slot": last, PRIME: True} if held >= HELD_TO_LOAD and not slots[last][1] else {"id_slot": last}
 
 
 def slot_taken(slots_page: str, fields: Mapping[str, Any]) -> bool:

@@ -11,13 +11,17 @@ every other request to the engine waits at the gate: on the CPU that is one step
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.backends.base import LongPin
+from gateway.backends.base import LongPin, Primer
 from gateway.serving.transport.proxy import EngineClient
+from gateway.serving.wire.error_shapes import ApiError
 from gateway.supervision.lifecycle import EngineTarget
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how often the page is read again while the place is not free
 TAKEN_S = 5.0  # the gate opens after this long even if the page never shows the request held
@@ -39,7 +43,7 @@ async def place_long(
     requests holding the engine's slots; ``held``: the tokens of its prompt the engine likely holds."""
     deadline = clock() + pin.wait_s
     while True:
-        fields = await place_once(client, target, pin.path, lambda page: pin.place(page, others(), held))
+        fields = await place_once(client, target, pin.path, lambda page: pin.place(page, others(), held), pin.primer)
         if fields is None and clock() < deadline:
             await sleep(POLL_S)
             continue
@@ -51,21 +55,40 @@ async def place_once(
     target: EngineTarget,
     path: str,
     place: Callable[[str], Mapping[str, Any] | None],
+    primer: Primer | None = None,
 ) -> Mapping[str, Any] | None:
     """``place``'s fields from one read of the engine's ``path`` page, the gate closed from the read on and
     kept closed where there are any (the caller opens it once the engine holds the request); {}: none (no
-    page either), None: not yet; the gate is open again for both."""
+    page either), None: not yet; the gate is open again for both. Fields that ask for ``primer`` have it
+    run in the engine first, the gate still closed; {} where it fails (the request then goes unpinned)."""
     gate = client.gate
     await gate.passed()
     gate.close()
     try:
         page = await client.page(target, path)
         fields = place(page) if page is not None else {}
+        if fields and primer is not None and fields.get(primer.marker):
+            fields = await _primed(client, target, primer, fields)
     except BaseException:
         gate.open()
         raise
     if not fields:
         gate.open()
+    return fields
+
+
+async def _primed(
+    client: EngineClient, target: EngineTarget, primer: Primer, fields: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """``fields`` without the primer's marker once the primer has run; {} where it did not."""
+    fields = {name: value for name, value in fields.items() if name != primer.marker}
+    try:
+        status, _answer = await client.post_json(target, primer.path, dict(primer.body(fields)))
+    except ApiError as exc:
+        status = exc.status
+    if status != 200:
+        log.info("priming the engine's place for a long prefill failed (%s); it goes unpinned", status)
+        return {}
     return fields
 
 
