@@ -99,7 +99,14 @@ PRIME_PROMPT = "(gateway: this slot is primed for a long prompt that the host-RA
 
 
 def _prime_body(fields: Mapping[str, Any]) -> Mapping[str, Any]:
-    return {"prompt": PRIME_PROMPT, "n_predict": 1, "id_slot": fields["id_slot"], "cache_prompt": True}
+    """Greedy, so that every primer leaves the same entry in the cache (a copy of one it holds is not saved)."""
+    return {
+        "prompt": PRIME_PROMPT,
+        "n_predict": 1,
+        "temperature": 0,
+        "id_slot": fields["id_slot"],
+        "cache_prompt": True,
+    }
 
 
 # a few tokens run in the empty last slot, so that the long prompt pinned there next loads its start
