@@ -261,8 +261,8 @@ class Settings(BaseSettings):
         False,
         description="Where the engine resumes a cancelled prefill (its slots keep what it did), prefill a long "
         "prompt ahead of its request and pause it while warm turns run: a warm turn's whole answer beside a burst "
-        "of cold prompts takes ~2x its time alone instead of 4-7x, but many sessions at once lose throughput and "
-        "some warm prefixes (docs/many-agents.md).",
+        "of cold prompts takes ~2x its time alone instead of 4-7x, but many sessions' cold first turns at once take "
+        "longer (8-21 % on the CPU; docs/many-agents.md).",
     )
     queue_wait_s: float = Field(
         600.0, gt=0, description="Longest wait for a slot before 429.", json_schema_extra={"flags": ["--queue-wait"]}

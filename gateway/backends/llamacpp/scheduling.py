@@ -68,8 +68,9 @@ waited the whole of another session's 20k-token prefill. Two means follow from t
   RAM cache and cleared its slot; sent unpinned, it had gone to the least recently used slot, and a warm
   turn after it waited its whole run); the client's own request then finds its prompt cached (measured:
   cancelled at 2,496 of 8,022 tokens, resumed with 2,560 cached, the request itself prefilled 1 token).
-  Off by default: the sessions of one agent share a start of which llama-server keeps one copy and moves
-  it, so pausing lost some of their warm prefixes under many sessions (docs/many-agents.md).
+  Off by default: a paused engine decodes warm turns alone and every resume sends the prompt again, so many
+  sessions' cold first turns at once take longer (16 sessions, one core each: ~8 % less output on one
+  engine, ~21 % on two replicas; docs/many-agents.md).
 A request's place in the queue is the gateway's (gateway/serving/scheduling/admission.py); llama-server itself
 takes them in arrival order and defers one whose slot is busy (server-context.cpp:2603-2620).
 """
