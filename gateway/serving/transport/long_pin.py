@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how often the page is read again while the place is not free
 TAKEN_S = 5.0  # the gate opens after this long even if the page never shows the request held
+PRIME_S = 5.0  # a primer (a few tokens) answered later than this is given up: the prefill goes unpinned
 
 
 async def place_long(
@@ -83,9 +84,12 @@ async def _primed(
     """``fields`` without the primer's marker once the primer has run; {} where it did not."""
     fields = {name: value for name, value in fields.items() if name != primer.marker}
     try:
-        status, _answer = await client.post_json(target, primer.path, dict(primer.body(fields)))
+        async with asyncio.timeout(PRIME_S):  # the gate is closed meanwhile: a hung engine holds it this long at most
+            status, _answer = await client.post_json(target, primer.path, dict(primer.body(fields)))
     except ApiError as exc:
         status = exc.status
+    except TimeoutError:
+        status = 504
     if status != 200:
         log.info("priming the engine's place for a long prefill failed (%s); it goes unpinned", status)
         return {}
